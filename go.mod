@@ -1,0 +1,3 @@
+module github.com/slimego/slimego
+
+go 1.26

@@ -1,0 +1,203 @@
+package rendezvous
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+var (
+	// ErrTimeout: a blocking call reached its deadline before its keys existed.
+	ErrTimeout = errors.New("rendezvous: timeout")
+	// ErrUnreachable: Dial could not connect before its deadline.
+	ErrUnreachable = errors.New("rendezvous: store unreachable")
+	// ErrConnLost: the connection to the store broke during a call.
+	ErrConnLost = errors.New("rendezvous: connection to store lost")
+	// ErrClosed: the client was closed.
+	ErrClosed = errors.New("rendezvous: client closed")
+	// ErrBadRequest: the server refused the request (for example Add on a
+	// key that does not hold an integer).
+	ErrBadRequest = errors.New("rendezvous: bad request")
+)
+
+// DefaultTimeout bounds calls whose context carries no deadline.
+const DefaultTimeout = 5 * time.Minute
+
+// Client is a connection to a [Server]. Its methods are safe for concurrent
+// use; calls on one client are served one at a time.
+type Client struct {
+	addr string
+	// Timeout bounds calls whose context has no deadline; DefaultTimeout
+	// when zero.
+	Timeout time.Duration
+
+	mu     sync.Mutex
+	conn   net.Conn
+	r      *bufio.Reader
+	buf    []byte
+	out    []byte
+	broken error
+}
+
+// Dial connects to the store at addr, retrying until ctx is done (or for
+// DefaultTimeout when ctx has no deadline): a launcher's store may come up
+// after its workers. The error names the address it tried.
+func Dial(ctx context.Context, addr string) (*Client, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	start := time.Now()
+	backoff := 5 * time.Millisecond
+	var d net.Dialer
+	for {
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			conn.(*net.TCPConn).SetNoDelay(true)
+			return &Client{addr: addr, conn: conn, r: bufio.NewReader(conn)}, nil
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w: %s: %v (tried for %v)", ErrUnreachable, addr, err, time.Since(start).Round(time.Millisecond))
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 500*time.Millisecond)
+	}
+}
+
+// Addr is the address of the store.
+func (c *Client) Addr() string { return c.addr }
+
+// Close closes the connection.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken == ErrClosed {
+		return nil
+	}
+	c.broken = ErrClosed
+	return c.conn.Close()
+}
+
+// call sends req and reads the response. blocking requests carry the time
+// left before the deadline so that the server answers statusTimeout itself.
+func (c *Client) call(ctx context.Context, req *message, blocking bool) (message, error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		t := c.Timeout
+		if t <= 0 {
+			t = DefaultTimeout
+		}
+		deadline = time.Now().Add(t)
+	}
+	if blocking {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return message{}, fmt.Errorf("%w: %s %q at %s", ErrTimeout, op(req.Code), req.Keys, c.addr)
+		}
+		req.TimeoutMS = uint32(min(max(left.Milliseconds(), 1), 1<<31))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.broken != nil {
+		return message{}, c.broken
+	}
+	// The server bounds blocking waits itself; the slack lets its timeout
+	// answer arrive before the socket deadline fires.
+	c.conn.SetDeadline(deadline.Add(2 * time.Second))
+	stop := context.AfterFunc(ctx, func() { c.conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	c.out = req.encode(c.out[:0])
+	var resp message
+	_, err := c.conn.Write(c.out)
+	if err == nil {
+		resp, err = readFrame(c.r, &c.buf)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			// The connection is mid-frame: it cannot be reused.
+			c.broken = fmt.Errorf("%w: %s: an earlier call was cancelled", ErrConnLost, c.addr)
+			c.conn.Close()
+			return message{}, fmt.Errorf("rendezvous: %s %q at %s: %w", op(req.Code), req.Keys, c.addr, ctx.Err())
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errMalformed) {
+			err = errServerClosed
+		}
+		c.broken = fmt.Errorf("%w: %s: %v", ErrConnLost, c.addr, err)
+		c.conn.Close()
+		return message{}, c.broken
+	}
+	switch resp.Code {
+	case statusTimeout:
+		return resp, fmt.Errorf("%w: %s %q at %s after %v", ErrTimeout, op(req.Code), req.Keys, c.addr, time.Duration(req.TimeoutMS)*time.Millisecond)
+	case statusBadRequest:
+		return resp, fmt.Errorf("%w: %s", ErrBadRequest, resp.Value)
+	}
+	// The response aliases c.buf; copy what outlives the lock.
+	resp.Value = append([]byte(nil), resp.Value...)
+	return resp, nil
+}
+
+// Set stores value under key, replacing any earlier value.
+func (c *Client) Set(ctx context.Context, key string, value []byte) error {
+	_, err := c.call(ctx, &message{Code: uint8(opSet), Keys: []string{key}, Value: value}, false)
+	return err
+}
+
+// Get returns the value of key, waiting until some client sets it or ctx's
+// deadline passes ([ErrTimeout]).
+func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
+	resp, err := c.call(ctx, &message{Code: uint8(opGet), Keys: []string{key}}, true)
+	return resp.Value, err
+}
+
+// Add adds delta to the integer stored under key (0 when missing) and
+// returns the new value; concurrent Adds are atomic.
+func (c *Client) Add(ctx context.Context, key string, delta int64) (int64, error) {
+	resp, err := c.call(ctx, &message{Code: uint8(opAdd), Keys: []string{key}, N: delta}, false)
+	return resp.N, err
+}
+
+// CompareAndSet sets key to desired if it currently holds expected (an
+// empty expected value matches a missing key). It returns the value the key
+// holds afterwards and whether the swap happened.
+func (c *Client) CompareAndSet(ctx context.Context, key string, expected, desired []byte) ([]byte, bool, error) {
+	resp, err := c.call(ctx, &message{Code: uint8(opCompareAndSet), Keys: []string{key}, Value: expected, Value2: desired}, false)
+	if err != nil {
+		return nil, false, err
+	}
+	return resp.Value, resp.Code == statusOK, nil
+}
+
+// Wait blocks until every key exists or ctx's deadline passes ([ErrTimeout]).
+func (c *Client) Wait(ctx context.Context, keys ...string) error {
+	_, err := c.call(ctx, &message{Code: uint8(opWait), Keys: keys}, true)
+	return err
+}
+
+// Check reports whether every key exists, without waiting.
+func (c *Client) Check(ctx context.Context, keys ...string) (bool, error) {
+	resp, err := c.call(ctx, &message{Code: uint8(opCheck), Keys: keys}, false)
+	return err == nil && resp.Code == statusOK, err
+}
+
+// Delete removes key and reports whether it existed.
+func (c *Client) Delete(ctx context.Context, key string) (bool, error) {
+	resp, err := c.call(ctx, &message{Code: uint8(opDelete), Keys: []string{key}}, false)
+	return err == nil && resp.Code == statusOK, err
+}
+
+// NumKeys returns how many keys the store holds.
+func (c *Client) NumKeys(ctx context.Context) (int64, error) {
+	resp, err := c.call(ctx, &message{Code: uint8(opNumKeys)}, false)
+	return resp.N, err
+}

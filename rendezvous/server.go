@@ -1,0 +1,241 @@
+package rendezvous
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Server hosts the key-value store. Create one with [Listen].
+type Server struct {
+	ln net.Listener
+
+	mu      sync.Mutex
+	data    map[string][]byte
+	changed chan struct{} // closed and replaced on every mutation
+	conns   map[net.Conn]struct{}
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+// Listen binds addr ("host:port"; port 0 picks a free port, see [Server.Addr])
+// and serves the store on it until [Server.Close].
+func Listen(addr string) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous: listen %s: %w", addr, err)
+	}
+	s := &Server{
+		ln:      ln,
+		data:    make(map[string][]byte),
+		changed: make(chan struct{}),
+		conns:   make(map[net.Conn]struct{}),
+	}
+	s.wg.Add(1)
+	go s.accept()
+	return s, nil
+}
+
+// Addr is the address the server listens on, with the port it was given.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Port is the TCP port the server listens on.
+func (s *Server) Port() int { return s.ln.Addr().(*net.TCPAddr).Port }
+
+// Close stops the server, drops every client connection and wakes every
+// blocked request. It waits for the server's goroutines to end.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	err := s.ln.Close()
+	for c := range s.conns {
+		c.Close()
+	}
+	close(s.changed)
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+func (s *Server) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetNoDelay(true)
+		}
+		go s.serve(c)
+	}
+}
+
+func (s *Server) serve(c net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		c.Close()
+	}()
+	r := bufio.NewReader(c)
+	var buf, out []byte
+	for {
+		req, err := readFrame(r, &buf)
+		if err != nil {
+			return // EOF, closed, or a malformed frame: drop the client
+		}
+		resp := s.handle(&req)
+		out = resp.encode(out[:0])
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+	}
+}
+
+// handle executes one request. Blocking requests wait on s.changed, bounded
+// by the request's timeout.
+func (s *Server) handle(req *message) message {
+	var deadline <-chan time.Time
+	if req.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		deadline = t.C
+	}
+	for {
+		s.mu.Lock()
+		resp, block := s.apply(req)
+		if !block || s.closed {
+			s.mu.Unlock()
+			if block {
+				return message{Code: statusTimeout}
+			}
+			return resp
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		if deadline == nil { // zero timeout: do not block at all
+			return message{Code: statusTimeout}
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			return message{Code: statusTimeout}
+		}
+	}
+}
+
+// apply executes req under s.mu. block reports that the request waits for a
+// key that does not exist yet.
+func (s *Server) apply(req *message) (resp message, block bool) {
+	bad := func(format string, a ...any) message {
+		return message{Code: statusBadRequest, Value: fmt.Appendf(nil, format, a...)}
+	}
+	needKeys := func(n int) bool { return len(req.Keys) == n }
+	switch op(req.Code) {
+	case opSet:
+		if !needKeys(1) {
+			return bad("set takes one key"), false
+		}
+		s.put(req.Keys[0], req.Value)
+		return message{Code: statusOK}, false
+	case opGet:
+		if !needKeys(1) {
+			return bad("get takes one key"), false
+		}
+		v, ok := s.data[req.Keys[0]]
+		if !ok {
+			return message{}, true
+		}
+		return message{Code: statusOK, Value: v}, false
+	case opAdd:
+		if !needKeys(1) {
+			return bad("add takes one key"), false
+		}
+		var cur int64
+		if v, ok := s.data[req.Keys[0]]; ok {
+			n, err := strconv.ParseInt(string(v), 10, 64)
+			if err != nil {
+				return bad("add: key %q holds %q, not an integer", req.Keys[0], v), false
+			}
+			cur = n
+		}
+		cur += req.N
+		s.put(req.Keys[0], strconv.AppendInt(nil, cur, 10))
+		return message{Code: statusOK, N: cur}, false
+	case opCompareAndSet:
+		if !needKeys(1) {
+			return bad("compare-and-set takes one key"), false
+		}
+		k := req.Keys[0]
+		v, ok := s.data[k]
+		// A missing key matches an empty expected value, as in TCPStore.
+		if (!ok && len(req.Value) == 0) || (ok && string(v) == string(req.Value)) {
+			s.put(k, req.Value2)
+			return message{Code: statusOK, Value: req.Value2}, false
+		}
+		if !ok {
+			return message{Code: statusNotFound}, false
+		}
+		return message{Code: statusFalse, Value: v}, false
+	case opWait:
+		for _, k := range req.Keys {
+			if _, ok := s.data[k]; !ok {
+				return message{}, true
+			}
+		}
+		return message{Code: statusOK}, false
+	case opCheck:
+		for _, k := range req.Keys {
+			if _, ok := s.data[k]; !ok {
+				return message{Code: statusFalse}, false
+			}
+		}
+		return message{Code: statusOK}, false
+	case opDelete:
+		if !needKeys(1) {
+			return bad("delete takes one key"), false
+		}
+		if _, ok := s.data[req.Keys[0]]; !ok {
+			return message{Code: statusNotFound}, false
+		}
+		delete(s.data, req.Keys[0])
+		s.notify()
+		return message{Code: statusOK}, false
+	case opNumKeys:
+		return message{Code: statusOK, N: int64(len(s.data))}, false
+	}
+	return bad("unknown op %d", req.Code), false
+}
+
+// put stores a copy of v (the request buffer is reused) and wakes waiters.
+func (s *Server) put(k string, v []byte) {
+	s.data[k] = append([]byte(nil), v...)
+	s.notify()
+}
+
+func (s *Server) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// errServerClosed is what a request sees when the server went away under it.
+var errServerClosed = errors.New("rendezvous: server closed the connection")

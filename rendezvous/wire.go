@@ -1,0 +1,191 @@
+package rendezvous
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Wire format. Every message, request or response, is one frame:
+//
+//	u32  length of what follows (little endian)
+//	u8   version (wireVersion)
+//	u8   op (requests) or status (responses)
+//	u16  number of keys
+//	u32  timeout in milliseconds (blocking requests)
+//	i64  integer argument or result (Add)
+//	keys: u32 length + bytes, repeated
+//	u32  value length + value bytes
+//	u32  second value length + bytes (CompareAndSet's desired value)
+//
+// One layout for all ops keeps the decoder small enough to fuzz exhaustively.
+
+const (
+	wireVersion  = 1
+	maxFrame     = 64 << 20 // largest frame accepted
+	maxKeys      = 1 << 16
+	fixedHeader  = 1 + 1 + 2 + 4 + 8
+	lengthPrefix = 4
+)
+
+type op uint8
+
+const (
+	opSet op = iota + 1
+	opGet
+	opAdd
+	opCompareAndSet
+	opWait
+	opDelete
+	opCheck
+	opNumKeys
+)
+
+func (o op) String() string {
+	switch o {
+	case opSet:
+		return "set"
+	case opGet:
+		return "get"
+	case opAdd:
+		return "add"
+	case opCompareAndSet:
+		return "compare-and-set"
+	case opWait:
+		return "wait"
+	case opDelete:
+		return "delete"
+	case opCheck:
+		return "check"
+	case opNumKeys:
+		return "num-keys"
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// Response statuses.
+const (
+	statusOK uint8 = iota
+	statusTimeout
+	statusNotFound
+	statusFalse
+	statusBadRequest
+)
+
+// message is the decoded form of one frame.
+type message struct {
+	Code      uint8 // op for requests, status for responses
+	TimeoutMS uint32
+	N         int64
+	Keys      []string
+	Value     []byte
+	Value2    []byte
+}
+
+// errMalformed is returned by decode for a frame that breaks the format.
+var errMalformed = errors.New("rendezvous: malformed frame")
+
+// encode appends m as one frame to b.
+func (m *message) encode(b []byte) []byte {
+	n := fixedHeader + 4 + len(m.Value) + 4 + len(m.Value2)
+	for _, k := range m.Keys {
+		n += 4 + len(k)
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(n))
+	b = append(b, wireVersion, m.Code)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(m.Keys)))
+	b = binary.LittleEndian.AppendUint32(b, m.TimeoutMS)
+	b = binary.LittleEndian.AppendUint64(b, uint64(m.N))
+	for _, k := range m.Keys {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(k)))
+		b = append(b, k...)
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Value)))
+	b = append(b, m.Value...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(m.Value2)))
+	b = append(b, m.Value2...)
+	return b
+}
+
+// decode parses the body of one frame (everything after the length prefix).
+// It never panics and never allocates more than the body's size.
+func decode(body []byte) (message, error) {
+	var m message
+	if len(body) < fixedHeader {
+		return m, fmt.Errorf("%w: %d-byte body is shorter than the %d-byte header", errMalformed, len(body), fixedHeader)
+	}
+	if body[0] != wireVersion {
+		return m, fmt.Errorf("%w: version %d, want %d", errMalformed, body[0], wireVersion)
+	}
+	m.Code = body[1]
+	nkeys := int(binary.LittleEndian.Uint16(body[2:]))
+	m.TimeoutMS = binary.LittleEndian.Uint32(body[4:])
+	m.N = int64(binary.LittleEndian.Uint64(body[8:]))
+	rest := body[fixedHeader:]
+	field := func(what string) ([]byte, error) {
+		if len(rest) < 4 {
+			return nil, fmt.Errorf("%w: truncated %s length", errMalformed, what)
+		}
+		n := binary.LittleEndian.Uint32(rest)
+		rest = rest[4:]
+		if uint64(n) > uint64(len(rest)) {
+			return nil, fmt.Errorf("%w: %s of %d bytes overruns the frame", errMalformed, what, n)
+		}
+		f := rest[:n:n]
+		rest = rest[n:]
+		return f, nil
+	}
+	if nkeys > 0 {
+		// Each key takes at least 4 bytes: reject counts the body cannot hold
+		// before allocating the slice.
+		if nkeys*4 > len(rest) {
+			return m, fmt.Errorf("%w: %d keys cannot fit in %d bytes", errMalformed, nkeys, len(rest))
+		}
+		m.Keys = make([]string, nkeys)
+		for i := range m.Keys {
+			k, err := field("key")
+			if err != nil {
+				return m, err
+			}
+			m.Keys[i] = string(k)
+		}
+	}
+	v, err := field("value")
+	if err != nil {
+		return m, err
+	}
+	m.Value = v
+	v2, err := field("second value")
+	if err != nil {
+		return m, err
+	}
+	m.Value2 = v2
+	if len(rest) != 0 {
+		return m, fmt.Errorf("%w: %d trailing bytes", errMalformed, len(rest))
+	}
+	return m, nil
+}
+
+// readFrame reads one frame from r into buf (grown as needed) and decodes it.
+func readFrame(r io.Reader, buf *[]byte) (message, error) {
+	var lp [lengthPrefix]byte
+	if _, err := io.ReadFull(r, lp[:]); err != nil {
+		return message{}, err
+	}
+	n := binary.LittleEndian.Uint32(lp[:])
+	if n > maxFrame {
+		return message{}, fmt.Errorf("%w: frame of %d bytes exceeds the %d-byte limit", errMalformed, n, maxFrame)
+	}
+	if cap(*buf) < int(n) {
+		*buf = make([]byte, n)
+	}
+	body := (*buf)[:n]
+	if _, err := io.ReadFull(r, body); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return message{}, err
+	}
+	return decode(body)
+}
