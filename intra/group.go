@@ -1,0 +1,324 @@
+package intra
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/shm"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// Defaults, measured on the 2-core development machines (see the README's
+// performance notes): 4 slots of 256 KiB keep a rank's ring in its L2 cache.
+const (
+	DefaultSlotBytes   = 256 << 10
+	DefaultSlots       = 4
+	DefaultZeroCopyMin = 16 << 10
+	DefaultTimeout     = 5 * time.Minute
+)
+
+// Config describes one rank's membership in a node-local group.
+type Config struct {
+	// Store and Key: the rendezvous store and a key prefix unique to this
+	// group, through which the ranks exchange segment names.
+	Store *rendezvous.Client
+	Key   string
+	// ShmPrefix starts the name of every segment the group creates, so that
+	// a launcher can sweep what a killed job left (see shm.RemovePrefix).
+	ShmPrefix string
+	// Rank and Size are the local rank and the number of ranks on the node.
+	Rank, Size int
+	// Ranks maps local ranks to the global ranks that errors name; nil
+	// means the identity.
+	Ranks []int
+	// Timeout bounds every wait of every operation.
+	Timeout time.Duration
+	// SlotBytes and Slots shape each rank's ring of staging slots.
+	SlotBytes, Slots int
+	// ZeroCopyMin is the smallest block read in place from a symmetric
+	// source buffer; smaller ones are staged, which needs no acknowledgement.
+	ZeroCopyMin int
+	// SpinTime is how long a wait spins before it sleeps on its futex;
+	// zero picks a default from the number of ranks per CPU.
+	SpinTime time.Duration
+}
+
+// Group is one rank's handle on the node-local group. Its operations are
+// collective: every rank of the group calls them in the same order. A Group
+// is not safe for concurrent use.
+type Group struct {
+	cfg    Config
+	rank   int
+	size   int
+	lay    layout
+	seg    *shm.Segment
+	mem    []byte
+	ctrls  []*ctrl
+	hdrs   [][2]*header
+	myAcks []*ackLine // my lines about each owner
+	toMe   []*ackLine // each reader's line about me
+	stamps [][]*uint64
+	slots  [][][]byte
+
+	spin   time.Duration
+	oversb bool
+
+	pidfds  []int    // per peer; -1 when the peer shares this process
+	pollfds []pollFD // per peer, for pidfds >= 0
+
+	epoch    uint64
+	sent     uint64   // chunks published into my ring, ever
+	recv     []uint64 // chunks consumed from each owner's ring, ever
+	freeUpTo uint64   // cached minimum of the readers' consumed counters
+
+	bufs    []*Buffer
+	barrier *Op
+	broken error
+	closed bool
+}
+
+// New joins the group: local rank 0 creates the segment and publishes its
+// name through the store, the others map it, and the last to map it unlinks
+// the name, so that nothing stays in /dev/shm even if a rank is killed later.
+func New(ctx context.Context, cfg Config) (g *Group, err error) {
+	if cfg.Size < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.Size {
+		return nil, fmt.Errorf("intra: local rank %d of %d: %w", cfg.Rank, cfg.Size, fault.ErrInvalid)
+	}
+	if cfg.Ranks == nil {
+		cfg.Ranks = make([]int, cfg.Size)
+		for i := range cfg.Ranks {
+			cfg.Ranks[i] = i
+		}
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.SlotBytes <= 0 {
+		cfg.SlotBytes = DefaultSlotBytes
+	}
+	if cfg.Slots <= 0 {
+		cfg.Slots = DefaultSlots
+	}
+	if cfg.ZeroCopyMin <= 0 {
+		cfg.ZeroCopyMin = DefaultZeroCopyMin
+	}
+	cfg.SlotBytes = roundUp(cfg.SlotBytes, lineBytes)
+	lay, err := newLayout(cfg.Size, cfg.Slots, cfg.SlotBytes)
+	if err != nil {
+		return nil, fmt.Errorf("intra: %w", err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
+		defer cancel()
+	}
+	g = &Group{cfg: cfg, rank: cfg.Rank, size: cfg.Size, lay: lay}
+	defer func() {
+		if err != nil {
+			g.release()
+			err = fault.New("init", g.global(g.rank), -1, err, "")
+		}
+	}()
+	seg, err := g.shareSegment(ctx, "seg", lay.total, func(mem []byte) { lay.writeIdentity(mem) })
+	if err != nil {
+		return g, err
+	}
+	g.seg, g.mem = seg, seg.Mem
+	if err := lay.checkIdentity(g.mem); err != nil {
+		return g, err
+	}
+	g.bind()
+	me := g.ctrls[g.rank]
+	atomic.StoreUint32(&me.pid, uint32(os.Getpid()))
+	atomic.StoreUint32(&me.state, stateAlive)
+	if err := g.storeBarrier(ctx, "alive"); err != nil {
+		return g, err
+	}
+	if err := g.watchPeers(); err != nil {
+		return g, err
+	}
+	g.spin = cfg.SpinTime
+	if g.spin <= 0 {
+		g.spin = 50 * time.Microsecond
+		if g.oversb {
+			g.spin = 5 * time.Microsecond
+		}
+	}
+	return g, nil
+}
+
+// bind resolves the pointers into the segment once.
+func (g *Group) bind() {
+	L, K := g.size, g.lay.K
+	g.ctrls = make([]*ctrl, L)
+	g.hdrs = make([][2]*header, L)
+	g.myAcks = make([]*ackLine, L)
+	g.toMe = make([]*ackLine, L)
+	g.stamps = make([][]*uint64, L)
+	g.slots = make([][][]byte, L)
+	g.recv = make([]uint64, L)
+	for r := range L {
+		g.ctrls[r] = g.lay.ctrl(g.mem, r)
+		g.hdrs[r] = [2]*header{g.lay.header(g.mem, r, 0), g.lay.header(g.mem, r, 1)}
+		g.myAcks[r] = g.lay.ack(g.mem, g.rank, r)
+		g.toMe[r] = g.lay.ack(g.mem, r, g.rank)
+		g.stamps[r] = make([]*uint64, K)
+		g.slots[r] = make([][]byte, K)
+		for k := range K {
+			g.stamps[r][k], g.slots[r][k] = g.lay.slot(g.mem, r, k)
+		}
+	}
+}
+
+// shareSegment creates (local rank 0) or opens (the others) a segment named
+// through the store under key, and unlinks its name once all have mapped it.
+func (g *Group) shareSegment(ctx context.Context, key string, size int, fill func([]byte)) (*shm.Segment, error) {
+	st, base := g.cfg.Store, g.cfg.Key+"/"+key
+	var seg *shm.Segment
+	if g.rank == 0 {
+		var nonce [6]byte
+		rand.Read(nonce[:])
+		name := g.cfg.ShmPrefix + key + "-" + hex.EncodeToString(nonce[:])
+		s, err := shm.Create(name, size)
+		if err != nil {
+			// Tell the others at once rather than letting them time out.
+			st.Set(ctx, base, []byte("error: "+err.Error()))
+			return nil, err
+		}
+		if fill != nil {
+			fill(s.Mem)
+		}
+		seg = s
+		if err := st.Set(ctx, base, []byte(name)); err != nil {
+			shm.Unlink(name)
+			seg.Close()
+			return nil, err
+		}
+	} else {
+		v, err := st.Get(ctx, base)
+		if err != nil {
+			return nil, waitErr(err, "segment name from local rank 0")
+		}
+		name := string(v)
+		if msg, ok := strings.CutPrefix(name, "error: "); ok {
+			return nil, fmt.Errorf("%w: local rank 0 could not create shared memory: %s", fault.ErrPeerLost, msg)
+		}
+		if seg, err = shm.Open(name); err != nil {
+			return nil, err
+		}
+	}
+	n, err := st.Add(ctx, base+"/mapped", 1)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	if int(n) == g.size {
+		shm.Unlink(seg.Name)
+	}
+	return seg, nil
+}
+
+// storeBarrier returns once every local rank has reached the same name.
+func (g *Group) storeBarrier(ctx context.Context, name string) error {
+	st, base := g.cfg.Store, g.cfg.Key+"/"+name+"/"
+	if err := st.Set(ctx, base+strconv.Itoa(g.rank), nil); err != nil {
+		return err
+	}
+	keys := make([]string, g.size)
+	for i := range keys {
+		keys[i] = base + strconv.Itoa(i)
+	}
+	if err := st.Wait(ctx, keys...); err != nil {
+		var missing []int
+		for i, k := range keys {
+			if ok, _ := st.Check(context.Background(), k); !ok {
+				missing = append(missing, g.global(i))
+			}
+		}
+		return waitErr(err, fmt.Sprintf("ranks %v to join", missing))
+	}
+	return nil
+}
+
+func waitErr(err error, what string) error {
+	if errors.Is(err, rendezvous.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: waiting for %s: %v", fault.ErrTimeout, what, err)
+	}
+	return fmt.Errorf("waiting for %s: %w", what, err)
+}
+
+// watchPeers opens a pidfd for every peer in another process and decides
+// whether ranks outnumber CPUs.
+func (g *Group) watchPeers() error {
+	g.pidfds = make([]int, g.size)
+	g.pollfds = make([]pollFD, g.size)
+	mine := uint32(os.Getpid())
+	inProc := 0
+	for p := range g.size {
+		g.pidfds[p] = -1
+		pid := atomic.LoadUint32(&g.ctrls[p].pid)
+		if pid == mine {
+			inProc++
+			continue
+		}
+		fd, err := pidfdOpen(int(pid))
+		if err != nil {
+			return fmt.Errorf("%w: rank %d (pid %d) is gone: %v", fault.ErrPeerLost, g.global(p), pid, err)
+		}
+		g.pidfds[p] = fd
+		g.pollfds[p] = pollFD{Fd: int32(fd), Events: pollIn}
+	}
+	g.oversb = g.size > runtime.NumCPU() || inProc > runtime.GOMAXPROCS(0)
+	return nil
+}
+
+func (g *Group) global(local int) int { return g.cfg.Ranks[local] }
+
+// Rank and Size are the local rank and the number of local ranks.
+func (g *Group) Rank() int { return g.rank }
+func (g *Group) Size() int { return g.size }
+
+// Close leaves the group: peers still waiting on this rank see ErrPeerLost.
+// It unmaps every segment; their names were unlinked at setup.
+func (g *Group) Close() error {
+	if g.closed {
+		return nil
+	}
+	if g.ctrls != nil {
+		atomic.StoreUint32(&g.ctrls[g.rank].state, stateClosed)
+		g.ringAll()
+	}
+	g.release()
+	return nil
+}
+
+func (g *Group) release() {
+	g.closed = true
+	if g.broken == nil {
+		g.broken = fault.New("communicator", g.global(g.rank), -1, fault.ErrClosed, "")
+	}
+	for _, b := range g.bufs {
+		if b != nil {
+			b.seg.Close()
+		}
+	}
+	g.bufs = nil
+	for _, fd := range g.pidfds {
+		if fd >= 0 {
+			closeFD(fd)
+		}
+	}
+	g.pidfds = nil
+	g.seg.Close()
+	g.seg, g.mem, g.ctrls = nil, nil, nil
+}

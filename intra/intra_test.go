@@ -1,0 +1,182 @@
+package intra
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// group starts a store and L in-process ranks, and runs body on each.
+func group(t *testing.T, L int, cfg Config, body func(g *Group) error) []error {
+	t.Helper()
+	srv, err := rendezvous.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	prefix := fmt.Sprintf("slimego-test-%d-", os.Getpid())
+	errs := make([]error, L)
+	var wg sync.WaitGroup
+	for r := range L {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, err := rendezvous.Dial(ctx, srv.Addr().String())
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer st.Close()
+			c := cfg
+			c.Store, c.Key, c.ShmPrefix, c.Rank, c.Size = st, "t", prefix, r, L
+			g, err := New(ctx, c)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer g.Close()
+			errs[r] = body(g)
+		}()
+	}
+	wg.Wait()
+	if left, _ := os.ReadDir("/dev/shm"); left != nil {
+		for _, e := range left {
+			if strings.HasPrefix(e.Name(), prefix) {
+				t.Errorf("/dev/shm/%s left behind", e.Name())
+			}
+		}
+	}
+	return errs
+}
+
+func fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+func expectAll(L int, sizes []int, iter int) ([]byte, []int) {
+	offs := make([]int, L)
+	total := 0
+	for p := range L {
+		offs[p] = total
+		total += sizes[p]
+	}
+	want := make([]byte, total)
+	for p := range L {
+		fill(want[offs[p]:offs[p]+sizes[p]], uint64(p*1000003+iter))
+	}
+	return want, offs
+}
+
+func TestAllGatherInProcess(t *testing.T) {
+	for _, L := range []int{1, 2, 3, 5, 8} {
+		for _, n := range []int{0, 1, 7, 216, 217, 4096, 100_003, 1<<20 + 3} {
+			for _, sym := range []bool{false, true} {
+				t.Run(fmt.Sprintf("L%d/n%d/sym%v", L, n, sym), func(t *testing.T) {
+					sizes := make([]int, L)
+					for p := range sizes {
+						sizes[p] = n
+					}
+					errs := group(t, L, Config{Timeout: 20 * time.Second}, func(g *Group) error {
+						ctx := context.Background()
+						var src []byte
+						if sym {
+							b, err := g.Alloc(ctx, n)
+							if err != nil {
+								return err
+							}
+							src = b.Bytes()
+						} else {
+							src = make([]byte, n)
+						}
+						dst := make([]byte, L*n)
+						_, offs := expectAll(L, sizes, 0)
+						op, err := g.Plan("allgather", dst, src, sizes, offs)
+						if err != nil {
+							return err
+						}
+						for it := range 3 {
+							fill(src, uint64(g.Rank()*1000003+it))
+							if err := op.Run(ctx); err != nil {
+								return err
+							}
+							want, _ := expectAll(L, sizes, it)
+							if !bytes.Equal(dst, want) {
+								return fmt.Errorf("iteration %d: wrong data", it)
+							}
+						}
+						return nil
+					})
+					for r, err := range errs {
+						if err != nil {
+							t.Errorf("rank %d: %v", r, err)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestSizeMismatchEveryRank(t *testing.T) {
+	const L = 4
+	errs := group(t, L, Config{Timeout: 10 * time.Second}, func(g *Group) error {
+		n := 100
+		if g.Rank() == 2 {
+			n = 101
+		}
+		sizes := []int{n, n, n, n}
+		offs := []int{0, n, 2 * n, 3 * n}
+		op, err := g.Plan("allgather", make([]byte, L*n), make([]byte, n), sizes, offs)
+		if err != nil {
+			return err
+		}
+		err = op.Run(context.Background())
+		if !errors.Is(err, fault.ErrSizeMismatch) {
+			return fmt.Errorf("want ErrSizeMismatch, got %v", err)
+		}
+		// The group stays usable after a mismatch.
+		return g.Barrier(context.Background())
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+func TestPeerClosedIsPeerLost(t *testing.T) {
+	errs := group(t, 3, Config{Timeout: 20 * time.Second}, func(g *Group) error {
+		if g.Rank() == 1 {
+			return nil // leaves (Close) without calling the barrier
+		}
+		start := time.Now()
+		err := g.Barrier(context.Background())
+		if !errors.Is(err, fault.ErrPeerLost) && !errors.Is(err, fault.ErrTimeout) {
+			return fmt.Errorf("want ErrPeerLost, got %v", err)
+		}
+		if time.Since(start) > 5*time.Second {
+			return fmt.Errorf("took %v to notice", time.Since(start))
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}

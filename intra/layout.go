@@ -1,0 +1,133 @@
+package intra
+
+import (
+	"encoding/binary"
+	"fmt"
+	"unsafe"
+)
+
+const (
+	lineBytes   = 64
+	pageBytes   = 4096
+	headerBytes = 256
+	// InlineBytes is the largest message that travels inside the header
+	// lines, so that a reader learns of it and reads it in one transfer.
+	InlineBytes = headerBytes - headerFixed
+	headerFixed = 40
+
+	segMagic   = 0x736c696d65676f31 // "slimego1"
+	segVersion = 1
+)
+
+// ctrl is a rank's control line.
+type ctrl struct {
+	bell     uint32 // futex word: rung by peers when this rank sleeps
+	sleeping uint32 // nonzero while the rank may be asleep on bell
+	state    uint32 // stateAlive, stateClosed, stateFailed
+	pid      uint32
+	failedAt uint64 // epoch of the failure, for messages
+	_        [lineBytes - 24]byte
+}
+
+const (
+	stateAlive uint32 = iota + 1
+	stateClosed
+	stateFailed
+)
+
+// header announces one rank's part of one call. epoch is stored last.
+type header struct {
+	epoch  uint64
+	size   uint64
+	hash   uint64 // operation and, for AllGatherV, the counts vector
+	zcBuf  uint32 // symmetric buffer id + 1 when the data is read in place
+	_      uint32
+	zcOff  uint64
+	inline [InlineBytes]byte
+}
+
+// ackLine is what a reader publishes about one owner.
+type ackLine struct {
+	consumed uint64 // chunks of the owner's ring consumed, ever
+	ack      uint64 // last epoch whose data from the owner is fully read
+	_        [lineBytes - 16]byte
+}
+
+// layout gives the offsets of everything in a segment for L ranks, a ring of
+// K slots of C bytes each.
+type layout struct {
+	L, K, C    int
+	ctrlOff    int
+	headerOff  int
+	ackOff     int
+	slotOff    int
+	slotStride int // bytes per slot: one line for the stamp, then C bytes
+	rankSlots  int // bytes of one rank's ring, page aligned
+	total      int
+}
+
+func newLayout(L, K, C int) (layout, error) {
+	if L < 1 || K < 2 || C < lineBytes || C%lineBytes != 0 {
+		return layout{}, fmt.Errorf("bad segment geometry: %d ranks, %d slots of %d bytes", L, K, C)
+	}
+	l := layout{L: L, K: K, C: C}
+	l.ctrlOff = pageBytes
+	l.headerOff = l.ctrlOff + roundUp(L*lineBytes, lineBytes)
+	l.ackOff = l.headerOff + L*2*headerBytes
+	l.slotOff = roundUp(l.ackOff+L*L*lineBytes, pageBytes)
+	l.slotStride = lineBytes + C
+	l.rankSlots = roundUp(K*l.slotStride, pageBytes)
+	l.total = l.slotOff + L*l.rankSlots
+	return l, nil
+}
+
+func roundUp(n, m int) int { return (n + m - 1) / m * m }
+
+// writeIdentity stamps the segment so that an opener can check it maps what
+// it expects.
+func (l layout) writeIdentity(mem []byte) {
+	binary.LittleEndian.PutUint64(mem[0:], segMagic)
+	binary.LittleEndian.PutUint32(mem[8:], segVersion)
+	binary.LittleEndian.PutUint32(mem[12:], uint32(l.L))
+	binary.LittleEndian.PutUint32(mem[16:], uint32(l.K))
+	binary.LittleEndian.PutUint32(mem[20:], uint32(l.C))
+}
+
+func (l layout) checkIdentity(mem []byte) error {
+	if len(mem) < l.total {
+		return fmt.Errorf("segment holds %d bytes, want %d", len(mem), l.total)
+	}
+	if binary.LittleEndian.Uint64(mem[0:]) != segMagic || binary.LittleEndian.Uint32(mem[8:]) != segVersion {
+		return fmt.Errorf("segment is not a slimego v%d segment", segVersion)
+	}
+	L, K, C := binary.LittleEndian.Uint32(mem[12:]), binary.LittleEndian.Uint32(mem[16:]), binary.LittleEndian.Uint32(mem[20:])
+	if int(L) != l.L || int(K) != l.K || int(C) != l.C {
+		return fmt.Errorf("segment geometry %d ranks × %d slots × %d bytes, want %d × %d × %d", L, K, C, l.L, l.K, l.C)
+	}
+	return nil
+}
+
+func (l layout) ctrl(mem []byte, r int) *ctrl {
+	return (*ctrl)(unsafe.Pointer(&mem[l.ctrlOff+r*lineBytes]))
+}
+
+func (l layout) header(mem []byte, r, parity int) *header {
+	return (*header)(unsafe.Pointer(&mem[l.headerOff+(r*2+parity)*headerBytes]))
+}
+
+// ack is reader r's line about owner o.
+func (l layout) ack(mem []byte, reader, owner int) *ackLine {
+	return (*ackLine)(unsafe.Pointer(&mem[l.ackOff+(reader*l.L+owner)*lineBytes]))
+}
+
+// slot returns the stamp word and the data area of slot k of rank r's ring.
+func (l layout) slot(mem []byte, r, k int) (*uint64, []byte) {
+	off := l.slotOff + r*l.rankSlots + k*l.slotStride
+	return (*uint64)(unsafe.Pointer(&mem[off])), mem[off+lineBytes : off+lineBytes+l.C : off+lineBytes+l.C]
+}
+
+func init() {
+	if unsafe.Sizeof(ctrl{}) != lineBytes || unsafe.Sizeof(header{}) != headerBytes || unsafe.Sizeof(ackLine{}) != lineBytes {
+		panic("intra: shared-memory structures have the wrong size")
+	}
+}

@@ -1,0 +1,341 @@
+package intra
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/slimego/slimego/internal/fault"
+)
+
+// Op is a planned all-gather over the group: every rank contributes one
+// block, and every rank receives all blocks at given offsets of its
+// destination. Plan it once with [Group.Plan], then [Op.Run] it as often as
+// needed; a run allocates nothing.
+type Op struct {
+	g       *Group
+	name    string
+	dst     []byte
+	src     []byte
+	sizes   []int // bytes contributed by each local rank
+	offs    []int // where each rank's block lands in dst
+	hash    uint64
+	inPlace bool
+	zcBuf   uint32 // my source's symmetric buffer id + 1, or 0
+	zcOff   uint64
+	chunk   []int // chunk length of each owner's ring transfer
+	count   []int // chunk count of each owner's ring transfer
+	next    []int // per-run: chunks read from each owner
+	staged  []bool
+}
+
+// Plan validates a call and prepares it. name names the operation in
+// errors ("allgather"). sizes[r] bytes of rank r's block land at offs[r] of
+// dst; src is this rank's block and may alias its own place in dst (in
+// place). Every rank must pass the same sizes; a rank that does not gets
+// ErrSizeMismatch from Run, and so does every other.
+func (g *Group) Plan(name string, dst, src []byte, sizes, offs []int) (*Op, error) {
+	L := g.size
+	o := &Op{g: g, name: name,
+		sizes: make([]int, L), offs: make([]int, L), chunk: make([]int, L),
+		count: make([]int, L), next: make([]int, L), staged: make([]bool, L)}
+	return o, o.Set(dst, src, sizes, offs)
+}
+
+// Set re-plans o for other buffers of the same group without allocating.
+func (o *Op) Set(dst, src []byte, sizes, offs []int) error {
+	g := o.g
+	bad := func(format string, a ...any) error {
+		return fault.New(o.name, g.global(g.rank), -1, fault.ErrInvalid, format, a...)
+	}
+	if g.broken != nil {
+		return g.broken
+	}
+	if len(sizes) != g.size || len(offs) != g.size {
+		return bad("%d sizes and %d offsets for %d ranks", len(sizes), len(offs), g.size)
+	}
+	if len(src) != sizes[g.rank] {
+		return bad("source holds %d bytes, this rank's block is %d", len(src), sizes[g.rank])
+	}
+	h := fnv.New64a()
+	var w [8]byte
+	for p := range g.size {
+		if sizes[p] < 0 || offs[p] < 0 || offs[p]+sizes[p] > len(dst) {
+			return bad("block of rank %d (%d bytes at offset %d) does not fit the %d-byte destination", g.global(p), sizes[p], offs[p], len(dst))
+		}
+		*(*uint64)(unsafe.Pointer(&w)) = uint64(sizes[p])
+		h.Write(w[:])
+	}
+	copy(o.sizes, sizes)
+	copy(o.offs, offs)
+	o.dst, o.src, o.hash = dst, src, h.Sum64()
+	o.inPlace = false
+	if n := len(src); n > 0 {
+		own := dst[offs[g.rank] : offs[g.rank]+n]
+		switch {
+		case &own[0] == &src[0]:
+			o.inPlace = true
+		case overlaps(src, dst):
+			return bad("source overlaps the destination other than at this rank's own block")
+		}
+	}
+	o.zcBuf, o.zcOff = 0, 0
+	if len(src) >= g.cfg.ZeroCopyMin {
+		if id, off, ok := g.lookup(src); ok {
+			o.zcBuf, o.zcOff = uint32(id+1), uint64(off)
+		}
+	}
+	for p := range g.size {
+		o.chunk[p], o.count[p] = chunking(sizes[p], g.lay.C)
+	}
+	return nil
+}
+
+func overlaps(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	a0, b0 := uintptr(unsafe.Pointer(&a[0])), uintptr(unsafe.Pointer(&b[0]))
+	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
+}
+
+// Run executes the planned operation once. On ErrSizeMismatch the group
+// stays usable; on any other error it is broken and every later call
+// returns ErrClosed.
+func (o *Op) Run(ctx context.Context) error {
+	g := o.g
+	if g.broken != nil {
+		return g.broken
+	}
+	if err := o.run(ctx); err != nil {
+		if oe, ok := err.(*fault.OpError); ok && oe.Err == fault.ErrSizeMismatch {
+			return err
+		}
+		g.fail(err)
+		return err
+	}
+	return nil
+}
+
+func (o *Op) run(ctx context.Context) error {
+	g := o.g
+	L, me := g.size, g.rank
+	e := g.epoch + 1
+	g.epoch = e
+	par := int(e & 1)
+	w := g.newWaiter(ctx, o.name)
+
+	// 1. Announce: header e, with the data inline when it is small.
+	mySize := o.sizes[me]
+	h := g.hdrs[me][par]
+	h.size, h.hash, h.zcBuf, h.zcOff = uint64(mySize), o.hash, o.zcBuf, o.zcOff
+	if o.zcBuf == 0 && mySize <= InlineBytes {
+		copy(h.inline[:], o.src)
+	}
+	atomic.StoreUint64(&h.epoch, e)
+	g.ringAll()
+	if !o.inPlace {
+		copy(o.dst[o.offs[me]:o.offs[me]+mySize], o.src)
+	}
+
+	// 2. Every peer's header, checked before any data moves.
+	mismatch := -1
+	for p := range L {
+		if p == me {
+			continue
+		}
+		ph := g.hdrs[p][par]
+		for atomic.LoadUint64(&ph.epoch) != e {
+			if err := w.idle(p, "the header"); err != nil {
+				return err
+			}
+		}
+		w.progress()
+		if mismatch < 0 && (ph.size != uint64(o.sizes[p]) || ph.hash != o.hash) {
+			mismatch = p
+		}
+	}
+	if mismatch >= 0 {
+		ph := g.hdrs[mismatch][par]
+		return fault.New(o.name, g.global(me), g.global(mismatch), fault.ErrSizeMismatch,
+			"this rank expects %d bytes from rank %d, which contributes %d; the ranks' calls differ", o.sizes[mismatch], g.global(mismatch), ph.size)
+	}
+
+	// 3. Data: inline and zero-copy blocks at once, ring transfers pipelined.
+	pending := 0
+	for p := range L {
+		o.next[p], o.staged[p] = 0, false
+		if p == me || o.sizes[p] == 0 {
+			continue
+		}
+		ph := g.hdrs[p][par]
+		dst := o.dst[o.offs[p] : o.offs[p]+o.sizes[p]]
+		switch {
+		case ph.zcBuf != 0:
+			src, err := g.peerBytes(p, int(ph.zcBuf-1), int(ph.zcOff), len(dst))
+			if err != nil {
+				return fault.New(o.name, g.global(me), g.global(p), fault.ErrSizeMismatch, "%v", err)
+			}
+			copy(dst, src)
+			atomic.StoreUint64(&g.myAcks[p].ack, e)
+			g.ring(p)
+		case len(dst) <= InlineBytes:
+			copy(dst, ph.inline[:len(dst)])
+		default:
+			o.staged[p] = true
+			pending++
+		}
+	}
+	toSend := 0
+	if o.zcBuf == 0 {
+		toSend = o.count[me]
+	}
+	sent := 0
+	K := uint64(g.lay.K)
+	for sent < toSend || pending > 0 {
+		progress := false
+		// Publish one chunk of my block if the ring has room.
+		blocker := -1
+		if sent < toSend {
+			n := g.sent
+			if n+1 > K && g.freeUpTo < n+1-K {
+				blocker = g.refreshFree(n + 1 - K)
+			}
+			if blocker < 0 {
+				c := o.chunk[me]
+				lo := sent * c
+				hi := min(lo+c, mySize)
+				slot := int(n % K)
+				copy(g.slots[me][slot], o.src[lo:hi])
+				atomic.StoreUint64(g.stamps[me][slot], n+1)
+				g.ringAll()
+				g.sent++
+				sent++
+				progress = true
+			}
+		}
+		// Read whatever chunks have arrived from each owner.
+		waitFor := -1
+		for p := range L {
+			if !o.staged[p] {
+				continue
+			}
+			for {
+				n := g.recv[p]
+				slot := int(n % K)
+				if atomic.LoadUint64(g.stamps[p][slot]) != n+1 {
+					if waitFor < 0 {
+						waitFor = p
+					}
+					break
+				}
+				c := o.chunk[p]
+				lo := o.next[p] * c
+				hi := min(lo+c, o.sizes[p])
+				base := o.offs[p]
+				copy(o.dst[base+lo:base+hi], g.slots[p][slot][:hi-lo])
+				g.recv[p] = n + 1
+				atomic.StoreUint64(&g.myAcks[p].consumed, n+1)
+				g.ring(p)
+				progress = true
+				if o.next[p]++; o.next[p] == o.count[p] {
+					o.staged[p] = false
+					pending--
+					break
+				}
+			}
+		}
+		if progress {
+			w.progress()
+			continue
+		}
+		peer, what := waitFor, "a chunk"
+		if peer < 0 {
+			peer, what = blocker, "a free ring slot"
+		}
+		if err := w.idle(peer, what); err != nil {
+			return err
+		}
+	}
+
+	// 4. A zero-copy source may change once this call returns: wait until
+	// every reader has finished with it.
+	if o.zcBuf != 0 {
+		for p := range L {
+			if p == me {
+				continue
+			}
+			for atomic.LoadUint64(&g.toMe[p].ack) < e {
+				if err := w.idle(p, "the acknowledgement of a zero-copy read"); err != nil {
+					return err
+				}
+			}
+			w.progress()
+		}
+	}
+	w.progress()
+	return nil
+}
+
+// refreshFree recomputes the minimum of the readers' consumed counters and
+// returns a reader that has not yet consumed up to need, or -1.
+func (g *Group) refreshFree(need uint64) int {
+	lowest, who := ^uint64(0), -1
+	for p := range g.size {
+		if p == g.rank {
+			continue
+		}
+		c := atomic.LoadUint64(&g.toMe[p].consumed)
+		if c < lowest {
+			lowest, who = c, p
+		}
+	}
+	if who < 0 { // a group of one never shares its ring
+		g.freeUpTo = need
+		return -1
+	}
+	g.freeUpTo = lowest
+	if lowest >= need {
+		return -1
+	}
+	return who
+}
+
+// fail marks this rank as failed so that peers waiting on it stop at once,
+// and breaks the group.
+func (g *Group) fail(err error) {
+	if g.ctrls != nil {
+		atomic.StoreUint32(&g.ctrls[g.rank].state, stateFailed)
+		g.ringAll()
+	}
+	g.broken = fault.New("communicator", g.global(g.rank), -1, fault.ErrClosed, "broken by an earlier error: %v", err)
+}
+
+// Barrier returns once every rank of the group has entered it.
+func (g *Group) Barrier(ctx context.Context) error {
+	if g.barrier == nil {
+		z := make([]int, g.size)
+		op, err := g.Plan("barrier", nil, nil, z, z)
+		if err != nil {
+			return err
+		}
+		op.hash ^= 0xba44 // a barrier never matches an all-gather
+		g.barrier = op
+	}
+	return g.barrier.Run(ctx)
+}
+
+// peerBytes is the n bytes at off of rank p's part of symmetric buffer id.
+func (g *Group) peerBytes(p, id, off, n int) ([]byte, error) {
+	if id >= len(g.bufs) || g.bufs[id] == nil {
+		return nil, fmt.Errorf("rank %d reads symmetric buffer %d, which this rank has not allocated", g.global(p), id)
+	}
+	b := g.bufs[id]
+	if off < 0 || off+n > b.stride {
+		return nil, fmt.Errorf("rank %d's block (%d bytes at %d) overruns symmetric buffer %d", g.global(p), n, off, id)
+	}
+	base := p*b.stride + off
+	return b.seg.Mem[base : base+n], nil
+}

@@ -1,0 +1,78 @@
+package intra
+
+import (
+	"context"
+	"strconv"
+	"unsafe"
+
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/shm"
+)
+
+// Buffer is symmetric memory: every rank of the group allocates one of the
+// same size in the same call, and each rank can read every other rank's.
+// An all-gather whose source lies in a Buffer reads it in place (zero copy).
+type Buffer struct {
+	g      *Group
+	id     int
+	seg    *shm.Segment
+	stride int
+	bytes  []byte
+}
+
+// Bytes is this rank's part of the buffer.
+func (b *Buffer) Bytes() []byte { return b.bytes }
+
+// Alloc allocates n bytes of symmetric memory on every rank. It is
+// collective: every rank calls it with the same n, in the same order.
+func (g *Group) Alloc(ctx context.Context, n int) (*Buffer, error) {
+	if g.broken != nil {
+		return nil, g.broken
+	}
+	if n < 0 {
+		return nil, fault.New("alloc", g.global(g.rank), -1, fault.ErrInvalid, "negative size %d", n)
+	}
+	id := len(g.bufs)
+	stride := roundUp(max(n, 1), pageBytes)
+	seg, err := g.shareSegment(ctx, "buf"+strconv.Itoa(id), g.size*stride, nil)
+	if err != nil {
+		return nil, fault.New("alloc", g.global(g.rank), -1, err, "")
+	}
+	if len(seg.Mem) != g.size*stride {
+		seg.Close()
+		return nil, fault.New("alloc", g.global(g.rank), -1, fault.ErrSizeMismatch, "symmetric buffer %d: ranks asked for different sizes", id)
+	}
+	b := &Buffer{g: g, id: id, seg: seg, stride: stride}
+	b.bytes = seg.Mem[g.rank*stride : g.rank*stride+n : g.rank*stride+n]
+	g.bufs = append(g.bufs, b)
+	return b, nil
+}
+
+// Free unmaps the buffer on this rank. Every rank frees it, between
+// operations that use it.
+func (b *Buffer) Free() error {
+	if b.g.bufs == nil || b.g.bufs[b.id] != b {
+		return nil
+	}
+	b.g.bufs[b.id] = nil
+	b.bytes = nil
+	return b.seg.Close()
+}
+
+// lookup finds the symmetric buffer that holds p on this rank.
+func (g *Group) lookup(p []byte) (id, off int, ok bool) {
+	if len(p) == 0 {
+		return 0, 0, false
+	}
+	a := uintptr(unsafe.Pointer(&p[0]))
+	for i, b := range g.bufs {
+		if b == nil || len(b.bytes) == 0 {
+			continue
+		}
+		base := uintptr(unsafe.Pointer(&b.seg.Mem[g.rank*b.stride]))
+		if a >= base && a+uintptr(len(p)) <= base+uintptr(b.stride) {
+			return i, int(a - base), true
+		}
+	}
+	return 0, 0, false
+}

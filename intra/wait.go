@@ -1,0 +1,142 @@
+package intra
+
+import (
+	"context"
+	"runtime"
+	"sync/atomic"
+	"time"
+
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/futex"
+)
+
+// maxSleep bounds one futex sleep, so that a sleeping rank checks its
+// deadline and its peers' liveness at least this often.
+const maxSleep = 10 * time.Millisecond
+
+// waiter is the state of one operation's waits: spin, then sleep on the
+// rank's own bell, checking deadline and peers between sleeps. It lives on
+// the caller's stack.
+type waiter struct {
+	g         *Group
+	op        string
+	done      <-chan struct{}
+	ctx       context.Context
+	deadline  time.Time
+	idleSince time.Time
+	armed     bool
+	bell      uint32
+	suspect   int // a peer found lost, confirmed after one more poll
+}
+
+func (g *Group) newWaiter(ctx context.Context, op string) waiter {
+	deadline := time.Now().Add(g.cfg.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	return waiter{g: g, op: op, done: ctx.Done(), ctx: ctx, deadline: deadline, suspect: -1}
+}
+
+// progress says the caller's last poll found work: spin afresh next time.
+func (w *waiter) progress() {
+	w.idleSince = time.Time{}
+	w.suspect = -1
+	if w.armed {
+		atomic.StoreUint32(&w.g.ctrls[w.g.rank].sleeping, 0)
+		w.armed = false
+	}
+}
+
+// idle is called when a poll found nothing to do; the caller polls again
+// after it returns nil. peer is the rank the caller waits for, what the
+// thing it waits for; both go into the error.
+func (w *waiter) idle(peer int, what string) error {
+	now := time.Now()
+	if w.idleSince.IsZero() {
+		w.idleSince = now
+		return nil
+	}
+	if now.Sub(w.idleSince) < w.g.spin {
+		if w.g.oversb {
+			runtime.Gosched()
+			schedYield()
+		}
+		return nil
+	}
+	me := w.g.ctrls[w.g.rank]
+	if !w.armed {
+		// Announce the sleep, then let the caller poll once more: a
+		// publisher that stores after that poll sees sleeping != 0.
+		atomic.StoreUint32(&me.sleeping, 1)
+		w.bell = atomic.LoadUint32(&me.bell)
+		w.armed = true
+		return nil
+	}
+	futex.Wait(&me.bell, w.bell, min(maxSleep, max(time.Until(w.deadline), time.Microsecond)))
+	atomic.StoreUint32(&me.sleeping, 0)
+	w.armed = false
+	return w.check(peer, what)
+}
+
+// check turns a passed deadline, a cancelled context or a lost peer into an
+// error.
+func (w *waiter) check(peer int, what string) error {
+	g := w.g
+	// Only the awaited peer matters: one that finished its part and left is
+	// no loss. A peer may publish and then leave between our poll and this
+	// check, so a loss counts only when a further poll still finds nothing.
+	if why := g.lost(peer); why != "" {
+		if w.suspect == peer {
+			return fault.New(w.op, g.global(g.rank), g.global(peer), fault.ErrPeerLost, "%s (while this rank waited for %s)", why, what)
+		}
+		w.suspect = peer
+	}
+	select {
+	case <-w.done:
+		err := w.ctx.Err()
+		if err == context.DeadlineExceeded {
+			err = fault.ErrTimeout
+		}
+		return fault.New(w.op, g.global(g.rank), g.global(peer), err, "context ended while waiting for %s", what)
+	default:
+	}
+	if time.Now().After(w.deadline) {
+		return fault.New(w.op, g.global(g.rank), g.global(peer), fault.ErrTimeout, "no %s after %v", what, g.cfg.Timeout)
+	}
+	return nil
+}
+
+// lost says why peer p can no longer do its part, or "".
+func (g *Group) lost(p int) string {
+	if p < 0 || p == g.rank {
+		return ""
+	}
+	switch atomic.LoadUint32(&g.ctrls[p].state) {
+	case stateClosed:
+		return "peer closed its communicator"
+	case stateFailed:
+		return "peer abandoned the operation after an error of its own"
+	}
+	if g.pidfds[p] >= 0 && exited(g.pollfds[p:p+1]) >= 0 {
+		return "peer process exited"
+	}
+	return ""
+}
+
+// ring wakes peer p if it sleeps. Publishers call it after every store a
+// peer may wait for.
+func (g *Group) ring(p int) {
+	c := g.ctrls[p]
+	if atomic.LoadUint32(&c.sleeping) != 0 {
+		atomic.AddUint32(&c.bell, 1)
+		futex.Wake(&c.bell, 1)
+	}
+}
+
+func (g *Group) ringAll() {
+	for p := range g.ctrls {
+		if p != g.rank {
+			g.ring(p)
+		}
+	}
+}
