@@ -255,8 +255,16 @@ func (o *Op) run(ctx context.Context) error {
 		if peer < 0 {
 			peer, what = blocker, "a free ring slot"
 		}
+		w.slept = false
 		if err := w.idle(peer, what); err != nil {
 			return err
+		}
+		if w.slept {
+			// Every owner still to be read and every reader still to free a
+			// slot is a dependency: a lost one ends the wait.
+			if err := o.checkDependencies(&w, sent < toSend); err != nil {
+				return err
+			}
 		}
 	}
 
@@ -276,6 +284,28 @@ func (o *Op) run(ctx context.Context) error {
 		}
 	}
 	w.progress()
+	return nil
+}
+
+func (o *Op) checkDependencies(w *waiter, sending bool) error {
+	g := o.g
+	for p := range g.size {
+		if o.staged[p] {
+			if err := w.suspectPeer(p, "a chunk"); err != nil {
+				return err
+			}
+		}
+	}
+	if sending && g.sent+1 > uint64(g.lay.K) {
+		need := g.sent + 1 - uint64(g.lay.K)
+		for p := range g.size {
+			if p != g.rank && atomic.LoadUint64(&g.toMe[p].consumed) < need {
+				if err := w.suspectPeer(p, "a free ring slot"); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	return nil
 }
 

@@ -26,7 +26,8 @@ type waiter struct {
 	idleSince time.Time
 	armed     bool
 	bell      uint32
-	suspect   int // a peer found lost, confirmed after one more poll
+	suspect   int  // a peer found lost, confirmed after one more poll
+	slept     bool // the last idle slept; callers with several peers check them all
 }
 
 func (g *Group) newWaiter(ctx context.Context, op string) waiter {
@@ -75,6 +76,7 @@ func (w *waiter) idle(peer int, what string) error {
 	futex.Wait(&me.bell, w.bell, min(maxSleep, max(time.Until(w.deadline), time.Microsecond)))
 	atomic.StoreUint32(&me.sleeping, 0)
 	w.armed = false
+	w.slept = true
 	return w.check(peer, what)
 }
 
@@ -85,11 +87,8 @@ func (w *waiter) check(peer int, what string) error {
 	// Only the awaited peer matters: one that finished its part and left is
 	// no loss. A peer may publish and then leave between our poll and this
 	// check, so a loss counts only when a further poll still finds nothing.
-	if why := g.lost(peer); why != "" {
-		if w.suspect == peer {
-			return fault.New(w.op, g.global(g.rank), g.global(peer), fault.ErrPeerLost, "%s (while this rank waited for %s)", why, what)
-		}
-		w.suspect = peer
+	if err := w.suspectPeer(peer, what); err != nil {
+		return err
 	}
 	select {
 	case <-w.done:
@@ -103,6 +102,21 @@ func (w *waiter) check(peer int, what string) error {
 	if time.Now().After(w.deadline) {
 		return fault.New(w.op, g.global(g.rank), g.global(peer), fault.ErrTimeout, "no %s after %v", what, g.cfg.Timeout)
 	}
+	return nil
+}
+
+// suspectPeer checks that peer p, which this rank depends on, can still do
+// its part: a loss is an error once seen twice in a row, with a poll between.
+func (w *waiter) suspectPeer(p int, what string) error {
+	g := w.g
+	why := g.lost(p)
+	if why == "" {
+		return nil
+	}
+	if w.suspect == p {
+		return fault.New(w.op, g.global(g.rank), g.global(p), fault.ErrPeerLost, "%s (while this rank waited for %s)", why, what)
+	}
+	w.suspect = p
 	return nil
 }
 

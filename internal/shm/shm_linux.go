@@ -114,3 +114,7 @@ func RemovePrefix(prefix string) ([]string, error) {
 	}
 	return removed, nil
 }
+
+// JobPrefix starts the name of every segment of the run with this id, so
+// that a launcher can remove what a killed job left (RemovePrefix).
+func JobPrefix(runID string) string { return "slimego-" + runID + "-" }

@@ -1,0 +1,182 @@
+// Command slimerun launches the workers of a slimego job, with torchrun's
+// flags and environment:
+//
+//	slimerun --nproc-per-node 4 ./myprogram --its --own flags
+//	slimerun --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 --nproc-per-node 8 ./train
+//
+// Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+// MASTER_ADDR and MASTER_PORT; node 0 hosts the rendezvous store. Output
+// lines carry the rank ("[3]: ..."). When a worker fails, the others are
+// stopped and slimerun names the first failure and exits 1; SIGINT and
+// SIGTERM reach every worker.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/slimego/slimego/launcher"
+)
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+func run(args []string) int {
+	fs := pflag.NewFlagSet("slimerun", pflag.ContinueOnError)
+	fs.SetInterspersed(false) // everything after the program is the program's
+	fs.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		return pflag.NormalizedName(strings.ReplaceAll(name, "_", "-"))
+	})
+	var cfg launcher.Config
+	nnodes := fs.String("nnodes", "1", "number of nodes (N, or N:N)")
+	nproc := fs.String("nproc-per-node", "1", "workers per node: a number, or cpu/auto for one per CPU")
+	fs.IntVar(&cfg.NodeRank, "node-rank", 0, "this node's rank")
+	fs.StringVar(&cfg.MasterAddr, "master-addr", "127.0.0.1", "address of node 0, which hosts the rendezvous store")
+	fs.IntVar(&cfg.MasterPort, "master-port", 29500, "port of the rendezvous store")
+	fs.BoolVar(&cfg.Standalone, "standalone", false, "single-node job with its store on a free local port")
+	fs.StringVar(&cfg.RunID, "rdzv-id", "", "job id shared by every node (default: derived from the master port)")
+	fs.StringVar(&cfg.LogDir, "log-dir", "", "directory for redirected and teed worker output")
+	redirects := fs.StringP("redirects", "r", "0", "send worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank, 0:1,1:3")
+	tee := fs.StringP("tee", "t", "0", "copy worker streams to log files as well as the console (codes as --redirects)")
+	fs.IntVar(&cfg.MaxRestarts, "max-restarts", 0, "restarts of the worker group after a failure")
+	fs.DurationVar(&cfg.MonitorInterval, "monitor-interval", 100*time.Millisecond, "how often workers are checked")
+	fs.DurationVar(&cfg.StopGrace, "stop-grace", 5*time.Second, "time between SIGTERM and SIGKILL when stopping workers")
+	fs.DurationVar(&cfg.RdzvTimeout, "rdzv-timeout", 5*time.Minute, "how long to wait for every node to join")
+	quiet := fs.BoolP("quiet", "q", false, "do not report the launcher's own progress")
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: slimerun [flags] program [args...]\n\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(os.Stderr, "slimerun:", err)
+		return 2
+	}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(os.Stderr, "slimerun: "+format+"\n", a...)
+		return 2
+	}
+	var err error
+	if cfg.NNodes, err = parseNodes(*nnodes); err != nil {
+		return fail("%v", err)
+	}
+	if cfg.NProcPerNode, err = parseNProc(*nproc); err != nil {
+		return fail("%v", err)
+	}
+	if cfg.Redirects, err = parseStd(*redirects, cfg.NProcPerNode); err != nil {
+		return fail("--redirects: %v", err)
+	}
+	if cfg.Tee, err = parseStd(*tee, cfg.NProcPerNode); err != nil {
+		return fail("--tee: %v", err)
+	}
+	if cfg.Standalone && !fs.Changed("master-port") {
+		cfg.MasterPort = 0
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return 2
+	}
+	cfg.Program, cfg.Args = fs.Arg(0), fs.Args()[1:]
+	if !*quiet {
+		cfg.Logf = func(format string, a ...any) { fmt.Fprintf(os.Stderr, "slimerun: "+format+"\n", a...) }
+	}
+	err = launcher.Run(context.Background(), cfg)
+	var we *launcher.WorkerError
+	var intr *launcher.ErrInterrupted
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &we):
+		fmt.Fprintf(os.Stderr, "slimerun: job failed: first failure: %v\n", we)
+		return 1
+	case errors.As(err, &intr):
+		fmt.Fprintf(os.Stderr, "slimerun: %v; workers stopped\n", intr)
+		if s, ok := intr.Signal.(syscall.Signal); ok {
+			return 128 + int(s)
+		}
+		return 1
+	case errors.Is(err, launcher.ErrBadConfig):
+		return fail("%v", err)
+	default:
+		fmt.Fprintln(os.Stderr, "slimerun:", err)
+		return 1
+	}
+}
+
+func parseNodes(s string) (int, error) {
+	lo, hi, ranged := strings.Cut(s, ":")
+	n, err := strconv.Atoi(lo)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("--nnodes %q: want a positive number", s)
+	}
+	if ranged {
+		m, err := strconv.Atoi(hi)
+		if err != nil || m != n {
+			return 0, fmt.Errorf("--nnodes %q: elastic ranges are not supported; give MIN:MAX with MIN = MAX", s)
+		}
+	}
+	return n, nil
+}
+
+func parseNProc(s string) (int, error) {
+	switch s {
+	case "cpu", "auto":
+		return runtime.NumCPU(), nil
+	case "gpu":
+		return 0, fmt.Errorf("--nproc-per-node gpu: this build has no CUDA backend; give a number")
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("--nproc-per-node %q: want a positive number, cpu or auto", s)
+	}
+	return n, nil
+}
+
+// parseStd reads torchrun's stream codes: "3" for every local rank, or
+// "0:1,1:2" per local rank.
+func parseStd(s string, nproc int) ([]launcher.Std, error) {
+	code := func(v string) (launcher.Std, error) {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 0 || n > 3 {
+			return 0, fmt.Errorf("%q is not 0, 1, 2 or 3", v)
+		}
+		return launcher.Std(n), nil
+	}
+	if !strings.Contains(s, ":") {
+		c, err := code(s)
+		if err != nil || c == 0 {
+			return nil, err
+		}
+		out := make([]launcher.Std, nproc)
+		for i := range out {
+			out[i] = c
+		}
+		return out, nil
+	}
+	var out []launcher.Std
+	for part := range strings.SplitSeq(s, ",") {
+		k, v, _ := strings.Cut(part, ":")
+		i, err := strconv.Atoi(strings.TrimSpace(k))
+		if err != nil || i < 0 || i > 4096 {
+			return nil, fmt.Errorf("%q: bad local rank", part)
+		}
+		c, err := code(v)
+		if err != nil {
+			return nil, err
+		}
+		for len(out) <= i {
+			out = append(out, 0)
+		}
+		out[i] = c
+	}
+	return out, nil
+}

@@ -1,0 +1,411 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+	"unsafe"
+
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/shm"
+	"github.com/slimego/slimego/intra"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// The errors of every operation; see [OpError].
+var (
+	ErrTimeout      = fault.ErrTimeout
+	ErrPeerLost     = fault.ErrPeerLost
+	ErrSizeMismatch = fault.ErrSizeMismatch
+	ErrClosed       = fault.ErrClosed
+	ErrInvalid      = fault.ErrInvalid
+)
+
+// OpError names the operation, the rank and the peer (-1 for none) of a
+// failure, and wraps one of the errors above.
+type OpError = fault.OpError
+
+// DefaultTimeout bounds every wait unless Options.Timeout or SLIME_TIMEOUT
+// says otherwise.
+const DefaultTimeout = 5 * time.Minute
+
+// Communicator is one rank's membership in a job. Its methods are not safe
+// for concurrent use: like a stream, one goroutine drives it.
+type Communicator struct {
+	opts   Options
+	store  *rendezvous.Client
+	server *rendezvous.Server
+	node   *intra.Group
+	nodes  int
+
+	// scratch for the one-shot calls, so that they allocate nothing
+	oneShot *intra.Op
+	sizes   []int
+	offs    []int
+}
+
+// Init joins the job described by opts, filling what opts leaves zero from
+// the environment ([LoadEnv]). It returns once every rank of the node has
+// joined, or an error naming what is missing when the deadline (the
+// context's, or Timeout) passes.
+func Init(ctx context.Context, opts Options) (*Communicator, error) {
+	env, err := envOptions()
+	if err != nil && opts.WorldSize == 0 {
+		return nil, err
+	}
+	o := merge(opts, env)
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if _, err := device.Resolve(o.Backend); err != nil {
+		return nil, fmt.Errorf("collective: init rank %d: %w", o.Rank, err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
+		defer cancel()
+	}
+	c := &Communicator{opts: o, nodes: o.WorldSize / o.LocalWorldSize}
+	if c.nodes > 1 {
+		return nil, fault.New("init", o.Rank, -1, ErrInvalid, "%d nodes: the inter-node transport is not part of this build; run one node (LOCAL_WORLD_SIZE = WORLD_SIZE)", c.nodes)
+	}
+	if err := c.connect(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	node, err := intra.New(ctx, intra.Config{
+		Store:       c.store,
+		Key:         c.key("node" + strconv.Itoa(o.NodeRank)),
+		ShmPrefix:   shm.JobPrefix(o.RunID) + o.Name + "-",
+		Rank:        o.LocalRank,
+		Size:        o.LocalWorldSize,
+		Ranks:       localRanks(o),
+		Timeout:     o.Timeout,
+		SlotBytes:   o.SlotBytes,
+		Slots:       o.Slots,
+		ZeroCopyMin: o.ZeroCopyMin,
+	})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.node = node
+	c.sizes = make([]int, o.WorldSize)
+	c.offs = make([]int, o.WorldSize)
+	if o.Debug != "" {
+		fmt.Fprintf(os.Stderr, "slimego INFO rank %d/%d local %d/%d node %d/%d backend cpu store %s run %s timeout %v\n",
+			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize, o.NodeRank, c.nodes, c.storeAddr(), o.RunID, o.Timeout)
+	}
+	return c, nil
+}
+
+func localRanks(o Options) []int {
+	r := make([]int, o.LocalWorldSize)
+	for i := range r {
+		r[i] = o.NodeRank*o.LocalWorldSize + i
+	}
+	return r
+}
+
+func merge(opts, env Options) Options {
+	o := opts
+	if o.WorldSize == 0 {
+		o.Rank, o.WorldSize = env.Rank, env.WorldSize
+		o.LocalRank, o.LocalWorldSize, o.NodeRank = env.LocalRank, env.LocalWorldSize, env.NodeRank
+	}
+	if o.LocalWorldSize == 0 {
+		o.LocalWorldSize, o.LocalRank, o.NodeRank = o.WorldSize, o.Rank, 0
+	}
+	pick := func(a, b string) string {
+		if a != "" {
+			return a
+		}
+		return b
+	}
+	o.MasterAddr = pick(o.MasterAddr, env.MasterAddr)
+	if o.MasterPort == 0 {
+		o.MasterPort = env.MasterPort
+		o.AgentStore = o.AgentStore || env.AgentStore
+	}
+	o.RunID = pick(o.RunID, env.RunID)
+	o.Name = pick(pick(o.Name, env.Name), "world")
+	if o.Timeout == 0 {
+		o.Timeout = env.Timeout
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Backend == device.Auto {
+		o.Backend = env.Backend
+	}
+	o.Debug = pick(o.Debug, env.Debug)
+	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}} {
+		if *f.dst == 0 {
+			*f.dst = *f.src
+		}
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	bad := func(format string, a ...any) error {
+		return fault.New("init", o.Rank, -1, ErrInvalid, format, a...)
+	}
+	switch {
+	case o.WorldSize < 1:
+		return bad("world size %d", o.WorldSize)
+	case o.Rank < 0 || o.Rank >= o.WorldSize:
+		return bad("rank %d is not in [0, %d)", o.Rank, o.WorldSize)
+	case o.LocalWorldSize < 1 || o.WorldSize%o.LocalWorldSize != 0:
+		return bad("local world size %d does not divide world size %d", o.LocalWorldSize, o.WorldSize)
+	case o.LocalRank < 0 || o.LocalRank >= o.LocalWorldSize:
+		return bad("local rank %d is not in [0, %d)", o.LocalRank, o.LocalWorldSize)
+	case o.WorldSize > 1 && o.MasterAddr == "":
+		return bad("no master address (MASTER_ADDR)")
+	case o.MasterPort < 0 || o.MasterPort > 65535:
+		return bad("master port %d", o.MasterPort)
+	case o.RunID == "":
+		return bad("no run id")
+	}
+	return nil
+}
+
+// connect reaches the store: the launcher's, or one that rank 0 hosts. A
+// world of one needs none and hosts a private one on a free port.
+func (c *Communicator) connect(ctx context.Context) error {
+	o := c.opts
+	addr := net.JoinHostPort(o.MasterAddr, strconv.Itoa(o.MasterPort))
+	host := o.WorldSize == 1 || (!o.AgentStore && o.Rank == 0)
+	if host {
+		listen := net.JoinHostPort("", strconv.Itoa(o.MasterPort))
+		if o.WorldSize == 1 {
+			listen = "127.0.0.1:0"
+		}
+		s, err := rendezvous.Listen(listen)
+		if err != nil {
+			return fault.New("init", o.Rank, -1, ErrInvalid, "rank 0 hosts the rendezvous store: %v", err)
+		}
+		c.server = s
+		addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port()))
+	}
+	st, err := rendezvous.Dial(ctx, addr)
+	if err != nil {
+		return fault.New("init", o.Rank, -1, ErrTimeout, "%v", err)
+	}
+	st.Timeout = o.Timeout
+	c.store = st
+	return nil
+}
+
+func (c *Communicator) storeAddr() string {
+	if c.store == nil {
+		return ""
+	}
+	return c.store.Addr()
+}
+
+func (c *Communicator) key(s string) string {
+	return "slimego/" + c.opts.RunID + "/" + c.opts.Name + "/" + s
+}
+
+// Rank is this rank's index in the job, Size the number of ranks.
+func (c *Communicator) Rank() int { return c.opts.Rank }
+func (c *Communicator) Size() int { return c.opts.WorldSize }
+
+// LocalRank is the rank's index on its node, LocalSize the ranks per node.
+func (c *Communicator) LocalRank() int { return c.opts.LocalRank }
+func (c *Communicator) LocalSize() int { return c.opts.LocalWorldSize }
+
+// NodeRank is the node's index, Nodes the number of nodes.
+func (c *Communicator) NodeRank() int { return c.opts.NodeRank }
+func (c *Communicator) Nodes() int    { return c.nodes }
+
+// Timeout is the bound on every wait.
+func (c *Communicator) Timeout() time.Duration { return c.opts.Timeout }
+
+// Close leaves the job: peers still waiting on this rank get ErrPeerLost.
+// It unmaps all shared memory (whose names were already unlinked) and,
+// on the rank that hosts it, stops the store.
+func (c *Communicator) Close() error {
+	if c.node != nil {
+		c.node.Close()
+		c.node = nil
+	}
+	if c.store != nil {
+		c.store.Close()
+		c.store = nil
+	}
+	if c.server != nil {
+		c.server.Close()
+		c.server = nil
+	}
+	return nil
+}
+
+func (c *Communicator) closedErr(op string) error {
+	return fault.New(op, c.opts.Rank, -1, ErrClosed, "")
+}
+
+// Barrier returns once every rank has entered it.
+func (c *Communicator) Barrier(ctx context.Context) error {
+	if c.node == nil {
+		return c.closedErr("barrier")
+	}
+	return c.node.Barrier(ctx)
+}
+
+// AllGather gathers every rank's src into dst, rank r's block at
+// dst[r*len(src):]: dst must hold Size()*len(src) bytes. Every rank passes
+// the same len(src). src may be this rank's own block of dst (in place).
+func (c *Communicator) AllGather(ctx context.Context, dst, src []byte) error {
+	if c.node == nil {
+		return c.closedErr("allgather")
+	}
+	n := len(src)
+	if len(dst) < c.Size()*n {
+		return fault.New("allgather", c.Rank(), -1, ErrInvalid, "destination holds %d bytes, %d ranks × %d bytes need %d", len(dst), c.Size(), n, c.Size()*n)
+	}
+	for r := range c.sizes {
+		c.sizes[r], c.offs[r] = n, r*n
+	}
+	return c.runOneShot(ctx, "allgather", dst, src)
+}
+
+// AllGatherV gathers blocks of different sizes: rank r contributes
+// counts[r] bytes, and they land one after another in dst. Every rank
+// passes the same counts, and its own src of counts[Rank()] bytes.
+func (c *Communicator) AllGatherV(ctx context.Context, dst, src []byte, counts []int) error {
+	if c.node == nil {
+		return c.closedErr("allgatherv")
+	}
+	if err := c.layoutV(counts, len(dst)); err != nil {
+		return err
+	}
+	return c.runOneShot(ctx, "allgatherv", dst, src)
+}
+
+func (c *Communicator) layoutV(counts []int, dstLen int) error {
+	if len(counts) != c.Size() {
+		return fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "%d counts for %d ranks", len(counts), c.Size())
+	}
+	off := 0
+	for r, n := range counts {
+		if n < 0 {
+			return fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "negative count %d for rank %d", n, r)
+		}
+		c.sizes[r], c.offs[r] = n, off
+		off += n
+	}
+	if off > dstLen {
+		return fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "destination holds %d bytes, the counts add up to %d", dstLen, off)
+	}
+	return nil
+}
+
+func (c *Communicator) runOneShot(ctx context.Context, name string, dst, src []byte) error {
+	if c.oneShot == nil {
+		op, err := c.node.Plan(name, dst, src, c.sizes, c.offs)
+		if err != nil {
+			return err
+		}
+		c.oneShot = op
+	} else if err := c.oneShot.Set(dst, src, c.sizes, c.offs); err != nil {
+		return err
+	}
+	return c.oneShot.Run(ctx)
+}
+
+// Plan is an AllGather or AllGatherV prepared once for fixed buffers; each
+// Run moves the buffers' current contents and allocates nothing.
+type Plan struct {
+	op *intra.Op
+}
+
+// Plan prepares AllGather(dst, src) for repeated runs.
+func (c *Communicator) Plan(dst, src []byte) (*Plan, error) {
+	if c.node == nil {
+		return nil, c.closedErr("plan")
+	}
+	n := len(src)
+	if len(dst) < c.Size()*n {
+		return nil, fault.New("allgather", c.Rank(), -1, ErrInvalid, "destination holds %d bytes, %d ranks × %d bytes need %d", len(dst), c.Size(), n, c.Size()*n)
+	}
+	for r := range c.sizes {
+		c.sizes[r], c.offs[r] = n, r*n
+	}
+	op, err := c.node.Plan("allgather", dst, src, c.sizes, c.offs)
+	return &Plan{op: op}, err
+}
+
+// PlanV prepares AllGatherV(dst, src, counts) for repeated runs.
+func (c *Communicator) PlanV(dst, src []byte, counts []int) (*Plan, error) {
+	if c.node == nil {
+		return nil, c.closedErr("plan")
+	}
+	if err := c.layoutV(counts, len(dst)); err != nil {
+		return nil, err
+	}
+	op, err := c.node.Plan("allgatherv", dst, src, c.sizes, c.offs)
+	return &Plan{op: op}, err
+}
+
+// Run executes the plan once.
+func (p *Plan) Run(ctx context.Context) error { return p.op.Run(ctx) }
+
+// Buffer is symmetric memory from [Communicator.Alloc].
+type Buffer = intra.Buffer
+
+// Alloc returns n bytes of symmetric memory: every rank calls it with the
+// same n, and an AllGather whose source lies in such a buffer is read by
+// the peers in place. Free it with Buffer.Free on every rank.
+func (c *Communicator) Alloc(ctx context.Context, n int) (*Buffer, error) {
+	if c.node == nil {
+		return nil, c.closedErr("alloc")
+	}
+	return c.node.Alloc(ctx, n)
+}
+
+// Elem is the element types the typed forms take.
+type Elem interface {
+	~int8 | ~uint8 | ~int16 | ~uint16 | ~int32 | ~uint32 | ~int64 | ~uint64 |
+		~float32 | ~float64 | ~complex64 | ~complex128
+}
+
+func asBytes[T Elem](s []T) []byte {
+	if len(s) == 0 {
+		return s2b(s)
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
+}
+
+func s2b[T Elem](s []T) []byte {
+	if s == nil {
+		return nil
+	}
+	return []byte{}
+}
+
+// AllGatherOf is [Communicator.AllGather] on typed slices.
+func AllGatherOf[T Elem](ctx context.Context, c *Communicator, dst, src []T) error {
+	return c.AllGather(ctx, asBytes(dst), asBytes(src))
+}
+
+// AllGatherVOf is [Communicator.AllGatherV] with counts in elements.
+func AllGatherVOf[T Elem](ctx context.Context, c *Communicator, dst, src []T, counts []int) error {
+	var z T
+	sz := int(unsafe.Sizeof(z))
+	bc := make([]int, len(counts))
+	for i, n := range counts {
+		bc[i] = n * sz
+	}
+	return c.AllGatherV(ctx, asBytes(dst), asBytes(src), bc)
+}
+
+// PlanOf is [Communicator.Plan] on typed slices.
+func PlanOf[T Elem](c *Communicator, dst, src []T) (*Plan, error) {
+	return c.Plan(asBytes(dst), asBytes(src))
+}

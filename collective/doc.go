@@ -1,0 +1,27 @@
+// Package collective is slimego's public API: a [Communicator] over the ranks
+// of a job, and the AllGather collective on it.
+//
+// A job is launched by slimerun (or torchrun, Slurm's srun, OpenMPI's
+// mpirun); each rank calls [Init], which reads the launcher's environment,
+// meets the other ranks through the rendezvous store at MASTER_ADDR and
+// MASTER_PORT, and maps the node's shared memory:
+//
+//	c, err := collective.Init(ctx, collective.Options{})
+//	if err != nil { ... }
+//	defer c.Close()
+//	dst := make([]float32, c.Size()*len(src))
+//	err = collective.AllGatherOf(ctx, c, dst, src)
+//
+// Every operation is collective: all ranks call the same operations in the
+// same order. Errors are *[OpError] values that name the operation, the rank
+// and the peer; test them with errors.Is against [ErrTimeout],
+// [ErrPeerLost], [ErrSizeMismatch], [ErrClosed] and [ErrInvalid]. Every
+// wait is bounded by [Options].Timeout and the context's deadline.
+//
+// For repeated calls on the same buffers, [Communicator.Plan] prepares the
+// call once and [Plan.Run] allocates nothing. Memory from
+// [Communicator.Alloc] is symmetric: peers on the node read it in place.
+//
+// Several ranks can live in one process, one goroutine each, by passing
+// Rank, WorldSize and a shared store address in [Options].
+package collective

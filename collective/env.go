@@ -1,0 +1,217 @@
+package collective
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/bytesize"
+	"github.com/slimego/slimego/internal/fault"
+)
+
+// DefaultPort is the master port when neither the options nor the
+// environment give one (torchrun's default).
+const DefaultPort = 29500
+
+// Options configure [Init]. Zero fields are filled from the environment
+// ([LoadEnv]); fields already set win over it.
+type Options struct {
+	// Rank and WorldSize: this rank and the number of ranks. WorldSize 0
+	// means "from the environment".
+	Rank, WorldSize int
+	// LocalRank and LocalWorldSize: the rank on this node and the number
+	// of ranks on each node.
+	LocalRank, LocalWorldSize int
+	// NodeRank is this node's index (GROUP_RANK).
+	NodeRank int
+	// MasterAddr and MasterPort locate the rendezvous store.
+	MasterAddr string
+	MasterPort int
+	// AgentStore says a launcher (slimerun) hosts the store; otherwise
+	// rank 0 hosts it.
+	AgentStore bool
+	// RunID names the job in store keys and shared-memory names.
+	RunID string
+	// Name tells apart several communicators of one job (default "world").
+	Name string
+	// Timeout bounds every wait (SLIME_TIMEOUT; default 5 minutes).
+	Timeout time.Duration
+	// Backend is cpu, cuda or auto (SLIME_BACKEND).
+	Backend device.Kind
+	// Debug is "", "INFO" or "TRACE" (SLIME_DEBUG): what Init logs to
+	// stderr.
+	Debug string
+	// SlotBytes, Slots and ZeroCopyMin tune the shared-memory protocol
+	// (SLIME_SLOT_BYTES, SLIME_SLOTS, SLIME_ZERO_COPY_MIN).
+	SlotBytes, Slots, ZeroCopyMin int
+}
+
+// LoadEnv reads the environment that slimerun and torchrun (RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+// MASTER_PORT), Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+// SLURM_NTASKS_PER_NODE, SLURM_NODEID) and OpenMPI's mpirun
+// (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
+// OMPI_COMM_WORLD_LOCAL_SIZE) set, in that order of preference, plus the
+// SLIME_* knobs. getenv is os.Getenv in practice; tests pass a map.
+func LoadEnv(getenv func(string) string) (Options, error) {
+	var o Options
+	bad := func(format string, a ...any) (Options, error) {
+		return o, fmt.Errorf("collective: environment: %w: "+format, append([]any{fault.ErrInvalid}, a...)...)
+	}
+	num := func(name string) (int, bool, error) {
+		v := strings.TrimSpace(getenv(name))
+		if v == "" {
+			return 0, false, nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0, true, fmt.Errorf("%s=%q is not a non-negative integer", name, v)
+		}
+		return n, true, nil
+	}
+	// first returns the first variable of names that is set.
+	first := func(names ...string) (int, string, error) {
+		for _, n := range names {
+			v, ok, err := num(n)
+			if err != nil || ok {
+				return v, n, err
+			}
+		}
+		return 0, "", nil
+	}
+	var err error
+	var rankVar, sizeVar string
+	if o.Rank, rankVar, err = first("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"); err != nil {
+		return bad("%v", err)
+	}
+	if o.WorldSize, sizeVar, err = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"); err != nil {
+		return bad("%v", err)
+	}
+	if sizeVar == "" {
+		// Not launched by anything: a world of one.
+		o.WorldSize, o.Rank = 1, 0
+	} else if rankVar == "" {
+		return bad("%s=%d is set but no rank variable (RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID)", sizeVar, o.WorldSize)
+	}
+	if o.WorldSize == 0 {
+		return bad("%s=0", sizeVar)
+	}
+	if o.Rank >= o.WorldSize {
+		return bad("%s=%d is not below %s=%d", rankVar, o.Rank, sizeVar, o.WorldSize)
+	}
+	if o.LocalRank, _, err = first("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"); err != nil {
+		return bad("%v", err)
+	}
+	var lwsVar string
+	if o.LocalWorldSize, lwsVar, err = first("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"); err != nil {
+		return bad("%v", err)
+	}
+	if lwsVar == "" {
+		if t := getenv("SLURM_NTASKS_PER_NODE"); t != "" {
+			n, err := strconv.Atoi(strings.TrimSpace(t))
+			if err != nil {
+				return bad("SLURM_NTASKS_PER_NODE=%q is not an integer", t)
+			}
+			o.LocalWorldSize = n
+		} else {
+			o.LocalWorldSize = o.WorldSize // one node
+			o.LocalRank = o.Rank
+		}
+	}
+	if o.LocalWorldSize == 0 || o.LocalRank >= o.LocalWorldSize {
+		return bad("local rank %d of local world size %d", o.LocalRank, o.LocalWorldSize)
+	}
+	if o.WorldSize%o.LocalWorldSize != 0 {
+		return bad("world size %d is not a multiple of the local world size %d", o.WorldSize, o.LocalWorldSize)
+	}
+	nodeRank, nodeVar, err := first("GROUP_RANK", "SLURM_NODEID")
+	if err != nil {
+		return bad("%v", err)
+	}
+	if nodeVar == "" {
+		nodeRank = o.Rank / o.LocalWorldSize
+	}
+	o.NodeRank = nodeRank
+	if o.NodeRank*o.LocalWorldSize+o.LocalRank != o.Rank {
+		return bad("rank %d is not local rank %d of node %d with %d ranks per node (ranks must be laid out node by node)", o.Rank, o.LocalRank, o.NodeRank, o.LocalWorldSize)
+	}
+	o.MasterAddr = strings.TrimSpace(getenv("MASTER_ADDR"))
+	if o.MasterAddr == "" && o.WorldSize > 1 {
+		return bad("MASTER_ADDR is not set (the host of rank 0, or of the launcher's store)")
+	}
+	port, ok, err := num("MASTER_PORT")
+	if err != nil {
+		return bad("%v", err)
+	}
+	if !ok {
+		port = DefaultPort
+	}
+	if port == 0 || port > 65535 {
+		return bad("MASTER_PORT=%d is not a TCP port", port)
+	}
+	o.MasterPort = port
+	o.AgentStore = getenv("SLIME_AGENT_STORE") == "1"
+	if !o.AgentStore && strings.EqualFold(getenv("TORCHELASTIC_USE_AGENT_STORE"), "true") {
+		// torchrun's own store holds MASTER_PORT: rank 0 hosts ours beside it.
+		o.MasterPort++
+	}
+	if p, ok, err := num("SLIME_STORE_PORT"); err != nil {
+		return bad("%v", err)
+	} else if ok {
+		o.MasterPort = p
+	}
+	o.RunID = firstNonEmpty(getenv("SLIME_RUN_ID"), getenv("TORCHELASTIC_RUN_ID"), "port"+strconv.Itoa(o.MasterPort))
+	if rc := firstNonEmpty(getenv("SLIME_RESTART_COUNT"), getenv("TORCHELASTIC_RESTART_COUNT")); rc != "" && rc != "0" {
+		o.RunID += "-r" + rc
+	}
+	if t := strings.TrimSpace(getenv("SLIME_TIMEOUT")); t != "" {
+		d, err := parseDuration(t)
+		if err != nil {
+			return bad("SLIME_TIMEOUT=%q: %v", t, err)
+		}
+		o.Timeout = d
+	}
+	if o.Backend, err = device.Parse(getenv("SLIME_BACKEND")); err != nil {
+		return bad("SLIME_BACKEND: %v", err)
+	}
+	o.Debug = strings.ToUpper(strings.TrimSpace(getenv("SLIME_DEBUG")))
+	for _, k := range []struct {
+		name string
+		dst  *int
+	}{{"SLIME_SLOT_BYTES", &o.SlotBytes}, {"SLIME_SLOTS", &o.Slots}, {"SLIME_ZERO_COPY_MIN", &o.ZeroCopyMin}} {
+		if v := getenv(k.name); v != "" {
+			n, err := bytesize.Parse(v)
+			if err != nil {
+				return bad("%s=%q: %v", k.name, v, err)
+			}
+			*k.dst = int(n)
+		}
+	}
+	return o, nil
+}
+
+func firstNonEmpty(s ...string) string {
+	for _, v := range s {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// parseDuration accepts Go durations ("90s", "2m") and plain seconds ("30").
+func parseDuration(s string) (time.Duration, error) {
+	if n, err := strconv.ParseFloat(s, 64); err == nil {
+		return time.Duration(n * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err == nil && d <= 0 {
+		err = fmt.Errorf("not positive")
+	}
+	return d, err
+}
+
+func envOptions() (Options, error) { return LoadEnv(os.Getenv) }

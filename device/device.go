@@ -1,0 +1,64 @@
+// Package device names the memory and execution backends slimego runs on
+// and picks one: the CPU backend (host memory, shared memory between the
+// ranks of a node) everywhere, the CUDA backend where its kernels library
+// and a GPU are present.
+package device
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Kind is a backend.
+type Kind int
+
+const (
+	// Auto picks CUDA where it can run and the CPU otherwise.
+	Auto Kind = iota
+	// CPU is host memory; ranks of one node share POSIX shared memory.
+	CPU
+	// CUDA is device memory; ranks of one node map each other's buffers
+	// with CUDA IPC.
+	CUDA
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Auto:
+		return "auto"
+	case CPU:
+		return "cpu"
+	case CUDA:
+		return "cuda"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// ErrUnavailable: the backend asked for cannot run on this machine.
+var ErrUnavailable = errors.New("device: backend unavailable")
+
+// Parse reads "cpu", "cuda" or "auto" (case-insensitive; empty is auto).
+func Parse(s string) (Kind, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "auto":
+		return Auto, nil
+	case "cpu":
+		return CPU, nil
+	case "cuda", "gpu":
+		return CUDA, nil
+	}
+	return Auto, fmt.Errorf("device: unknown backend %q (want cpu, cuda or auto)", s)
+}
+
+// Resolve turns a requested kind into the one that will run: Auto falls
+// back to the CPU, and CUDA is an error naming what is missing.
+func Resolve(k Kind) (Kind, error) {
+	switch k {
+	case Auto, CPU:
+		return CPU, nil
+	case CUDA:
+		return CPU, fmt.Errorf("%w: cuda: this build has no CUDA backend (libslimecuda.so is not loaded); use --backend cpu or auto", ErrUnavailable)
+	}
+	return CPU, fmt.Errorf("device: unknown backend %v", k)
+}

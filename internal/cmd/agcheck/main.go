@@ -1,0 +1,279 @@
+// Command agcheck is the worker of the multi-process tests: launched by
+// slimerun, it runs AllGather in every form on random data and checks each
+// result byte for byte, or provokes a fault and checks how every rank
+// reports it. It prints "PASS rank R" and exits 0 when all is well; in a
+// fault mode, a survivor that saw the expected error exits 3.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/internal/bytesize"
+	"github.com/slimego/slimego/internal/pattern"
+)
+
+const exitExpectedFault = 3
+
+func main() {
+	sizes := pflag.StringSlice("sizes", []string{"0", "1", "7", "4096", "1048579"}, "per-rank sizes")
+	iters := pflag.Int("iters", 2, "iterations of each check")
+	planRuns := pflag.Int("plan-runs", 1000, "runs of one plan back to back")
+	planSize := pflag.String("plan-size", "4099", "size of the plan check")
+	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, slow")
+	faultRank := pflag.Int("fault-rank", 1, "rank that causes the fault")
+	faultSize := pflag.String("fault-size", "64M", "message size while a peer is killed")
+	pflag.Parse()
+
+	ctx := context.Background()
+	c, err := collective.Init(ctx, collective.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "init:", err)
+		os.Exit(1)
+	}
+	defer c.Close()
+	if *fault != "" {
+		os.Exit(runFault(ctx, c, *fault, *faultRank, mustSize(*faultSize)))
+	}
+	var ns []int
+	for _, s := range *sizes {
+		ns = append(ns, mustSize(s))
+	}
+	for _, check := range []func() error{
+		func() error { return checkAll(ctx, c, ns, *iters) },
+		func() error { return checkV(ctx, c, ns, *iters) },
+		func() error { return checkPlan(ctx, c, mustSize(*planSize), *planRuns) },
+		func() error { return checkTyped(ctx, c) },
+		func() error { return checkBadInput(ctx, c) },
+	} {
+		if err := check(); err != nil {
+			fmt.Fprintf(os.Stderr, "FAIL rank %d: %v\n", c.Rank(), err)
+			os.Exit(1)
+		}
+	}
+	if err := c.Barrier(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "final barrier:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("PASS rank %d\n", c.Rank())
+}
+
+func mustSize(s string) int {
+	n, err := bytesize.Parse(s)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	return int(n)
+}
+
+// verify checks every block of dst against the pattern its rank sent.
+func verify(dst []byte, counts []int, iter int, what string) error {
+	off := 0
+	for r, n := range counts {
+		if i := pattern.Check(dst[off:off+n], pattern.Seed(r, iter, uint64(n))); i >= 0 {
+			return fmt.Errorf("%s: byte %d of rank %d's %d-byte block is wrong", what, i, r, n)
+		}
+		off += n
+	}
+	return nil
+}
+
+func equal(p, n int) []int {
+	c := make([]int, p)
+	for i := range c {
+		c[i] = n
+	}
+	return c
+}
+
+// checkAll: AllGather out of place and in place, on plain and symmetric
+// buffers.
+func checkAll(ctx context.Context, c *collective.Communicator, sizes []int, iters int) error {
+	P, me := c.Size(), c.Rank()
+	for _, n := range sizes {
+		counts := equal(P, n)
+		symSrc, err := c.Alloc(ctx, n)
+		if err != nil {
+			return err
+		}
+		symDst, err := c.Alloc(ctx, P*n)
+		if err != nil {
+			return err
+		}
+		plainDst := make([]byte, P*n)
+		plainSrc := make([]byte, n)
+		cases := []struct {
+			name     string
+			dst, src []byte
+		}{
+			{"plain out-of-place", plainDst, plainSrc},
+			{"plain in-place", plainDst, plainDst[me*n : me*n+n]},
+			{"symmetric out-of-place", plainDst, symSrc.Bytes()},
+			{"symmetric in-place", symDst.Bytes(), symDst.Bytes()[me*n : me*n+n]},
+		}
+		for _, tc := range cases {
+			for it := range iters {
+				pattern.Fill(tc.dst, uint64(it)+7) // stale bytes must be overwritten
+				pattern.Fill(tc.src, pattern.Seed(me, it, uint64(n)))
+				if err := c.AllGather(ctx, tc.dst, tc.src); err != nil {
+					return fmt.Errorf("%s, %d bytes: %w", tc.name, n, err)
+				}
+				if err := verify(tc.dst, counts, it, fmt.Sprintf("%s, %d bytes, iteration %d", tc.name, n, it)); err != nil {
+					return err
+				}
+			}
+		}
+		symSrc.Free()
+		symDst.Free()
+		fmt.Printf("ok allgather %d bytes\n", n)
+	}
+	return nil
+}
+
+// checkV: uneven counts, some of them zero.
+func checkV(ctx context.Context, c *collective.Communicator, sizes []int, iters int) error {
+	P, me := c.Size(), c.Rank()
+	for _, n := range sizes {
+		counts := make([]int, P)
+		total := 0
+		for r := range counts {
+			counts[r] = (n*(r+1))/P + r%3 // uneven; rank 0 may get 0
+			if r == P-1 && P > 1 {
+				counts[r] = 0
+			}
+			total += counts[r]
+		}
+		dst := make([]byte, total+5)
+		src := make([]byte, counts[me])
+		for it := range iters {
+			pattern.Fill(src, pattern.Seed(me, it, uint64(counts[me])))
+			if err := c.AllGatherV(ctx, dst, src, counts); err != nil {
+				return fmt.Errorf("allgatherv %v: %w", counts, err)
+			}
+			if err := verify(dst, counts, it, fmt.Sprintf("allgatherv %v", counts)); err != nil {
+				return err
+			}
+		}
+	}
+	fmt.Println("ok allgatherv")
+	return nil
+}
+
+// checkPlan: one plan, many runs back to back, the data changing each time.
+func checkPlan(ctx context.Context, c *collective.Communicator, n, runs int) error {
+	P, me := c.Size(), c.Rank()
+	dst, src := make([]byte, P*n), make([]byte, n)
+	plan, err := c.Plan(dst, src)
+	if err != nil {
+		return err
+	}
+	counts := equal(P, n)
+	for it := range runs {
+		pattern.Fill(src, pattern.Seed(me, it, uint64(n)))
+		if err := plan.Run(ctx); err != nil {
+			return fmt.Errorf("plan run %d: %w", it, err)
+		}
+		if err := verify(dst, counts, it, fmt.Sprintf("plan run %d", it)); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("ok plan %d runs of %d bytes\n", runs, n)
+	return nil
+}
+
+func checkTyped(ctx context.Context, c *collective.Communicator) error {
+	P, me := c.Size(), c.Rank()
+	src := []float32{float32(me) + 0.5, float32(me) * -3, 1e-7 * float32(me+1)}
+	dst := make([]float32, P*len(src))
+	if err := collective.AllGatherOf(ctx, c, dst, src); err != nil {
+		return err
+	}
+	for r := range P {
+		want := []float32{float32(r) + 0.5, float32(r) * -3, 1e-7 * float32(r+1)}
+		for i, w := range want {
+			if dst[r*3+i] != w {
+				return fmt.Errorf("typed: dst[%d] = %v, want %v", r*3+i, dst[r*3+i], w)
+			}
+		}
+	}
+	fmt.Println("ok typed")
+	return nil
+}
+
+// checkBadInput: errors that concern this rank alone leave the
+// communicator usable.
+func checkBadInput(ctx context.Context, c *collective.Communicator) error {
+	err := c.AllGather(ctx, make([]byte, c.Size()*8-1), make([]byte, 8))
+	if !errors.Is(err, collective.ErrInvalid) {
+		return fmt.Errorf("short destination: got %v, want ErrInvalid", err)
+	}
+	fmt.Printf("ok bad input: %v\n", err)
+	return c.Barrier(ctx)
+}
+
+// runFault provokes one fault and reports what this rank observed.
+func runFault(ctx context.Context, c *collective.Communicator, kind string, who, n int) int {
+	P, me := c.Size(), c.Rank()
+	report := func(err error, want ...error) int {
+		for _, w := range want {
+			if errors.Is(err, w) {
+				fmt.Printf("EXPECTED rank %d: %v\n", me, err)
+				return exitExpectedFault
+			}
+		}
+		fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+		return 1
+	}
+	switch kind {
+	case "mismatch":
+		m := n
+		if me == who {
+			m++
+		}
+		err := c.AllGather(ctx, make([]byte, P*(m+1)), make([]byte, m))
+		if code := report(err, collective.ErrSizeMismatch); code != exitExpectedFault {
+			return code
+		}
+		// The communicator is still usable.
+		if err := c.AllGather(ctx, make([]byte, P*8), make([]byte, 8)); err != nil {
+			fmt.Printf("UNEXPECTED rank %d after mismatch: %v\n", me, err)
+			return 1
+		}
+		return exitExpectedFault
+	case "kill", "slow":
+		dst, src := make([]byte, P*n), make([]byte, n)
+		pattern.Fill(src, uint64(me))
+		if me == who {
+			if kind == "kill" {
+				go func() {
+					time.Sleep(150 * time.Millisecond)
+					syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				}()
+			} else {
+				time.Sleep(c.Timeout() + 30*time.Second) // never arrives in time
+			}
+		}
+		start := time.Now()
+		for {
+			if err := c.AllGather(ctx, dst, src); err != nil {
+				code := report(err, collective.ErrPeerLost, collective.ErrTimeout)
+				fmt.Printf("rank %d noticed after %v\n", me, time.Since(start).Round(time.Millisecond))
+				if !strings.Contains(err.Error(), "allgather") {
+					return 1
+				}
+				return code
+			}
+		}
+	}
+	fmt.Fprintf(os.Stderr, "unknown fault %q\n", kind)
+	return 2
+}
