@@ -83,8 +83,8 @@ type Group struct {
 
 	bufs    []*Buffer
 	barrier *Op
-	broken error
-	closed bool
+	broken  error
+	closed  bool
 }
 
 // New joins the group: local rank 0 creates the segment and publishes its

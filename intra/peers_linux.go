@@ -8,7 +8,6 @@ type pollFD = unix.PollFd
 
 const pollIn = unix.POLLIN
 
-
 func pidfdOpen(pid int) (int, error) { return unix.PidfdOpen(pid, 0) }
 
 func closeFD(fd int) { unix.Close(fd) }

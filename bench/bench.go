@@ -1,0 +1,247 @@
+// Package bench measures AllGather the way ../shared/BENCH.md prescribes,
+// so that slimego's figures stand beside nccl-tests, OpenMPI and Gloo: a
+// sweep of per-rank sizes, warm-up, then timed iterations (at least 5 and
+// at least 0.2 s), the median over iterations of the slowest rank's time,
+// algbw and busbw, and a byte-for-byte check of every size.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/internal/pattern"
+)
+
+// Result is one row: one implementation at one per-rank size.
+type Result struct {
+	Impl    string  `json:"impl"`
+	Backend string  `json:"backend"`
+	Mode    string  `json:"mode"`
+	P       int     `json:"P"`
+	Nodes   int     `json:"nodes"`
+	S       int64   `json:"S"`
+	Median  float64 `json:"median_us"`
+	AlgBW   float64 `json:"algbw_GBps"`
+	BusBW   float64 `json:"busbw_GBps"`
+	Wrong   int64   `json:"wrong"`
+	InPlace bool    `json:"-"`
+	Iters   int     `json:"-"`
+}
+
+// Bandwidths fills AlgBW and BusBW from P, S and Median, as nccl-tests
+// defines them for all-gather: algbw = P·S/t, busbw = algbw·(P−1)/P.
+func (r *Result) Bandwidths() {
+	if r.Median <= 0 {
+		return
+	}
+	r.AlgBW = float64(r.P) * float64(r.S) / (r.Median * 1e-6) / 1e9
+	r.BusBW = r.AlgBW * float64(r.P-1) / float64(r.P)
+}
+
+// Sizes is the sweep min, min·factor, … up to max (inclusive).
+func Sizes(min, max int64, factor float64) ([]int64, error) {
+	if min < 0 || max < min || factor <= 1 && min != max {
+		return nil, fmt.Errorf("bench: bad sweep %d..%d by ×%g", min, max, factor)
+	}
+	var s []int64
+	for n := min; n <= max; {
+		s = append(s, n)
+		next := int64(math.Round(float64(n) * factor))
+		if n == 0 {
+			next = 1
+		}
+		if next <= n {
+			break
+		}
+		n = next
+	}
+	return s, nil
+}
+
+// Config drives an AllGather sweep.
+type Config struct {
+	Sizes []int64
+	// Iters and Warmup fix the counts; zero applies the time rule (Warmup
+	// 5, then at least MinIters and MinTime).
+	Iters, Warmup int
+	MinIters      int
+	MinTime       time.Duration
+	// Symmetric puts the buffers in symmetric memory (Communicator.Alloc).
+	Symmetric bool
+	Backend   string
+	Mode      string
+	// Progress is called on rank 0 after each size.
+	Progress func(done, total int, r Result)
+}
+
+func (c *Config) defaults() {
+	if c.MinIters <= 0 {
+		c.MinIters = 5
+	}
+	if c.MinTime <= 0 {
+		c.MinTime = 200 * time.Millisecond
+	}
+	if c.Backend == "" {
+		c.Backend = "cpu"
+	}
+	if c.Mode == "" {
+		c.Mode = "intra"
+	}
+}
+
+// AllGather runs the sweep on every rank of c and returns, on every rank,
+// an out-of-place and an in-place row per size.
+func AllGather(ctx context.Context, c *collective.Communicator, cfg Config) ([]Result, error) {
+	cfg.defaults()
+	var out []Result
+	for i, s := range cfg.Sizes {
+		for _, inPlace := range []bool{false, true} {
+			r, err := oneSize(ctx, c, cfg, int(s), inPlace)
+			if err != nil {
+				return out, fmt.Errorf("bench: %d bytes per rank: %w", s, err)
+			}
+			out = append(out, r)
+			if inPlace && c.Rank() == 0 && cfg.Progress != nil {
+				cfg.Progress(i+1, len(cfg.Sizes), r)
+			}
+		}
+	}
+	return out, nil
+}
+
+func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int, inPlace bool) (Result, error) {
+	P, me := c.Size(), c.Rank()
+	res := Result{Impl: "slimego", Backend: cfg.Backend, Mode: cfg.Mode, P: P, Nodes: c.Nodes(), S: int64(n), InPlace: inPlace}
+	var dst, src []byte
+	var free []func() error
+	defer func() {
+		for _, f := range free {
+			f()
+		}
+	}()
+	if cfg.Symmetric {
+		d, err := c.Alloc(ctx, P*n)
+		if err != nil {
+			return res, err
+		}
+		free = append(free, d.Free)
+		dst = d.Bytes()
+		if !inPlace {
+			s, err := c.Alloc(ctx, n)
+			if err != nil {
+				return res, err
+			}
+			free = append(free, s.Free)
+			src = s.Bytes()
+		}
+	} else {
+		dst = make([]byte, P*n)
+		if !inPlace {
+			src = make([]byte, n)
+		}
+	}
+	if inPlace {
+		src = dst[me*n : me*n+n]
+	}
+	plan, err := c.Plan(dst, src)
+	if err != nil {
+		return res, err
+	}
+	// Correctness first: fresh data in, every byte checked.
+	pattern.Fill(dst, 0xdead)
+	pattern.Fill(src, pattern.Seed(me, 1, uint64(n)))
+	if err := plan.Run(ctx); err != nil {
+		return res, err
+	}
+	var wrong int64
+	for r := range P {
+		blk := dst[r*n : r*n+n]
+		if i := pattern.Check(blk, pattern.Seed(r, 1, uint64(n))); i >= 0 {
+			want := make([]byte, n)
+			pattern.Fill(want, pattern.Seed(r, 1, uint64(n)))
+			for j := i; j < n; j++ {
+				if blk[j] != want[j] {
+					wrong++
+				}
+			}
+		}
+	}
+	// Warm-up, and from it the iteration count every rank agrees on.
+	warm := cfg.Warmup
+	if warm <= 0 {
+		warm = 5
+	}
+	var t0 time.Time
+	est := make([]float64, 1)
+	for range warm {
+		if err := c.Barrier(ctx); err != nil {
+			return res, err
+		}
+		t0 = time.Now()
+		if err := plan.Run(ctx); err != nil {
+			return res, err
+		}
+		est[0] = max(est[0], time.Since(t0).Seconds())
+	}
+	all := make([]float64, P)
+	if err := collective.AllGatherOf(ctx, c, all, est); err != nil {
+		return res, err
+	}
+	iters := cfg.Iters
+	if iters <= 0 {
+		per := slices.Max(all) + 2e-6 // the barrier is not free
+		iters = max(cfg.MinIters, int(math.Ceil(cfg.MinTime.Seconds()/per)))
+		iters = min(iters, 200_000)
+	}
+	times := make([]float64, iters)
+	for i := range times {
+		if err := c.Barrier(ctx); err != nil {
+			return res, err
+		}
+		t0 = time.Now()
+		if err := plan.Run(ctx); err != nil {
+			return res, err
+		}
+		times[i] = float64(time.Since(t0).Nanoseconds()) / 1e3
+	}
+	// The slowest rank's time of each iteration, then the median.
+	everyone := make([]float64, P*iters)
+	if err := collective.AllGatherOf(ctx, c, everyone, times); err != nil {
+		return res, err
+	}
+	wrongs := make([]int64, P)
+	if err := collective.AllGatherOf(ctx, c, wrongs, []int64{wrong}); err != nil {
+		return res, err
+	}
+	for i := range times {
+		m := 0.0
+		for r := range P {
+			m = max(m, everyone[r*iters+i])
+		}
+		times[i] = m
+	}
+	res.Median = Median(times)
+	for _, w := range wrongs {
+		res.Wrong += w
+	}
+	res.Iters = iters
+	res.Bandwidths()
+	return res, nil
+}
+
+// Median of xs (which it sorts).
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	m := len(xs) / 2
+	if len(xs)%2 == 1 {
+		return xs[m]
+	}
+	return (xs[m-1] + xs[m]) / 2
+}

@@ -1,0 +1,149 @@
+package bench
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/slimego/slimego/internal/bytesize"
+)
+
+// CSVHeader is the column list of ../shared/BENCH.md.
+var CSVHeader = []string{"impl", "backend", "mode", "P", "nodes", "S", "median_us", "algbw_GBps", "busbw_GBps", "wrong"}
+
+// implName tells in-place rows apart in CSV and JSON.
+func (r Result) implName() string {
+	if r.InPlace {
+		return r.Impl + "/in-place"
+	}
+	return r.Impl
+}
+
+// WriteCSV writes rs with CSVHeader.
+func WriteCSV(w io.Writer, rs []Result) error {
+	cw := csv.NewWriter(w)
+	cw.Write(CSVHeader)
+	for _, r := range rs {
+		cw.Write([]string{r.implName(), r.Backend, r.Mode, strconv.Itoa(r.P), strconv.Itoa(r.Nodes),
+			strconv.FormatInt(r.S, 10), ff(r.Median, 3), ff(r.AlgBW, 4), ff(r.BusBW, 4), strconv.FormatInt(r.Wrong, 10)})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+func ff(x float64, prec int) string { return strconv.FormatFloat(x, 'f', prec, 64) }
+
+// ReadCSV reads what WriteCSV (or the OpenMPI and Gloo programs under
+// bench/) wrote.
+func ReadCSV(r io.Reader) ([]Result, error) {
+	rows, err := csv.NewReader(r).ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("bench: csv: %w", err)
+	}
+	if len(rows) == 0 || strings.Join(rows[0], ",") != strings.Join(CSVHeader, ",") {
+		return nil, fmt.Errorf("bench: csv: header is not %s", strings.Join(CSVHeader, ","))
+	}
+	var out []Result
+	for i, row := range rows[1:] {
+		var r Result
+		var errs [7]error
+		r.Impl, r.Backend, r.Mode = row[0], row[1], row[2]
+		r.P, errs[0] = strconv.Atoi(row[3])
+		r.Nodes, errs[1] = strconv.Atoi(row[4])
+		r.S, errs[2] = strconv.ParseInt(row[5], 10, 64)
+		r.Median, errs[3] = strconv.ParseFloat(row[6], 64)
+		r.AlgBW, errs[4] = strconv.ParseFloat(row[7], 64)
+		r.BusBW, errs[5] = strconv.ParseFloat(row[8], 64)
+		r.Wrong, errs[6] = strconv.ParseInt(row[9], 10, 64)
+		for _, e := range errs {
+			if e != nil {
+				return nil, fmt.Errorf("bench: csv line %d: %w", i+2, e)
+			}
+		}
+		if base, ok := strings.CutSuffix(r.Impl, "/in-place"); ok {
+			r.Impl, r.InPlace = base, true
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// WriteJSON writes rs as a JSON array with the CSV's fields.
+func WriteJSON(w io.Writer, rs []Result) error {
+	type row struct {
+		Result
+		Impl string `json:"impl"`
+	}
+	out := make([]row, len(rs))
+	for i, r := range rs {
+		out[i] = row{r, r.implName()}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+// WriteTable writes nccl-tests' layout: one line per size, out-of-place
+// then in-place columns (size count type time algbw busbw #wrong).
+func WriteTable(w io.Writer, rs []Result, title string) {
+	fmt.Fprintf(w, "# %s\n", title)
+	fmt.Fprintf(w, "# size: bytes each rank contributes; time: median over iterations of the slowest rank, µs\n")
+	fmt.Fprintf(w, "#%43s%s%s\n", "", center("out-of-place", 34), center("in-place", 34))
+	fmt.Fprintf(w, "#%12s %12s %8s   %9s %7s %7s %6s   %9s %7s %7s %6s\n", "size", "count", "type", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong")
+	fmt.Fprintf(w, "#%12s %12s %8s   %9s %7s %7s %6s   %9s %7s %7s %6s\n", "(B)", "(elements)", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "")
+	var wrong int64
+	var busSum float64
+	var busN int
+	for i := 0; i < len(rs); i++ {
+		out := rs[i]
+		in, hasIn := Result{}, false
+		if i+1 < len(rs) && rs[i+1].InPlace && rs[i+1].S == out.S {
+			in, hasIn = rs[i+1], true
+			i++
+		}
+		fmt.Fprintf(w, " %12d %12d %8s   %s", out.S, out.S, "uint8", cols(out))
+		if hasIn {
+			fmt.Fprintf(w, "   %s", cols(in))
+			wrong += in.Wrong
+		}
+		fmt.Fprintln(w)
+		wrong += out.Wrong
+		busSum += out.BusBW
+		busN++
+	}
+	if busN > 0 {
+		fmt.Fprintf(w, "# Out of bounds values : %d %s\n", wrong, map[bool]string{true: "OK", false: "FAILED"}[wrong == 0])
+		fmt.Fprintf(w, "# Avg bus bandwidth    : %.4f GB/s (out-of-place)\n", busSum/float64(busN))
+	}
+}
+
+func cols(r Result) string {
+	return fmt.Sprintf("%9.2f %7.3f %7.3f %6d", r.Median, r.AlgBW, r.BusBW, r.Wrong)
+}
+
+func center(s string, w int) string {
+	pad := (w - len(s)) / 2
+	return strings.Repeat(" ", max(pad, 0)) + s + strings.Repeat(" ", max(w-len(s)-pad, 0))
+}
+
+// Compare writes, for every size in base, each other implementation's time
+// and busbw beside base's and their ratio (base busbw / other busbw: above
+// 1 means base is faster). Rows are matched by S and in-place-ness.
+func Compare(w io.Writer, base []Result, others ...[]Result) {
+	fmt.Fprintf(w, "%-10s %-26s %11s %9s   %-26s %11s %9s %8s\n", "size", "impl", "time(us)", "busbw", "vs", "time(us)", "busbw", "ratio")
+	for _, b := range base {
+		for _, os := range others {
+			for _, o := range os {
+				if o.S != b.S || o.InPlace != b.InPlace || o.P != b.P {
+					continue
+				}
+				ratio := o.Median / b.Median // time ratio: >1, base is faster
+				fmt.Fprintf(w, "%-10s %-26s %11.2f %9.3f   %-26s %11.2f %9.3f %7.2fx\n",
+					bytesize.Format(b.S), b.implName(), b.Median, b.BusBW, o.implName(), o.Median, o.BusBW, ratio)
+			}
+		}
+	}
+}

@@ -1,0 +1,236 @@
+// Command slimebench measures slimego as ../shared/BENCH.md prescribes.
+//
+//	slimerun --standalone --nproc-per-node 2 slimebench allgather -b 8 -e 64M -f 8
+//	slimebench memcpy -b 8 -e 64M
+//	slimebench compare slimego.csv openmpi.csv
+//
+// allgather runs under a launcher (slimerun, torchrun, mpirun); rank 0
+// prints an nccl-tests-style table, or CSV or JSON with --csv/--json, and a
+// progress line on stderr after each size.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/slimego/slimego/bench"
+	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/bytesize"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "allgather":
+		err = allgather(os.Args[2:])
+	case "memcpy":
+		err = memcpy(os.Args[2:])
+	case "compare":
+		err = compare(os.Args[2:])
+	case "-h", "--help", "help":
+		usage()
+		return
+	default:
+		usage()
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "slimebench:", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprint(os.Stderr, `usage: slimebench COMMAND [flags]
+
+commands:
+  allgather   AllGather sweep (run it under slimerun, torchrun or mpirun)
+  memcpy      single-core copy bandwidth at the same sizes: the ceiling
+  compare     CSV files side by side, the first as the base, with time ratios
+
+run 'slimebench COMMAND --help' for its flags
+`)
+}
+
+type sweep struct {
+	fs               *pflag.FlagSet
+	min, max, factor *string
+}
+
+func sweepFlags(fs *pflag.FlagSet) sweep {
+	return sweep{
+		fs:     fs,
+		min:    fs.StringP("min-bytes", "b", "8", "smallest per-rank size (suffixes K, M, G; default sweep: 8 … 64M as in BENCH.md)"),
+		max:    fs.StringP("max-bytes", "e", "64M", "largest per-rank size"),
+		factor: fs.StringP("step-factor", "f", "8", "multiply the size by this between steps"),
+	}
+}
+
+// defaultSizes is ../shared/BENCH.md's sweep.
+var defaultSizes = []int64{8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}
+
+func (s sweep) sizes() ([]int64, error) {
+	if !s.fs.Changed("min-bytes") && !s.fs.Changed("max-bytes") && !s.fs.Changed("step-factor") {
+		return defaultSizes, nil
+	}
+	lo, err := bytesize.Parse(*s.min)
+	if err != nil {
+		return nil, err
+	}
+	hi, err := bytesize.Parse(*s.max)
+	if err != nil {
+		return nil, err
+	}
+	var f float64
+	if _, err := fmt.Sscanf(*s.factor, "%g", &f); err != nil {
+		return nil, fmt.Errorf("--step-factor %q: %v", *s.factor, err)
+	}
+	return bench.Sizes(lo, hi, f)
+}
+
+func allgather(args []string) error {
+	fs := pflag.NewFlagSet("slimebench allgather", pflag.ContinueOnError)
+	sw := sweepFlags(fs)
+	iters := fs.IntP("iters", "n", 0, "timed iterations per size (default: at least 5 and 0.2 s)")
+	warmup := fs.IntP("warmup", "w", 0, "warm-up iterations per size (default 5)")
+	mode := fs.String("mode", "auto", "intra, inter or auto")
+	backend := fs.String("backend", "auto", "cpu, cuda or auto")
+	eager := fs.Bool("eager-mode", false, "launch without CUDA graphs (the CPU backend always does)")
+	buffers := fs.String("buffers", "symmetric", "symmetric (Communicator.Alloc, read in place) or plain (staged)")
+	asCSV := fs.Bool("csv", false, "print CSV instead of the table")
+	asJSON := fs.Bool("json", false, "print JSON instead of the table")
+	quiet := fs.Bool("quiet", false, "no progress on stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	sizes, err := sw.sizes()
+	if err != nil {
+		return err
+	}
+	kind, err := device.Parse(*backend)
+	if err != nil {
+		return err
+	}
+	if _, err := device.Resolve(kind); err != nil {
+		return err
+	}
+	if *buffers != "symmetric" && *buffers != "plain" {
+		return fmt.Errorf("--buffers %q: want symmetric or plain", *buffers)
+	}
+	ctx := context.Background()
+	c, err := collective.Init(ctx, collective.Options{Backend: kind})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	m := *mode
+	switch m {
+	case "auto":
+		m = map[bool]string{true: "intra", false: "inter"}[c.Nodes() == 1]
+	case "intra":
+		if c.Nodes() > 1 {
+			return fmt.Errorf("--mode intra with ranks on %d nodes", c.Nodes())
+		}
+	case "inter":
+		if c.Nodes() == 1 {
+			return fmt.Errorf("--mode inter needs ranks on more than one node")
+		}
+	default:
+		return fmt.Errorf("--mode %q: want intra, inter or auto", m)
+	}
+	_ = eager // recorded in the title; the CPU backend has no graphs
+	cfg := bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup, Symmetric: *buffers == "symmetric", Backend: "cpu", Mode: m}
+	start := time.Now()
+	if !*quiet {
+		cfg.Progress = func(done, total int, r bench.Result) {
+			fmt.Fprintf(os.Stderr, "slimebench: [%d/%d] %s per rank: %.2f µs, busbw %.3f GB/s (%d iterations; %v elapsed)\n",
+				done, total, bytesize.Format(r.S), r.Median, r.BusBW, r.Iters, time.Since(start).Round(time.Millisecond))
+		}
+	}
+	rs, err := bench.AllGather(ctx, c, cfg)
+	if err != nil {
+		return err
+	}
+	if c.Rank() != 0 {
+		return nil
+	}
+	switch {
+	case *asCSV:
+		return bench.WriteCSV(os.Stdout, rs)
+	case *asJSON:
+		return bench.WriteJSON(os.Stdout, rs)
+	}
+	graph := "eager (cpu)"
+	if *eager {
+		graph = "eager (--eager-mode)"
+	}
+	bench.WriteTable(os.Stdout, rs, fmt.Sprintf("slimego allgather: P=%d nodes=%d backend=cpu mode=%s buffers=%s launch=%s", c.Size(), c.Nodes(), m, *buffers, graph))
+	for _, r := range rs {
+		if r.Wrong != 0 {
+			return fmt.Errorf("%d wrong bytes", r.Wrong)
+		}
+	}
+	return nil
+}
+
+func memcpy(args []string) error {
+	fs := pflag.NewFlagSet("slimebench memcpy", pflag.ContinueOnError)
+	sw := sweepFlags(fs)
+	asCSV := fs.Bool("csv", false, "print CSV (impl memcpy, P 1) instead of the table")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	sizes, err := sw.sizes()
+	if err != nil {
+		return err
+	}
+	var rs []bench.Result
+	for _, n := range sizes {
+		us, gbps := bench.Memcpy(int(n), 200*time.Millisecond)
+		rs = append(rs, bench.Result{Impl: "memcpy", Backend: "cpu", Mode: "single-core", P: 1, Nodes: 1, S: n, Median: us, AlgBW: gbps, BusBW: gbps})
+	}
+	if *asCSV {
+		return bench.WriteCSV(os.Stdout, rs)
+	}
+	fmt.Printf("# single-core memcpy between reused buffers\n#%12s %10s %9s\n", "size (B)", "time (us)", "GB/s")
+	for _, r := range rs {
+		fmt.Printf(" %12d %10.2f %9.3f\n", r.S, r.Median, r.BusBW)
+	}
+	return nil
+}
+
+func compare(args []string) error {
+	fs := pflag.NewFlagSet("slimebench compare", pflag.ContinueOnError)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() < 2 {
+		return fmt.Errorf("compare: want a base CSV and at least one other")
+	}
+	var sets [][]bench.Result
+	for _, name := range fs.Args() {
+		f, err := os.Open(name)
+		if err != nil {
+			return err
+		}
+		rs, err := bench.ReadCSV(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		sets = append(sets, rs)
+	}
+	fmt.Printf("# %s vs %s; ratio = other's time / base's time (above 1: base is faster)\n", fs.Arg(0), strings.Join(fs.Args()[1:], ", "))
+	bench.Compare(os.Stdout, sets[0], sets[1:]...)
+	return nil
+}

@@ -1,0 +1,46 @@
+// Package testbin builds the project's commands once per test binary, so
+// that tests can launch real processes through slimerun.
+package testbin
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+)
+
+var (
+	once sync.Once
+	dir  string
+	err  error
+)
+
+// Build compiles cmd/slimerun, cmd/slimebench, internal/cmd/agcheck and
+// examples/allgather into a temporary directory and returns it. Call
+// Cleanup from TestMain after the tests.
+func Build() (string, error) {
+	once.Do(func() {
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		dir, err = os.MkdirTemp("", "slimego-bin-")
+		if err != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", dir+"/",
+			"./cmd/slimerun", "./cmd/slimebench", "./internal/cmd/agcheck", "./examples/allgather")
+		cmd.Dir = root
+		if out, e := cmd.CombinedOutput(); e != nil {
+			err = fmt.Errorf("go build: %v\n%s", e, out)
+		}
+	})
+	return dir, err
+}
+
+// Cleanup removes what Build made.
+func Cleanup() {
+	if dir != "" {
+		os.RemoveAll(dir)
+	}
+}
