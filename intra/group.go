@@ -81,6 +81,11 @@ type Group struct {
 	recv     []uint64 // chunks consumed from each owner's ring, ever
 	freeUpTo uint64   // cached minimum of the readers' consumed counters
 
+	// suspected[p] is the waiter round in which peer p was last seen lost;
+	// a loss seen twice in one round (no progress between) is an error.
+	suspected []uint64
+	rounds    uint64
+
 	bufs    []*Buffer
 	barrier *Op
 	broken  error
@@ -167,6 +172,7 @@ func (g *Group) bind() {
 	g.stamps = make([][]*uint64, L)
 	g.slots = make([][][]byte, L)
 	g.recv = make([]uint64, L)
+	g.suspected = make([]uint64, L)
 	for r := range L {
 		g.ctrls[r] = g.lay.ctrl(g.mem, r)
 		g.hdrs[r] = [2]*header{g.lay.header(g.mem, r, 0), g.lay.header(g.mem, r, 1)}

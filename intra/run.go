@@ -262,7 +262,7 @@ func (o *Op) run(ctx context.Context) error {
 		if w.slept {
 			// Every owner still to be read and every reader still to free a
 			// slot is a dependency: a lost one ends the wait.
-			if err := o.checkDependencies(&w, sent < toSend); err != nil {
+			if err := w.checkAll(o.dependency, sent < toSend); err != nil {
 				return err
 			}
 		}
@@ -287,26 +287,17 @@ func (o *Op) run(ctx context.Context) error {
 	return nil
 }
 
-func (o *Op) checkDependencies(w *waiter, sending bool) error {
+// dependency reports whether this rank waits on peer p, and for what.
+func (o *Op) dependency(p int, sending bool) (bool, string) {
 	g := o.g
-	for p := range g.size {
-		if o.staged[p] {
-			if err := w.suspectPeer(p, "a chunk"); err != nil {
-				return err
-			}
-		}
+	if o.staged[p] {
+		return true, "a chunk"
 	}
-	if sending && g.sent+1 > uint64(g.lay.K) {
-		need := g.sent + 1 - uint64(g.lay.K)
-		for p := range g.size {
-			if p != g.rank && atomic.LoadUint64(&g.toMe[p].consumed) < need {
-				if err := w.suspectPeer(p, "a free ring slot"); err != nil {
-					return err
-				}
-			}
-		}
+	if sending && p != g.rank && g.sent+1 > uint64(g.lay.K) &&
+		atomic.LoadUint64(&g.toMe[p].consumed) < g.sent+1-uint64(g.lay.K) {
+		return true, "a free ring slot"
 	}
-	return nil
+	return false, ""
 }
 
 // refreshFree recomputes the minimum of the readers' consumed counters and

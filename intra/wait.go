@@ -26,8 +26,15 @@ type waiter struct {
 	idleSince time.Time
 	armed     bool
 	bell      uint32
-	suspect   int  // a peer found lost, confirmed after one more poll
-	slept     bool // the last idle slept; callers with several peers check them all
+	round     uint64 // advanced on progress; see Group.suspected
+	slept     bool   // the last idle slept; callers with several peers check them all
+}
+
+// w0round starts a waiter's rounds past every mark an earlier waiter left
+// in g.suspected.
+func w0round(g *Group) uint64 {
+	g.rounds += 1 << 32
+	return g.rounds
 }
 
 func (g *Group) newWaiter(ctx context.Context, op string) waiter {
@@ -35,13 +42,13 @@ func (g *Group) newWaiter(ctx context.Context, op string) waiter {
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	return waiter{g: g, op: op, done: ctx.Done(), ctx: ctx, deadline: deadline, suspect: -1}
+	return waiter{g: g, op: op, done: ctx.Done(), ctx: ctx, deadline: deadline, round: w0round(g)}
 }
 
 // progress says the caller's last poll found work: spin afresh next time.
 func (w *waiter) progress() {
 	w.idleSince = time.Time{}
-	w.suspect = -1
+	w.round++
 	if w.armed {
 		atomic.StoreUint32(&w.g.ctrls[w.g.rank].sleeping, 0)
 		w.armed = false
@@ -87,7 +94,7 @@ func (w *waiter) check(peer int, what string) error {
 	// Only the awaited peer matters: one that finished its part and left is
 	// no loss. A peer may publish and then leave between our poll and this
 	// check, so a loss counts only when a further poll still finds nothing.
-	if err := w.suspectPeer(peer, what); err != nil {
+	if err, suspected := w.suspectPeer(peer, what); suspected {
 		return err
 	}
 	select {
@@ -106,17 +113,34 @@ func (w *waiter) check(peer int, what string) error {
 }
 
 // suspectPeer checks that peer p, which this rank depends on, can still do
-// its part: a loss is an error once seen twice in a row, with a poll between.
-func (w *waiter) suspectPeer(p int, what string) error {
+// its part: a loss is an error once seen twice in a row, with a poll between
+// (a peer may publish its last part and leave between a poll and a check).
+// suspected reports a first sighting.
+func (w *waiter) suspectPeer(p int, what string) (err error, suspected bool) {
 	g := w.g
 	why := g.lost(p)
 	if why == "" {
-		return nil
+		return nil, false
 	}
-	if w.suspect == p {
-		return fault.New(w.op, g.global(g.rank), g.global(p), fault.ErrPeerLost, "%s (while this rank waited for %s)", why, what)
+	if g.suspected[p] == w.round {
+		return fault.New(w.op, g.global(g.rank), g.global(p), fault.ErrPeerLost, "%s (while this rank waited for %s)", why, what), true
 	}
-	w.suspect = p
+	g.suspected[p] = w.round
+	return nil, true
+}
+
+// checkAll checks every peer that depends says this rank waits on.
+func (w *waiter) checkAll(depends func(p int, sending bool) (bool, string), sending bool) error {
+	for p := range w.g.size {
+		if p == w.g.rank {
+			continue
+		}
+		if dep, what := depends(p, sending); dep {
+			if err, _ := w.suspectPeer(p, what); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 

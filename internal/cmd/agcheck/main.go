@@ -259,7 +259,7 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 					syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				}()
 			} else {
-				time.Sleep(c.Timeout() + 30*time.Second) // never arrives in time
+				time.Sleep(2 * c.Timeout()) // arrives after the peers gave up
 			}
 		}
 		start := time.Now()

@@ -1,0 +1,252 @@
+package collective_test
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/testbin"
+)
+
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := testbin.Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = dir
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}
+
+type job struct {
+	out    string
+	code   int
+	runID  string
+	wall   time.Duration
+	stderr string
+}
+
+// slimerun runs the job to completion (bounded by a generous timeout) and
+// checks that it left nothing in /dev/shm.
+func slimerun(t *testing.T, env []string, args ...string) job {
+	t.Helper()
+	runID := fmt.Sprintf("t%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	full := append([]string{"--standalone", "--rdzv-id", runID}, args...)
+	// The first of the project's commands named is the program to run.
+	for i, a := range full {
+		if a == "agcheck" || a == "slimebench" || a == "allgather" {
+			full[i] = filepath.Join(bin, a)
+			break
+		}
+	}
+	cmd := exec.Command(filepath.Join(bin, "slimerun"), full...)
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(4 * time.Minute):
+		cmd.Process.Signal(os.Interrupt)
+		t.Fatalf("slimerun %v hung; output so far:\n%s\n%s", args, stdout.String(), stderr.String())
+	}
+	j := job{out: stdout.String(), stderr: stderr.String(), runID: runID, wall: time.Since(start)}
+	if ee, ok := err.(*exec.ExitError); ok {
+		j.code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir("/dev/shm")
+	for _, e := range entries {
+		if strings.Contains(e.Name(), runID) {
+			t.Errorf("job left /dev/shm/%s", e.Name())
+		}
+	}
+	return j
+}
+
+func TestAllGatherProcesses(t *testing.T) {
+	for _, P := range []int{1, 2, 3, 4, 7, 8} {
+		t.Run(fmt.Sprintf("P=%d", P), func(t *testing.T) {
+			sizes := "0,1,7,4096,1048579"
+			if P <= 4 {
+				sizes += ",64M"
+			}
+			j := slimerun(t, nil, "--nproc-per-node", strconv.Itoa(P), "agcheck", "--sizes", sizes, "--iters", "2", "--plan-runs", "1000")
+			if j.code != 0 || strings.Count(j.out, "PASS rank") != P {
+				t.Fatalf("exit %d, %d of %d ranks passed\nstdout:\n%s\nstderr:\n%s", j.code, strings.Count(j.out, "PASS rank"), P, j.out, j.stderr)
+			}
+			for r := range P {
+				for _, want := range []string{"ok allgather 1048579 bytes", "ok allgatherv", "ok plan 1000 runs", "ok typed"} {
+					if !strings.Contains(j.out, fmt.Sprintf("[%d]: %s", r, want)) {
+						t.Errorf("rank %d did not report %q", r, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// expectFault runs a fault scenario and checks that every surviving rank
+// reported the expected error, and slimerun failed naming the first failure.
+func expectFault(t *testing.T, env []string, P int, survivors []int, args ...string) job {
+	t.Helper()
+	// A long monitor interval lets the survivors report before slimerun
+	// stops them; they must notice on their own.
+	full := append([]string{"--monitor-interval", "15s", "--nproc-per-node", strconv.Itoa(P), "agcheck"}, args...)
+	j := slimerun(t, env, full...)
+	if j.code == 0 {
+		t.Fatalf("slimerun exited 0 after a fault\n%s\n%s", j.out, j.stderr)
+	}
+	for _, r := range survivors {
+		if !regexp.MustCompile(fmt.Sprintf(`(?m)^\[%d\]: EXPECTED rank %d: \w+ rank %d peer \d+: `, r, r, r)).MatchString(j.out) {
+			t.Errorf("rank %d did not report the expected error naming rank and peer\nstdout:\n%s\nstderr:\n%s", r, j.out, j.stderr)
+		}
+	}
+	if strings.Contains(j.out, "UNEXPECTED") {
+		t.Errorf("unexpected error:\n%s", j.out)
+	}
+	return j
+}
+
+func TestSizeMismatchEveryRank(t *testing.T) {
+	for _, n := range []string{"8", "1M"} {
+		j := expectFault(t, nil, 4, []int{0, 1, 2, 3}, "--fault", "mismatch", "--fault-rank", "2", "--fault-size", n)
+		if !strings.Contains(j.out, "size mismatch") {
+			t.Errorf("no size mismatch reported:\n%s", j.out)
+		}
+	}
+}
+
+func TestKilledRank(t *testing.T) {
+	j := expectFault(t, []string{"SLIME_TIMEOUT=20"}, 4, []int{0, 1, 3}, "--fault", "kill", "--fault-rank", "2", "--fault-size", "16M")
+	if !strings.Contains(j.stderr, "first failure: rank 2 (local rank 2") || !strings.Contains(j.stderr, "signal 9") {
+		t.Errorf("slimerun did not name rank 2 killed by signal 9:\n%s", j.stderr)
+	}
+	if j.wall > 14*time.Second {
+		t.Errorf("the survivors took %v to notice; the timeout is 20 s and a lost peer must be seen long before", j.wall)
+	}
+}
+
+func TestSlowRankTimesOut(t *testing.T) {
+	j := expectFault(t, []string{"SLIME_TIMEOUT=2"}, 3, []int{0, 2}, "--fault", "slow", "--fault-rank", "1", "--fault-size", "4K")
+	for _, r := range []int{0, 2} {
+		if !strings.Contains(j.out, fmt.Sprintf("rank %d peer 1: slimego: timeout", r)) {
+			t.Errorf("rank %d did not report a timeout naming rank 1:\n%s", r, j.out)
+		}
+	}
+}
+
+// worker runs agcheck directly (no launcher) with the given environment.
+func worker(t *testing.T, env ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(bin, "agcheck"))
+	cmd.Env = append(cleanEnv(), env...)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	}
+	return string(out), code
+}
+
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT":
+			continue
+		}
+		if strings.HasPrefix(k, "SLIME_") || strings.HasPrefix(k, "OMPI_") || strings.HasPrefix(k, "SLURM_") || strings.HasPrefix(k, "TORCHELASTIC_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+func TestBadEnvironment(t *testing.T) {
+	closed, _ := net.Listen("tcp", "127.0.0.1:0")
+	closedPort := strconv.Itoa(closed.Addr().(*net.TCPAddr).Port)
+	closed.Close()
+	busy, _ := net.Listen("tcp", "0.0.0.0:0")
+	defer busy.Close()
+	busyPort := strconv.Itoa(busy.Addr().(*net.TCPAddr).Port)
+	cases := []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"rank beyond world", []string{"RANK=4", "WORLD_SIZE=4", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + closedPort}, "RANK=4 is not below WORLD_SIZE=4"},
+		{"no master address", []string{"RANK=1", "WORLD_SIZE=2", "MASTER_PORT=" + closedPort}, "MASTER_ADDR is not set"},
+		{"unreachable master", []string{"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + closedPort, "SLIME_TIMEOUT=1"}, "store unreachable: 127.0.0.1:" + closedPort},
+		{"master port in use", []string{"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + busyPort, "SLIME_TIMEOUT=1"}, "address already in use"},
+		{"bad timeout", []string{"SLIME_TIMEOUT=soon"}, "SLIME_TIMEOUT"},
+		{"bad backend", []string{"SLIME_BACKEND=tpu"}, "unknown backend"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			out, code := worker(t, tc.env...)
+			if code == 0 || !strings.Contains(out, tc.want) {
+				t.Errorf("exit %d, output %q; want an error containing %q", code, out, tc.want)
+			}
+			if d := time.Since(start); d > 30*time.Second {
+				t.Errorf("took %v", d)
+			}
+		})
+	}
+}
+
+func TestLauncherPortInUse(t *testing.T) {
+	busy, _ := net.Listen("tcp", "0.0.0.0:0")
+	defer busy.Close()
+	port := strconv.Itoa(busy.Addr().(*net.TCPAddr).Port)
+	cmd := exec.Command(filepath.Join(bin, "slimerun"), "--nproc-per-node", "2", "--master-port", port, filepath.Join(bin, "agcheck"))
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "address already in use") || !strings.Contains(string(out), port) {
+		t.Fatalf("err %v, output:\n%s", err, out)
+	}
+}
+
+func TestExampleAndBenchmarkRun(t *testing.T) {
+	j := slimerun(t, nil, "--nproc-per-node", "3", "allgather", "--m", "64", "--n", "33", "--iters", "20")
+	if j.code != 0 || strings.Count(j.out, "all_gather check passed") != 3 {
+		t.Fatalf("example: exit %d\n%s\n%s", j.code, j.out, j.stderr)
+	}
+	j = slimerun(t, nil, "--nproc-per-node", "2", "slimebench", "allgather", "-b", "8", "-e", "64K", "-f", "8", "--iters", "20", "--csv")
+	if j.code != 0 {
+		t.Fatalf("slimebench: exit %d\n%s\n%s", j.code, j.out, j.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(j.out), "\n")
+	if len(lines) != 1+2*5 || !strings.HasSuffix(lines[0], "impl,backend,mode,P,nodes,S,median_us,algbw_GBps,busbw_GBps,wrong") {
+		t.Fatalf("csv:\n%s", j.out)
+	}
+	for _, l := range lines[1:] {
+		if !strings.HasSuffix(l, ",0") {
+			t.Errorf("wrong bytes reported: %s", l)
+		}
+	}
+	if !strings.Contains(j.stderr, "slimebench: [5/5]") {
+		t.Errorf("no progress on stderr:\n%s", j.stderr)
+	}
+}
