@@ -257,6 +257,7 @@ type worker struct {
 	cmd         *exec.Cmd
 	files       []*os.File
 	consoles    []*prefixWriter
+	exited      bool // set by runAttempt's loop when Wait returned
 }
 
 type exit struct {
@@ -291,7 +292,7 @@ func runAttempt(ctx context.Context, cfg *Config, attempt int, sigs <-chan os.Si
 	var killAt <-chan time.Time
 	stop := func(sig syscall.Signal) {
 		for _, w := range workers {
-			if w != nil && w.cmd.ProcessState == nil {
+			if w != nil && !w.exited {
 				syscall.Kill(-w.cmd.Process.Pid, sig)
 			}
 		}
@@ -312,6 +313,7 @@ func runAttempt(ctx context.Context, cfg *Config, attempt int, sigs <-chan os.Si
 		select {
 		case ex := <-exits:
 			running--
+			ex.w.exited = true
 			for _, p := range ex.w.consoles {
 				p.flush()
 			}

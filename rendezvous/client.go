@@ -113,7 +113,13 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 	// The server bounds blocking waits itself; the slack lets its timeout
 	// answer arrive before the socket deadline fires.
 	c.conn.SetDeadline(deadline.Add(2 * time.Second))
-	stop := context.AfterFunc(ctx, func() { c.conn.SetDeadline(time.Unix(1, 0)) })
+	// A cancelled call unblocks at once. A deadline does not break the
+	// connection: the server answers statusTimeout at the deadline itself.
+	stop := context.AfterFunc(ctx, func() {
+		if ctx.Err() == context.Canceled {
+			c.conn.SetDeadline(time.Unix(1, 0))
+		}
+	})
 	defer stop()
 
 	c.out = req.encode(c.out[:0])
@@ -123,7 +129,7 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 		resp, err = readFrame(c.r, &c.buf)
 	}
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() == context.Canceled {
 			// The connection is mid-frame: it cannot be reused.
 			c.broken = fmt.Errorf("%w: %s: an earlier call was cancelled", ErrConnLost, c.addr)
 			c.conn.Close()

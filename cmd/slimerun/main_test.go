@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/testbin"
+)
+
+var slimerun string
+
+func TestMain(m *testing.M) {
+	dir, err := testbin.Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	slimerun = filepath.Join(dir, "slimerun")
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}
+
+// startJob starts slimerun with workers that record their pids and sleep.
+func startJob(t *testing.T, extra ...string) (*exec.Cmd, string, *bytes.Buffer) {
+	t.Helper()
+	dir := t.TempDir()
+	args := append([]string{"--standalone", "--nproc_per_node", "3", "--stop-grace", "1s"}, extra...)
+	args = append(args, "sh", "-c", `trap 'echo got TERM; exit 0' TERM; echo $$ > `+dir+`/pid.$RANK; while :; do sleep 0.05; done`)
+	cmd := exec.Command(slimerun, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r := 0; r < 3; r++ {
+		for {
+			if _, err := os.Stat(filepath.Join(dir, "pid."+strconv.Itoa(r))); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				t.Fatalf("workers did not start:\n%s", out.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // let each shell install its trap and loop
+	return cmd, dir, &out
+}
+
+func workerPids(t *testing.T, dir string) []int {
+	var pids []int
+	for r := range 3 {
+		b, err := os.ReadFile(filepath.Join(dir, "pid."+strconv.Itoa(r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+func waitGone(t *testing.T, pids []int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, pid := range pids {
+		for syscall.Kill(pid, 0) == nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("worker %d outlived slimerun", pid)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+func TestSignalReachesEveryWorker(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		cmd, dir, out := startJob(t)
+		pids := workerPids(t, dir)
+		cmd.Process.Signal(sig)
+		err := cmd.Wait()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 128+int(sig) {
+			t.Errorf("%v: slimerun exit %v, want %d\n%s", sig, err, 128+int(sig), out.String())
+		}
+		// SIGINT reaches the shells as SIGINT (no trap: they die of it);
+		// SIGTERM runs their trap.
+		if sig == syscall.SIGTERM && strings.Count(out.String(), "got TERM") != 3 {
+			t.Errorf("not every worker saw SIGTERM:\n%s", out.String())
+		}
+		waitGone(t, pids)
+	}
+}
+
+func TestNoWorkerOutlivesKilledLauncher(t *testing.T) {
+	cmd, dir, _ := startJob(t)
+	pids := workerPids(t, dir)
+	cmd.Process.Kill()
+	cmd.Wait()
+	waitGone(t, pids)
+}
+
+func TestUsageErrors(t *testing.T) {
+	cases := [][]string{
+		{"--nproc-per-node", "zero", "true"},
+		{"--nnodes", "1:4", "true"},
+		{"--redirects", "9", "true"},
+		{"--standalone"},
+	}
+	for _, args := range cases {
+		out, err := exec.Command(slimerun, args...).CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+			t.Errorf("%v: err %v, want exit 2\n%s", args, err, out)
+		}
+	}
+}
+
+func TestProgramArgumentsPassThrough(t *testing.T) {
+	out, err := exec.Command(slimerun, "-q", "--standalone", "sh", "-c", `echo "$@"`, "x", "--nproc-per-node", "5", "-v").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "[0]: --nproc-per-node 5 -v") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}

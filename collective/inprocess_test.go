@@ -1,0 +1,172 @@
+package collective_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/internal/pattern"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// inProcess runs body on P ranks that live in this process, one goroutine
+// each, sharing a store: the same API and shared-memory path as separate
+// processes.
+func inProcess(t *testing.T, P int, body func(c *collective.Communicator) error) {
+	t.Helper()
+	srv, err := rendezvous.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	runID := fmt.Sprintf("inproc%d", time.Now().UnixNano())
+	var wg sync.WaitGroup
+	errs := make([]error, P)
+	for r := range P {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := collective.Init(ctx, collective.Options{
+				Rank: r, WorldSize: P, MasterAddr: "127.0.0.1", MasterPort: srv.Port(), AgentStore: true,
+				RunID: runID, Timeout: 20 * time.Second,
+			})
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer c.Close()
+			errs[r] = body(c)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+func TestInProcessAllGather(t *testing.T) {
+	for _, P := range []int{1, 2, 3, 6} {
+		t.Run(fmt.Sprintf("P=%d", P), func(t *testing.T) {
+			inProcess(t, P, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				me := c.Rank()
+				if c.Size() != P || c.LocalSize() != P || c.Nodes() != 1 || c.NodeRank() != 0 || c.LocalRank() != me {
+					return fmt.Errorf("topology: rank %d size %d local %d/%d node %d/%d", me, c.Size(), c.LocalRank(), c.LocalSize(), c.NodeRank(), c.Nodes())
+				}
+				for _, n := range []int{0, 1, 13, 300, 70_001} {
+					src, dst := make([]byte, n), make([]byte, P*n)
+					for it := range 3 {
+						pattern.Fill(src, pattern.Seed(me, it, 0))
+						if err := c.AllGather(ctx, dst, src); err != nil {
+							return err
+						}
+						for r := range P {
+							if i := pattern.Check(dst[r*n:r*n+n], pattern.Seed(r, it, 0)); i >= 0 {
+								return fmt.Errorf("%d bytes: rank %d's block wrong at %d", n, r, i)
+							}
+						}
+					}
+				}
+				// Typed, uneven.
+				counts := make([]int, P)
+				total := 0
+				for r := range counts {
+					counts[r] = 3*r + 1
+					total += counts[r]
+				}
+				src := make([]float64, counts[me])
+				for i := range src {
+					src[i] = float64(me)*1000 + float64(i) + 0.25
+				}
+				dst := make([]float64, total)
+				if err := collective.AllGatherVOf(ctx, c, dst, src, counts); err != nil {
+					return err
+				}
+				k := 0
+				for r := range P {
+					for i := range counts[r] {
+						if want := float64(r)*1000 + float64(i) + 0.25; dst[k] != want {
+							return fmt.Errorf("allgatherv element %d = %v, want %v", k, dst[k], want)
+						}
+						k++
+					}
+				}
+				return c.Barrier(ctx)
+			})
+		})
+	}
+}
+
+func TestPlanRunAllocatesNothing(t *testing.T) {
+	const P, n, runs = 2, 4096, 50
+	inProcess(t, P, func(c *collective.Communicator) error {
+		ctx := context.Background()
+		sym, err := c.Alloc(ctx, n)
+		if err != nil {
+			return err
+		}
+		for _, src := range [][]byte{make([]byte, n), sym.Bytes()} {
+			plan, err := c.Plan(make([]byte, P*n), src)
+			if err != nil {
+				return err
+			}
+			if c.Rank() != 0 {
+				for range runs + 1 { // AllocsPerRun runs once more to warm up
+					if err := plan.Run(ctx); err != nil {
+						return err
+					}
+				}
+				continue
+			}
+			var runErr error
+			allocs := testing.AllocsPerRun(runs, func() {
+				if err := plan.Run(ctx); err != nil {
+					runErr = err
+				}
+			})
+			if runErr != nil {
+				return runErr
+			}
+			if allocs != 0 {
+				return fmt.Errorf("Plan.Run allocated %v times per run", allocs)
+			}
+		}
+		return c.Barrier(ctx)
+	})
+}
+
+func TestClosedCommunicator(t *testing.T) {
+	inProcess(t, 1, func(c *collective.Communicator) error {
+		c.Close()
+		err := c.AllGather(context.Background(), make([]byte, 8), make([]byte, 8))
+		if !errors.Is(err, collective.ErrClosed) {
+			return fmt.Errorf("AllGather after Close: %v", err)
+		}
+		return nil
+	})
+}
+
+func TestContextCancel(t *testing.T) {
+	inProcess(t, 2, func(c *collective.Communicator) error {
+		if c.Rank() == 1 {
+			time.Sleep(300 * time.Millisecond) // rank 0 waits alone until its context ends
+			return nil
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		err := c.Barrier(ctx)
+		var oe *collective.OpError
+		if !errors.Is(err, collective.ErrTimeout) || !errors.As(err, &oe) || oe.Rank != 0 || oe.Peer != 1 || oe.Op != "barrier" {
+			return fmt.Errorf("barrier past its deadline: %v", err)
+		}
+		return nil
+	})
+}

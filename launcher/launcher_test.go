@@ -1,0 +1,183 @@
+package launcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// syncBuffer is a console shared by the workers' output goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func run(t *testing.T, cfg Config, script string) (string, string, error) {
+	t.Helper()
+	var out, errb syncBuffer
+	cfg.Program, cfg.Args = "sh", []string{"-c", script}
+	cfg.Stdout, cfg.Stderr = &out, &errb
+	cfg.Standalone = true
+	if cfg.StopGrace == 0 {
+		cfg.StopGrace = 2 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := Run(ctx, cfg)
+	return out.String(), errb.String(), err
+}
+
+func TestEnvironmentAndPrefix(t *testing.T) {
+	out, _, err := run(t, Config{NProcPerNode: 3, Env: []string{"PATH=" + os.Getenv("PATH")}},
+		`echo "R=$RANK L=$LOCAL_RANK W=$WORLD_SIZE LW=$LOCAL_WORLD_SIZE G=$GROUP_RANK A=$MASTER_ADDR P=$MASTER_PORT OMP=$OMP_NUM_THREADS S=$SLIME_AGENT_STORE"; printf 'no newline'; echo err >&2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range 3 {
+		want := "[" + string(rune('0'+r)) + "]: R=" + string(rune('0'+r)) + " L=" + string(rune('0'+r)) + " W=3 LW=3 G=0 A=127.0.0.1 P="
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in\n%s", want, out)
+		}
+		if !strings.Contains(out, "["+string(rune('0'+r))+"]: no newline\n") {
+			t.Errorf("rank %d's last partial line was not flushed:\n%s", r, out)
+		}
+	}
+	if strings.Contains(out, "P=0 ") || !strings.Contains(out, "OMP=1 S=1") {
+		t.Errorf("port, OMP_NUM_THREADS or SLIME_AGENT_STORE wrong:\n%s", out)
+	}
+}
+
+func TestOMPNumThreadsKept(t *testing.T) {
+	out, _, err := run(t, Config{NProcPerNode: 1, Env: []string{"PATH=" + os.Getenv("PATH"), "OMP_NUM_THREADS=7"}}, `echo OMP=$OMP_NUM_THREADS`)
+	if err != nil || !strings.Contains(out, "OMP=7") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}
+
+func TestFailureStopsOthers(t *testing.T) {
+	dir := t.TempDir()
+	start := time.Now()
+	_, _, err := run(t, Config{NProcPerNode: 4}, `echo $$ > `+dir+`/pid.$RANK; if [ $RANK = 2 ]; then sleep 0.2; exit 7; fi; exec sleep 60`)
+	var we *WorkerError
+	if !errors.As(err, &we) || we.Rank != 2 || we.ExitCode != 7 {
+		t.Fatalf("err = %v; want rank 2 exit 7", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("stopping took %v", d)
+	}
+	assertGone(t, dir, 4)
+}
+
+func TestStopEscalatesToKill(t *testing.T) {
+	dir := t.TempDir()
+	_, _, err := run(t, Config{NProcPerNode: 2, StopGrace: 300 * time.Millisecond},
+		`echo $$ > `+dir+`/pid.$RANK; if [ $RANK = 0 ]; then sleep 0.2; kill -9 $$; fi; trap '' TERM; while :; do sleep 0.05; done`)
+	var we *WorkerError
+	if !errors.As(err, &we) || we.Rank != 0 || we.Signal != syscall.SIGKILL {
+		t.Fatalf("err = %v; want rank 0 killed by SIGKILL", err)
+	}
+	assertGone(t, dir, 2)
+}
+
+func assertGone(t *testing.T, dir string, n int) {
+	t.Helper()
+	for r := range n {
+		b, err := os.ReadFile(filepath.Join(dir, "pid."+string(rune('0'+r))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid int
+		for _, c := range strings.TrimSpace(string(b)) {
+			pid = pid*10 + int(c-'0')
+		}
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("worker %d (pid %d) outlived the launcher", r, pid)
+		}
+	}
+}
+
+func TestRedirectsAndTee(t *testing.T) {
+	dir := t.TempDir()
+	out, _, err := run(t, Config{NProcPerNode: 2, LogDir: dir, RunID: "logs", Redirects: []Std{Stdout, 0}, Tee: []Std{0, Stdout | Stderr}},
+		`echo out-$RANK; echo err-$RANK >&2`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "out-0") || !strings.Contains(out, "[1]: out-1") {
+		t.Errorf("console:\n%s", out)
+	}
+	read := func(rel string) string {
+		b, err := os.ReadFile(filepath.Join(dir, "logs", "attempt_0", rel))
+		if err != nil {
+			t.Error(err)
+		}
+		return string(b)
+	}
+	if got := read("0/stdout.log"); got != "out-0\n" {
+		t.Errorf("rank 0 stdout.log = %q", got)
+	}
+	if got := read("1/stdout.log"); got != "out-1\n" {
+		t.Errorf("rank 1 stdout.log = %q", got)
+	}
+	if got := read("1/stderr.log"); got != "err-1\n" {
+		t.Errorf("rank 1 stderr.log = %q", got)
+	}
+}
+
+func TestMaxRestarts(t *testing.T) {
+	out, _, err := run(t, Config{NProcPerNode: 2, MaxRestarts: 2},
+		`echo attempt=$TORCHELASTIC_RESTART_COUNT; [ $TORCHELASTIC_RESTART_COUNT -ge 1 ] || exit 1`)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "attempt=0") || !strings.Contains(out, "attempt=1") || strings.Contains(out, "attempt=2") {
+		t.Errorf("attempts:\n%s", out)
+	}
+	_, _, err = run(t, Config{NProcPerNode: 1, MaxRestarts: 1}, `exit 4`)
+	var we *WorkerError
+	if !errors.As(err, &we) || we.Attempt != 1 || we.ExitCode != 4 {
+		t.Errorf("err = %v; want a failure on attempt 1", err)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	cases := []Config{
+		{NNodes: 2, NProcPerNode: 1, NodeRank: 0, Program: "true"},                  // no master address
+		{NNodes: 1, NProcPerNode: 0, Program: "true"},                               // no workers
+		{NNodes: 2, NProcPerNode: 1, NodeRank: 2, MasterAddr: "x", Program: "true"}, // node rank out of range
+		{NNodes: 1, NProcPerNode: 1, Program: "/no/such/program"},
+	}
+	for _, cfg := range cases {
+		if err := Run(context.Background(), cfg); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("%+v: err = %v, want ErrBadConfig", cfg, err)
+		}
+	}
+}
+
+func TestMissingNodeNamed(t *testing.T) {
+	var errb syncBuffer
+	err := Run(context.Background(), Config{NNodes: 3, NodeRank: 0, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: freePort(t),
+		RdzvTimeout: 300 * time.Millisecond, Program: "true", Stderr: &errb})
+	if err == nil || !strings.Contains(err.Error(), "node rank(s) [1 2] did not join") {
+		t.Fatalf("err = %v", err)
+	}
+}
