@@ -81,10 +81,12 @@ type Group struct {
 	recv     []uint64 // chunks consumed from each owner's ring, ever
 	freeUpTo uint64   // cached minimum of the readers' consumed counters
 
-	// suspected[p] is the waiter round in which peer p was last seen lost;
-	// a loss seen twice in one round (no progress between) is an error.
-	suspected []uint64
-	rounds    uint64
+	// suspected[p] is the waiter round in which peer p was first seen lost,
+	// suspectNap[p] the sleep; a loss seen again after a later sleep of the
+	// same round (no progress, and polls between) is an error.
+	suspected  []uint64
+	suspectNap []uint64
+	rounds     uint64
 
 	bufs    []*Buffer
 	barrier *Op
@@ -173,6 +175,7 @@ func (g *Group) bind() {
 	g.slots = make([][][]byte, L)
 	g.recv = make([]uint64, L)
 	g.suspected = make([]uint64, L)
+	g.suspectNap = make([]uint64, L)
 	for r := range L {
 		g.ctrls[r] = g.lay.ctrl(g.mem, r)
 		g.hdrs[r] = [2]*header{g.lay.header(g.mem, r, 0), g.lay.header(g.mem, r, 1)}

@@ -27,6 +27,7 @@ type waiter struct {
 	armed     bool
 	bell      uint32
 	round     uint64 // advanced on progress; see Group.suspected
+	naps      uint64 // futex sleeps so far
 	slept     bool   // the last idle slept; callers with several peers check them all
 }
 
@@ -84,6 +85,7 @@ func (w *waiter) idle(peer int, what string) error {
 	atomic.StoreUint32(&me.sleeping, 0)
 	w.armed = false
 	w.slept = true
+	w.naps++
 	return w.check(peer, what)
 }
 
@@ -122,10 +124,12 @@ func (w *waiter) suspectPeer(p int, what string) (err error, suspected bool) {
 	if why == "" {
 		return nil, false
 	}
-	if g.suspected[p] == w.round {
+	if g.suspected[p] == w.round && g.suspectNap[p] < w.naps {
 		return fault.New(w.op, g.global(g.rank), g.global(p), fault.ErrPeerLost, "%s (while this rank waited for %s)", why, what), true
 	}
-	g.suspected[p] = w.round
+	if g.suspected[p] != w.round {
+		g.suspected[p], g.suspectNap[p] = w.round, w.naps
+	}
 	return nil, true
 }
 
