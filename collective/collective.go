@@ -88,6 +88,7 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		SlotBytes:   o.SlotBytes,
 		Slots:       o.Slots,
 		ZeroCopyMin: o.ZeroCopyMin,
+		CMAMin:      o.CMAMin,
 	})
 	if err != nil {
 		c.Close()
@@ -143,7 +144,7 @@ func merge(opts, env Options) Options {
 		o.Backend = env.Backend
 	}
 	o.Debug = pick(o.Debug, env.Debug)
-	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}} {
+	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}} {
 		if *f.dst == 0 {
 			*f.dst = *f.src
 		}

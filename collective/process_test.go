@@ -90,18 +90,33 @@ func TestAllGatherProcesses(t *testing.T) {
 			if P <= 4 {
 				sizes += ",64M"
 			}
-			j := slimerun(t, nil, "--nproc-per-node", strconv.Itoa(P), "agcheck", "--sizes", sizes, "--iters", "2", "--plan-runs", "1000")
-			if j.code != 0 || strings.Count(j.out, "PASS rank") != P {
-				t.Fatalf("exit %d, %d of %d ranks passed\nstdout:\n%s\nstderr:\n%s", j.code, strings.Count(j.out, "PASS rank"), P, j.out, j.stderr)
-			}
-			for r := range P {
-				for _, want := range []string{"ok allgather 1048579 bytes", "ok allgatherv", "ok plan 1000 runs", "ok typed"} {
-					if !strings.Contains(j.out, fmt.Sprintf("[%d]: %s", r, want)) {
-						t.Errorf("rank %d did not report %q", r, want)
-					}
-				}
-			}
+			checkJob(t, nil, P, sizes)
 		})
+	}
+}
+
+// TestStagingRing turns cross-memory attach off so that plain buffers go
+// through the staging ring, with small slots that wrap many times.
+func TestStagingRing(t *testing.T) {
+	for _, P := range []int{2, 5} {
+		t.Run(fmt.Sprintf("P=%d", P), func(t *testing.T) {
+			checkJob(t, []string{"SLIME_CMA_MIN=-1", "SLIME_SLOT_BYTES=64K", "SLIME_SLOTS=2"}, P, "0,1,7,16343,16345,1048579,9M")
+		})
+	}
+}
+
+func checkJob(t *testing.T, env []string, P int, sizes string) {
+	t.Helper()
+	j := slimerun(t, env, "--nproc-per-node", strconv.Itoa(P), "agcheck", "--sizes", sizes, "--iters", "2", "--plan-runs", "1000")
+	if j.code != 0 || strings.Count(j.out, "PASS rank") != P {
+		t.Fatalf("exit %d, %d of %d ranks passed\nstdout:\n%s\nstderr:\n%s", j.code, strings.Count(j.out, "PASS rank"), P, j.out, j.stderr)
+	}
+	for r := range P {
+		for _, want := range []string{"ok allgather 1048579 bytes", "ok allgatherv", "ok plan 1000 runs", "ok typed"} {
+			if !strings.Contains(j.out, fmt.Sprintf("[%d]: %s", r, want)) {
+				t.Errorf("rank %d did not report %q", r, want)
+			}
+		}
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/slimego/slimego/internal/fault"
 	"github.com/slimego/slimego/internal/shm"
@@ -23,7 +24,8 @@ import (
 const (
 	DefaultSlotBytes   = 256 << 10
 	DefaultSlots       = 4
-	DefaultZeroCopyMin = 16 << 10
+	DefaultZeroCopyMin = 1 << 10
+	DefaultCMAMin      = 16 << 10
 	DefaultTimeout     = 5 * time.Minute
 )
 
@@ -48,6 +50,10 @@ type Config struct {
 	// ZeroCopyMin is the smallest block read in place from a symmetric
 	// source buffer; smaller ones are staged, which needs no acknowledgement.
 	ZeroCopyMin int
+	// CMAMin is the smallest block that readers copy straight from the
+	// owner's memory with process_vm_readv, where the kernel allows it;
+	// negative turns this off.
+	CMAMin int
 	// SpinTime is how long a wait spins before it sleeps on its futex;
 	// zero picks a default from the number of ranks per CPU.
 	SpinTime time.Duration
@@ -72,6 +78,9 @@ type Group struct {
 
 	spin   time.Duration
 	oversb bool
+	cma    bool // every rank reads peers' memory with process_vm_readv
+	iov    [1]iovec
+	riov   [1]remoteIovec
 
 	pidfds  []int    // per peer; -1 when the peer shares this process
 	pollfds []pollFD // per peer, for pidfds >= 0
@@ -119,6 +128,9 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 	if cfg.ZeroCopyMin <= 0 {
 		cfg.ZeroCopyMin = DefaultZeroCopyMin
 	}
+	if cfg.CMAMin == 0 {
+		cfg.CMAMin = DefaultCMAMin
+	}
 	cfg.SlotBytes = roundUp(cfg.SlotBytes, lineBytes)
 	lay, err := newLayout(cfg.Size, cfg.Slots, cfg.SlotBytes)
 	if err != nil {
@@ -147,12 +159,24 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 	g.bind()
 	me := g.ctrls[g.rank]
 	atomic.StoreUint32(&me.pid, uint32(os.Getpid()))
+	atomic.StoreUint64(&me.self, uint64(uintptr(unsafe.Pointer(&me.pid))))
 	atomic.StoreUint32(&me.state, stateAlive)
 	if err := g.storeBarrier(ctx, "alive"); err != nil {
 		return g, err
 	}
 	if err := g.watchPeers(); err != nil {
 		return g, err
+	}
+	// Cross-memory attach is used only if every rank can read every peer.
+	if cfg.CMAMin > 0 && g.probeCMA() {
+		atomic.StoreUint32(&me.cmaOK, 1)
+	}
+	if err := g.storeBarrier(ctx, "probed"); err != nil {
+		return g, err
+	}
+	g.cma = cfg.CMAMin > 0
+	for _, c := range g.ctrls {
+		g.cma = g.cma && atomic.LoadUint32(&c.cmaOK) == 1
 	}
 	g.spin = cfg.SpinTime
 	if g.spin <= 0 {

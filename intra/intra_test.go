@@ -82,57 +82,71 @@ func expectAll(L int, sizes []int, iter int) ([]byte, []int) {
 	return want, offs
 }
 
+// paths are the group configurations whose data paths the tests cover:
+// inline, cross-memory attach and symmetric reads by default; the staging
+// ring with CMA off, with small slots so that it wraps many times.
+var paths = map[string]Config{
+	"default": {Timeout: 20 * time.Second},
+	"ring":    {Timeout: 20 * time.Second, CMAMin: -1, SlotBytes: 8 << 10, Slots: 2, ZeroCopyMin: 1 << 30},
+}
+
 func TestAllGatherInProcess(t *testing.T) {
-	for _, L := range []int{1, 2, 3, 5, 8} {
-		for _, n := range []int{0, 1, 7, 216, 217, 4096, 100_003, 1<<20 + 3} {
-			if n > 1<<20 && L > 3 {
-				continue // the multi-process tests cover large blocks with many ranks
-			}
-			for _, sym := range []bool{false, true} {
-				t.Run(fmt.Sprintf("L%d/n%d/sym%v", L, n, sym), func(t *testing.T) {
-					sizes := make([]int, L)
-					for p := range sizes {
-						sizes[p] = n
-					}
-					errs := group(t, L, Config{Timeout: 20 * time.Second}, func(g *Group) error {
-						ctx := context.Background()
-						var src []byte
-						if sym {
-							b, err := g.Alloc(ctx, n)
-							if err != nil {
-								return err
-							}
-							src = b.Bytes()
-						} else {
-							src = make([]byte, n)
-						}
-						dst := make([]byte, L*n)
-						_, offs := expectAll(L, sizes, 0)
-						op, err := g.Plan("allgather", dst, src, sizes, offs)
-						if err != nil {
-							return err
-						}
-						for it := range 3 {
-							fill(src, uint64(g.Rank()*1000003+it))
-							if err := op.Run(ctx); err != nil {
-								return err
-							}
-							want, _ := expectAll(L, sizes, it)
-							if !bytes.Equal(dst, want) {
-								return fmt.Errorf("iteration %d: wrong data", it)
-							}
-						}
-						return nil
-					})
-					for r, err := range errs {
-						if err != nil {
-							t.Errorf("rank %d: %v", r, err)
-						}
-					}
-				})
+	for name, cfg := range paths {
+		for _, L := range []int{1, 2, 3, 5, 8} {
+			for _, n := range []int{0, 1, 7, InlineBytes, InlineBytes + 1, 100_003, 1<<20 + 3} {
+				if n > 1<<20 && L > 3 {
+					continue // the multi-process tests cover large blocks with many ranks
+				}
+				for _, sym := range []bool{false, true} {
+					testAllGather(t, name, cfg, L, n, sym)
+				}
 			}
 		}
 	}
+}
+
+func testAllGather(t *testing.T, name string, cfg Config, L, n int, sym bool) {
+	t.Run(fmt.Sprintf("%s/L%d/n%d/sym%v", name, L, n, sym), func(t *testing.T) {
+		sizes := make([]int, L)
+		for p := range sizes {
+			sizes[p] = n
+		}
+		errs := group(t, L, cfg, func(g *Group) error {
+			ctx := context.Background()
+			var src []byte
+			if sym {
+				b, err := g.Alloc(ctx, n)
+				if err != nil {
+					return err
+				}
+				src = b.Bytes()
+			} else {
+				src = make([]byte, n)
+			}
+			dst := make([]byte, L*n)
+			_, offs := expectAll(L, sizes, 0)
+			op, err := g.Plan("allgather", dst, src, sizes, offs)
+			if err != nil {
+				return err
+			}
+			for it := range 3 {
+				fill(src, uint64(g.Rank()*1000003+it))
+				if err := op.Run(ctx); err != nil {
+					return err
+				}
+				want, _ := expectAll(L, sizes, it)
+				if !bytes.Equal(dst, want) {
+					return fmt.Errorf("iteration %d: wrong data", it)
+				}
+			}
+			return nil
+		})
+		for r, err := range errs {
+			if err != nil {
+				t.Errorf("rank %d: %v", r, err)
+			}
+		}
+	})
 }
 
 func TestSizeMismatchEveryRank(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 const (
 	lineBytes   = 64
 	pageBytes   = 4096
-	headerBytes = 256
+	headerBytes = 16384
 	// InlineBytes is the largest message that travels inside the header
 	// lines, so that a reader learns of it and reads it in one transfer.
 	InlineBytes = headerBytes - headerFixed
@@ -25,8 +25,9 @@ type ctrl struct {
 	sleeping uint32 // nonzero while the rank may be asleep on bell
 	state    uint32 // stateAlive, stateClosed, stateFailed
 	pid      uint32
-	failedAt uint64 // epoch of the failure, for messages
-	_        [lineBytes - 24]byte
+	self     uint64 // address of pid in this rank's own address space
+	cmaOK    uint32 // this rank can read every peer's memory (process_vm_readv)
+	_        [lineBytes - 28]byte
 }
 
 const (
@@ -40,11 +41,22 @@ type header struct {
 	epoch  uint64
 	size   uint64
 	hash   uint64 // operation and, for AllGatherV, the counts vector
-	zcBuf  uint32 // symmetric buffer id + 1 when the data is read in place
-	_      uint32
-	zcOff  uint64
+	zcBuf  uint32 // symmetric buffer id + 1 (modeSymmetric)
+	mode   uint32 // how readers get the data
+	zcOff  uint64 // offset in the symmetric buffer, or the source address (modeCMA)
 	inline [InlineBytes]byte
 }
+
+// How a block travels from its owner to the readers.
+const (
+	// modeStaged: inline in the header, or through the owner's ring.
+	modeStaged uint32 = iota
+	// modeSymmetric: read in place from the owner's symmetric buffer.
+	modeSymmetric
+	// modeCMA: read straight from the owner's memory with
+	// process_vm_readv (cross-memory attach), one copy in the kernel.
+	modeCMA
+)
 
 // ackLine is what a reader publishes about one owner.
 type ackLine struct {

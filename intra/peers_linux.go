@@ -1,6 +1,10 @@
 package intra
 
 import (
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -30,3 +34,49 @@ func exited(fds []unix.PollFd) int {
 }
 
 func schedYield() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+
+type (
+	iovec       = unix.Iovec
+	remoteIovec = unix.RemoteIovec
+)
+
+// probeCMA reports whether process_vm_readv reads every peer's memory: it
+// reads each peer's pid from the peer's own address space.
+func (g *Group) probeCMA() bool {
+	for p, c := range g.ctrls {
+		if p == g.rank {
+			continue
+		}
+		pid := atomic.LoadUint32(&c.pid)
+		var got uint32
+		local := []unix.Iovec{{Base: (*byte)(unsafe.Pointer(&got)), Len: 4}}
+		remote := []unix.RemoteIovec{{Base: uintptr(atomic.LoadUint64(&c.self)), Len: 4}}
+		n, err := unix.ProcessVMReadv(int(pid), local, remote, 0)
+		if err != nil || n != 4 || got != pid {
+			return false
+		}
+	}
+	return true
+}
+
+// cmaRead copies len(dst) bytes at addr in peer p's address space into dst.
+func (g *Group) cmaRead(p int, dst []byte, addr uint64) error {
+	pid := int(atomic.LoadUint32(&g.ctrls[p].pid))
+	for done := 0; done < len(dst); {
+		g.iov[0].Base = &dst[done]
+		g.iov[0].SetLen(len(dst) - done)
+		g.riov[0] = unix.RemoteIovec{Base: uintptr(addr) + uintptr(done), Len: len(dst) - done}
+		n, err := unix.ProcessVMReadv(pid, g.iov[:], g.riov[:], 0)
+		if err != nil {
+			if err == unix.EINTR {
+				continue
+			}
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("process_vm_readv read nothing at %#x", addr+uint64(done))
+		}
+		done += n
+	}
+	return nil
+}

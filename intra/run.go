@@ -23,11 +23,12 @@ type Op struct {
 	offs    []int // where each rank's block lands in dst
 	hash    uint64
 	inPlace bool
-	zcBuf   uint32 // my source's symmetric buffer id + 1, or 0
-	zcOff   uint64
-	chunk   []int // chunk length of each owner's ring transfer
-	count   []int // chunk count of each owner's ring transfer
-	next    []int // per-run: chunks read from each owner
+	mode    uint32 // how readers get my block
+	zcBuf   uint32 // my source's symmetric buffer id + 1 (modeSymmetric)
+	zcOff   uint64 // offset in it, or my source's address (modeCMA)
+	chunk   []int  // chunk length of each owner's ring transfer
+	count   []int  // chunk count of each owner's ring transfer
+	next    []int  // per-run: chunks read from each owner
 	staged  []bool
 }
 
@@ -81,11 +82,14 @@ func (o *Op) Set(dst, src []byte, sizes, offs []int) error {
 			return bad("source overlaps the destination other than at this rank's own block")
 		}
 	}
-	o.zcBuf, o.zcOff = 0, 0
+	o.mode, o.zcBuf, o.zcOff = modeStaged, 0, 0
 	if len(src) >= g.cfg.ZeroCopyMin {
 		if id, off, ok := g.lookup(src); ok {
-			o.zcBuf, o.zcOff = uint32(id+1), uint64(off)
+			o.mode, o.zcBuf, o.zcOff = modeSymmetric, uint32(id+1), uint64(off)
 		}
+	}
+	if o.mode == modeStaged && g.cma && len(src) >= g.cfg.CMAMin {
+		o.mode, o.zcOff = modeCMA, uint64(uintptr(unsafe.Pointer(&src[0])))
 	}
 	for p := range g.size {
 		o.chunk[p], o.count[p] = chunking(sizes[p], g.lay.C)
@@ -130,8 +134,8 @@ func (o *Op) run(ctx context.Context) error {
 	// 1. Announce: header e, with the data inline when it is small.
 	mySize := o.sizes[me]
 	h := g.hdrs[me][par]
-	h.size, h.hash, h.zcBuf, h.zcOff = uint64(mySize), o.hash, o.zcBuf, o.zcOff
-	if o.zcBuf == 0 && mySize <= InlineBytes {
+	h.size, h.hash, h.mode, h.zcBuf, h.zcOff = uint64(mySize), o.hash, o.mode, o.zcBuf, o.zcOff
+	if o.mode == modeStaged && mySize <= InlineBytes {
 		copy(h.inline[:], o.src)
 	}
 	atomic.StoreUint64(&h.epoch, e)
@@ -173,12 +177,18 @@ func (o *Op) run(ctx context.Context) error {
 		ph := g.hdrs[p][par]
 		dst := o.dst[o.offs[p] : o.offs[p]+o.sizes[p]]
 		switch {
-		case ph.zcBuf != 0:
+		case ph.mode == modeSymmetric:
 			src, err := g.peerBytes(p, int(ph.zcBuf-1), int(ph.zcOff), len(dst))
 			if err != nil {
 				return fault.New(o.name, g.global(me), g.global(p), fault.ErrSizeMismatch, "%v", err)
 			}
 			copy(dst, src)
+			atomic.StoreUint64(&g.myAcks[p].ack, e)
+			g.ring(p)
+		case ph.mode == modeCMA:
+			if err := g.cmaRead(p, dst, ph.zcOff); err != nil {
+				return fault.New(o.name, g.global(me), g.global(p), fault.ErrPeerLost, "reading its memory: %v", err)
+			}
 			atomic.StoreUint64(&g.myAcks[p].ack, e)
 			g.ring(p)
 		case len(dst) <= InlineBytes:
@@ -189,7 +199,7 @@ func (o *Op) run(ctx context.Context) error {
 		}
 	}
 	toSend := 0
-	if o.zcBuf == 0 {
+	if o.mode == modeStaged {
 		toSend = o.count[me]
 	}
 	sent := 0
@@ -268,9 +278,9 @@ func (o *Op) run(ctx context.Context) error {
 		}
 	}
 
-	// 4. A zero-copy source may change once this call returns: wait until
-	// every reader has finished with it.
-	if o.zcBuf != 0 {
+	// 4. A source read in place may change once this call returns: wait
+	// until every reader has finished with it.
+	if o.mode != modeStaged {
 		for p := range L {
 			if p == me {
 				continue
