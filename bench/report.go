@@ -129,21 +129,45 @@ func center(s string, w int) string {
 	return strings.Repeat(" ", max(pad, 0)) + s + strings.Repeat(" ", max(w-len(s)-pad, 0))
 }
 
-// Compare writes, for every size in base, each other implementation's time
-// and busbw beside base's and their ratio (base busbw / other busbw: above
-// 1 means base is faster). Rows are matched by S and in-place-ness.
+// Compare writes one line per row of base (a size, out of place or in
+// place) with its time and busbw, and beside it each other set's matching
+// row (same P, S and placement) with the ratio of times: other / base,
+// above 1 when base is faster.
 func Compare(w io.Writer, base []Result, others ...[]Result) {
-	fmt.Fprintf(w, "%-10s %-26s %11s %9s   %-26s %11s %9s %8s\n", "size", "impl", "time(us)", "busbw", "vs", "time(us)", "busbw", "ratio")
+	name := func(rs []Result) string {
+		if len(rs) == 0 {
+			return "?"
+		}
+		return rs[0].Impl
+	}
+	fmt.Fprintf(w, "%-6s %-12s %22s", "", "", name(base))
+	for _, o := range others {
+		fmt.Fprintf(w, " | %30s", name(o))
+	}
+	fmt.Fprintf(w, "\n%-6s %-12s %11s %10s", "size", "placement", "time(us)", "busbw")
+	for range others {
+		fmt.Fprintf(w, " | %11s %10s %7s", "time(us)", "busbw", "ratio")
+	}
+	fmt.Fprintln(w)
 	for _, b := range base {
+		place := "out-of-place"
+		if b.InPlace {
+			place = "in-place"
+		}
+		fmt.Fprintf(w, "%-6s %-12s %11.2f %10.3f", bytesize.Format(b.S), place, b.Median, b.BusBW)
 		for _, os := range others {
+			found := false
 			for _, o := range os {
-				if o.S != b.S || o.InPlace != b.InPlace || o.P != b.P {
-					continue
+				if o.S == b.S && o.InPlace == b.InPlace && o.P == b.P {
+					fmt.Fprintf(w, " | %11.2f %10.3f %6.2fx", o.Median, o.BusBW, o.Median/b.Median)
+					found = true
+					break
 				}
-				ratio := o.Median / b.Median // time ratio: >1, base is faster
-				fmt.Fprintf(w, "%-10s %-26s %11.2f %9.3f   %-26s %11.2f %9.3f %7.2fx\n",
-					bytesize.Format(b.S), b.implName(), b.Median, b.BusBW, o.implName(), o.Median, o.BusBW, ratio)
+			}
+			if !found {
+				fmt.Fprintf(w, " | %11s %10s %7s", "-", "-", "-")
 			}
 		}
+		fmt.Fprintln(w)
 	}
 }

@@ -89,6 +89,7 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		Slots:       o.Slots,
 		ZeroCopyMin: o.ZeroCopyMin,
 		CMAMin:      o.CMAMin,
+		BigCopy:     o.BigCopy,
 	})
 	if err != nil {
 		c.Close()
@@ -144,7 +145,7 @@ func merge(opts, env Options) Options {
 		o.Backend = env.Backend
 	}
 	o.Debug = pick(o.Debug, env.Debug)
-	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}} {
+	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}, {&o.BigCopy, &env.BigCopy}} {
 		if *f.dst == 0 {
 			*f.dst = *f.src
 		}

@@ -44,10 +44,11 @@ type Options struct {
 	// Debug is "", "INFO" or "TRACE" (SLIME_DEBUG): what Init logs to
 	// stderr.
 	Debug string
-	// SlotBytes, Slots, ZeroCopyMin and CMAMin tune the shared-memory
-	// protocol (SLIME_SLOT_BYTES, SLIME_SLOTS, SLIME_ZERO_COPY_MIN,
-	// SLIME_CMA_MIN; a negative CMAMin turns cross-memory attach off).
-	SlotBytes, Slots, ZeroCopyMin, CMAMin int
+	// SlotBytes, Slots, ZeroCopyMin, CMAMin and BigCopy tune the
+	// shared-memory protocol (SLIME_SLOT_BYTES, SLIME_SLOTS,
+	// SLIME_ZERO_COPY_MIN, SLIME_CMA_MIN, SLIME_BIG_COPY; a negative CMAMin
+	// turns cross-memory attach off).
+	SlotBytes, Slots, ZeroCopyMin, CMAMin, BigCopy int
 }
 
 // LoadEnv reads the environment that slimerun and torchrun (RANK,
@@ -182,7 +183,7 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	for _, k := range []struct {
 		name string
 		dst  *int
-	}{{"SLIME_SLOT_BYTES", &o.SlotBytes}, {"SLIME_SLOTS", &o.Slots}, {"SLIME_ZERO_COPY_MIN", &o.ZeroCopyMin}, {"SLIME_CMA_MIN", &o.CMAMin}} {
+	}{{"SLIME_SLOT_BYTES", &o.SlotBytes}, {"SLIME_SLOTS", &o.Slots}, {"SLIME_ZERO_COPY_MIN", &o.ZeroCopyMin}, {"SLIME_CMA_MIN", &o.CMAMin}, {"SLIME_BIG_COPY", &o.BigCopy}} {
 		if v := getenv(k.name); v != "" {
 			if k.dst == &o.CMAMin && strings.HasPrefix(strings.TrimSpace(v), "-") {
 				o.CMAMin = -1 // off

@@ -26,6 +26,7 @@ const (
 	DefaultSlots       = 4
 	DefaultZeroCopyMin = 1 << 10
 	DefaultCMAMin      = 16 << 10
+	DefaultBigCopy     = 8 << 20
 	DefaultTimeout     = 5 * time.Minute
 )
 
@@ -54,6 +55,9 @@ type Config struct {
 	// owner's memory with process_vm_readv, where the kernel allows it;
 	// negative turns this off.
 	CMAMin int
+	// BigCopy is the size from which a block is copied in one piece, with
+	// the runtime's non-temporal stores; smaller ones stay in the cache.
+	BigCopy int
 	// SpinTime is how long a wait spins before it sleeps on its futex;
 	// zero picks a default from the number of ranks per CPU.
 	SpinTime time.Duration
@@ -127,6 +131,9 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 	}
 	if cfg.ZeroCopyMin <= 0 {
 		cfg.ZeroCopyMin = DefaultZeroCopyMin
+	}
+	if cfg.BigCopy <= 0 {
+		cfg.BigCopy = DefaultBigCopy
 	}
 	if cfg.CMAMin == 0 {
 		cfg.CMAMin = DefaultCMAMin

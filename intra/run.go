@@ -141,7 +141,7 @@ func (o *Op) run(ctx context.Context) error {
 	atomic.StoreUint64(&h.epoch, e)
 	g.ringAll()
 	if !o.inPlace {
-		copy(o.dst[o.offs[me]:o.offs[me]+mySize], o.src)
+		copyBlock(o.dst[o.offs[me]:o.offs[me]+mySize], o.src, g.cfg.BigCopy)
 	}
 
 	// 2. Every peer's header, checked before any data moves.
@@ -182,7 +182,7 @@ func (o *Op) run(ctx context.Context) error {
 			if err != nil {
 				return fault.New(o.name, g.global(me), g.global(p), fault.ErrSizeMismatch, "%v", err)
 			}
-			copy(dst, src)
+			copyBlock(dst, src, g.cfg.BigCopy)
 			atomic.StoreUint64(&g.myAcks[p].ack, e)
 			g.ring(p)
 		case ph.mode == modeCMA:
