@@ -5,7 +5,7 @@ OUT     ?= out
 P       ?= 2
 MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
 
-.PHONY: all build demo test test-short fuzz bench bench-mpi clean
+.PHONY: all build demo test test-short fuzz bench clean
 
 all: build
 
@@ -30,26 +30,28 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./rendezvous
 
 # slimego beside OpenMPI (where mpicc is installed) and single-core memcpy,
-# P ranks on this machine, one run. Tables and CSV land in $(OUT)/bench.
+# P ranks on this machine, REPS interleaved runs of each (A B C A B C ...),
+# compared by their medians. Tables and CSV land in $(OUT)/bench.
+REPS    ?= 3
 bench: build
 	@mkdir -p $(OUT)/bench
-	rm -f $(OUT)/bench/openmpi.csv
-	$(BIN)/slimebench memcpy --csv > $(OUT)/bench/memcpy.csv
-	$(BIN)/slimerun -q --standalone --nproc-per-node $(P) $(BIN)/slimebench allgather --buffers symmetric --csv > $(OUT)/bench/slimego.raw
-	sed 's/^\[0\]: //' $(OUT)/bench/slimego.raw > $(OUT)/bench/slimego.csv
-	$(BIN)/slimerun -q --standalone --nproc-per-node $(P) $(BIN)/slimebench allgather --buffers plain --csv > $(OUT)/bench/slimego-plain.raw
-	sed 's/^\[0\]: //; s/^slimego/slimego-plain/' $(OUT)/bench/slimego-plain.raw > $(OUT)/bench/slimego-plain.csv
-	@if command -v mpicc >/dev/null; then $(MAKE) --no-print-directory bench-mpi; \
+	rm -f $(OUT)/bench/*.csv
+	@if command -v mpicc >/dev/null; then mpicc -O2 -o $(BIN)/allgather_mpi bench/mpi/allgather_mpi.c -lm; \
 	  else echo "mpicc not found: install openmpi-bin libopenmpi-dev to compare with OpenMPI"; fi
-	@echo; echo "== slimego (symmetric buffers) vs slimego (plain buffers), OpenMPI and memcpy, P=$(P) =="
-	$(BIN)/slimebench compare $(OUT)/bench/slimego.csv $(OUT)/bench/slimego-plain.csv \
-	  $$(test -f $(OUT)/bench/openmpi.csv && echo $(OUT)/bench/openmpi.csv) | tee $(OUT)/bench/compare.txt
-	@echo; echo "== single-core memcpy (the ceiling) =="; cat $(OUT)/bench/memcpy.csv
-
-bench-mpi:
-	@mkdir -p $(OUT)/bench
-	mpicc -O2 -o $(BIN)/allgather_mpi bench/mpi/allgather_mpi.c -lm
-	$(MPIRUN) -np $(P) $(BIN)/allgather_mpi > $(OUT)/bench/openmpi.csv
+	@for i in $$(seq $(REPS)); do \
+	  echo "== run $$i of $(REPS)" >&2; \
+	  $(BIN)/slimerun -q --standalone --nproc-per-node $(P) $(BIN)/slimebench allgather --buffers symmetric --csv --quiet \
+	    | sed 's/^\[0\]: //' > $(OUT)/bench/slimego.$$i.csv || exit 1; \
+	  $(BIN)/slimerun -q --standalone --nproc-per-node $(P) $(BIN)/slimebench allgather --buffers plain --csv --quiet \
+	    | sed 's/^\[0\]: //; s/^slimego/slimego-plain/' > $(OUT)/bench/slimego-plain.$$i.csv || exit 1; \
+	  if [ -x $(BIN)/allgather_mpi ]; then $(MPIRUN) -np $(P) $(BIN)/allgather_mpi 2>/dev/null > $(OUT)/bench/openmpi.$$i.csv || exit 1; fi; \
+	done
+	$(BIN)/slimebench memcpy --csv > $(OUT)/bench/memcpy.csv
+	@echo; echo "== slimego (symmetric buffers) vs slimego (plain buffers) and OpenMPI, P=$(P) =="
+	@$(BIN)/slimebench compare $(OUT)/bench/slimego.*.csv $(OUT)/bench/slimego-plain.*.csv \
+	  $$(ls $(OUT)/bench/openmpi.*.csv 2>/dev/null) | tee $(OUT)/bench/compare.txt
+	@echo; echo "== single-core memcpy, the ceiling (busbw column = GB/s of one copy) =="
+	@cat $(OUT)/bench/memcpy.csv
 
 clean:
 	rm -rf $(BIN) $(OUT)

@@ -1,10 +1,12 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -127,6 +129,35 @@ func cols(r Result) string {
 func center(s string, w int) string {
 	pad := (w - len(s)) / 2
 	return strings.Repeat(" ", max(pad, 0)) + s + strings.Repeat(" ", max(w-len(s)-pad, 0))
+}
+
+// Merge combines repeated runs of one implementation: for each (P, S,
+// placement) the row with the median time across runs. Runs interleaved
+// with other implementations' (A B A B A B) make a comparison that a
+// passing change in the machine's state does not decide.
+func Merge(runs ...[]Result) []Result {
+	if len(runs) == 0 {
+		return nil
+	}
+	var out []Result
+	for _, r := range runs[0] {
+		var same []Result
+		for _, run := range runs {
+			for _, o := range run {
+				if o.P == r.P && o.S == r.S && o.InPlace == r.InPlace {
+					same = append(same, o)
+					break
+				}
+			}
+		}
+		slices.SortFunc(same, func(a, b Result) int { return cmp.Compare(a.Median, b.Median) })
+		m := same[len(same)/2]
+		for _, o := range same {
+			m.Wrong = max(m.Wrong, o.Wrong)
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 // Compare writes one line per row of base (a size, out of place or in

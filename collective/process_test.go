@@ -95,6 +95,14 @@ func TestAllGatherProcesses(t *testing.T) {
 	}
 }
 
+// TestManyProcesses: 16 processes on 2 cores must all make progress.
+func TestManyProcesses(t *testing.T) {
+	j := slimerun(t, nil, "--nproc-per-node", "16", "agcheck", "--sizes", "0,7,4096,100003,1048579", "--iters", "1", "--plan-runs", "200")
+	if j.code != 0 || strings.Count(j.out, "PASS rank") != 16 {
+		t.Fatalf("exit %d, %d of 16 ranks passed\n%s\n%s", j.code, strings.Count(j.out, "PASS rank"), j.out, j.stderr)
+	}
+}
+
 // TestStagingRing turns cross-memory attach off so that plain buffers go
 // through the staging ring, with small slots that wrap many times.
 func TestStagingRing(t *testing.T) {

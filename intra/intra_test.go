@@ -197,3 +197,13 @@ func TestPeerClosedIsPeerLost(t *testing.T) {
 		}
 	}
 }
+
+// TestSixtyFourRanks: the largest local group the design promises, 32
+// times more ranks than this machine has cores, every data path.
+func TestSixtyFourRanks(t *testing.T) {
+	const L = 64
+	for _, n := range []int{0, 5, InlineBytes + 3, 40_000} {
+		testAllGather(t, "default", paths["default"], L, n, n%2 == 1)
+	}
+	testAllGather(t, "ring", paths["ring"], L, 20_000, false)
+}

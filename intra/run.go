@@ -140,9 +140,7 @@ func (o *Op) run(ctx context.Context) error {
 	}
 	atomic.StoreUint64(&h.epoch, e)
 	g.ringAll()
-	if !o.inPlace {
-		copyBlock(o.dst[o.offs[me]:o.offs[me]+mySize], o.src, g.cfg.BigCopy)
-	}
+	ownCopied := o.inPlace
 
 	// 2. Every peer's header, checked before any data moves.
 	mismatch := -1
@@ -276,6 +274,10 @@ func (o *Op) run(ctx context.Context) error {
 				return err
 			}
 		}
+	}
+
+	if !ownCopied {
+		copyBlock(o.dst[o.offs[me]:o.offs[me]+mySize], o.src, g.cfg.BigCopy)
 	}
 
 	// 4. A source read in place may change once this call returns: wait

@@ -215,9 +215,11 @@ func compare(args []string) error {
 		return err
 	}
 	if fs.NArg() < 2 {
-		return fmt.Errorf("compare: want a base CSV and at least one other")
+		return fmt.Errorf("compare: want CSV files of at least two implementations")
 	}
-	var sets [][]bench.Result
+	// Files of the same implementation are repeated runs: merged by median.
+	var order []string
+	runs := map[string][][]bench.Result{}
 	for _, name := range fs.Args() {
 		f, err := os.Open(name)
 		if err != nil {
@@ -228,9 +230,24 @@ func compare(args []string) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		sets = append(sets, rs)
+		if len(rs) == 0 {
+			return fmt.Errorf("%s: no rows", name)
+		}
+		impl := rs[0].Impl
+		if _, ok := runs[impl]; !ok {
+			order = append(order, impl)
+		}
+		runs[impl] = append(runs[impl], rs)
 	}
-	fmt.Printf("# %s vs %s; ratio = other's time / base's time (above 1: base is faster)\n", fs.Arg(0), strings.Join(fs.Args()[1:], ", "))
+	if len(order) < 2 {
+		return fmt.Errorf("compare: every file is %s; want at least two implementations", order[0])
+	}
+	var sets [][]bench.Result
+	for _, impl := range order {
+		sets = append(sets, bench.Merge(runs[impl]...))
+	}
+	fmt.Printf("# %s vs %s: median of %d interleaved run(s) each; ratio = other's time / %s's time (above 1: %s is faster); busbw in GB/s\n",
+		order[0], strings.Join(order[1:], ", "), len(runs[order[0]]), order[0], order[0])
 	bench.Compare(os.Stdout, sets[0], sets[1:]...)
 	return nil
 }
