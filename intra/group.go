@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -270,24 +269,16 @@ func (g *Group) shareSegment(ctx context.Context, key string, size int, fill fun
 
 // storeBarrier returns once every local rank has reached the same name.
 func (g *Group) storeBarrier(ctx context.Context, name string) error {
-	st, base := g.cfg.Store, g.cfg.Key+"/"+name+"/"
-	if err := st.Set(ctx, base+strconv.Itoa(g.rank), nil); err != nil {
-		return err
-	}
-	keys := make([]string, g.size)
-	for i := range keys {
-		keys[i] = base + strconv.Itoa(i)
-	}
-	if err := st.Wait(ctx, keys...); err != nil {
-		var missing []int
-		for i, k := range keys {
-			if ok, _ := st.Check(context.Background(), k); !ok {
-				missing = append(missing, g.global(i))
-			}
+	err := g.cfg.Store.Barrier(ctx, g.cfg.Key+"/"+name, g.rank, g.size)
+	var me *rendezvous.MissingError
+	if errors.As(err, &me) {
+		missing := make([]int, len(me.Missing))
+		for i, l := range me.Missing {
+			missing[i] = g.global(l)
 		}
-		return waitErr(err, fmt.Sprintf("ranks %v to join", missing))
+		return waitErr(me.Err, fmt.Sprintf("ranks %v to join", missing))
 	}
-	return nil
+	return err
 }
 
 func waitErr(err error, what string) error {

@@ -232,22 +232,12 @@ func joinNodes(ctx context.Context, cfg *Config) error {
 		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
 	}
 	defer st.Close()
-	base := "slimerun/" + cfg.RunID + "/node/"
-	if err := st.Set(ctx, base+strconv.Itoa(cfg.NodeRank), nil); err != nil {
-		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
-	}
-	keys := make([]string, cfg.NNodes)
-	for i := range keys {
-		keys[i] = base + strconv.Itoa(i)
-	}
-	if err := st.Wait(ctx, keys...); err != nil {
-		var missing []int
-		for i, k := range keys {
-			if ok, _ := st.Check(context.Background(), k); !ok {
-				missing = append(missing, i)
-			}
+	if err := st.Barrier(ctx, "slimerun/"+cfg.RunID+"/nodes", cfg.NodeRank, cfg.NNodes); err != nil {
+		var me *rendezvous.MissingError
+		if errors.As(err, &me) {
+			return fmt.Errorf("launcher: node %d: node rank(s) %v did not join within %v: %w", cfg.NodeRank, me.Missing, cfg.RdzvTimeout, me.Err)
 		}
-		return fmt.Errorf("launcher: node %d: node rank(s) %v did not join within %v: %w", cfg.NodeRank, missing, cfg.RdzvTimeout, err)
+		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -206,4 +207,50 @@ func (c *Client) Delete(ctx context.Context, key string) (bool, error) {
 func (c *Client) NumKeys(ctx context.Context) (int64, error) {
 	resp, err := c.call(ctx, &message{Code: uint8(opNumKeys)}, false)
 	return resp.N, err
+}
+
+// MissingError is what Barrier returns when some members never arrived:
+// their indices, and the store's error (ErrTimeout, ErrConnLost, …).
+type MissingError struct {
+	Name    string
+	Missing []int
+	Err     error
+}
+
+func (e *MissingError) Error() string {
+	return fmt.Sprintf("rendezvous: barrier %q: %v never arrived: %v", e.Name, e.Missing, e.Err)
+}
+
+func (e *MissingError) Unwrap() error { return e.Err }
+
+// Barrier records that member me of size has reached name, then waits until
+// every member has. If the wait fails it returns a *MissingError naming the
+// members that never arrived.
+func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
+	base := name + "/"
+	if err := c.Set(ctx, base+strconv.Itoa(me), nil); err != nil {
+		return err
+	}
+	keys := make([]string, size)
+	for i := range keys {
+		keys[i] = base + strconv.Itoa(i)
+	}
+	err := c.Wait(ctx, keys...)
+	if err == nil {
+		return nil
+	}
+	var missing []int
+	for i, k := range keys {
+		// A fresh context: the caller's has usually expired by now.
+		check, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ok, cerr := c.Check(check, k)
+		cancel()
+		if cerr != nil {
+			break // the connection is gone: report what is known
+		}
+		if !ok {
+			missing = append(missing, i)
+		}
+	}
+	return &MissingError{Name: name, Missing: missing, Err: err}
 }

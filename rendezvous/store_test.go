@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -237,6 +238,24 @@ func TestCancelledCall(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
 	if _, err := c.Get(ctx, "never"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestBarrierNamesMissing(t *testing.T) {
+	_, dial := start(t)
+	a, b := dial(), dial()
+	done := make(chan error, 2)
+	go func() { done <- a.Barrier(ctxT(t, 5*time.Second), "b1", 0, 2) }()
+	go func() { done <- b.Barrier(ctxT(t, 5*time.Second), "b1", 1, 2) }()
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := a.Barrier(ctxT(t, 100*time.Millisecond), "b2", 1, 4)
+	var me *MissingError
+	if !errors.As(err, &me) || !errors.Is(err, ErrTimeout) || fmt.Sprint(me.Missing) != "[0 2 3]" {
 		t.Fatalf("err = %v", err)
 	}
 }
