@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/fault"
 	"github.com/slimego/slimego/internal/shm"
 	"github.com/slimego/slimego/intra"
@@ -41,11 +42,21 @@ type Communicator struct {
 	server *rendezvous.Server
 	node   *intra.Group
 	nodes  int
+	// across nodes: the transport and the algorithm over it
+	net  *inter.Transport
+	hier *inter.Hier
+	ring *inter.RingAG
 
 	// scratch for the one-shot calls, so that they allocate nothing
-	oneShot *intra.Op
+	oneShot op
 	sizes   []int
 	offs    []int
+}
+
+// op is a planned all-gather of any engine.
+type op interface {
+	Run(ctx context.Context) error
+	Set(dst, src []byte, sizes, offs []int) error
 }
 
 // Init joins the job described by opts, filling what opts leaves zero from
@@ -70,9 +81,6 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		defer cancel()
 	}
 	c := &Communicator{opts: o, nodes: o.WorldSize / o.LocalWorldSize}
-	if c.nodes > 1 {
-		return nil, fault.New("init", o.Rank, -1, ErrInvalid, "%d nodes: the inter-node transport is not part of this build; run one node (LOCAL_WORLD_SIZE = WORLD_SIZE)", c.nodes)
-	}
 	if err := c.connect(ctx); err != nil {
 		c.Close()
 		return nil, err
@@ -96,11 +104,17 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		return nil, err
 	}
 	c.node = node
+	if c.nodes > 1 || o.Algo == "ring" {
+		if err := c.connectNodes(ctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
 	c.sizes = make([]int, o.WorldSize)
 	c.offs = make([]int, o.WorldSize)
 	if o.Debug != "" {
-		fmt.Fprintf(os.Stderr, "slimego INFO rank %d/%d local %d/%d node %d/%d backend cpu store %s run %s timeout %v\n",
-			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize, o.NodeRank, c.nodes, c.storeAddr(), o.RunID, o.Timeout)
+		fmt.Fprintf(os.Stderr, "slimego INFO rank %d/%d local %d/%d node %d/%d backend cpu store %s run %s timeout %v algo %s\n",
+			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize, o.NodeRank, c.nodes, c.storeAddr(), o.RunID, o.Timeout, o.Algo)
 	}
 	return c, nil
 }
@@ -145,6 +159,11 @@ func merge(opts, env Options) Options {
 		o.Backend = env.Backend
 	}
 	o.Debug = pick(o.Debug, env.Debug)
+	o.Algo = pick(pick(o.Algo, env.Algo), "hier")
+	o.SocketIfName = pick(o.SocketIfName, env.SocketIfName)
+	if o.Channels == 0 {
+		o.Channels = env.Channels
+	}
 	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}, {&o.BigCopy, &env.BigCopy}} {
 		if *f.dst == 0 {
 			*f.dst = *f.src
@@ -172,6 +191,8 @@ func (o Options) validate() error {
 		return bad("master port %d", o.MasterPort)
 	case o.RunID == "":
 		return bad("no run id")
+	case o.Algo != "hier" && o.Algo != "ring":
+		return bad("algorithm %q (want hier or ring)", o.Algo)
 	}
 	return nil
 }
@@ -201,6 +222,41 @@ func (c *Communicator) connect(ctx context.Context) error {
 	st.Timeout = o.Timeout
 	c.store = st
 	return nil
+}
+
+// connectNodes sets up the TCP transport and the algorithm across nodes.
+func (c *Communicator) connectNodes(ctx context.Context) error {
+	o := c.opts
+	peers := inter.RailPeers(c.nodes, o.LocalWorldSize, o.Rank)
+	if o.Algo == "ring" {
+		peers = inter.RingPeers(o.WorldSize, o.Rank)
+	}
+	t, err := inter.New(ctx, inter.Config{
+		Store: c.store, Key: c.key("net"), Rank: o.Rank, Peers: peers, Channels: o.Channels,
+		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, Timeout: o.Timeout,
+	})
+	if err != nil {
+		return err
+	}
+	c.net = t
+	if o.Algo == "ring" {
+		c.ring = inter.NewRing(t, o.WorldSize, o.Rank, o.Timeout)
+	} else {
+		c.hier = inter.NewHier(c.node, t, c.nodes, o.LocalWorldSize, o.Rank, o.Timeout)
+	}
+	return nil
+}
+
+// plan prepares name(dst, src) with the sizes and offsets in c.sizes and
+// c.offs on the communicator's engine.
+func (c *Communicator) plan(name string, dst, src []byte) (op, error) {
+	switch {
+	case c.hier != nil:
+		return c.hier.Plan(name, dst, src, c.sizes, c.offs)
+	case c.ring != nil:
+		return c.ring.Plan(name, dst, src, c.sizes, c.offs)
+	}
+	return c.node.Plan(name, dst, src, c.sizes, c.offs)
 }
 
 func (c *Communicator) storeAddr() string {
@@ -233,6 +289,10 @@ func (c *Communicator) Timeout() time.Duration { return c.opts.Timeout }
 // It unmaps all shared memory (whose names were already unlinked) and,
 // on the rank that hosts it, stops the store.
 func (c *Communicator) Close() error {
+	if c.net != nil {
+		c.net.Close()
+		c.net, c.hier, c.ring = nil, nil, nil
+	}
 	if c.node != nil {
 		c.node.Close()
 		c.node = nil
@@ -256,6 +316,12 @@ func (c *Communicator) closedErr(op string) error {
 func (c *Communicator) Barrier(ctx context.Context) error {
 	if c.node == nil {
 		return c.closedErr("barrier")
+	}
+	switch {
+	case c.hier != nil:
+		return c.hier.Barrier(ctx)
+	case c.ring != nil:
+		return c.ring.Barrier(ctx)
 	}
 	return c.node.Barrier(ctx)
 }
@@ -310,7 +376,7 @@ func (c *Communicator) layoutV(counts []int, dstLen int) error {
 
 func (c *Communicator) runOneShot(ctx context.Context, name string, dst, src []byte) error {
 	if c.oneShot == nil {
-		op, err := c.node.Plan(name, dst, src, c.sizes, c.offs)
+		op, err := c.plan(name, dst, src)
 		if err != nil {
 			return err
 		}
@@ -324,7 +390,7 @@ func (c *Communicator) runOneShot(ctx context.Context, name string, dst, src []b
 // Plan is an AllGather or AllGatherV prepared once for fixed buffers; each
 // Run moves the buffers' current contents and allocates nothing.
 type Plan struct {
-	op *intra.Op
+	op op
 }
 
 // Plan prepares AllGather(dst, src) for repeated runs.
@@ -339,7 +405,7 @@ func (c *Communicator) Plan(dst, src []byte) (*Plan, error) {
 	for r := range c.sizes {
 		c.sizes[r], c.offs[r] = n, r*n
 	}
-	op, err := c.node.Plan("allgather", dst, src, c.sizes, c.offs)
+	op, err := c.plan("allgather", dst, src)
 	return &Plan{op: op}, err
 }
 
@@ -351,7 +417,7 @@ func (c *Communicator) PlanV(dst, src []byte, counts []int) (*Plan, error) {
 	if err := c.layoutV(counts, len(dst)); err != nil {
 		return nil, err
 	}
-	op, err := c.node.Plan("allgatherv", dst, src, c.sizes, c.offs)
+	op, err := c.plan("allgatherv", dst, src)
 	return &Plan{op: op}, err
 }
 

@@ -44,6 +44,16 @@ type Options struct {
 	// Debug is "", "INFO" or "TRACE" (SLIME_DEBUG): what Init logs to
 	// stderr.
 	Debug string
+	// Algo is the algorithm across nodes: "hier" (rail-aligned
+	// hierarchical, the default) or "ring" (a flat ring over TCP)
+	// (SLIME_ALGO).
+	Algo string
+	// SocketIfName names the network interface for inter-node traffic
+	// (SLIME_SOCKET_IFNAME; default: the one that reaches MASTER_ADDR).
+	SocketIfName string
+	// Channels is the number of TCP connections per peer pair
+	// (SLIME_CHANNELS).
+	Channels int
 	// SlotBytes, Slots, ZeroCopyMin, CMAMin and BigCopy tune the
 	// shared-memory protocol (SLIME_SLOT_BYTES, SLIME_SLOTS,
 	// SLIME_ZERO_COPY_MIN, SLIME_CMA_MIN, SLIME_BIG_COPY; a negative CMAMin
@@ -180,6 +190,19 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 		return bad("SLIME_BACKEND: %v", err)
 	}
 	o.Debug = strings.ToUpper(strings.TrimSpace(getenv("SLIME_DEBUG")))
+	o.Algo = strings.ToLower(strings.TrimSpace(getenv("SLIME_ALGO")))
+	if o.Algo != "" && o.Algo != "hier" && o.Algo != "ring" {
+		return bad("SLIME_ALGO=%q: want hier or ring", o.Algo)
+	}
+	o.SocketIfName = strings.TrimSpace(getenv("SLIME_SOCKET_IFNAME"))
+	if v, ok, err := num("SLIME_CHANNELS"); err != nil {
+		return bad("%v", err)
+	} else if ok {
+		if v < 1 || v > 64 {
+			return bad("SLIME_CHANNELS=%d: want 1 to 64", v)
+		}
+		o.Channels = v
+	}
 	for _, k := range []struct {
 		name string
 		dst  *int

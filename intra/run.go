@@ -372,3 +372,26 @@ func (g *Group) peerBytes(p, id, off, n int) ([]byte, error) {
 	base := p*b.stride + off
 	return b.seg.Mem[base : base+n], nil
 }
+
+// RunMismatched takes part in the operation's protocol with a hash no peer
+// shares, so that every rank of the group returns ErrSizeMismatch and no
+// data moves. A rank that learned of a mismatch elsewhere (from another
+// node) uses it to pass the verdict on without leaving its peers to time
+// out.
+func (o *Op) RunMismatched(ctx context.Context) error {
+	o.hash ^= mismatchSalt
+	err := o.Run(ctx)
+	o.hash ^= mismatchSalt
+	return err
+}
+
+const mismatchSalt = 0x6d69736d61746368 // "mismatch"
+
+// Abandon marks this rank as failed: peers waiting on it get ErrPeerLost at
+// once, and every later call returns ErrClosed. A caller that fails outside
+// the group (a network error) uses it so that its node does not wait for it.
+func (g *Group) Abandon(err error) {
+	if !g.closed {
+		g.fail(err)
+	}
+}

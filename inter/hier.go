@@ -1,0 +1,197 @@
+package inter
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"time"
+	"unsafe"
+
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/intra"
+)
+
+// Hier runs the rail-aligned hierarchical all-gather for one rank: nodes ×
+// local ranks, global rank = node·local + local rank.
+type Hier struct {
+	g       *intra.Group
+	t       *Transport
+	nodes   int
+	local   int
+	node    int
+	lrank   int
+	rank    int
+	order   []int // NodeOrder
+	peers   []int // RailPeers, matching order[1:]
+	epoch   uint64
+	timeout time.Duration
+	broken  error
+	barrier *HierOp
+}
+
+// NewHier joins an intra-node group and a transport to the rank's rail
+// peers (which must be RailPeers) into one all-gather.
+func NewHier(g *intra.Group, t *Transport, nodes, local, rank int, timeout time.Duration) *Hier {
+	node := rank / local
+	return &Hier{g: g, t: t, nodes: nodes, local: local, node: node, lrank: rank % local, rank: rank,
+		order: NodeOrder(nodes, node), peers: RailPeers(nodes, local, rank), timeout: timeout}
+}
+
+// HierOp is a planned hierarchical all-gather; Run allocates nothing.
+type HierOp struct {
+	h     *Hier
+	name  string
+	dst   []byte
+	src   []byte
+	sizes []int // global
+	offs  []int
+	hash  uint64
+	ops   []*intra.Op // one per node, in h.order
+	sb    []int       // scratch: one node's sizes and offsets
+	ob    []int
+}
+
+// Plan prepares an all-gather in which global rank r's sizes[r] bytes land
+// at offs[r] of dst on every rank.
+func (h *Hier) Plan(name string, dst, src []byte, sizes, offs []int) (*HierOp, error) {
+	o := &HierOp{h: h, name: name, sizes: make([]int, len(sizes)), offs: make([]int, len(offs)),
+		sb: make([]int, h.local), ob: make([]int, h.local)}
+	return o, o.Set(dst, src, sizes, offs)
+}
+
+// Set re-plans o for other buffers; once o has run it allocates nothing.
+func (o *HierOp) Set(dst, src []byte, sizes, offs []int) error {
+	h := o.h
+	if h.broken != nil {
+		return h.broken
+	}
+	P := h.nodes * h.local
+	if len(sizes) != P || len(offs) != P {
+		return fault.New(o.name, h.rank, -1, fault.ErrInvalid, "%d sizes and %d offsets for %d ranks", len(sizes), len(offs), P)
+	}
+	for r := range P {
+		if sizes[r] < 0 || offs[r] < 0 || offs[r]+sizes[r] > len(dst) {
+			return fault.New(o.name, h.rank, -1, fault.ErrInvalid, "block of rank %d (%d bytes at %d) does not fit the %d-byte destination", r, sizes[r], offs[r], len(dst))
+		}
+	}
+	if len(src) != sizes[h.rank] {
+		return fault.New(o.name, h.rank, -1, fault.ErrInvalid, "source holds %d bytes, this rank's block is %d", len(src), sizes[h.rank])
+	}
+	copy(o.sizes, sizes)
+	copy(o.offs, offs)
+	o.dst, o.src = dst, src
+	hs := fnv.New64a()
+	hs.Write([]byte(o.name))
+	for _, n := range sizes {
+		v := uint64(n)
+		hs.Write((*[8]byte)(unsafe.Pointer(&v))[:])
+	}
+	o.hash = hs.Sum64()
+	for k, b := range h.order {
+		for j := range h.local {
+			o.sb[j], o.ob[j] = sizes[b*h.local+j], offs[b*h.local+j]
+		}
+		mine := b*h.local + h.lrank
+		blk := src
+		if b != h.node {
+			blk = dst[offs[mine] : offs[mine]+sizes[mine]]
+		}
+		if k < len(o.ops) {
+			if err := o.ops[k].Set(dst, blk, o.sb, o.ob); err != nil {
+				return err
+			}
+			continue
+		}
+		op, err := h.g.Plan(o.name, dst, blk, o.sb, o.ob)
+		if err != nil {
+			return err
+		}
+		o.ops = append(o.ops, op)
+	}
+	return nil
+}
+
+// Run executes the all-gather once. A mismatch anywhere is ErrSizeMismatch
+// on every rank, after every rank has completed the schedule, so that the
+// communicator stays usable; any other error breaks it.
+func (o *HierOp) Run(ctx context.Context) error {
+	h := o.h
+	if h.broken != nil {
+		return h.broken
+	}
+	e := h.epoch + 1
+	h.epoch = e
+	deadline := time.Now().Add(h.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	for _, p := range h.peers {
+		h.t.Recv(p, e, o.hash, o.dst[o.offs[p]:o.offs[p]+o.sizes[p]], deadline)
+		h.t.Send(p, e, o.hash, o.src, deadline)
+	}
+	var mismatch error
+	note := func(err error) error {
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, fault.ErrSizeMismatch) {
+			if mismatch == nil {
+				mismatch = err
+			}
+			return nil
+		}
+		return err
+	}
+	// The node's own blocks first: they need no network.
+	if err := note(o.ops[0].Run(ctx)); err != nil {
+		return o.fail(err, -1)
+	}
+	for k, p := range h.peers {
+		if rerr := h.t.WaitRecv(p); rerr != nil {
+			if !errors.Is(rerr, fault.ErrSizeMismatch) {
+				return o.fail(rerr, p)
+			}
+			if mismatch == nil {
+				mismatch = fault.New(o.name, h.rank, p, fault.ErrSizeMismatch, "%v", rerr)
+			}
+			if err := note(o.ops[k+1].RunMismatched(ctx)); err != nil {
+				return o.fail(err, -1)
+			}
+			continue
+		}
+		if err := note(o.ops[k+1].Run(ctx)); err != nil {
+			return o.fail(err, -1)
+		}
+	}
+	for _, p := range h.peers {
+		if err := h.t.WaitSend(p); err != nil {
+			return o.fail(err, p)
+		}
+	}
+	return mismatch
+}
+
+// fail breaks the communicator and tells the node's other ranks.
+func (o *HierOp) fail(err error, peer int) error {
+	h := o.h
+	var oe *fault.OpError
+	if !errors.As(err, &oe) {
+		err = &fault.OpError{Op: o.name, Rank: h.rank, Peer: peer, Err: err}
+	}
+	h.g.Abandon(err)
+	h.broken = fault.New("communicator", h.rank, -1, fault.ErrClosed, "broken by an earlier error: %v", err)
+	return err
+}
+
+// Barrier returns once every rank of every node has entered it.
+func (h *Hier) Barrier(ctx context.Context) error {
+	if h.barrier == nil {
+		z := make([]int, h.nodes*h.local)
+		op, err := h.Plan("barrier", nil, nil, z, z)
+		if err != nil {
+			return err
+		}
+		h.barrier = op
+	}
+	return h.barrier.Run(ctx)
+}

@@ -1,0 +1,143 @@
+package inter
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"time"
+	"unsafe"
+
+	"github.com/slimego/slimego/internal/fault"
+)
+
+// RingAG is a flat ring all-gather over the transport: every step crosses
+// TCP, whatever the nodes. It serves layouts the hierarchical schedule does
+// not, and as the baseline the hierarchical one is measured against.
+type RingAG struct {
+	t          *Transport
+	p, rank    int
+	next, prev int
+	steps      []RingStep
+	epoch      uint64
+	timeout    time.Duration
+	broken     error
+	barrier    *RingOp
+}
+
+// NewRing uses a transport whose peers are Ring's neighbours.
+func NewRing(t *Transport, p, rank int, timeout time.Duration) *RingAG {
+	next, prev, steps := Ring(p, rank)
+	return &RingAG{t: t, p: p, rank: rank, next: next, prev: prev, steps: steps, timeout: timeout}
+}
+
+// RingPeers are the ranks a ring member connects to.
+func RingPeers(p, rank int) []int {
+	if p == 1 {
+		return nil
+	}
+	next, prev, _ := Ring(p, rank)
+	if next == prev {
+		return []int{next}
+	}
+	return []int{next, prev}
+}
+
+// RingOp is a planned ring all-gather.
+type RingOp struct {
+	r           *RingAG
+	name        string
+	dst, src    []byte
+	sizes, offs []int
+	hash        uint64
+}
+
+// Plan prepares a ring all-gather (same arguments as Hier.Plan).
+func (r *RingAG) Plan(name string, dst, src []byte, sizes, offs []int) (*RingOp, error) {
+	o := &RingOp{r: r, name: name, sizes: make([]int, r.p), offs: make([]int, r.p)}
+	return o, o.Set(dst, src, sizes, offs)
+}
+
+// Set re-plans o without allocating.
+func (o *RingOp) Set(dst, src []byte, sizes, offs []int) error {
+	r := o.r
+	if r.broken != nil {
+		return r.broken
+	}
+	if len(sizes) != r.p || len(offs) != r.p || len(src) != sizes[r.rank] {
+		return fault.New(o.name, r.rank, -1, fault.ErrInvalid, "%d sizes, %d offsets for %d ranks; source of %d bytes", len(sizes), len(offs), r.p, len(src))
+	}
+	for q := range r.p {
+		if sizes[q] < 0 || offs[q] < 0 || offs[q]+sizes[q] > len(dst) {
+			return fault.New(o.name, r.rank, -1, fault.ErrInvalid, "block of rank %d does not fit the %d-byte destination", q, len(dst))
+		}
+	}
+	copy(o.sizes, sizes)
+	copy(o.offs, offs)
+	o.dst, o.src = dst, src
+	hs := fnv.New64a()
+	hs.Write([]byte(o.name))
+	for _, n := range sizes {
+		v := uint64(n)
+		hs.Write((*[8]byte)(unsafe.Pointer(&v))[:])
+	}
+	o.hash = hs.Sum64()
+	return nil
+}
+
+func (o *RingOp) block(q int) []byte { return o.dst[o.offs[q] : o.offs[q]+o.sizes[q]] }
+
+// Run executes the ring once. A mismatch travels round the ring as a
+// poisoned hash, so that every rank returns ErrSizeMismatch.
+func (o *RingOp) Run(ctx context.Context) error {
+	r := o.r
+	if r.broken != nil {
+		return r.broken
+	}
+	e := r.epoch + 1
+	r.epoch = e
+	deadline := time.Now().Add(r.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if own := o.block(r.rank); len(own) > 0 && &own[0] != &o.src[0] {
+		copy(own, o.src)
+	}
+	hash := o.hash
+	var mismatch error
+	for _, st := range r.steps {
+		r.t.Recv(r.prev, e, o.hash, o.block(st.Recv), deadline)
+		r.t.Send(r.next, e, hash, o.block(st.Send), deadline)
+		rerr := r.t.WaitRecv(r.prev)
+		serr := r.t.WaitSend(r.next)
+		if rerr != nil && !errors.Is(rerr, fault.ErrSizeMismatch) {
+			return o.fail(rerr, r.prev)
+		}
+		if serr != nil {
+			return o.fail(serr, r.next)
+		}
+		if rerr != nil && mismatch == nil {
+			mismatch = fault.New(o.name, r.rank, r.prev, fault.ErrSizeMismatch, "%v", rerr)
+			hash = o.hash ^ 0x706f69736f6e // pass the verdict on
+		}
+	}
+	return mismatch
+}
+
+func (o *RingOp) fail(err error, peer int) error {
+	err = &fault.OpError{Op: o.name, Rank: o.r.rank, Peer: peer, Err: err}
+	o.r.broken = fault.New("communicator", o.r.rank, -1, fault.ErrClosed, "broken by an earlier error: %v", err)
+	return err
+}
+
+// Barrier returns once every rank has entered it.
+func (r *RingAG) Barrier(ctx context.Context) error {
+	if r.barrier == nil {
+		z := make([]int, r.p)
+		op, err := r.Plan("barrier", nil, nil, z, z)
+		if err != nil {
+			return err
+		}
+		r.barrier = op
+	}
+	return r.barrier.Run(ctx)
+}

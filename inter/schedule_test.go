@@ -1,0 +1,101 @@
+package inter
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestRailSchedule simulates the hierarchical schedule for many layouts:
+// after the exchange and the intra-node gathers in NodeOrder, every rank
+// holds every block exactly once, and inter-node traffic per rank is N−1
+// blocks.
+func TestRailSchedule(t *testing.T) {
+	for _, nodes := range []int{1, 2, 3, 5} {
+		for _, local := range []int{1, 2, 4, 7} {
+			t.Run(fmt.Sprintf("%dx%d", nodes, local), func(t *testing.T) {
+				P := nodes * local
+				have := make([]map[int]int, P)
+				for r := range P {
+					have[r] = map[int]int{r: 1}
+				}
+				// Exchange: r sends its own block to each peer; peers are
+				// symmetric.
+				for r := range P {
+					peers := RailPeers(nodes, local, r)
+					if len(peers) != nodes-1 {
+						t.Fatalf("rank %d: %d peers", r, len(peers))
+					}
+					for _, p := range peers {
+						if p%local != r%local || p/local == r/local {
+							t.Fatalf("rank %d peers with %d, not on its rail", r, p)
+						}
+						have[p][r]++
+					}
+				}
+				// Intra: for node b's blocks, every local rank contributes
+				// block (b, its local rank), which it must hold.
+				for a := range nodes {
+					for _, b := range NodeOrder(nodes, a) {
+						for i := range local {
+							blk := b*local + i
+							if have[a*local+i][blk] == 0 {
+								t.Fatalf("node %d gathers block %d before local rank %d holds it", a, blk, i)
+							}
+						}
+						for j := range local {
+							for i := range local {
+								if i != j {
+									have[a*local+j][b*local+i]++
+								}
+							}
+						}
+					}
+				}
+				for r := range P {
+					for blk := range P {
+						if have[r][blk] != 1 {
+							t.Fatalf("rank %d holds block %d %d times", r, blk, have[r][blk])
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestRingSchedule(t *testing.T) {
+	for _, P := range []int{1, 2, 3, 8, 13} {
+		have := make([]map[int]bool, P)
+		for r := range P {
+			have[r] = map[int]bool{r: true}
+		}
+		steps := make([][]RingStep, P)
+		for r := range P {
+			next, prev, s := Ring(P, r)
+			if P > 1 && (next == r || prev == r) {
+				t.Fatalf("P=%d rank %d: neighbours %d, %d", P, r, next, prev)
+			}
+			steps[r] = s
+		}
+		for s := 0; s < P-1; s++ {
+			for r := range P {
+				st := steps[r][s]
+				if !have[r][st.Send] {
+					t.Fatalf("P=%d step %d: rank %d sends block %d it does not hold", P, s, r, st.Send)
+				}
+				next := (r + 1) % P
+				if steps[next][s].Recv != st.Send {
+					t.Fatalf("P=%d step %d: rank %d sends %d, rank %d expects %d", P, s, r, st.Send, next, steps[next][s].Recv)
+				}
+			}
+			for r := range P {
+				have[(r+1)%P][steps[r][s].Send] = true
+			}
+		}
+		for r := range P {
+			if len(have[r]) != P {
+				t.Fatalf("P=%d: rank %d ends with %d blocks", P, r, len(have[r]))
+			}
+		}
+	}
+}
