@@ -5,7 +5,7 @@ OUT     ?= out
 P       ?= 2
 MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
 
-.PHONY: all build demo test test-short fuzz bench clean
+.PHONY: all build demo test test-netns test-short fuzz bench clean
 
 all: build
 
@@ -23,11 +23,16 @@ test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
 
+# Nodes in network namespaces joined by veth pairs (root and iproute2).
+test-netns:
+	SLIME_NETNS=1 $(GO) test -count=1 -timeout 10m -run Netns -v ./collective/
+
 test-short:
 	$(GO) test -count=1 ./...
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./rendezvous
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./inter
 
 # slimego beside OpenMPI (where mpicc is installed) and single-core memcpy,
 # P ranks on this machine, REPS interleaved runs of each (A B C A B C ...),

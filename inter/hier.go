@@ -152,7 +152,7 @@ func (o *HierOp) Run(ctx context.Context) error {
 				return o.fail(rerr, p)
 			}
 			if mismatch == nil {
-				mismatch = fault.New(o.name, h.rank, p, fault.ErrSizeMismatch, "%v", rerr)
+				mismatch = &fault.OpError{Op: o.name, Rank: h.rank, Peer: p, Err: rerr}
 			}
 			if err := note(o.ops[k+1].RunMismatched(ctx)); err != nil {
 				return o.fail(err, -1)

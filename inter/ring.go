@@ -116,7 +116,7 @@ func (o *RingOp) Run(ctx context.Context) error {
 			return o.fail(serr, r.next)
 		}
 		if rerr != nil && mismatch == nil {
-			mismatch = fault.New(o.name, r.rank, r.prev, fault.ErrSizeMismatch, "%v", rerr)
+			mismatch = &fault.OpError{Op: o.name, Rank: r.rank, Peer: r.prev, Err: rerr}
 			hash = o.hash ^ 0x706f69736f6e // pass the verdict on
 		}
 	}

@@ -353,7 +353,10 @@ func (c *conn) receive(j job) error {
 		if _, err := io.CopyN(io.Discard, c.c, int64(h.Count)); err != nil {
 			return c.classify(err, "draining a mismatched block")
 		}
-		return fmt.Errorf("%w: rank %d sent %d bytes of a call whose sizes differ from this rank's (%d expected)", ErrMismatch, c.p.rank, h.Count, len(j.buf))
+		if h.Count != uint64(len(j.buf)) {
+			return fmt.Errorf("%w: rank %d sent %d bytes, this rank expected %d", ErrMismatch, c.p.rank, h.Count, len(j.buf))
+		}
+		return fmt.Errorf("%w: rank %d's call differs from this rank's (the operation, or a size on some rank)", ErrMismatch, c.p.rank)
 	}
 	if _, err := io.ReadFull(c.c, j.buf); err != nil {
 		return c.classify(err, "receiving a block")

@@ -252,6 +252,7 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 	case "kill", "slow":
 		dst, src := make([]byte, P*n), make([]byte, n)
 		pattern.Fill(src, uint64(me))
+		// With --fault-rank -1 no rank stops itself: the test kills a node.
 		if me == who {
 			if kind == "kill" {
 				go func() {

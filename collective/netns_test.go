@@ -1,0 +1,125 @@
+package collective_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The tests in this file run each node in a network namespace of its own,
+// joined to the others by veth pairs on a bridge, with addresses from
+// 192.0.2.0/24 that exist only inside those namespaces: real network
+// stacks between the nodes. They need root and iproute2 and run with
+// SLIME_NETNS=1 (make test-netns).
+
+type netnsTopo struct {
+	tag   string
+	nodes int
+}
+
+func (n netnsTopo) ns(i int) string   { return fmt.Sprintf("%sn%d", n.tag, i) }
+func (n netnsTopo) veth(i int) string { return fmt.Sprintf("%sa%d", n.tag, i) }
+func (n netnsTopo) addr(i int) string { return fmt.Sprintf("192.0.2.%d", i+1) }
+func (n netnsTopo) sw() string        { return n.tag + "sw" }
+func (n netnsTopo) place() placement {
+	return placement{master: n.addr(0), port: 29500, wrap: func(i int) []string { return []string{"ip", "netns", "exec", n.ns(i)} }}
+}
+
+func ip(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// netns builds the namespaces and removes them when the test ends, passed
+// or failed.
+func netns(t *testing.T, nodes int) netnsTopo {
+	t.Helper()
+	if os.Getenv("SLIME_NETNS") != "1" {
+		t.Skip("needs root and iproute2: run with SLIME_NETNS=1 (make test-netns)")
+	}
+	n := netnsTopo{tag: fmt.Sprintf("sg%d", os.Getpid()%100000), nodes: nodes}
+	del := func(ns string) { exec.Command("ip", "netns", "del", ns).Run() }
+	ip(t, "netns", "add", n.sw())
+	t.Cleanup(func() { del(n.sw()) })
+	ip(t, "-n", n.sw(), "link", "add", "br0", "type", "bridge")
+	ip(t, "-n", n.sw(), "link", "set", "br0", "up")
+	for i := range nodes {
+		ip(t, "netns", "add", n.ns(i))
+		t.Cleanup(func() { del(n.ns(i)) })
+		ip(t, "-n", n.ns(i), "link", "set", "lo", "up")
+		peer := fmt.Sprintf("%sb%d", n.tag, i)
+		ip(t, "link", "add", n.veth(i), "netns", n.ns(i), "type", "veth", "peer", "name", peer, "netns", n.sw())
+		ip(t, "-n", n.ns(i), "addr", "add", n.addr(i)+"/24", "dev", n.veth(i))
+		ip(t, "-n", n.ns(i), "link", "set", n.veth(i), "up")
+		ip(t, "-n", n.sw(), "link", "set", peer, "master", "br0", "up")
+	}
+	return n
+}
+
+func TestNetnsAllGather(t *testing.T) {
+	cases := []struct {
+		nodes, perNode int
+		sizes          string
+	}{
+		{2, 1, "1,7,4096,1048579,64M"},
+		{2, 2, "1,7,4096,1048579,64M"},
+		{2, 4, "1,7,4096,1048579,9437187"},
+		{3, 2, "1,7,4096,1048579,9437187"},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%dx%d", tc.nodes, tc.perNode), func(t *testing.T) {
+			n := netns(t, tc.nodes)
+			j := runNodesOn(t, n.place(), nil, tc.nodes, tc.perNode, nil, "agcheck", "--sizes", tc.sizes, "--iters", "1", "--plan-runs", "100")
+			all := strings.Join(j.out, "")
+			if P := tc.nodes * tc.perNode; strings.Count(all, "PASS rank") != P {
+				t.Fatalf("%d of %d ranks passed; exits %v\n%s", strings.Count(all, "PASS rank"), P, j.codes, all)
+			}
+		})
+	}
+}
+
+// netnsFault runs a stream of 16 MiB all-gathers over 2 nodes × 2 ranks
+// and breaks node 1 after a while; every surviving rank must report the
+// loss, naming a peer, within the timeout, and every slimerun must fail.
+func netnsFault(t *testing.T, breakNode func(n netnsTopo, cmd *exec.Cmd), survivors []int) {
+	n := netns(t, 2)
+	start := time.Now()
+	j := runNodesOn(t, n.place(), []string{"SLIME_TIMEOUT=5"}, 2, 2, func(node int, cmd *exec.Cmd) {
+		if node == 1 {
+			go func() {
+				time.Sleep(2 * time.Second)
+				breakNode(n, cmd)
+			}()
+		}
+	}, "agcheck", "--fault", "kill", "--fault-rank", "-1", "--fault-size", "16M")
+	all := strings.Join(j.out, "")
+	for _, r := range survivors {
+		if !regexp.MustCompile(fmt.Sprintf(`(?m)^\[%d\]: EXPECTED rank %d: \w+ rank %d peer \d+: slimego: (peer lost|timeout)`, r, r, r)).MatchString(all) {
+			t.Errorf("rank %d did not report the fault naming a peer\n%s", r, all)
+		}
+	}
+	for node, code := range j.codes {
+		if code == 0 {
+			t.Errorf("node %d's slimerun exited 0\n%s", node, all)
+		}
+	}
+	if d := time.Since(start); d > 40*time.Second {
+		t.Errorf("took %v with a 5 s timeout", d)
+	}
+}
+
+func TestNetnsLinkDown(t *testing.T) {
+	netnsFault(t, func(n netnsTopo, _ *exec.Cmd) {
+		exec.Command("ip", "-n", n.ns(1), "link", "set", n.veth(1), "down").Run()
+	}, []int{0, 1, 2, 3})
+}
+
+func TestNetnsNodeKilled(t *testing.T) {
+	netnsFault(t, func(_ netnsTopo, cmd *exec.Cmd) { cmd.Process.Kill() }, []int{0, 1})
+}

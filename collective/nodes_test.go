@@ -1,0 +1,192 @@
+package collective_test
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// nodeJob is one slimerun per "node", all on this host (loopback): the
+// inter-node code paths over real sockets, without namespaces.
+type nodeJob struct {
+	out   []string // per node
+	codes []int
+	runID string
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// runNodes runs nodes × perNode ranks of prog; kill, if set, is called with
+// the node's command once all have started.
+func runNodes(t *testing.T, env []string, nodes, perNode int, kill func(node int, cmd *exec.Cmd), args ...string) nodeJob {
+	t.Helper()
+	return runNodesOn(t, placement{master: "127.0.0.1", port: freePort(t)}, env, nodes, perNode, kill, args...)
+}
+
+// placement says where each node's slimerun runs: wrap prefixes its
+// command (ip netns exec), master is node 0's address.
+type placement struct {
+	master string
+	port   int
+	wrap   func(node int) []string
+}
+
+func runNodesOn(t *testing.T, pl placement, env []string, nodes, perNode int, kill func(node int, cmd *exec.Cmd), args ...string) nodeJob {
+	t.Helper()
+	port := strconv.Itoa(pl.port)
+	runID := fmt.Sprintf("n%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	j := nodeJob{out: make([]string, nodes), codes: make([]int, nodes), runID: runID}
+	var wg sync.WaitGroup
+	cmds := make([]*exec.Cmd, nodes)
+	outs := make([]bytes.Buffer, nodes)
+	for n := range nodes {
+		full := append([]string{"--nnodes", strconv.Itoa(nodes), "--node-rank", strconv.Itoa(n), "--master-addr", pl.master,
+			"--master-port", port, "--rdzv-id", runID, "--nproc-per-node", strconv.Itoa(perNode), "--monitor-interval", "15s",
+			"--rdzv-timeout", "60s", filepath.Join(bin, args[0])}, args[1:]...)
+		argv := append([]string{filepath.Join(bin, "slimerun")}, full...)
+		if pl.wrap != nil {
+			argv = append(pl.wrap(n), argv...)
+		}
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Env = append(os.Environ(), env...)
+		cmd.Stdout, cmd.Stderr = &outs[n], &outs[n]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[n] = cmd
+	}
+	if kill != nil {
+		for n, cmd := range cmds {
+			kill(n, cmd)
+		}
+	}
+	for n, cmd := range cmds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				if ee, ok := err.(*exec.ExitError); ok {
+					j.codes[n] = ee.ExitCode()
+				}
+			case <-time.After(3 * time.Minute):
+				cmd.Process.Kill()
+				<-done
+				j.codes[n] = -1
+				t.Errorf("node %d hung", n)
+			}
+		}()
+	}
+	wg.Wait()
+	for n := range nodes {
+		j.out[n] = outs[n].String()
+	}
+	entries, _ := os.ReadDir("/dev/shm")
+	for _, e := range entries {
+		if strings.Contains(e.Name(), runID) {
+			t.Errorf("job left /dev/shm/%s", e.Name())
+		}
+	}
+	return j
+}
+
+func TestAcrossNodesLoopback(t *testing.T) {
+	cases := []struct {
+		nodes, perNode int
+		env            []string
+		sizes          string
+	}{
+		{2, 1, nil, "0,1,7,4096,1048579,9M"},
+		{2, 2, nil, "0,1,7,4096,1048579"},
+		{3, 2, nil, "0,1,7,16343,16345,1048579"},
+		{2, 3, []string{"SLIME_CHANNELS=1"}, "0,5,100003"},
+		{3, 2, []string{"SLIME_ALGO=ring"}, "0,1,7,4096,1048579"},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("%dx%d%v", tc.nodes, tc.perNode, tc.env), func(t *testing.T) {
+			j := runNodes(t, tc.env, tc.nodes, tc.perNode, nil, "agcheck", "--sizes", tc.sizes, "--iters", "2", "--plan-runs", "300")
+			all := strings.Join(j.out, "")
+			P := tc.nodes * tc.perNode
+			if strings.Count(all, "PASS rank") != P {
+				t.Fatalf("%d of %d ranks passed; exits %v\n%s", strings.Count(all, "PASS rank"), P, j.codes, all)
+			}
+			for n, code := range j.codes {
+				if code != 0 {
+					t.Errorf("node %d: slimerun exit %d", n, code)
+				}
+			}
+		})
+	}
+}
+
+func TestAcrossNodesMismatch(t *testing.T) {
+	for _, algo := range []string{"hier", "ring"} {
+		j := runNodes(t, []string{"SLIME_ALGO=" + algo}, 2, 2, nil, "agcheck", "--fault", "mismatch", "--fault-rank", "3", "--fault-size", "1M")
+		all := strings.Join(j.out, "")
+		for r := range 4 {
+			if !regexp.MustCompile(fmt.Sprintf(`(?m)^\[%d\]: EXPECTED rank %d: allgather rank %d peer \d+: slimego: size mismatch`, r, r, r)).MatchString(all) {
+				t.Errorf("%s: rank %d did not report a size mismatch\n%s", algo, r, all)
+			}
+		}
+		if strings.Contains(all, "UNEXPECTED") {
+			t.Errorf("%s:\n%s", algo, all)
+		}
+	}
+}
+
+// TestNodeKilled kills node 1's slimerun (and so its workers) during a
+// stream of 16 MiB all-gathers: node 0's ranks must report the lost peer,
+// naming it, well within the timeout, and every slimerun must fail.
+func TestNodeKilled(t *testing.T) {
+	start := time.Now()
+	j := runNodes(t, []string{"SLIME_TIMEOUT=30"}, 2, 2, func(n int, cmd *exec.Cmd) {
+		if n == 1 {
+			go func() {
+				time.Sleep(1500 * time.Millisecond)
+				cmd.Process.Kill()
+			}()
+		}
+	}, "agcheck", "--fault", "kill", "--fault-rank", "-1", "--fault-size", "16M")
+	if d := time.Since(start); d > 25*time.Second {
+		t.Errorf("took %v", d)
+	}
+	for r := range 2 {
+		if !regexp.MustCompile(fmt.Sprintf(`(?m)^\[%d\]: EXPECTED rank %d: allgather rank %d peer \d+: slimego: (peer lost|timeout)`, r, r, r)).MatchString(j.out[0]) {
+			t.Errorf("rank %d did not report the lost node\n%s", r, j.out[0])
+		}
+	}
+	for n, code := range j.codes {
+		if code == 0 {
+			t.Errorf("node %d's slimerun exited 0", n)
+		}
+	}
+}
+
+func TestMissingNodeNamed(t *testing.T) {
+	port := strconv.Itoa(freePort(t))
+	cmd := exec.Command(filepath.Join(bin, "slimerun"), "--nnodes", "3", "--node-rank", "0", "--master-port", port,
+		"--rdzv-timeout", "1s", "--nproc-per-node", "1", filepath.Join(bin, "agcheck"))
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "node rank(s) [1 2] did not join") {
+		t.Fatalf("err %v\n%s", err, out)
+	}
+}
