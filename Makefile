@@ -5,7 +5,7 @@ OUT     ?= out
 P       ?= 2
 MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
 
-.PHONY: all build demo test test-netns test-short fuzz bench clean
+.PHONY: all build demo test test-netns test-short fuzz bench bench-netns clean
 
 all: build
 
@@ -57,6 +57,12 @@ bench: build
 	  $$(ls $(OUT)/bench/openmpi.*.csv 2>/dev/null) | tee $(OUT)/bench/compare.txt
 	@echo; echo "== single-core memcpy, the ceiling (busbw column = GB/s of one copy) =="
 	@cat $(OUT)/bench/memcpy.csv
+
+# Across two network namespaces: raw TCP, slimego, OpenMPI's TCP transport,
+# and the hierarchical schedule against a flat ring (root and iproute2).
+bench-netns: build
+	@if command -v mpicc >/dev/null; then mpicc -O2 -o $(BIN)/allgather_mpi bench/mpi/allgather_mpi.c -lm; fi
+	OUT=$(OUT) scripts/bench-netns.sh
 
 clean:
 	rm -rf $(BIN) $(OUT)

@@ -99,3 +99,24 @@ func TestRingSchedule(t *testing.T) {
 		}
 	}
 }
+
+func TestStripeCoversEveryByteOnce(t *testing.T) {
+	for _, n := range []int{0, 1, DirectMax, DirectMax + 1, 1<<20 + 3, 64 << 20} {
+		for _, ch := range []int{1, 2, 3, 4} {
+			next := 0
+			for c := range ch {
+				lo, hi := stripe(n, ch, c)
+				if lo != next || hi < lo {
+					t.Fatalf("n=%d channels=%d: stripe %d is [%d,%d), want it to start at %d", n, ch, c, lo, hi, next)
+				}
+				if n <= DirectMax && c > 0 && hi != lo {
+					t.Fatalf("n=%d: a small block is split", n)
+				}
+				next = hi
+			}
+			if next != n {
+				t.Fatalf("n=%d channels=%d: stripes end at %d", n, ch, next)
+			}
+		}
+	}
+}

@@ -55,6 +55,10 @@ type peer struct {
 	conns    []*conn
 	sendDone chan error
 	recvDone chan error
+	// small transfers run in the caller's goroutine
+	sendDirect, recvDirect bool
+	sendErr                error
+	recvJob                job
 }
 
 type conn struct {
@@ -88,7 +92,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if cfg.SockBuf <= 0 {
 		cfg.SockBuf = DefaultSockBuf
 	}
-	ip, err := localIP(cfg.IfName, cfg.MasterAddr)
+	ip, err := LocalIP(cfg.IfName, cfg.MasterAddr)
 	if err != nil {
 		return nil, err
 	}
@@ -227,9 +231,9 @@ func deadlineOf(ctx context.Context, d time.Duration) time.Time {
 	return time.Now().Add(d)
 }
 
-// localIP is the address to listen on: that of the named interface, or
+// LocalIP is the address to listen on: that of the named interface, or
 // the one this host uses to reach the master.
-func localIP(ifname, master string) (string, error) {
+func LocalIP(ifname, master string) (string, error) {
 	if ifname != "" {
 		ifi, err := net.InterfaceByName(ifname)
 		if err != nil {
@@ -277,36 +281,92 @@ func (t *Transport) Close() error {
 	return nil
 }
 
-// stripe is channel ch's part of a block of n bytes.
+// DirectMax is the largest block sent and received in the caller's
+// goroutine: one frame on the first connection, no hand-off to the
+// connection goroutines (each hand-off costs a wake-up).
+const DirectMax = 64 << 10
+
+// stripe is channel ch's part of a block of n bytes. Every message puts
+// exactly one frame on every connection (empty ones included), so that the
+// streams stay in step even when the two ends disagree about n.
 func stripe(n, channels, ch int) (lo, hi int) {
+	if n <= DirectMax {
+		if ch == 0 {
+			return 0, n
+		}
+		return n, n
+	}
 	per := (n + channels - 1) / channels
 	lo = min(ch*per, n)
 	return lo, min(lo+per, n)
 }
 
-// Send posts the sending of buf to peer p, striped over its connections.
-// WaitSend collects the result.
+// Send starts sending buf to peer p; WaitSend collects the result.
 func (t *Transport) Send(p int, epoch, hash uint64, buf []byte, deadline time.Time) {
 	pr := t.peers[p]
+	pr.sendDirect = len(buf) <= DirectMax
 	for ch, c := range pr.conns {
 		lo, hi := stripe(len(buf), len(pr.conns), ch)
-		c.sendq <- job{epoch: epoch, hash: hash, buf: buf[lo:hi], deadline: deadline}
+		j := job{epoch: epoch, hash: hash, buf: buf[lo:hi], deadline: deadline}
+		if !pr.sendDirect {
+			c.sendq <- j
+		} else if err := c.send(j); err != nil && pr.sendErr == nil {
+			pr.sendErr = err
+		}
 	}
 }
 
-// Recv posts the receiving of len(buf) bytes from peer p into buf.
+// Recv starts receiving len(buf) bytes from peer p into buf; WaitRecv
+// collects the result.
 func (t *Transport) Recv(p int, epoch, hash uint64, buf []byte, deadline time.Time) {
 	pr := t.peers[p]
+	pr.recvDirect = len(buf) <= DirectMax
+	j := job{epoch: epoch, hash: hash, buf: buf, deadline: deadline}
+	if pr.recvDirect {
+		pr.recvJob = j
+		return
+	}
 	for ch, c := range pr.conns {
 		lo, hi := stripe(len(buf), len(pr.conns), ch)
-		c.recvq <- job{epoch: epoch, hash: hash, buf: buf[lo:hi], deadline: deadline}
+		j.buf = buf[lo:hi]
+		c.recvq <- j
 	}
 }
 
-// WaitSend and WaitRecv return the first error of the posted transfer with
-// peer p (all of its stripes are waited for).
-func (t *Transport) WaitSend(p int) error { return wait(t.peers[p].sendDone, len(t.peers[p].conns)) }
-func (t *Transport) WaitRecv(p int) error { return wait(t.peers[p].recvDone, len(t.peers[p].conns)) }
+// WaitSend and WaitRecv return the first error of the transfer with peer
+// p, waiting for all of its connections.
+func (t *Transport) WaitSend(p int) error {
+	pr := t.peers[p]
+	if pr.sendDirect {
+		err := pr.sendErr
+		pr.sendErr = nil
+		return err
+	}
+	return wait(pr.sendDone, len(pr.conns))
+}
+
+func (t *Transport) WaitRecv(p int) error {
+	pr := t.peers[p]
+	if !pr.recvDirect {
+		return wait(pr.recvDone, len(pr.conns))
+	}
+	var first error
+	j := pr.recvJob
+	for ch, c := range pr.conns {
+		lo, hi := stripe(len(j.buf), len(pr.conns), ch)
+		part := j
+		part.buf = j.buf[lo:hi]
+		if err := c.receive(part); err != nil {
+			if !errors.Is(err, ErrMismatch) {
+				return err
+			}
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
 
 func wait(done chan error, n int) error {
 	var first error
@@ -320,14 +380,19 @@ func wait(done chan error, n int) error {
 
 func (c *conn) writer() {
 	for j := range c.sendq {
-		h := Header{Kind: KindData, Sender: c.me, Epoch: j.epoch, Hash: j.hash, Count: uint64(len(j.buf))}
-		h.Put(c.whdr[:])
-		c.c.SetWriteDeadline(j.deadline)
-		c.vec[0], c.vec[1] = c.whdr[:], j.buf
-		c.bufs = c.vec[:]
-		_, err := c.bufs.WriteTo(c.c)
-		c.p.sendDone <- c.classify(err, "sending")
+		c.p.sendDone <- c.send(j)
 	}
+}
+
+// send writes one frame: header and payload in one vectored write.
+func (c *conn) send(j job) error {
+	h := Header{Kind: KindData, Sender: c.me, Epoch: j.epoch, Hash: j.hash, Count: uint64(len(j.buf))}
+	h.Put(c.whdr[:])
+	c.c.SetWriteDeadline(j.deadline)
+	c.vec[0], c.vec[1] = c.whdr[:], j.buf
+	c.bufs = c.vec[:]
+	_, err := c.bufs.WriteTo(c.c)
+	return c.classify(err, "sending")
 }
 
 func (c *conn) reader() {

@@ -35,6 +35,8 @@ func main() {
 		err = allgather(os.Args[2:])
 	case "memcpy":
 		err = memcpy(os.Args[2:])
+	case "tcp":
+		err = tcp(os.Args[2:])
 	case "compare":
 		err = compare(os.Args[2:])
 	case "-h", "--help", "help":
@@ -56,6 +58,7 @@ func usage() {
 commands:
   allgather   AllGather sweep (run it under slimerun, torchrun or mpirun)
   memcpy      single-core copy bandwidth at the same sizes: the ceiling
+  tcp         raw TCP latency and bandwidth between two ranks (one per node)
   compare     CSV files side by side, the first as the base, with time ratios
 
 run 'slimebench COMMAND --help' for its flags
@@ -205,6 +208,68 @@ func memcpy(args []string) error {
 	fmt.Printf("# single-core memcpy between reused buffers\n#%12s %10s %9s\n", "size (B)", "time (us)", "GB/s")
 	for _, r := range rs {
 		fmt.Printf(" %12d %10.2f %9.3f\n", r.S, r.Median, r.BusBW)
+	}
+	return nil
+}
+
+func tcp(args []string) error {
+	fs := pflag.NewFlagSet("slimebench tcp", pflag.ContinueOnError)
+	sw := sweepFlags(fs)
+	channels := fs.IntSlice("channels", []int{1, 2, 4}, "connections to stripe each transfer over (one sweep each)")
+	asCSV := fs.Bool("csv", false, "print CSV (impl tcp-N, busbw = link GB/s) instead of the table")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	sizes := []int64{1 << 20, 4 << 20, 16 << 20, 64 << 20}
+	if fs.Changed("min-bytes") || fs.Changed("max-bytes") || fs.Changed("step-factor") {
+		var err error
+		if sizes, err = sw.sizes(); err != nil {
+			return err
+		}
+	}
+	ctx := context.Background()
+	c, err := collective.Init(ctx, collective.Options{})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var rows []bench.TCPResult
+	for i, duplex := range []bool{false, true} {
+		for j, ch := range *channels {
+			rs, err := bench.TCP(ctx, c, os.Getenv("MASTER_ADDR"), sizes, ch, duplex, 200*time.Millisecond)
+			if err != nil {
+				return err
+			}
+			if i+j > 0 {
+				rs = rs[1:] // latency once
+			}
+			rows = append(rows, rs...)
+		}
+	}
+	if c.Rank() != 0 {
+		return nil
+	}
+	if *asCSV {
+		var rs []bench.Result
+		for _, r := range rows {
+			impl := fmt.Sprintf("tcp-%d", r.Channels)
+			if r.Duplex {
+				impl += "-duplex"
+			}
+			rs = append(rs, bench.Result{Impl: impl, Backend: "cpu", Mode: "inter", P: 2, Nodes: c.Nodes(),
+				S: r.S, Median: r.Median, AlgBW: r.GBps, BusBW: r.GBps})
+		}
+		return bench.WriteCSV(os.Stdout, rs)
+	}
+	fmt.Printf("# raw TCP between rank 0 (node %d) and rank 1, sockets as slimego's transport sets them\n", 0)
+	fmt.Printf("# duplex: both ranks send at once, as an all-gather does; GB/s per direction\n")
+	fmt.Printf("#%12s %9s %8s %11s %9s\n", "size (B)", "channels", "duplex", "time (us)", "GB/s")
+	for _, r := range rows {
+		if r.GBps == 0 {
+			fmt.Printf(" %12d %9d %8v %11.2f %9s   one-way latency\n", r.S, r.Channels, false, r.Median, "-")
+			continue
+		}
+		fmt.Printf(" %12d %9d %8v %11.2f %9.3f\n", r.S, r.Channels, r.Duplex, r.Median, r.GBps)
 	}
 	return nil
 }

@@ -1,0 +1,184 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/inter"
+)
+
+// TCPResult is one raw-TCP figure between ranks 0 and 1.
+type TCPResult struct {
+	S        int64   // bytes per transfer (8 for latency)
+	Channels int     // connections the transfer is striped over
+	Duplex   bool    // both ranks sent S bytes at once; GBps is per direction
+	Median   float64 // µs: one-way latency, or the time of one transfer
+	GBps     float64 // 0 for latency
+}
+
+// TCP measures the link between the two ranks of c with plain sockets set
+// up as slimego's transport sets them up (TCP_NODELAY, 4 MiB buffers): the
+// one-way latency of 8 bytes (half a round trip), and the bandwidth of
+// transfers of each size, striped over channels connections: one-directional
+// (rank 1 to rank 0), or with duplex both ranks sending to each other at
+// once, as an all-gather between two nodes does. Both ranks return the same
+// figures.
+func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, sizes []int64, channels int, duplex bool, minTime time.Duration) ([]TCPResult, error) {
+	if c.Size() != 2 {
+		return nil, fmt.Errorf("bench: tcp measures the link between two ranks (one per node); this job has %d", c.Size())
+	}
+	// Rank 0 listens; its address reaches rank 1 through an all-gather.
+	const addrLen = 64
+	mine := make([]byte, addrLen)
+	var ln net.Listener
+	if c.Rank() == 0 {
+		ip, err := inter.LocalIP("", masterAddr)
+		if err != nil {
+			return nil, err
+		}
+		if ln, err = net.Listen("tcp", net.JoinHostPort(ip, "0")); err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		copy(mine, ln.Addr().String())
+	}
+	all := make([]byte, 2*addrLen)
+	if err := c.AllGather(ctx, all, mine); err != nil {
+		return nil, err
+	}
+	addr := strings.TrimRight(string(all[:addrLen]), "\x00")
+	conns := make([]*net.TCPConn, channels)
+	for i := range conns {
+		var conn net.Conn
+		var err error
+		if c.Rank() == 0 {
+			ln.(*net.TCPListener).SetDeadline(time.Now().Add(c.Timeout()))
+			conn, err = ln.Accept()
+		} else {
+			conn, err = net.DialTimeout("tcp", addr, c.Timeout())
+		}
+		if err != nil {
+			return nil, fmt.Errorf("bench: tcp: %w", err)
+		}
+		tc := conn.(*net.TCPConn)
+		tc.SetNoDelay(true)
+		tc.SetReadBuffer(inter.DefaultSockBuf)
+		tc.SetWriteBuffer(inter.DefaultSockBuf)
+		defer tc.Close()
+		conns[i] = tc
+	}
+	// agree returns the larger of the two ranks' x, so that both ranks
+	// choose the same iteration counts.
+	agree := func(x float64) (float64, error) {
+		both := make([]float64, 2)
+		err := collective.AllGatherOf(ctx, c, both, []float64{x})
+		return max(both[0], both[1]), err
+	}
+	var res []TCPResult
+
+	// Latency: 8-byte ping-pong on the first connection.
+	var b [8]byte
+	pingPong := func() error {
+		var err error
+		if c.Rank() == 1 {
+			if _, err = conns[0].Write(b[:]); err == nil {
+				_, err = io.ReadFull(conns[0], b[:])
+			}
+		} else if _, err = io.ReadFull(conns[0], b[:]); err == nil {
+			_, err = conns[0].Write(b[:])
+		}
+		return err
+	}
+	t0 := time.Now()
+	for range 100 {
+		if err := pingPong(); err != nil {
+			return nil, err
+		}
+	}
+	per, err := agree(time.Since(t0).Seconds() / 100)
+	if err != nil {
+		return nil, err
+	}
+	iters := min(max(1000, int(minTime.Seconds()/per)), 200_000)
+	times := make([]float64, iters)
+	for i := range times {
+		t0 := time.Now()
+		if err := pingPong(); err != nil {
+			return nil, err
+		}
+		times[i] = float64(time.Since(t0).Nanoseconds()) / 2e3
+	}
+	lat, err := agree(Median(times))
+	if err != nil {
+		return nil, err
+	}
+	res = append(res, TCPResult{S: 8, Channels: 1, Median: lat})
+
+	// Bandwidth: rank 1 sends n bytes, rank 0 acknowledges with one.
+	for _, n := range sizes {
+		buf, out := make([]byte, n), make([]byte, n)
+		once := func() (float64, error) {
+			if err := c.Barrier(ctx); err != nil {
+				return 0, err
+			}
+			t0 := time.Now()
+			errs := make(chan error, 2*channels)
+			for ch, conn := range conns {
+				lo, hi := int64(ch)*n/int64(channels), int64(ch+1)*n/int64(channels)
+				if duplex {
+					go func() { _, err := conn.Write(out[lo:hi]); errs <- err }()
+					go func() { _, err := io.ReadFull(conn, buf[lo:hi]); errs <- err }()
+					continue
+				}
+				go func() {
+					var ack [1]byte
+					var err error
+					if c.Rank() == 1 {
+						if _, err = conn.Write(buf[lo:hi]); err == nil {
+							_, err = io.ReadFull(conn, ack[:])
+						}
+					} else if _, err = io.ReadFull(conn, buf[lo:hi]); err == nil {
+						_, err = conn.Write(ack[:])
+					}
+					errs <- err
+				}()
+			}
+			var first error
+			waits := channels
+			if duplex {
+				waits *= 2
+			}
+			for range waits {
+				if err := <-errs; err != nil && first == nil {
+					first = err
+				}
+			}
+			return float64(time.Since(t0).Nanoseconds()) / 1e3, first
+		}
+		t, err := once() // warm-up, and the estimate for the count
+		if err != nil {
+			return nil, err
+		}
+		if t, err = agree(t); err != nil {
+			return nil, err
+		}
+		iters := min(max(5, int(float64(minTime.Microseconds())/t)), 1000)
+		ts := make([]float64, iters)
+		for i := range ts {
+			if ts[i], err = once(); err != nil {
+				return nil, err
+			}
+		}
+		m, err := agree(Median(ts))
+		if err != nil {
+			return nil, err
+		}
+		res = append(res, TCPResult{S: n, Channels: channels, Duplex: duplex, Median: m, GBps: float64(n) / (m * 1e-6) / 1e9})
+	}
+	return res, nil
+}

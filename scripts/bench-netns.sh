@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# make bench-netns: AllGather across two network namespaces (veth), beside
+# raw TCP and OpenMPI's TCP transport over the same link. Needs root and
+# iproute2; OpenMPI where installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}/bench-netns
+mkdir -p "$OUT"
+. scripts/netns.sh
+netns_up 2
+strip() { sed 's/^\[0\]: //'; }
+
+echo "== raw TCP across the veth link (slimebench tcp)"
+netns_run 2 1 29500 bin/slimebench tcp | strip | tee "$OUT/tcp.txt"
+netns_run 2 1 29501 bin/slimebench tcp --csv | strip > "$OUT/tcp.csv"
+
+echo "== slimego AllGather, 2 nodes x 1 rank"
+netns_run 2 1 29502 bin/slimebench allgather --mode inter --quiet --csv | strip > "$OUT/slimego-2x1.csv"
+
+if command -v mpirun >/dev/null && [ -x bin/allgather_mpi ]; then
+  echo "== OpenMPI MPI_Allgather over TCP, 2 nodes x 1 rank"
+  # mpirun runs in node 0's namespace; its launch agent starts the remote
+  # daemon in node 1's.
+  cat > "$OUT/rsh-agent" <<AGENT
+#!/bin/sh
+host=\$1; shift
+while [ "\${host#-}" != "\$host" ]; do host=\$1; shift; done
+exec ip netns exec $(netns_name 1) sh -c "\$*"
+AGENT
+  chmod +x "$OUT/rsh-agent"
+  if ip netns exec "$(netns_name 0)" mpirun --allow-run-as-root -np 2 --host "$(netns_addr 0):1,$(netns_addr 1):1" \
+      --mca plm_rsh_agent "$PWD/$OUT/rsh-agent" --mca btl self,tcp --mca btl_tcp_if_include 192.0.2.0/24 \
+      --mca oob_tcp_if_include 192.0.2.0/24 bin/allgather_mpi -m inter 2>"$OUT/openmpi.err" > "$OUT/openmpi-2x1.csv"; then
+    :
+  else
+    echo "OpenMPI across namespaces failed (see $OUT/openmpi.err)"; rm -f "$OUT/openmpi-2x1.csv"
+  fi
+fi
+
+echo "== slimego AllGather, 2 nodes x 2 ranks: rail-aligned hierarchical vs flat ring"
+netns_run 2 2 29503 bin/slimebench allgather --mode inter --quiet --csv -b 64K -e 64M -f 4 | strip > "$OUT/slimego-2x2-hier.csv"
+SLIME_ALGO=ring netns_run 2 2 29504 bin/slimebench allgather --mode inter --quiet --csv -b 64K -e 64M -f 4 | strip \
+  | sed 's/^slimego/slimego-ring/' > "$OUT/slimego-2x2-ring.csv"
+
+echo; echo "== 2 x 1: slimego vs OpenMPI (TCP)"
+bin/slimebench compare "$OUT/slimego-2x1.csv" $(ls "$OUT"/openmpi-2x1.csv 2>/dev/null) | tee "$OUT/compare-2x1.txt" || true
+echo; echo "== 2 x 2: hierarchical vs ring"
+bin/slimebench compare "$OUT/slimego-2x2-hier.csv" "$OUT/slimego-2x2-ring.csv" | tee "$OUT/compare-2x2.txt"
