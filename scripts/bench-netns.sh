@@ -12,7 +12,7 @@ strip() { sed 's/^\[0\]: //'; }
 
 echo "== raw TCP across the veth link (slimebench tcp)"
 netns_run 2 1 29500 bin/slimebench tcp | strip | tee "$OUT/tcp.txt"
-netns_run 2 1 29501 bin/slimebench tcp --csv | strip > "$OUT/tcp.csv"
+netns_run 2 1 29501 bin/slimebench tcp --csv --channels 2 -b 1M -e 64M -f 4 | strip > "$OUT/tcp.csv"
 
 echo "== slimego AllGather, 2 nodes x 1 rank"
 netns_run 2 1 29502 bin/slimebench allgather --mode inter --quiet --csv | strip > "$OUT/slimego-2x1.csv"
@@ -46,3 +46,10 @@ echo; echo "== 2 x 1: slimego vs OpenMPI (TCP)"
 bin/slimebench compare "$OUT/slimego-2x1.csv" $(ls "$OUT"/openmpi-2x1.csv 2>/dev/null) | tee "$OUT/compare-2x1.txt" || true
 echo; echo "== 2 x 2: hierarchical vs ring"
 bin/slimebench compare "$OUT/slimego-2x2-hier.csv" "$OUT/slimego-2x2-ring.csv" | tee "$OUT/compare-2x2.txt"
+
+echo; echo "== 2 x 1: slimego busbw against the link (duplex TCP, 2 connections, as the transport uses)"
+awk -F, 'FNR == 1 { next }
+  FILENAME ~ /tcp.csv$/ && $1 == "tcp-2-duplex" { link[$6] = $9 }
+  FILENAME ~ /slimego-2x1.csv$/ && $1 == "slimego" { bus[$6] = $9 }
+  END { for (s in bus) if (s in link) printf "%10d B per rank: busbw %.3f GB/s, link %.3f GB/s per direction: %.0f%%\n", s, bus[s], link[s], 100 * bus[s] / link[s] }' \
+  "$OUT/tcp.csv" "$OUT/slimego-2x1.csv" | sort -n | tee "$OUT/summary.txt"
