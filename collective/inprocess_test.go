@@ -18,6 +18,14 @@ import (
 // processes.
 func inProcess(t *testing.T, P int, body func(c *collective.Communicator) error) {
 	t.Helper()
+	inProcessNodes(t, 1, P, nil, body)
+}
+
+// inProcessNodes lays the in-process ranks out on nodes (each node's ranks
+// share memory; nodes talk TCP over loopback).
+func inProcessNodes(t *testing.T, nodes, perNode int, tune func(*collective.Options), body func(c *collective.Communicator) error) {
+	t.Helper()
+	P := nodes * perNode
 	srv, err := rendezvous.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -32,10 +40,15 @@ func inProcess(t *testing.T, P int, body func(c *collective.Communicator) error)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := collective.Init(ctx, collective.Options{
-				Rank: r, WorldSize: P, MasterAddr: "127.0.0.1", MasterPort: srv.Port(), AgentStore: true,
+			o := collective.Options{
+				Rank: r, WorldSize: P, LocalRank: r % perNode, LocalWorldSize: perNode, NodeRank: r / perNode,
+				MasterAddr: "127.0.0.1", MasterPort: srv.Port(), AgentStore: true,
 				RunID: runID, Timeout: 20 * time.Second,
-			})
+			}
+			if tune != nil {
+				tune(&o)
+			}
+			c, err := collective.Init(ctx, o)
 			if err != nil {
 				errs[r] = err
 				return
@@ -170,3 +183,66 @@ func TestContextCancel(t *testing.T) {
 		return nil
 	})
 }
+
+// TestNodesInProcess runs the inter-node algorithms under the race
+// detector, and checks that their planned runs allocate nothing.
+func TestNodesInProcess(t *testing.T) {
+	for _, algo := range []string{"hier", "ring"} {
+		t.Run(algo, func(t *testing.T) {
+			inProcessNodes(t, 2, 2, func(o *collective.Options) { o.Algo = algo }, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				P, me := c.Size(), c.Rank()
+				if c.Nodes() != 2 {
+					return fmt.Errorf("%d nodes", c.Nodes())
+				}
+				for _, n := range []int{0, 3, 70_000, 300_001} {
+					src, dst := make([]byte, n), make([]byte, P*n)
+					plan, err := c.Plan(dst, src)
+					if err != nil {
+						return err
+					}
+					for it := range 3 {
+						pattern.Fill(src, pattern.Seed(me, it, 1))
+						if err := plan.Run(ctx); err != nil {
+							return err
+						}
+						for r := range P {
+							if i := pattern.Check(dst[r*n:r*n+n], pattern.Seed(r, it, 1)); i >= 0 {
+								return fmt.Errorf("%d bytes: rank %d's block wrong at %d", n, r, i)
+							}
+						}
+					}
+					// Rank 0 measures while the others run as often
+					// (AllocsPerRun runs once more than asked, to warm up).
+					// The count is process-wide: an allocation on any rank
+					// shows.
+					if me != 0 {
+						for range runsForAllocs {
+							if err := plan.Run(ctx); err != nil {
+								return err
+							}
+						}
+						continue
+					}
+					var runErr error
+					allocs := testing.AllocsPerRun(runsForAllocs-1, func() {
+						if err := plan.Run(ctx); err != nil {
+							runErr = err
+						}
+					})
+					if runErr != nil {
+						return runErr
+					}
+					if allocs != 0 {
+						return fmt.Errorf("%d bytes: a planned run allocated %v times", n, allocs)
+					}
+				}
+				return c.Barrier(ctx)
+			})
+		})
+	}
+}
+
+// runsForAllocs is long enough that the runtime's own one-time allocations
+// (a garbage collection starting its workers) average out below one per run.
+const runsForAllocs = 201
