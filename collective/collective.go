@@ -282,6 +282,19 @@ func (c *Communicator) LocalSize() int { return c.opts.LocalWorldSize }
 func (c *Communicator) NodeRank() int { return c.opts.NodeRank }
 func (c *Communicator) Nodes() int    { return c.nodes }
 
+// Describe says how the communicator moves data across nodes, for reports:
+// empty on one node.
+func (c *Communicator) Describe() string {
+	if c.net == nil {
+		return ""
+	}
+	ch := c.opts.Channels
+	if ch <= 0 {
+		ch = inter.DefaultChannels
+	}
+	return fmt.Sprintf(" algo=%s channels=%d", c.opts.Algo, ch)
+}
+
 // Timeout is the bound on every wait.
 func (c *Communicator) Timeout() time.Duration { return c.opts.Timeout }
 

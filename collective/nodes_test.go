@@ -106,7 +106,28 @@ func runNodesOn(t *testing.T, pl placement, env []string, nodes, perNode int, ki
 			t.Errorf("job left /dev/shm/%s", e.Name())
 		}
 	}
+	for _, pid := range jobProcesses(runID) {
+		t.Errorf("job left process %d running", pid)
+	}
 	return j
+}
+
+// jobProcesses lists the processes whose environment names the run: the
+// workers slimerun started for it.
+func jobProcesses(runID string) []int {
+	var pids []int
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + p.Name() + "/environ")
+		if err == nil && bytes.Contains(env, []byte("\x00SLIME_RUN_ID="+runID+"\x00")) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 func TestAcrossNodesLoopback(t *testing.T) {

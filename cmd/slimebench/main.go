@@ -110,6 +110,8 @@ func allgather(args []string) error {
 	backend := fs.String("backend", "auto", "cpu, cuda or auto")
 	eager := fs.Bool("eager-mode", false, "launch without CUDA graphs (the CPU backend always does)")
 	buffers := fs.String("buffers", "symmetric", "symmetric (Communicator.Alloc, read in place) or plain (staged)")
+	channels := fs.Int("channels", 0, "TCP connections per peer pair across nodes (default: SLIME_CHANNELS, else 2)")
+	algo := fs.String("algo", "", "across nodes: hier or ring (default: SLIME_ALGO, else hier)")
 	asCSV := fs.Bool("csv", false, "print CSV instead of the table")
 	asJSON := fs.Bool("json", false, "print JSON instead of the table")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
@@ -131,7 +133,7 @@ func allgather(args []string) error {
 		return fmt.Errorf("--buffers %q: want symmetric or plain", *buffers)
 	}
 	ctx := context.Background()
-	c, err := collective.Init(ctx, collective.Options{Backend: kind})
+	c, err := collective.Init(ctx, collective.Options{Backend: kind, Channels: *channels, Algo: *algo})
 	if err != nil {
 		return err
 	}
@@ -177,7 +179,7 @@ func allgather(args []string) error {
 	if *eager {
 		graph = "eager (--eager-mode)"
 	}
-	bench.WriteTable(os.Stdout, rs, fmt.Sprintf("slimego allgather: P=%d nodes=%d backend=cpu mode=%s buffers=%s launch=%s", c.Size(), c.Nodes(), m, *buffers, graph))
+	bench.WriteTable(os.Stdout, rs, fmt.Sprintf("slimego allgather: P=%d nodes=%d backend=cpu mode=%s buffers=%s launch=%s%s", c.Size(), c.Nodes(), m, *buffers, graph, c.Describe()))
 	for _, r := range rs {
 		if r.Wrong != 0 {
 			return fmt.Errorf("%d wrong bytes", r.Wrong)
