@@ -80,18 +80,29 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
 		defer cancel()
 	}
-	c := &Communicator{opts: o, nodes: o.WorldSize / o.LocalWorldSize}
+	c := &Communicator{opts: o}
 	if err := c.connect(ctx); err != nil {
 		c.Close()
 		return nil, err
 	}
+	lay, err := c.exchangeLayout(ctx)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.nodes = len(lay.members)
+	if c.opts.Algo, err = chooseAlgo(o, lay); err != nil {
+		c.Close()
+		return nil, err
+	}
+	o = c.opts
 	node, err := intra.New(ctx, intra.Config{
 		Store:       c.store,
-		Key:         c.key("node" + strconv.Itoa(o.NodeRank)),
+		Key:         c.key("node" + strconv.Itoa(lay.myNode)),
 		ShmPrefix:   shm.JobPrefix(o.RunID) + o.Name + "-",
 		Rank:        o.LocalRank,
 		Size:        o.LocalWorldSize,
-		Ranks:       localRanks(o),
+		Ranks:       lay.members[lay.myNode],
 		Timeout:     o.Timeout,
 		SlotBytes:   o.SlotBytes,
 		Slots:       o.Slots,
@@ -104,7 +115,7 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		return nil, err
 	}
 	c.node = node
-	if c.nodes > 1 || o.Algo == "ring" {
+	if o.Algo != "intra" {
 		if err := c.connectNodes(ctx); err != nil {
 			c.Close()
 			return nil, err
@@ -117,14 +128,6 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize, o.NodeRank, c.nodes, c.storeAddr(), o.RunID, o.Timeout, o.Algo)
 	}
 	return c, nil
-}
-
-func localRanks(o Options) []int {
-	r := make([]int, o.LocalWorldSize)
-	for i := range r {
-		r[i] = o.NodeRank*o.LocalWorldSize + i
-	}
-	return r
 }
 
 func merge(opts, env Options) Options {
@@ -159,7 +162,7 @@ func merge(opts, env Options) Options {
 		o.Backend = env.Backend
 	}
 	o.Debug = pick(o.Debug, env.Debug)
-	o.Algo = pick(pick(o.Algo, env.Algo), "hier")
+	o.Algo = pick(pick(o.Algo, env.Algo), "auto")
 	o.SocketIfName = pick(o.SocketIfName, env.SocketIfName)
 	if o.Channels == 0 {
 		o.Channels = env.Channels
@@ -181,8 +184,8 @@ func (o Options) validate() error {
 		return bad("world size %d", o.WorldSize)
 	case o.Rank < 0 || o.Rank >= o.WorldSize:
 		return bad("rank %d is not in [0, %d)", o.Rank, o.WorldSize)
-	case o.LocalWorldSize < 1 || o.WorldSize%o.LocalWorldSize != 0:
-		return bad("local world size %d does not divide world size %d", o.LocalWorldSize, o.WorldSize)
+	case o.LocalWorldSize < 1 || o.LocalWorldSize > o.WorldSize:
+		return bad("local world size %d with world size %d", o.LocalWorldSize, o.WorldSize)
 	case o.LocalRank < 0 || o.LocalRank >= o.LocalWorldSize:
 		return bad("local rank %d is not in [0, %d)", o.LocalRank, o.LocalWorldSize)
 	case o.WorldSize > 1 && o.MasterAddr == "":
@@ -191,8 +194,8 @@ func (o Options) validate() error {
 		return bad("master port %d", o.MasterPort)
 	case o.RunID == "":
 		return bad("no run id")
-	case o.Algo != "hier" && o.Algo != "ring":
-		return bad("algorithm %q (want hier or ring)", o.Algo)
+	case o.Algo != "auto" && o.Algo != "hier" && o.Algo != "ring":
+		return bad("algorithm %q (want auto, hier or ring)", o.Algo)
 	}
 	return nil
 }
@@ -315,7 +318,8 @@ func (c *Communicator) Close() error {
 		c.store = nil
 	}
 	if c.server != nil {
-		c.server.Close()
+		// This rank hosts the store: let the others finish with it.
+		c.server.Shutdown(min(c.opts.Timeout, 10*time.Second))
 		c.server = nil
 	}
 	return nil

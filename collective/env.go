@@ -44,9 +44,10 @@ type Options struct {
 	// Debug is "", "INFO" or "TRACE" (SLIME_DEBUG): what Init logs to
 	// stderr.
 	Debug string
-	// Algo is the algorithm across nodes: "hier" (rail-aligned
-	// hierarchical, the default) or "ring" (a flat ring over TCP)
-	// (SLIME_ALGO).
+	// Algo is the algorithm across nodes (SLIME_ALGO): "hier" (rail-aligned
+	// hierarchical; needs the same number of ranks on every node, laid out
+	// node by node), "ring" (a flat ring over TCP, any layout) or "auto"
+	// (the default: hier where the layout allows it, ring elsewhere).
 	Algo string
 	// SocketIfName names the network interface for inter-node traffic
 	// (SLIME_SOCKET_IFNAME; default: the one that reaches MASTER_ADDR).
@@ -136,9 +137,6 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	if o.LocalWorldSize == 0 || o.LocalRank >= o.LocalWorldSize {
 		return bad("local rank %d of local world size %d", o.LocalRank, o.LocalWorldSize)
 	}
-	if o.WorldSize%o.LocalWorldSize != 0 {
-		return bad("world size %d is not a multiple of the local world size %d", o.WorldSize, o.LocalWorldSize)
-	}
 	nodeRank, nodeVar, err := first("GROUP_RANK", "SLURM_NODEID")
 	if err != nil {
 		return bad("%v", err)
@@ -146,10 +144,9 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	if nodeVar == "" {
 		nodeRank = o.Rank / o.LocalWorldSize
 	}
+	// Nodes may differ in size (Slurm's uneven task counts): Init learns
+	// the whole layout from the ranks themselves.
 	o.NodeRank = nodeRank
-	if o.NodeRank*o.LocalWorldSize+o.LocalRank != o.Rank {
-		return bad("rank %d is not local rank %d of node %d with %d ranks per node (ranks must be laid out node by node)", o.Rank, o.LocalRank, o.NodeRank, o.LocalWorldSize)
-	}
 	o.MasterAddr = strings.TrimSpace(getenv("MASTER_ADDR"))
 	if o.MasterAddr == "" && o.WorldSize > 1 {
 		return bad("MASTER_ADDR is not set (the host of rank 0, or of the launcher's store)")
@@ -191,8 +188,8 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	}
 	o.Debug = strings.ToUpper(strings.TrimSpace(getenv("SLIME_DEBUG")))
 	o.Algo = strings.ToLower(strings.TrimSpace(getenv("SLIME_ALGO")))
-	if o.Algo != "" && o.Algo != "hier" && o.Algo != "ring" {
-		return bad("SLIME_ALGO=%q: want hier or ring", o.Algo)
+	if o.Algo != "" && o.Algo != "auto" && o.Algo != "hier" && o.Algo != "ring" {
+		return bad("SLIME_ALGO=%q: want auto, hier or ring", o.Algo)
 	}
 	o.SocketIfName = strings.TrimSpace(getenv("SLIME_SOCKET_IFNAME"))
 	if v, ok, err := num("SLIME_CHANNELS"); err != nil {

@@ -2,6 +2,7 @@ package collective
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -53,8 +54,8 @@ func TestLoadEnvErrors(t *testing.T) {
 		{map[string]string{"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR is not set"},
 		{map[string]string{"RANK": "x", "WORLD_SIZE": "2"}, `RANK="x" is not a non-negative integer`},
 		{map[string]string{"WORLD_SIZE": "2", "MASTER_ADDR": "x"}, "no rank variable"},
-		{map[string]string{"RANK": "0", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "x"}, "not a multiple"},
-		{map[string]string{"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1", "MASTER_ADDR": "x"}, "laid out node by node"},
+		{map[string]string{"RANK": "0", "WORLD_SIZE": "6", "LOCAL_RANK": "4", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "x"}, "local rank 4 of local world size 4"},
+		{map[string]string{"SLIME_ALGO": "tree"}, "SLIME_ALGO"},
 		{map[string]string{"MASTER_PORT": "70000"}, "not a TCP port"},
 		{map[string]string{"SLIME_TIMEOUT": "-3s"}, "SLIME_TIMEOUT"},
 		{map[string]string{"SLIME_BACKEND": "tpu"}, "unknown backend"},
@@ -64,6 +65,49 @@ func TestLoadEnvErrors(t *testing.T) {
 		_, err := LoadEnv(func(k string) string { return tc.env[k] })
 		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err = %v; want ErrInvalid containing %q", tc.env, err, tc.want)
+		}
+	}
+}
+
+func TestBuildLayout(t *testing.T) {
+	type w struct{ node, local, size int }
+	cases := []struct {
+		name    string
+		ranks   []w
+		nodes   []int // ranks per node
+		uniform bool
+		err     string
+	}{
+		{"one node", []w{{0, 0, 3}, {0, 1, 3}, {0, 2, 3}}, []int{3}, true, ""},
+		{"2x2", []w{{0, 0, 2}, {0, 1, 2}, {1, 0, 2}, {1, 1, 2}}, []int{2, 2}, true, ""},
+		{"uneven", []w{{0, 0, 2}, {0, 1, 2}, {1, 0, 1}}, []int{2, 1}, false, ""},
+		{"interleaved", []w{{0, 0, 2}, {1, 0, 2}, {0, 1, 2}, {1, 1, 2}}, []int{2, 2}, false, ""},
+		{"sparse node ids", []w{{7, 0, 1}, {3, 0, 1}}, []int{1, 1}, false, ""},
+		{"duplicate local rank", []w{{0, 0, 2}, {0, 0, 2}}, nil, false, "local rank 0 of 2"},
+		{"wrong local size", []w{{0, 0, 3}, {0, 1, 3}}, nil, false, "node 0 has 2 ranks"},
+	}
+	for _, tc := range cases {
+		at := func(r int) (int, int, int) { return tc.ranks[r].node, tc.ranks[r].local, tc.ranks[r].size }
+		lay, err := buildLayout(0, at, len(tc.ranks))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: err = %v, want %q", tc.name, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		if got := nodeSizes(lay); fmt.Sprint(got) != fmt.Sprint(tc.nodes) || lay.uniform != tc.uniform {
+			t.Errorf("%s: nodes %v uniform %v; want %v, %v", tc.name, got, lay.uniform, tc.nodes, tc.uniform)
+		}
+		for _, m := range lay.members {
+			for local, r := range m {
+				if tc.ranks[r].local != local {
+					t.Errorf("%s: members %v out of local order", tc.name, lay.members)
+				}
+			}
 		}
 	}
 }

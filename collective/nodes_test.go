@@ -211,3 +211,65 @@ func TestMissingNodeNamed(t *testing.T) {
 		t.Fatalf("err %v\n%s", err, out)
 	}
 }
+
+// startRanks starts agcheck once per entry of layout (each rank's node),
+// with the environment a launcher such as srun would give: nodes of
+// different sizes, no launcher store (rank 0 hosts it).
+func startRanks(t *testing.T, nodeOf []int, env []string, args ...string) ([]string, []int) {
+	t.Helper()
+	port := strconv.Itoa(freePort(t))
+	runID := fmt.Sprintf("u%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	P := len(nodeOf)
+	size := map[int]int{}
+	local := make([]int, P)
+	for r, n := range nodeOf {
+		local[r] = size[n]
+		size[n]++
+	}
+	outs := make([]bytes.Buffer, P)
+	cmds := make([]*exec.Cmd, P)
+	for r := range P {
+		cmd := exec.Command(filepath.Join(bin, "agcheck"), args...)
+		cmd.Env = append(cleanEnv(), append([]string{
+			"RANK=" + strconv.Itoa(r), "WORLD_SIZE=" + strconv.Itoa(P),
+			"LOCAL_RANK=" + strconv.Itoa(local[r]), "LOCAL_WORLD_SIZE=" + strconv.Itoa(size[nodeOf[r]]),
+			"GROUP_RANK=" + strconv.Itoa(nodeOf[r]), "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port,
+			"SLIME_RUN_ID=" + runID, "SLIME_TIMEOUT=30"}, env...)...)
+		cmd.Stdout, cmd.Stderr = &outs[r], &outs[r]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[r] = cmd
+	}
+	codes := make([]int, P)
+	out := make([]string, P)
+	for r, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			if ee, ok := err.(*exec.ExitError); ok {
+				codes[r] = ee.ExitCode()
+			} else {
+				codes[r] = -1
+			}
+		}
+		out[r] = outs[r].String()
+	}
+	return out, codes
+}
+
+// TestUnevenNodes: nodes of 2, 1 and 3 ranks (as Slurm lays out uneven task
+// counts) run the ring across nodes, chosen automatically.
+func TestUnevenNodes(t *testing.T) {
+	out, codes := startRanks(t, []int{0, 0, 1, 2, 2, 2}, nil, "--sizes", "0,7,4096,1048579", "--iters", "1", "--plan-runs", "50")
+	for r, o := range out {
+		if codes[r] != 0 || !strings.Contains(o, fmt.Sprintf("PASS rank %d", r)) {
+			t.Errorf("rank %d: exit %d\n%s", r, codes[r], o)
+		}
+	}
+	// Asking for the hierarchical algorithm there is a clear error.
+	out, codes = startRanks(t, []int{0, 0, 1}, []string{"SLIME_ALGO=hier"})
+	for r, o := range out {
+		if codes[r] == 0 || !strings.Contains(o, "needs the same number of ranks on every node") {
+			t.Errorf("rank %d with SLIME_ALGO=hier: exit %d\n%s", r, codes[r], o)
+		}
+	}
+}

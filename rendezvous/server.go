@@ -46,6 +46,23 @@ func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 // Port is the TCP port the server listens on.
 func (s *Server) Port() int { return s.ln.Addr().(*net.TCPAddr).Port }
 
+// Shutdown stops accepting, then waits up to grace for the clients to hang
+// up (a rank hosting the store lets the others finish with it), and closes.
+func (s *Server) Shutdown(grace time.Duration) error {
+	s.ln.Close()
+	deadline := time.Now().Add(grace)
+	for time.Now().Before(deadline) {
+		s.mu.Lock()
+		n := len(s.conns)
+		s.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return s.Close()
+}
+
 // Close stops the server, drops every client connection and wakes every
 // blocked request. It waits for the server's goroutines to end.
 func (s *Server) Close() error {
@@ -55,7 +72,8 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
-	err := s.ln.Close()
+	s.ln.Close()
+	var err error
 	for c := range s.conns {
 		c.Close()
 	}

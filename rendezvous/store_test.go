@@ -259,3 +259,17 @@ func TestBarrierNamesMissing(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestShutdownWaitsForClients(t *testing.T) {
+	s, dial := start(t)
+	c := dial()
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		c.Close()
+	}()
+	start := time.Now()
+	s.Shutdown(5 * time.Second)
+	if d := time.Since(start); d < 80*time.Millisecond || d > 3*time.Second {
+		t.Fatalf("Shutdown returned after %v; the client hung up after 100ms", d)
+	}
+}
