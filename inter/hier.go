@@ -3,10 +3,9 @@ package inter
 import (
 	"context"
 	"errors"
-	"hash/fnv"
 	"time"
-	"unsafe"
 
+	"github.com/slimego/slimego/internal/callhash"
 	"github.com/slimego/slimego/internal/fault"
 	"github.com/slimego/slimego/intra"
 )
@@ -65,28 +64,13 @@ func (o *HierOp) Set(dst, src []byte, sizes, offs []int) error {
 	if h.broken != nil {
 		return h.broken
 	}
-	P := h.nodes * h.local
-	if len(sizes) != P || len(offs) != P {
-		return fault.New(o.name, h.rank, -1, fault.ErrInvalid, "%d sizes and %d offsets for %d ranks", len(sizes), len(offs), P)
-	}
-	for r := range P {
-		if sizes[r] < 0 || offs[r] < 0 || offs[r]+sizes[r] > len(dst) {
-			return fault.New(o.name, h.rank, -1, fault.ErrInvalid, "block of rank %d (%d bytes at %d) does not fit the %d-byte destination", r, sizes[r], offs[r], len(dst))
-		}
-	}
-	if len(src) != sizes[h.rank] {
-		return fault.New(o.name, h.rank, -1, fault.ErrInvalid, "source holds %d bytes, this rank's block is %d", len(src), sizes[h.rank])
+	if err := checkCall(o.name, h.rank, h.nodes*h.local, dst, src, sizes, offs); err != nil {
+		return err
 	}
 	copy(o.sizes, sizes)
 	copy(o.offs, offs)
 	o.dst, o.src = dst, src
-	hs := fnv.New64a()
-	hs.Write([]byte(o.name))
-	for _, n := range sizes {
-		v := uint64(n)
-		hs.Write((*[8]byte)(unsafe.Pointer(&v))[:])
-	}
-	o.hash = hs.Sum64()
+	o.hash = callhash.Sum(o.name, sizes)
 	for k, b := range h.order {
 		for j := range h.local {
 			o.sb[j], o.ob[j] = sizes[b*h.local+j], offs[b*h.local+j]
@@ -194,4 +178,20 @@ func (h *Hier) Barrier(ctx context.Context) error {
 		h.barrier = op
 	}
 	return h.barrier.Run(ctx)
+}
+
+// checkCall validates one rank's arguments to an all-gather over P ranks.
+func checkCall(op string, rank, P int, dst, src []byte, sizes, offs []int) error {
+	if len(sizes) != P || len(offs) != P {
+		return fault.New(op, rank, -1, fault.ErrInvalid, "%d sizes and %d offsets for %d ranks", len(sizes), len(offs), P)
+	}
+	for r := range P {
+		if sizes[r] < 0 || offs[r] < 0 || offs[r]+sizes[r] > len(dst) {
+			return fault.New(op, rank, -1, fault.ErrInvalid, "block of rank %d (%d bytes at %d) does not fit the %d-byte destination", r, sizes[r], offs[r], len(dst))
+		}
+	}
+	if len(src) != sizes[rank] {
+		return fault.New(op, rank, -1, fault.ErrInvalid, "source holds %d bytes, this rank's block is %d", len(src), sizes[rank])
+	}
+	return nil
 }

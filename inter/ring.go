@@ -3,10 +3,9 @@ package inter
 import (
 	"context"
 	"errors"
-	"hash/fnv"
 	"time"
-	"unsafe"
 
+	"github.com/slimego/slimego/internal/callhash"
 	"github.com/slimego/slimego/internal/fault"
 )
 
@@ -63,24 +62,13 @@ func (o *RingOp) Set(dst, src []byte, sizes, offs []int) error {
 	if r.broken != nil {
 		return r.broken
 	}
-	if len(sizes) != r.p || len(offs) != r.p || len(src) != sizes[r.rank] {
-		return fault.New(o.name, r.rank, -1, fault.ErrInvalid, "%d sizes, %d offsets for %d ranks; source of %d bytes", len(sizes), len(offs), r.p, len(src))
-	}
-	for q := range r.p {
-		if sizes[q] < 0 || offs[q] < 0 || offs[q]+sizes[q] > len(dst) {
-			return fault.New(o.name, r.rank, -1, fault.ErrInvalid, "block of rank %d does not fit the %d-byte destination", q, len(dst))
-		}
+	if err := checkCall(o.name, r.rank, r.p, dst, src, sizes, offs); err != nil {
+		return err
 	}
 	copy(o.sizes, sizes)
 	copy(o.offs, offs)
 	o.dst, o.src = dst, src
-	hs := fnv.New64a()
-	hs.Write([]byte(o.name))
-	for _, n := range sizes {
-		v := uint64(n)
-		hs.Write((*[8]byte)(unsafe.Pointer(&v))[:])
-	}
-	o.hash = hs.Sum64()
+	o.hash = callhash.Sum(o.name, sizes)
 	return nil
 }
 

@@ -3,10 +3,10 @@ package intra
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/slimego/slimego/internal/callhash"
 	"github.com/slimego/slimego/internal/fault"
 )
 
@@ -60,18 +60,14 @@ func (o *Op) Set(dst, src []byte, sizes, offs []int) error {
 	if len(src) != sizes[g.rank] {
 		return bad("source holds %d bytes, this rank's block is %d", len(src), sizes[g.rank])
 	}
-	h := fnv.New64a()
-	var w [8]byte
 	for p := range g.size {
 		if sizes[p] < 0 || offs[p] < 0 || offs[p]+sizes[p] > len(dst) {
 			return bad("block of rank %d (%d bytes at offset %d) does not fit the %d-byte destination", g.global(p), sizes[p], offs[p], len(dst))
 		}
-		*(*uint64)(unsafe.Pointer(&w)) = uint64(sizes[p])
-		h.Write(w[:])
 	}
 	copy(o.sizes, sizes)
 	copy(o.offs, offs)
-	o.dst, o.src, o.hash = dst, src, h.Sum64()
+	o.dst, o.src, o.hash = dst, src, callhash.Sum(o.name, sizes)
 	o.inPlace = false
 	if n := len(src); n > 0 {
 		own := dst[offs[g.rank] : offs[g.rank]+n]
@@ -354,7 +350,6 @@ func (g *Group) Barrier(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		op.hash ^= 0xba44 // a barrier never matches an all-gather
 		g.barrier = op
 	}
 	return g.barrier.Run(ctx)
