@@ -131,22 +131,9 @@ func TestPlanRunAllocatesNothing(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if c.Rank() != 0 {
-				for range runsForAllocs { // AllocsPerRun runs once more to warm up
-					if err := plan.Run(ctx); err != nil {
-						return err
-					}
-				}
-				continue
-			}
-			var runErr error
-			allocs := testing.AllocsPerRun(runsForAllocs-1, func() {
-				if err := plan.Run(ctx); err != nil {
-					runErr = err
-				}
-			})
-			if runErr != nil {
-				return runErr
+			allocs, err := allocsPerRun(c, func() error { return plan.Run(ctx) })
+			if err != nil {
+				return err
 			}
 			if allocs != 0 {
 				return fmt.Errorf("Plan.Run allocated %v times per run", allocs)
@@ -154,22 +141,9 @@ func TestPlanRunAllocatesNothing(t *testing.T) {
 		}
 		// The one-shot call re-plans in place: no allocation either.
 		dst, src := make([]byte, P*n), make([]byte, n)
-		if c.Rank() != 0 {
-			for range runsForAllocs {
-				if err := c.AllGather(ctx, dst, src); err != nil {
-					return err
-				}
-			}
-			return c.Barrier(ctx)
-		}
-		var runErr error
-		allocs := testing.AllocsPerRun(runsForAllocs-1, func() {
-			if err := c.AllGather(ctx, dst, src); err != nil {
-				runErr = err
-			}
-		})
-		if runErr != nil {
-			return runErr
+		allocs, err := allocsPerRun(c, func() error { return c.AllGather(ctx, dst, src) })
+		if err != nil {
+			return err
 		}
 		if allocs != 0 {
 			return fmt.Errorf("AllGather allocated %v times per call", allocs)
@@ -234,26 +208,9 @@ func TestNodesInProcess(t *testing.T) {
 							}
 						}
 					}
-					// Rank 0 measures while the others run as often
-					// (AllocsPerRun runs once more than asked, to warm up).
-					// The count is process-wide: an allocation on any rank
-					// shows.
-					if me != 0 {
-						for range runsForAllocs {
-							if err := plan.Run(ctx); err != nil {
-								return err
-							}
-						}
-						continue
-					}
-					var runErr error
-					allocs := testing.AllocsPerRun(runsForAllocs-1, func() {
-						if err := plan.Run(ctx); err != nil {
-							runErr = err
-						}
-					})
-					if runErr != nil {
-						return runErr
+					allocs, err := allocsPerRun(c, func() error { return plan.Run(ctx) })
+					if err != nil {
+						return err
 					}
 					if allocs != 0 {
 						return fmt.Errorf("%d bytes: a planned run allocated %v times", n, allocs)
@@ -263,6 +220,28 @@ func TestNodesInProcess(t *testing.T) {
 			})
 		})
 	}
+}
+
+// allocsPerRun runs fn runsForAllocs times on every rank; rank 0 measures
+// (AllocsPerRun runs once more than asked, to warm up) while the others keep
+// it company, and returns the process-wide allocations per run: an
+// allocation on any rank shows. Other ranks return 0.
+func allocsPerRun(c *collective.Communicator, fn func() error) (float64, error) {
+	if c.Rank() != 0 {
+		for range runsForAllocs {
+			if err := fn(); err != nil {
+				return 0, err
+			}
+		}
+		return 0, nil
+	}
+	var runErr error
+	allocs := testing.AllocsPerRun(runsForAllocs-1, func() {
+		if err := fn(); err != nil && runErr == nil {
+			runErr = err
+		}
+	})
+	return allocs, runErr
 }
 
 // runsForAllocs is long enough that the runtime's own one-time allocations
