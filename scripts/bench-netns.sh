@@ -10,12 +10,17 @@ mkdir -p "$OUT"
 netns_up 2
 strip() { sed 's/^\[0\]: //'; }
 
+REPS=${REPS:-3}
 echo "== raw TCP across the veth link (slimebench tcp)"
 netns_run 2 1 29500 bin/slimebench tcp | strip | tee "$OUT/tcp.txt"
-netns_run 2 1 29501 bin/slimebench tcp --csv --channels 2 -b 1M -e 64M -f 4 | strip > "$OUT/tcp.csv"
 
-echo "== slimego AllGather, 2 nodes x 1 rank"
-netns_run 2 1 29502 bin/slimebench allgather --mode inter --quiet --csv | strip > "$OUT/slimego-2x1.csv"
+# The link and slimego, interleaved REPS times, compared by their medians.
+for i in $(seq "$REPS"); do
+  echo "== run $i of $REPS: duplex TCP, then slimego AllGather, 2 nodes x 1 rank"
+  netns_run 2 1 $((29510 + i)) bin/slimebench tcp --csv --channels 2 | strip \
+    | awk -F, 'NR == 1 || $1 ~ /duplex/' > "$OUT/tcp-duplex.$i.csv"
+  netns_run 2 1 $((29520 + i)) bin/slimebench allgather --mode inter --quiet --csv | strip > "$OUT/slimego-2x1.$i.csv"
+done
 
 if command -v mpirun >/dev/null && [ -x bin/allgather_mpi ]; then
   echo "== OpenMPI MPI_Allgather over TCP, 2 nodes x 1 rank"
@@ -42,14 +47,8 @@ netns_run 2 2 29503 bin/slimebench allgather --mode inter --quiet --csv -b 64K -
 SLIME_ALGO=ring netns_run 2 2 29504 bin/slimebench allgather --mode inter --quiet --csv -b 64K -e 64M -f 4 | strip \
   | sed 's/^slimego/slimego-ring/' > "$OUT/slimego-2x2-ring.csv"
 
-echo; echo "== 2 x 1: slimego vs OpenMPI (TCP)"
-bin/slimebench compare "$OUT/slimego-2x1.csv" $(ls "$OUT"/openmpi-2x1.csv 2>/dev/null) | tee "$OUT/compare-2x1.txt" || true
+echo; echo "== 2 x 1: slimego vs the link (duplex TCP: ratio = busbw / link bandwidth) and OpenMPI (TCP)"
+bin/slimebench compare "$OUT"/slimego-2x1.*.csv "$OUT"/tcp-duplex.*.csv $(ls "$OUT"/openmpi-2x1.csv 2>/dev/null) | tee "$OUT/compare-2x1.txt"
 echo; echo "== 2 x 2: hierarchical vs ring"
 bin/slimebench compare "$OUT/slimego-2x2-hier.csv" "$OUT/slimego-2x2-ring.csv" | tee "$OUT/compare-2x2.txt"
 
-echo; echo "== 2 x 1: slimego busbw against the link (duplex TCP, 2 connections, as the transport uses)"
-awk -F, 'FNR == 1 { next }
-  FILENAME ~ /tcp.csv$/ && $1 == "tcp-2-duplex" { link[$6] = $9 }
-  FILENAME ~ /slimego-2x1.csv$/ && $1 == "slimego" { bus[$6] = $9 }
-  END { for (s in bus) if (s in link) printf "%10d B per rank: busbw %.3f GB/s, link %.3f GB/s per direction: %.0f%%\n", s, bus[s], link[s], 100 * bus[s] / link[s] }' \
-  "$OUT/tcp.csv" "$OUT/slimego-2x1.csv" | sort -n | tee "$OUT/summary.txt"
