@@ -1,0 +1,152 @@
+package device
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// ErrStreamClosed is returned for work given to a closed stream.
+var ErrStreamClosed = errors.New("device: stream closed")
+
+// Stream is an ordered queue of work, as a CUDA stream is: work runs in
+// the order it was enqueued, each item after the previous one finished.
+// On the CPU backend one goroutine runs a stream's work. After an item
+// fails, the stream skips the rest and Synchronize reports the error.
+type Stream struct {
+	q      chan func() error
+	mu     sync.Mutex
+	cond   *sync.Cond
+	queued uint64 // items enqueued
+	done   uint64 // items finished (or skipped)
+	err    error  // first failure
+	closed bool
+}
+
+// NewStream starts a stream.
+func NewStream() *Stream {
+	s := &Stream{q: make(chan func() error, 1024)}
+	s.cond = sync.NewCond(&s.mu)
+	go s.run()
+	return s
+}
+
+func (s *Stream) run() {
+	for fn := range s.q {
+		s.mu.Lock()
+		failed := s.err != nil
+		s.mu.Unlock()
+		var err error
+		if !failed {
+			err = fn()
+		}
+		s.mu.Lock()
+		if err != nil && s.err == nil {
+			s.err = err
+		}
+		s.done++
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	}
+}
+
+// Launch enqueues fn. fn should be made once and launched many times: the
+// stream itself allocates nothing per item.
+func (s *Stream) Launch(fn func() error) {
+	s.mu.Lock()
+	if s.closed {
+		if s.err == nil {
+			s.err = ErrStreamClosed
+		}
+		s.mu.Unlock()
+		return
+	}
+	s.queued++
+	s.mu.Unlock()
+	s.q <- fn
+}
+
+// Record marks e as reached once the work enqueued so far is done.
+func (s *Stream) Record(e *Event) {
+	s.mu.Lock()
+	target := s.queued
+	s.mu.Unlock()
+	e.mu.Lock()
+	e.stream, e.target = s, target
+	e.mu.Unlock()
+}
+
+// Wait makes the work enqueued after it wait until e is reached; if the
+// stream e was recorded on failed, this stream fails with the same error.
+func (s *Stream) Wait(e *Event) {
+	e.mu.Lock()
+	src, target := e.stream, e.target
+	e.mu.Unlock()
+	if src == nil || src == s {
+		return // nothing recorded, or ordered already
+	}
+	s.Launch(func() error { return src.waitFor(context.Background(), target) })
+}
+
+// waitFor blocks until n items are done, returning the stream's error.
+func (s *Stream) waitFor(ctx context.Context, n uint64) error {
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.done < n && s.err == nil && ctx.Err() == nil {
+		s.cond.Wait()
+	}
+	if s.err != nil {
+		return s.err
+	}
+	return ctx.Err()
+}
+
+// Synchronize waits until all work enqueued so far is done and returns the
+// stream's first error, if any; the error stays until Reset.
+func (s *Stream) Synchronize(ctx context.Context) error {
+	s.mu.Lock()
+	n := s.queued
+	s.mu.Unlock()
+	return s.waitFor(ctx, n)
+}
+
+// Reset clears a failure once the caller has dealt with it.
+func (s *Stream) Reset() {
+	s.mu.Lock()
+	s.err = nil
+	s.mu.Unlock()
+}
+
+// Close ends the stream's goroutine after the enqueued work.
+func (s *Stream) Close() {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.q)
+	}
+	s.mu.Unlock()
+}
+
+// Event marks a point in a stream's work, for another stream to wait on.
+type Event struct {
+	mu     sync.Mutex
+	stream *Stream
+	target uint64
+}
+
+// Synchronize waits until the event is reached.
+func (e *Event) Synchronize(ctx context.Context) error {
+	e.mu.Lock()
+	src, target := e.stream, e.target
+	e.mu.Unlock()
+	if src == nil {
+		return nil
+	}
+	return src.waitFor(ctx, target)
+}

@@ -1,0 +1,90 @@
+package device
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestStreamOrder(t *testing.T) {
+	s := NewStream()
+	defer s.Close()
+	var got []int
+	for i := range 100 {
+		s.Launch(func() error { got = append(got, i); return nil })
+	}
+	if err := s.Synchronize(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got {
+		if v != i {
+			t.Fatalf("item %d ran as %d", i, v)
+		}
+	}
+}
+
+func TestEventOrdersStreams(t *testing.T) {
+	comm, compute := NewStream(), NewStream()
+	defer comm.Close()
+	defer compute.Close()
+	var ready atomic.Bool
+	ev := new(Event)
+	comm.Launch(func() error { time.Sleep(30 * time.Millisecond); ready.Store(true); return nil })
+	comm.Record(ev)
+	compute.Wait(ev)
+	var sawReady bool
+	compute.Launch(func() error { sawReady = ready.Load(); return nil })
+	if err := compute.Synchronize(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !sawReady {
+		t.Fatal("work after Wait ran before the event's work finished")
+	}
+	if err := ev.Synchronize(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestErrorPropagates(t *testing.T) {
+	comm, compute := NewStream(), NewStream()
+	defer comm.Close()
+	defer compute.Close()
+	boom := errors.New("boom")
+	ran := false
+	comm.Launch(func() error { return boom })
+	comm.Launch(func() error { ran = true; return nil })
+	ev := new(Event)
+	comm.Record(ev)
+	compute.Wait(ev)
+	computed := false
+	compute.Launch(func() error { computed = true; return nil })
+	if err := compute.Synchronize(context.Background()); !errors.Is(err, boom) {
+		t.Fatalf("compute: %v", err)
+	}
+	if err := comm.Synchronize(context.Background()); !errors.Is(err, boom) {
+		t.Fatalf("comm: %v", err)
+	}
+	if ran || computed {
+		t.Fatal("work after a failure ran")
+	}
+	comm.Reset()
+	comm.Launch(func() error { return nil })
+	if err := comm.Synchronize(context.Background()); err != nil {
+		t.Fatalf("after Reset: %v", err)
+	}
+}
+
+func TestSynchronizeDeadline(t *testing.T) {
+	s := NewStream()
+	defer s.Close()
+	release := make(chan struct{})
+	s.Launch(func() error { <-release; return nil })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	if err := s.Synchronize(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v", err)
+	}
+	close(release)
+}
