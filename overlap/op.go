@@ -181,3 +181,13 @@ func (o *Op[T]) Close() {
 	o.comm.Close()
 	o.compute.Close()
 }
+
+// Multiply returns a (rows × k) · b (k × n), row-major, with the same GEMM
+// an Op uses: the reference its results are checked against.
+func Multiply[T Float](a, b []T, rows, n, k int) []T {
+	c := make([]T, rows*n)
+	if rows > 0 && n > 0 && k > 0 {
+		gemmRows(a, b, c, rows, n, k)
+	}
+	return c
+}

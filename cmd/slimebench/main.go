@@ -22,6 +22,7 @@ import (
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/bytesize"
+	"github.com/slimego/slimego/overlap"
 )
 
 func main() {
@@ -37,6 +38,8 @@ func main() {
 		err = memcpy(os.Args[2:])
 	case "tcp":
 		err = tcp(os.Args[2:])
+	case "overlap":
+		err = overlapCmd(os.Args[2:])
 	case "compare":
 		err = compare(os.Args[2:])
 	case "-h", "--help", "help":
@@ -59,6 +62,7 @@ commands:
   allgather   AllGather sweep (run it under slimerun, torchrun or mpirun)
   memcpy      single-core copy bandwidth at the same sizes: the ceiling
   tcp         raw TCP latency and bandwidth between two ranks (one per node)
+  overlap     AllGather+GEMM: t_comm, t_gemm, t_seq, t_overlap, efficiency
   compare     CSV files side by side, the first as the base, with time ratios
 
 run 'slimebench COMMAND --help' for its flags
@@ -274,6 +278,97 @@ func tcp(args []string) error {
 		fmt.Printf(" %12d %9d %8v %11.2f %9.3f\n", r.S, r.Channels, r.Duplex, r.Median, r.GBps)
 	}
 	return nil
+}
+
+func overlapCmd(args []string) error {
+	fs := pflag.NewFlagSet("slimebench overlap", pflag.ContinueOnError)
+	mMin := fs.Int("m-min", 64, "smallest m (rows of A per rank)")
+	mMax := fs.Int("m-max", 2048, "largest m; m doubles between steps")
+	nks := fs.IntSlice("nk", []int{512}, "k values (columns of A); n = k unless --n is given")
+	nFixed := fs.Int("n", 0, "columns of B and C for every shape (default: n = k)")
+	dtypes := fs.StringSlice("dtype", []string{"float32"}, "float32, float64 or both")
+	pieces := fs.Int("pieces", 4, "pieces the gather is cut into")
+	iters := fs.Int("iters", 3, "timed iterations per way and shape")
+	mode := fs.String("mode", "auto", "intra, inter or auto")
+	asCSV := fs.Bool("csv", false, "print CSV instead of the table")
+	plotFile := fs.String("plot", "", "write a PNG of efficiency against m")
+	quiet := fs.Bool("quiet", false, "no progress on stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	c, err := collective.Init(ctx, collective.Options{})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	m := *mode
+	if m == "auto" {
+		m = map[bool]string{true: "intra", false: "inter"}[c.Nodes() == 1]
+	}
+	var rs []bench.OverlapResult
+	start := time.Now()
+	for _, dt := range *dtypes {
+		for _, nk := range *nks {
+			n := nk
+			if *nFixed > 0 {
+				n = *nFixed
+			}
+			for rows := *mMin; rows <= *mMax; rows *= 2 {
+				var t overlap.Times
+				switch dt {
+				case "float32":
+					t, err = measureOverlap[float32](ctx, c, rows, n, nk, *pieces, *iters)
+				case "float64":
+					t, err = measureOverlap[float64](ctx, c, rows, n, nk, *pieces, *iters)
+				default:
+					err = fmt.Errorf("--dtype %q: want float32 or float64", dt)
+				}
+				if err != nil {
+					return err
+				}
+				r := bench.OverlapResult{Impl: "slimego", Backend: "cpu", Mode: m, P: c.Size(), M: rows, N: n, K: nk, Dtype: dt,
+					Comm: t.Comm, GEMM: t.GEMM, Seq: t.Seq, Overlap: t.Overlap, Efficiency: t.Efficiency()}
+				rs = append(rs, r)
+				if !*quiet && c.Rank() == 0 {
+					fmt.Fprintf(os.Stderr, "slimebench: m=%d n=%d k=%d %s: t_comm %.0f µs t_gemm %.0f µs efficiency %.2f (%v elapsed)\n",
+						rows, n, nk, dt, t.Comm, t.GEMM, r.Efficiency, time.Since(start).Round(time.Millisecond))
+				}
+				if rows == 0 {
+					break
+				}
+			}
+		}
+	}
+	if c.Rank() != 0 {
+		return nil
+	}
+	title := fmt.Sprintf("slimego allgather+gemm: P=%d nodes=%d backend=cpu mode=%s pieces=%d", c.Size(), c.Nodes(), m, *pieces)
+	if *plotFile != "" {
+		if err := bench.PlotOverlap(rs, title, *plotFile); err != nil {
+			return err
+		}
+	}
+	if *asCSV {
+		return bench.WriteOverlapCSV(os.Stdout, rs)
+	}
+	bench.WriteOverlapTable(os.Stdout, rs, title)
+	return nil
+}
+
+func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int) (overlap.Times, error) {
+	o, err := overlap.New[T](c, m, n, k, pieces)
+	if err != nil {
+		return overlap.Times{}, err
+	}
+	defer o.Close()
+	for i := range o.A {
+		o.A[i] = T(float64((i*7+c.Rank())%13) - 6)
+	}
+	for i := range o.B {
+		o.B[i] = T(float64((i*5)%11) - 5)
+	}
+	return overlap.Measure(ctx, c, o, iters)
 }
 
 func compare(args []string) error {

@@ -1,0 +1,80 @@
+package bench
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// OverlapResult is one shape of the AllGather+GEMM sweep.
+type OverlapResult struct {
+	Impl, Backend, Mode string
+	P, M, N, K          int
+	Dtype               string
+	Comm, GEMM          float64 // µs
+	Seq, Overlap        float64 // µs
+	Efficiency          float64
+}
+
+// OverlapCSVHeader is ../shared/BENCH.md's column list.
+var OverlapCSVHeader = []string{"impl", "backend", "mode", "P", "m", "n", "k", "dtype", "t_comm_us", "t_gemm_us", "t_seq_us", "t_overlap_us", "efficiency"}
+
+// WriteOverlapCSV writes rs with OverlapCSVHeader.
+func WriteOverlapCSV(w io.Writer, rs []OverlapResult) error {
+	cw := csv.NewWriter(w)
+	cw.Write(OverlapCSVHeader)
+	for _, r := range rs {
+		cw.Write([]string{r.Impl, r.Backend, r.Mode, strconv.Itoa(r.P), strconv.Itoa(r.M), strconv.Itoa(r.N), strconv.Itoa(r.K), r.Dtype,
+			ff(r.Comm, 1), ff(r.GEMM, 1), ff(r.Seq, 1), ff(r.Overlap, 1), ff(r.Efficiency, 3)})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// WriteOverlapTable writes rs for people.
+func WriteOverlapTable(w io.Writer, rs []OverlapResult, title string) {
+	fmt.Fprintf(w, "# %s\n# times: median over iterations of the slowest rank, µs; efficiency = (t_seq − t_overlap) / min(t_comm, t_gemm)\n", title)
+	fmt.Fprintf(w, "#%6s %6s %6s %8s %12s %12s %12s %12s %10s\n", "m", "n", "k", "dtype", "t_comm", "t_gemm", "t_seq", "t_overlap", "efficiency")
+	for _, r := range rs {
+		fmt.Fprintf(w, " %6d %6d %6d %8s %12.1f %12.1f %12.1f %12.1f %10.3f\n", r.M, r.N, r.K, r.Dtype, r.Comm, r.GEMM, r.Seq, r.Overlap, r.Efficiency)
+	}
+}
+
+// PlotOverlap draws efficiency against m (rows per rank), one line per
+// (n, k, dtype), into a PNG.
+func PlotOverlap(rs []OverlapResult, title, file string) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "m (rows of A per rank)"
+	p.Y.Label.Text = "overlap efficiency"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	series := map[string]plotter.XYs{}
+	for _, r := range rs {
+		key := fmt.Sprintf("n=k=%d %s", r.N, r.Dtype)
+		if r.N != r.K {
+			key = fmt.Sprintf("n=%d k=%d %s", r.N, r.K, r.Dtype)
+		}
+		series[key] = append(series[key], plotter.XY{X: float64(r.M), Y: r.Efficiency})
+	}
+	keys := make([]string, 0, len(series))
+	for k := range series {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var args []any
+	for _, k := range keys {
+		args = append(args, k, series[k])
+	}
+	if err := plotutil.AddLinePoints(p, args...); err != nil {
+		return err
+	}
+	return p.Save(6*vg.Inch, 4*vg.Inch, file)
+}
