@@ -57,6 +57,9 @@ bench: build
 	  $$(ls $(OUT)/bench/openmpi.*.csv 2>/dev/null) | tee $(OUT)/bench/compare.txt
 	@echo; echo "== single-core memcpy, the ceiling (busbw column = GB/s of one copy) =="
 	@cat $(OUT)/bench/memcpy.csv
+	@echo; echo "== AllGather+GEMM overlap, P=$(P), one node (plot: $(OUT)/bench/overlap.png) =="
+	$(BIN)/slimerun -q --standalone --nproc-per-node $(P) $(BIN)/slimebench overlap --m-min 64 --m-max 1024 --nk 256,512 \
+	  --iters 5 --quiet --plot $(OUT)/bench/overlap.png | sed 's/^\[0\]: //' | tee $(OUT)/bench/overlap.txt
 
 # Across two network namespaces: raw TCP, slimego, OpenMPI's TCP transport,
 # and the hierarchical schedule against a flat ring (root and iproute2).

@@ -46,7 +46,7 @@ func slimerun(t *testing.T, env []string, args ...string) job {
 	full := append([]string{"--standalone", "--rdzv-id", runID}, args...)
 	// The first of the project's commands named is the program to run.
 	for i, a := range full {
-		if a == "agcheck" || a == "slimebench" || a == "allgather" {
+		if a == "agcheck" || a == "slimebench" || a == "allgather" || a == "allgather_gemm" {
 			full[i] = filepath.Join(bin, a)
 			break
 		}
@@ -271,5 +271,26 @@ func TestExampleAndBenchmarkRun(t *testing.T) {
 	}
 	if !strings.Contains(j.stderr, "slimebench: [5/5]") {
 		t.Errorf("no progress on stderr:\n%s", j.stderr)
+	}
+}
+
+func TestOverlapExampleAndBenchmark(t *testing.T) {
+	for _, dtype := range []string{"float32", "float64"} {
+		j := slimerun(t, nil, "--nproc-per-node", "3", "allgather_gemm", "--m", "67", "--n", "45", "--k", "129", "--dtype", dtype, "--iters", "2")
+		if j.code != 0 || !strings.Contains(j.out, "all_gather_gemm check passed: 3 ranks") {
+			t.Fatalf("%s: exit %d\n%s\n%s", dtype, j.code, j.out, j.stderr)
+		}
+	}
+	plot := filepath.Join(t.TempDir(), "overlap.png")
+	j := slimerun(t, nil, "--nproc-per-node", "2", "slimebench", "overlap", "--m-min", "16", "--m-max", "64", "--nk", "64", "--iters", "2", "--csv", "--plot", plot)
+	if j.code != 0 {
+		t.Fatalf("slimebench overlap: exit %d\n%s\n%s", j.code, j.out, j.stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(j.out), "\n")
+	if len(lines) != 4 || !strings.HasSuffix(lines[0], "impl,backend,mode,P,m,n,k,dtype,t_comm_us,t_gemm_us,t_seq_us,t_overlap_us,efficiency") {
+		t.Fatalf("csv:\n%s", j.out)
+	}
+	if st, err := os.Stat(plot); err != nil || st.Size() < 1000 {
+		t.Fatalf("plot: %v", err)
 	}
 }

@@ -29,7 +29,7 @@ func Build() (string, error) {
 			return
 		}
 		cmd := exec.Command("go", "build", "-o", dir+"/",
-			"./cmd/slimerun", "./cmd/slimebench", "./internal/cmd/agcheck", "./examples/allgather")
+			"./cmd/slimerun", "./cmd/slimebench", "./internal/cmd/agcheck", "./examples/allgather", "./examples/allgather_gemm")
 		cmd.Dir = root
 		if out, e := cmd.CombinedOutput(); e != nil {
 			err = fmt.Errorf("go build: %v\n%s", e, out)
