@@ -5,12 +5,21 @@ OUT     ?= out
 P       ?= 2
 MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
 
-.PHONY: all build demo test test-netns test-short fuzz bench bench-netns clean
+# Where libopenblas-dev is installed, the commands' GEMMs use OpenBLAS
+# (make bench-gemm measures both); elsewhere gonum's pure Go. OPENBLAS=0
+# forces the latter.
+OPENBLAS ?= $(shell [ -e /usr/include/x86_64-linux-gnu/cblas.h ] && ldconfig -p 2>/dev/null | grep -q libopenblas && echo 1)
+ifeq ($(OPENBLAS),1)
+GOTAGS := -tags openblas
+export CGO_LDFLAGS := -lopenblas
+endif
+
+.PHONY: all build demo test test-netns test-short fuzz bench bench-netns bench-gemm clean
 
 all: build
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/... ./examples/...
+	$(GO) build $(GOTAGS) -o $(BIN)/ ./cmd/... ./examples/...
 
 # The main job: a 4-rank AllGather with a check, then a short benchmark.
 demo: build
@@ -66,6 +75,15 @@ bench: build
 bench-netns: build
 	@if command -v mpicc >/dev/null; then mpicc -O2 -o $(BIN)/allgather_mpi bench/mpi/allgather_mpi.c -lm; fi
 	OUT=$(OUT) scripts/bench-netns.sh
+
+# GEMM GFLOP/s of gonum's pure Go and, where libopenblas-dev is installed,
+# of OpenBLAS through gonum's netlib binding (build tag openblas).
+bench-gemm:
+	$(GO) build -o $(BIN)/slimebench-gonum ./cmd/slimebench
+	$(BIN)/slimebench-gonum gemm
+	@if [ "$(OPENBLAS)" = 1 ]; then \
+	  $(GO) build -tags openblas -o $(BIN)/slimebench-openblas ./cmd/slimebench && $(BIN)/slimebench-openblas gemm; \
+	else echo "libopenblas-dev not installed: gonum only"; fi
 
 clean:
 	rm -rf $(BIN) $(OUT)

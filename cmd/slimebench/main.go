@@ -13,6 +13,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"time"
 
@@ -40,6 +41,8 @@ func main() {
 		err = tcp(os.Args[2:])
 	case "overlap":
 		err = overlapCmd(os.Args[2:])
+	case "gemm":
+		err = gemmCmd(os.Args[2:])
 	case "compare":
 		err = compare(os.Args[2:])
 	case "-h", "--help", "help":
@@ -63,6 +66,7 @@ commands:
   memcpy      single-core copy bandwidth at the same sizes: the ceiling
   tcp         raw TCP latency and bandwidth between two ranks (one per node)
   overlap     AllGather+GEMM: t_comm, t_gemm, t_seq, t_overlap, efficiency
+  gemm        GFLOP/s of the GEMM the overlap uses (gonum, or OpenBLAS with -tags openblas)
   compare     CSV files side by side, the first as the base, with time ratios
 
 run 'slimebench COMMAND --help' for its flags
@@ -354,6 +358,35 @@ func overlapCmd(args []string) error {
 	}
 	bench.WriteOverlapTable(os.Stdout, rs, title)
 	return nil
+}
+
+func gemmCmd(args []string) error {
+	fs := pflag.NewFlagSet("slimebench gemm", pflag.ContinueOnError)
+	sizes := fs.IntSlice("size", []int{256, 512, 1024, 2048}, "square sizes m = n = k")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	fmt.Printf("# GEMM GFLOP/s, BLAS %s, GOMAXPROCS %d\n#%7s %10s %10s\n", overlap.BLAS, runtime.GOMAXPROCS(0), "size", "float32", "float64")
+	for _, n := range *sizes {
+		fmt.Printf(" %7d %10.2f %10.2f\n", n, gflops[float32](n), gflops[float64](n))
+	}
+	return nil
+}
+
+// gflops times square GEMMs of size n for at least 0.3 s (and 3 runs).
+func gflops[T overlap.Float](n int) float64 {
+	a, b := make([]T, n*n), make([]T, n*n)
+	for i := range a {
+		a[i], b[i] = T(float64(i%17)-8), T(float64(i%13)-6)
+	}
+	overlap.Multiply(a, b, n, n, n) // warm-up
+	var runs int
+	start := time.Now()
+	for runs < 3 || time.Since(start) < 300*time.Millisecond {
+		overlap.Multiply(a, b, n, n, n)
+		runs++
+	}
+	return 2 * float64(n) * float64(n) * float64(n) * float64(runs) / time.Since(start).Seconds() / 1e9
 }
 
 func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int) (overlap.Times, error) {
