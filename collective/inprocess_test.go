@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/internal/pattern"
-	"github.com/slimego/slimego/rendezvous"
+	"github.com/slimego/slimego/internal/testranks"
 )
 
 // inProcess runs body on P ranks that live in this process, one goroutine
@@ -21,48 +20,9 @@ func inProcess(t *testing.T, P int, body func(c *collective.Communicator) error)
 	inProcessNodes(t, 1, P, nil, body)
 }
 
-// inProcessNodes lays the in-process ranks out on nodes (each node's ranks
-// share memory; nodes talk TCP over loopback).
 func inProcessNodes(t *testing.T, nodes, perNode int, tune func(*collective.Options), body func(c *collective.Communicator) error) {
 	t.Helper()
-	P := nodes * perNode
-	srv, err := rendezvous.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	runID := fmt.Sprintf("inproc%d", time.Now().UnixNano())
-	var wg sync.WaitGroup
-	errs := make([]error, P)
-	for r := range P {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o := collective.Options{
-				Rank: r, WorldSize: P, LocalRank: r % perNode, LocalWorldSize: perNode, NodeRank: r / perNode,
-				MasterAddr: "127.0.0.1", MasterPort: srv.Port(), AgentStore: true,
-				RunID: runID, Timeout: 20 * time.Second,
-			}
-			if tune != nil {
-				tune(&o)
-			}
-			c, err := collective.Init(ctx, o)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			defer c.Close()
-			errs[r] = body(c)
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
+	testranks.Run(t, nodes, perNode, tune, body)
 }
 
 func TestInProcessAllGather(t *testing.T) {

@@ -6,47 +6,17 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/slimego/slimego/collective"
-	"github.com/slimego/slimego/rendezvous"
+	"github.com/slimego/slimego/internal/testranks"
 )
 
-// ranks runs body on P in-process ranks sharing a store.
+// ranks runs body on P in-process ranks of one node.
 func ranks(t *testing.T, P int, body func(c *collective.Communicator) error) {
 	t.Helper()
-	srv, err := rendezvous.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	runID := fmt.Sprintf("ov%d", time.Now().UnixNano())
-	errs := make([]error, P)
-	var wg sync.WaitGroup
-	for r := range P {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := collective.Init(ctx, collective.Options{Rank: r, WorldSize: P, MasterAddr: "127.0.0.1",
-				MasterPort: srv.Port(), AgentStore: true, RunID: runID, Timeout: 20 * time.Second})
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			defer c.Close()
-			errs[r] = body(c)
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
+	testranks.Run(t, 1, P, nil, body)
 }
 
 func fillRand[T Float](x []T, seed uint64) {

@@ -146,20 +146,9 @@ func allgather(args []string) error {
 		return err
 	}
 	defer c.Close()
-	m := *mode
-	switch m {
-	case "auto":
-		m = map[bool]string{true: "intra", false: "inter"}[c.Nodes() == 1]
-	case "intra":
-		if c.Nodes() > 1 {
-			return fmt.Errorf("--mode intra with ranks on %d nodes", c.Nodes())
-		}
-	case "inter":
-		if c.Nodes() == 1 {
-			return fmt.Errorf("--mode inter needs ranks on more than one node")
-		}
-	default:
-		return fmt.Errorf("--mode %q: want intra, inter or auto", m)
+	m, err := resolveMode(*mode, c)
+	if err != nil {
+		return err
 	}
 	_ = eager // recorded in the title; the CPU backend has no graphs
 	cfg := bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup, Symmetric: *buffers == "symmetric", Backend: "cpu", Mode: m}
@@ -306,9 +295,9 @@ func overlapCmd(args []string) error {
 		return err
 	}
 	defer c.Close()
-	m := *mode
-	if m == "auto" {
-		m = map[bool]string{true: "intra", false: "inter"}[c.Nodes() == 1]
+	m, err := resolveMode(*mode, c)
+	if err != nil {
+		return err
 	}
 	var rs []bench.OverlapResult
 	start := time.Now()
@@ -387,6 +376,26 @@ func gflops[T overlap.Float](n int) float64 {
 		runs++
 	}
 	return 2 * float64(n) * float64(n) * float64(n) * float64(runs) / time.Since(start).Seconds() / 1e9
+}
+
+// resolveMode checks --mode against where the ranks run; auto picks intra
+// on one node and inter across several.
+func resolveMode(mode string, c *collective.Communicator) (string, error) {
+	switch mode {
+	case "auto":
+		return map[bool]string{true: "intra", false: "inter"}[c.Nodes() == 1], nil
+	case "intra":
+		if c.Nodes() > 1 {
+			return "", fmt.Errorf("--mode intra with ranks on %d nodes", c.Nodes())
+		}
+	case "inter":
+		if c.Nodes() == 1 {
+			return "", fmt.Errorf("--mode inter needs ranks on more than one node")
+		}
+	default:
+		return "", fmt.Errorf("--mode %q: want intra, inter or auto", mode)
+	}
+	return mode, nil
 }
 
 func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int) (overlap.Times, error) {
