@@ -52,3 +52,8 @@ bin/slimebench compare "$OUT"/slimego-2x1.*.csv "$OUT"/tcp-duplex.*.csv $(ls "$O
 echo; echo "== 2 x 2: hierarchical vs ring"
 bin/slimebench compare "$OUT/slimego-2x2-hier.csv" "$OUT/slimego-2x2-ring.csv" | tee "$OUT/compare-2x2.txt"
 
+
+echo; echo "== AllGather+GEMM overlap across the namespaces, 2 nodes x 1 rank (plot: $OUT/overlap.png)"
+# n small against k makes t_comm and t_gemm comparable on these machines.
+netns_run 2 1 29505 bin/slimebench overlap --quiet --m-min 256 --m-max 2048 --nk 1024 --n 32 --iters 5 \
+  --plot "$PWD/$OUT/overlap.png" | strip | tee "$OUT/overlap.txt"
