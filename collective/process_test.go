@@ -169,6 +169,15 @@ func TestKilledRank(t *testing.T) {
 	}
 }
 
+// A rank killed during overlapped AllGather+GEMM runs: every other rank's
+// run fails naming a peer, no hang.
+func TestKilledDuringOverlap(t *testing.T) {
+	j := expectFault(t, []string{"SLIME_TIMEOUT=20"}, 3, []int{0, 2}, "--fault", "kill-overlap", "--fault-rank", "1")
+	if !strings.Contains(j.stderr, "first failure: rank 1 (local rank 1") || j.wall > 14*time.Second {
+		t.Errorf("took %v; slimerun said:\n%s", j.wall, j.stderr)
+	}
+}
+
 func TestSlowRankTimesOut(t *testing.T) {
 	j := expectFault(t, []string{"SLIME_TIMEOUT=2"}, 3, []int{0, 2}, "--fault", "slow", "--fault-rank", "1", "--fault-size", "4K")
 	for _, r := range []int{0, 2} {

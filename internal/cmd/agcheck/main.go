@@ -19,6 +19,7 @@ import (
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/internal/bytesize"
 	"github.com/slimego/slimego/internal/pattern"
+	"github.com/slimego/slimego/overlap"
 )
 
 const exitExpectedFault = 3
@@ -28,7 +29,7 @@ func main() {
 	iters := pflag.Int("iters", 2, "iterations of each check")
 	planRuns := pflag.Int("plan-runs", 1000, "runs of one plan back to back")
 	planSize := pflag.String("plan-size", "4099", "size of the plan check")
-	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, slow")
+	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, slow, kill-overlap")
 	faultRank := pflag.Int("fault-rank", 1, "rank that causes the fault")
 	faultSize := pflag.String("fault-size", "64M", "message size while a peer is killed")
 	pflag.Parse()
@@ -272,6 +273,27 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 					return 1
 				}
 				return code
+			}
+		}
+	case "kill-overlap":
+		// A rank dies during overlapped AllGather+GEMM runs.
+		o, err := overlap.New[float32](c, 512, 64, 256, 4)
+		if err != nil {
+			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+			return 1
+		}
+		defer o.Close()
+		if me == who {
+			go func() {
+				time.Sleep(300 * time.Millisecond)
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}()
+		}
+		start := time.Now()
+		for {
+			if err := o.Run(ctx); err != nil {
+				fmt.Printf("rank %d noticed after %v\n", me, time.Since(start).Round(time.Millisecond))
+				return report(err, collective.ErrPeerLost, collective.ErrTimeout)
 			}
 		}
 	}
