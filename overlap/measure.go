@@ -24,34 +24,61 @@ func (t Times) Efficiency() float64 {
 }
 
 // Measure times o's gather alone, GEMM alone, both in sequence, and both
-// overlapped, iters times each after one warm-up, with a barrier before
-// each timed run. Every rank returns the same figures.
-func Measure[T Float](ctx context.Context, c *collective.Communicator, o *Op[T], iters int) (Times, error) {
+// overlapped, with a barrier before each timed run. The four alternate
+// within every iteration, so that a change in the machine's state touches
+// them alike; there are at least minIters iterations and enough for each
+// way to total about 0.2 s. Every rank returns the same figures.
+func Measure[T Float](ctx context.Context, c *collective.Communicator, o *Op[T], minIters int) (Times, error) {
 	ways := []func(context.Context) error{o.Gather, o.GEMM, o.RunSequential, o.Run}
-	var out [4]float64
-	per := make([]float64, iters)
-	all := make([]float64, c.Size()*iters)
-	for w, run := range ways {
-		if err := run(ctx); err != nil { // warm-up
+	timeOne := func(run func(context.Context) error) (float64, error) {
+		if err := c.Barrier(ctx); err != nil {
+			return 0, err
+		}
+		t0 := time.Now()
+		err := run(ctx)
+		return float64(time.Since(t0).Nanoseconds()) / 1e3, err
+	}
+	// Warm-up, and from it an iteration count every rank agrees on.
+	longest := make([]float64, 1)
+	for _, run := range ways {
+		t, err := timeOne(run)
+		if err != nil {
 			return Times{}, err
 		}
-		for i := range per {
-			if err := c.Barrier(ctx); err != nil {
+		longest[0] = max(longest[0], t)
+	}
+	all := make([]float64, c.Size())
+	if err := collective.AllGatherOf(ctx, c, all, longest); err != nil {
+		return Times{}, err
+	}
+	slowestWarm := 0.0
+	for _, t := range all {
+		slowestWarm = max(slowestWarm, t)
+	}
+	iters := max(minIters, min(int(2e5/max(slowestWarm, 1)), 200))
+	per := make([][]float64, len(ways))
+	for w := range per {
+		per[w] = make([]float64, iters)
+	}
+	for i := range iters {
+		for w, run := range ways {
+			t, err := timeOne(run)
+			if err != nil {
 				return Times{}, err
 			}
-			t0 := time.Now()
-			if err := run(ctx); err != nil {
-				return Times{}, err
-			}
-			per[i] = float64(time.Since(t0).Nanoseconds()) / 1e3
+			per[w][i] = t
 		}
-		if err := collective.AllGatherOf(ctx, c, all, per); err != nil {
+	}
+	var out [4]float64
+	gathered := make([]float64, c.Size()*iters)
+	for w := range ways {
+		if err := collective.AllGatherOf(ctx, c, gathered, per[w]); err != nil {
 			return Times{}, err
 		}
 		slowest := make([]float64, iters)
 		for i := range slowest {
 			for r := range c.Size() {
-				slowest[i] = max(slowest[i], all[r*iters+i])
+				slowest[i] = max(slowest[i], gathered[r*iters+i])
 			}
 		}
 		out[w] = median(slowest)
