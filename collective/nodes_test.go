@@ -273,3 +273,36 @@ func TestUnevenNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestRestartAcrossNodes: rank 1 fails in the first attempt; both nodes'
+// slimeruns restart their workers (--max-restarts 1), and the second
+// attempts meet and pass.
+func TestRestartAcrossNodes(t *testing.T) {
+	port := strconv.Itoa(freePort(t))
+	runID := fmt.Sprintf("rs%d", time.Now().UnixNano()%1e9)
+	script := `if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+  [ "$RANK" = 1 ] && exit 5
+  export SLIME_TIMEOUT=2   # rank 0 gives up on the first attempt quickly
+fi
+exec "$0" --sizes 7,4096,100003 --iters 1 --plan-runs 20`
+	var outs [2]bytes.Buffer
+	cmds := make([]*exec.Cmd, 2)
+	for n := range 2 {
+		cmds[n] = exec.Command(filepath.Join(bin, "slimerun"), "--nnodes", "2", "--node-rank", strconv.Itoa(n),
+			"--master-port", port, "--rdzv-id", runID, "--max-restarts", "1", "sh", "-c", script, filepath.Join(bin, "agcheck"))
+		cmds[n].Env = append(os.Environ(), "SLIME_TIMEOUT=30")
+		cmds[n].Stdout, cmds[n].Stderr = &outs[n], &outs[n]
+		if err := cmds[n].Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for n, cmd := range cmds {
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("node %d: %v\n%s", n, err, outs[n].String())
+		}
+	}
+	all := outs[0].String() + outs[1].String()
+	if !strings.Contains(all, "PASS rank 0") || !strings.Contains(all, "PASS rank 1") || !strings.Contains(all, "restarting the workers") {
+		t.Errorf("no passing second attempt:\n%s", all)
+	}
+}
