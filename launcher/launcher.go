@@ -272,6 +272,7 @@ func runAttempt(ctx context.Context, cfg *Config, attempt int, sigs <-chan os.Si
 		go func() { exits <- exit{w, w.cmd.Wait()} }()
 	}
 	var first error
+	var failures []error // worker failures before any stop, in report order
 	if startErr != nil {
 		first = startErr
 	}
@@ -310,8 +311,11 @@ func runAttempt(ctx context.Context, cfg *Config, attempt int, sigs <-chan os.Si
 			for _, f := range ex.w.files {
 				f.Close()
 			}
-			if ex.err != nil && first == nil && !stopping {
-				first = workerError(ex.w, attempt, ex.err)
+			if ex.err != nil && !stopping {
+				failures = append(failures, workerError(ex.w, attempt, ex.err))
+				if first == nil {
+					first = failures[0]
+				}
 			}
 		case <-tick.C:
 			if first != nil {
@@ -336,7 +340,27 @@ func runAttempt(ctx context.Context, cfg *Config, attempt int, sigs <-chan os.Si
 			stop(syscall.SIGKILL)
 		}
 	}
+	if len(failures) > 1 {
+		if _, interrupted := first.(*ErrInterrupted); !interrupted {
+			first = rootCause(failures)
+		}
+	}
 	return first
+}
+
+// rootCause picks, among the failures seen before the launcher stopped
+// anyone, the likeliest cause: a worker killed by a signal (which the
+// others then noticed and exited over) before one that exited with an
+// error, and among equals the first reported. Exits are reported in the
+// order their waits return, which a loaded machine can shuffle by a few
+// milliseconds, the time the survivors need to notice a lost peer.
+func rootCause(failures []error) error {
+	for _, f := range failures {
+		if we, ok := f.(*WorkerError); ok && we.ExitCode < 0 {
+			return f
+		}
+	}
+	return failures[0]
 }
 
 func workerError(w *worker, attempt int, err error) error {

@@ -181,3 +181,14 @@ func TestMissingNodeNamed(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// A worker killed by a signal is named over one that exited with an error
+// a moment earlier: the exits of a dead rank's peers can be reported first.
+func TestRootCausePrefersSignal(t *testing.T) {
+	_, _, err := run(t, Config{NProcPerNode: 3, MonitorInterval: time.Second},
+		`case $RANK in 1) sleep 0.05; exit 3;; 2) sleep 0.3; kill -9 $$;; *) exec sleep 30;; esac`)
+	var we *WorkerError
+	if !errors.As(err, &we) || we.Rank != 2 || we.Signal != syscall.SIGKILL {
+		t.Fatalf("err = %v; want rank 2 killed by SIGKILL", err)
+	}
+}
