@@ -3,17 +3,27 @@ package device
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"time"
 )
 
-// ErrStreamClosed is returned for work given to a closed stream.
-var ErrStreamClosed = errors.New("device: stream closed")
+var (
+	// ErrStreamClosed is returned for work given to a closed stream.
+	ErrStreamClosed = errors.New("device: stream closed")
+	// ErrWaitTimeout: work queued behind Wait gave up on its event.
+	ErrWaitTimeout = errors.New("device: wait for event timed out")
+)
 
 // Stream is an ordered queue of work, as a CUDA stream is: work runs in
 // the order it was enqueued, each item after the previous one finished.
 // On the CPU backend one goroutine runs a stream's work. After an item
 // fails, the stream skips the rest and Synchronize reports the error.
 type Stream struct {
+	// WaitTimeout bounds how long work queued behind Wait waits for its
+	// event (default 10 minutes): a stream never waits forever.
+	WaitTimeout time.Duration
+
 	q      chan func() error
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -85,7 +95,21 @@ func (s *Stream) Wait(e *Event) {
 	if src == nil || src == s {
 		return // nothing recorded, or ordered already
 	}
-	s.Launch(func() error { return src.waitFor(context.Background(), target) })
+	timeout := s.WaitTimeout
+	if timeout <= 0 {
+		timeout = 10 * time.Minute
+	}
+	s.Launch(func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if err := src.waitFor(ctx, target); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("%w: an event was not reached within %v", ErrWaitTimeout, timeout)
+			}
+			return err
+		}
+		return nil
+	})
 }
 
 // waitFor blocks until n items are done, returning the stream's error.

@@ -88,3 +88,19 @@ func TestSynchronizeDeadline(t *testing.T) {
 	}
 	close(release)
 }
+
+func TestWaitTimesOut(t *testing.T) {
+	comm, compute := NewStream(), NewStream()
+	defer comm.Close()
+	defer compute.Close()
+	compute.WaitTimeout = 50 * time.Millisecond
+	release := make(chan struct{})
+	defer close(release)
+	comm.Launch(func() error { <-release; return nil })
+	ev := new(Event)
+	comm.Record(ev)
+	compute.Wait(ev)
+	if err := compute.Synchronize(context.Background()); !errors.Is(err, ErrWaitTimeout) {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -3,6 +3,7 @@ package overlap
 import (
 	"context"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"gonum.org/v1/gonum/blas"
@@ -47,6 +48,9 @@ func New[T Float](c *collective.Communicator, m, n, k, pieces int) (*Op[T], erro
 	o := &Op[T]{c: c, P: P, me: me, m: m, n: n, k: k,
 		A: make([]T, m*k), B: make([]T, k*n), C: make([]T, P*m*n), G: make([]T, P*m*k),
 		comm: device.NewStream(), compute: device.NewStream()}
+	// The gather's own waits end at the communicator's timeout; the compute
+	// stream gives its events a little longer.
+	o.compute.WaitTimeout = c.Timeout() + 10*time.Second
 	o.pieces = Pieces(m, max(pieces, 1))
 	o.tasks = Tasks(P, me, m, o.pieces)
 	var z T
