@@ -109,6 +109,7 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		ZeroCopyMin: o.ZeroCopyMin,
 		CMAMin:      o.CMAMin,
 		BigCopy:     o.BigCopy,
+		SpinTime:    o.SpinTime,
 	})
 	if err != nil {
 		c.Close()
@@ -166,6 +167,9 @@ func merge(opts, env Options) Options {
 	o.SocketIfName = pick(o.SocketIfName, env.SocketIfName)
 	if o.Channels == 0 {
 		o.Channels = env.Channels
+	}
+	if o.SpinTime == 0 {
+		o.SpinTime = env.SpinTime
 	}
 	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}, {&o.BigCopy, &env.BigCopy}} {
 		if *f.dst == 0 {

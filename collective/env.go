@@ -55,6 +55,9 @@ type Options struct {
 	// Channels is the number of TCP connections per peer pair
 	// (SLIME_CHANNELS).
 	Channels int
+	// SpinTime is how long a shared-memory wait polls before it sleeps
+	// (SLIME_SPIN, a Go duration; default by ranks per core).
+	SpinTime time.Duration
 	// SlotBytes, Slots, ZeroCopyMin, CMAMin and BigCopy tune the
 	// shared-memory protocol (SLIME_SLOT_BYTES, SLIME_SLOTS,
 	// SLIME_ZERO_COPY_MIN, SLIME_CMA_MIN, SLIME_BIG_COPY; a negative CMAMin
@@ -192,6 +195,13 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 		return bad("SLIME_ALGO=%q: want auto, hier or ring", o.Algo)
 	}
 	o.SocketIfName = strings.TrimSpace(getenv("SLIME_SOCKET_IFNAME"))
+	if v := strings.TrimSpace(getenv("SLIME_SPIN")); v != "" {
+		d, err := parseDuration(v)
+		if err != nil {
+			return bad("SLIME_SPIN=%q: %v", v, err)
+		}
+		o.SpinTime = d
+	}
 	if v, ok, err := num("SLIME_CHANNELS"); err != nil {
 		return bad("%v", err)
 	} else if ok {

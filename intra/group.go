@@ -184,11 +184,15 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 	for _, c := range g.ctrls {
 		g.cma = g.cma && atomic.LoadUint32(&c.cmaOK) == 1
 	}
+	// Measured with slimebench on 2 cores: 50 µs of polling covers a peer
+	// that runs on its own core; when ranks outnumber cores, polling that
+	// yields the CPU for up to 1 ms took 8-byte all-gathers among 4 ranks
+	// from ~110 µs (5 µs, then futex sleeps) to ~35 µs.
 	g.spin = cfg.SpinTime
 	if g.spin <= 0 {
 		g.spin = 50 * time.Microsecond
 		if g.oversb {
-			g.spin = 5 * time.Microsecond
+			g.spin = time.Millisecond
 		}
 	}
 	return g, nil
