@@ -281,7 +281,7 @@ func overlapCmd(args []string) error {
 	nFixed := fs.Int("n", 0, "columns of B and C for every shape (default: n = k)")
 	dtypes := fs.StringSlice("dtype", []string{"float32"}, "float32, float64 or both")
 	pieces := fs.Int("pieces", 4, "pieces the gather is cut into")
-	iters := fs.Int("iters", 3, "timed iterations per way and shape")
+	iters := fs.Int("iters", 3, "least timed iterations per way and shape (more, up to 200, to fill about 0.2 s)")
 	mode := fs.String("mode", "auto", "intra, inter or auto")
 	asCSV := fs.Bool("csv", false, "print CSV instead of the table")
 	plotFile := fs.String("plot", "", "write a PNG of efficiency against m")
