@@ -110,6 +110,7 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		CMAMin:      o.CMAMin,
 		BigCopy:     o.BigCopy,
 		SpinTime:    o.SpinTime,
+		ShareCores:  o.Algo != "intra",
 	})
 	if err != nil {
 		c.Close()

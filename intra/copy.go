@@ -8,20 +8,26 @@ import "runtime"
 // left in the cache: measured with two ranks on the development machines, a
 // 1 MiB block copied whole took 4.6 times as long as a 512 KiB one. So
 // blocks below bigCopy are copied in cachePiece pieces, under the runtime's
-// threshold. Blocks from bigCopy up are copied with non-temporal stores in
-// streamPiece pieces, yielding the processor between them: a long copy
-// then shares the cores with the goroutines that feed the network (across
-// two namespaces on 2 cores this raised 16 and 64 MiB busbw by 6–8%).
+// threshold. Blocks from bigCopy up are copied whole, with non-temporal
+// stores; or, when the group shares its cores with network transfers
+// (yield), in streamPiece pieces that yield the processor between them, so
+// that a long copy lets the goroutines feeding the network run: across two
+// namespaces on 2 cores that raised 16 and 64 MiB busbw by 6–8%, while
+// within a node it cost 5–10%.
 const (
 	cachePiece  = 512 << 10
 	streamPiece = 1 << 20
 )
 
 // copyBlock copies src into dst (same length) by the rule above.
-func copyBlock(dst, src []byte, bigCopy int) {
+func copyBlock(dst, src []byte, bigCopy int, yield bool) {
 	n := len(src)
 	piece := cachePiece
 	if n >= bigCopy {
+		if !yield {
+			copy(dst, src)
+			return
+		}
 		piece = streamPiece
 	}
 	if n <= piece {

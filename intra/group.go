@@ -57,6 +57,9 @@ type Config struct {
 	// BigCopy is the size from which a block is copied in one piece, with
 	// the runtime's non-temporal stores; smaller ones stay in the cache.
 	BigCopy int
+	// ShareCores says network transfers run beside this group's copies:
+	// large copies then yield the processor every MiB (see copyBlock).
+	ShareCores bool
 	// SpinTime is how long a wait spins before it sleeps on its futex;
 	// zero picks a default from the number of ranks per CPU.
 	SpinTime time.Duration

@@ -176,7 +176,7 @@ func (o *Op) run(ctx context.Context) error {
 			if err != nil {
 				return fault.New(o.name, g.global(me), g.global(p), fault.ErrSizeMismatch, "%v", err)
 			}
-			copyBlock(dst, src, g.cfg.BigCopy)
+			copyBlock(dst, src, g.cfg.BigCopy, g.cfg.ShareCores)
 			atomic.StoreUint64(&g.myAcks[p].ack, e)
 			g.ring(p)
 		case ph.mode == modeCMA:
@@ -273,7 +273,7 @@ func (o *Op) run(ctx context.Context) error {
 	}
 
 	if !ownCopied {
-		copyBlock(o.dst[o.offs[me]:o.offs[me]+mySize], o.src, g.cfg.BigCopy)
+		copyBlock(o.dst[o.offs[me]:o.offs[me]+mySize], o.src, g.cfg.BigCopy, g.cfg.ShareCores)
 	}
 
 	// 4. A source read in place may change once this call returns: wait
