@@ -3,7 +3,7 @@ package collective_test
 import (
 	"bytes"
 	"fmt"
-	"net"
+	"github.com/slimego/slimego/internal/testbin"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,15 +23,7 @@ type nodeJob struct {
 	runID string
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { return testbin.FreePort(t) }
 
 // runNodes runs nodes × perNode ranks of prog; kill, if set, is called with
 // the node's command once all have started.

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/testbin"
 )
 
 // syncBuffer is a console shared by the workers' output goroutines.
@@ -175,7 +177,7 @@ func TestBadConfig(t *testing.T) {
 
 func TestMissingNodeNamed(t *testing.T) {
 	var errb syncBuffer
-	err := Run(context.Background(), Config{NNodes: 3, NodeRank: 0, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: freePort(t),
+	err := Run(context.Background(), Config{NNodes: 3, NodeRank: 0, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: testbin.FreePort(t),
 		RdzvTimeout: 300 * time.Millisecond, Program: "true", Stderr: &errb})
 	if err == nil || !strings.Contains(err.Error(), "node rank(s) [1 2] did not join") {
 		t.Fatalf("err = %v", err)
