@@ -14,12 +14,48 @@ GOTAGS := -tags openblas
 export CGO_LDFLAGS := -lopenblas
 endif
 
-.PHONY: all build demo test test-netns test-short fuzz bench bench-netns bench-gemm clean
+.PHONY: all build demo test test-netns test-short fuzz bench bench-netns bench-gemm clean kernels device-check
 
 all: build
 
 build:
 	$(GO) build $(GOTAGS) -o $(BIN)/ ./cmd/... ./examples/...
+
+# The GPU libraries, with nvcc (none of it is needed to build or test the
+# Go module: the commands load them at run time). CUDA_ARCH picks the GPU
+# (sm_90: Hopper); CUBLAS_LIB and CUDA_INC point at cuBLAS where it is not
+# in the compiler's own paths; NVSHMEM_HOME, where NVSHMEM is installed,
+# adds libslimenvshmem.so.
+NVCC       ?= nvcc
+CUDA_ARCH  ?= sm_90
+NVCCFLAGS  ?= -O3 -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -fPIC,-Wall
+CUDA_INC   ?=
+CUBLAS_LIB ?=
+NVSHMEM_HOME ?=
+KLIB := kernels/build
+kernels: $(KLIB)/libslimecuda.so $(if $(NVSHMEM_HOME),$(KLIB)/libslimenvshmem.so)
+
+$(KLIB)/libslimecuda.so: kernels/slime.cu kernels/slime.h
+	@mkdir -p $(KLIB)
+	$(NVCC) $(NVCCFLAGS) -shared $(CUDA_INC) -o $@ kernels/slime.cu \
+	  $(if $(CUBLAS_LIB),-L$(CUBLAS_LIB) -Xlinker -rpath=$(CUBLAS_LIB)) -lcublas
+
+$(KLIB)/libslimenvshmem.so: kernels/nvshmem.cu kernels/slime.h
+	@mkdir -p $(KLIB)
+	$(NVCC) $(NVCCFLAGS) -rdc=true -shared $(CUDA_INC) -I$(NVSHMEM_HOME)/include -o $@ kernels/nvshmem.cu \
+	  -L$(NVSHMEM_HOME)/lib -Xlinker -rpath=$(NVSHMEM_HOME)/lib -lnvshmem_host -lnvshmem_device
+
+# On a machine with a GPU, where nvcc and Python are but Go may not be: the
+# Go binaries (make build, and the test binaries of make device-bins) travel
+# with the tree. Builds the kernels there, runs the CUDA tests and the
+# benchmarks, and writes the tables under $(OUT).
+device-bins: build
+	@mkdir -p $(BIN)/tests
+	for p in kernels device cudagraph collective overlap; do \
+	  $(GO) test $(GOTAGS) -c -o $(BIN)/tests/$$p.test ./$$p || exit 1; done
+
+device-check:
+	OUT=$(OUT) scripts/device-check.sh
 
 # The main job: a 4-rank AllGather with a check, then a short benchmark.
 demo: build
@@ -86,4 +122,4 @@ bench-gemm:
 	else echo "libopenblas-dev not installed: gonum only"; fi
 
 clean:
-	rm -rf $(BIN) $(OUT)
+	rm -rf $(BIN) $(OUT) $(KLIB)

@@ -114,6 +114,9 @@ func AllGather(ctx context.Context, c *collective.Communicator, cfg Config) ([]R
 }
 
 func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int, inPlace bool) (Result, error) {
+	if cfg.Backend == "cuda" {
+		return oneSizeGPU(ctx, c, cfg, n, inPlace)
+	}
 	P, me := c.Size(), c.Rank()
 	res := Result{Impl: "slimego", Backend: cfg.Backend, Mode: cfg.Mode, P: P, Nodes: c.Nodes(), S: int64(n), InPlace: inPlace}
 	var dst, src []byte
@@ -157,20 +160,15 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	if err := plan.Run(ctx); err != nil {
 		return res, err
 	}
-	var wrong int64
-	for r := range P {
-		blk := dst[r*n : r*n+n]
-		if i := pattern.Check(blk, pattern.Seed(r, 1, uint64(n))); i >= 0 {
-			want := make([]byte, n)
-			pattern.Fill(want, pattern.Seed(r, 1, uint64(n)))
-			for j := i; j < n; j++ {
-				if blk[j] != want[j] {
-					wrong++
-				}
-			}
-		}
-	}
-	// Warm-up, and from it the iteration count every rank agrees on.
+	wrong := countWrong(dst, P, n)
+	return res, timeRuns(ctx, c, cfg, &res, wrong, plan.Run)
+}
+
+// timeRuns applies BENCH.md's timing to run on every rank: warm-up, an
+// iteration count every rank agrees on, each iteration between barriers,
+// the slowest rank's time of each, then the median; it fills res.
+func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *Result, wrong int64, run func(context.Context) error) error {
+	P := c.Size()
 	warm := cfg.Warmup
 	if warm <= 0 {
 		warm = 5
@@ -179,17 +177,17 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	est := make([]float64, 1)
 	for range warm {
 		if err := c.Barrier(ctx); err != nil {
-			return res, err
+			return err
 		}
 		t0 = time.Now()
-		if err := plan.Run(ctx); err != nil {
-			return res, err
+		if err := run(ctx); err != nil {
+			return err
 		}
 		est[0] = max(est[0], time.Since(t0).Seconds())
 	}
 	all := make([]float64, P)
 	if err := collective.AllGatherOf(ctx, c, all, est); err != nil {
-		return res, err
+		return err
 	}
 	iters := cfg.Iters
 	if iters <= 0 {
@@ -200,22 +198,22 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	times := make([]float64, iters)
 	for i := range times {
 		if err := c.Barrier(ctx); err != nil {
-			return res, err
+			return err
 		}
 		t0 = time.Now()
-		if err := plan.Run(ctx); err != nil {
-			return res, err
+		if err := run(ctx); err != nil {
+			return err
 		}
 		times[i] = float64(time.Since(t0).Nanoseconds()) / 1e3
 	}
 	// The slowest rank's time of each iteration, then the median.
 	everyone := make([]float64, P*iters)
 	if err := collective.AllGatherOf(ctx, c, everyone, times); err != nil {
-		return res, err
+		return err
 	}
 	wrongs := make([]int64, P)
 	if err := collective.AllGatherOf(ctx, c, wrongs, []int64{wrong}); err != nil {
-		return res, err
+		return err
 	}
 	for i := range times {
 		m := 0.0
@@ -230,7 +228,26 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	}
 	res.Iters = iters
 	res.Bandwidths()
-	return res, nil
+	return nil
+}
+
+// countWrong counts the bytes of dst (P blocks of n) that differ from
+// what the ranks' patterns (round 1) say.
+func countWrong(dst []byte, P, n int) int64 {
+	var wrong int64
+	for r := range P {
+		blk := dst[r*n : r*n+n]
+		if i := pattern.Check(blk, pattern.Seed(r, 1, uint64(n))); i >= 0 {
+			want := make([]byte, n)
+			pattern.Fill(want, pattern.Seed(r, 1, uint64(n)))
+			for j := i; j < n; j++ {
+				if blk[j] != want[j] {
+					wrong++
+				}
+			}
+		}
+	}
+	return wrong
 }
 
 // Median of xs (which it sorts).

@@ -47,6 +47,9 @@ type Communicator struct {
 	hier *inter.Hier
 	ring *inter.RingAG
 
+	// the CUDA backend's state; nil on the CPU
+	gpu *gpuState
+
 	// scratch for the one-shot calls, so that they allocate nothing
 	oneShot op
 	sizes   []int
@@ -72,8 +75,9 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	if _, err := device.Resolve(o.Backend); err != nil {
-		return nil, fmt.Errorf("collective: init rank %d: %w", o.Rank, err)
+	kind, err := device.Resolve(o.Backend)
+	if err != nil {
+		return nil, fault.New("init", o.Rank, -1, ErrInvalid, "%v", err)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -125,9 +129,15 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 	}
 	c.sizes = make([]int, o.WorldSize)
 	c.offs = make([]int, o.WorldSize)
+	if kind == device.CUDA {
+		if err := c.initGPU(ctx, lay); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
 	if o.Debug != "" {
-		fmt.Fprintf(os.Stderr, "slimego INFO rank %d/%d local %d/%d node %d/%d backend cpu store %s run %s timeout %v algo %s\n",
-			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize, o.NodeRank, c.nodes, c.storeAddr(), o.RunID, o.Timeout, o.Algo)
+		fmt.Fprintf(os.Stderr, "slimego INFO rank %d/%d local %d/%d node %d/%d backend %s store %s run %s timeout %v algo %s\n",
+			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize, o.NodeRank, c.nodes, c.describeBackend(), c.storeAddr(), o.RunID, o.Timeout, o.Algo)
 	}
 	return c, nil
 }
@@ -172,7 +182,8 @@ func merge(opts, env Options) Options {
 	if o.SpinTime == 0 {
 		o.SpinTime = env.SpinTime
 	}
-	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}, {&o.BigCopy, &env.BigCopy}} {
+	o.Eager = o.Eager || env.Eager
+	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}, {&o.BigCopy, &env.BigCopy}, {&o.GPUScratch, &env.GPUScratch}} {
 		if *f.dst == 0 {
 			*f.dst = *f.src
 		}
@@ -303,6 +314,9 @@ func (c *Communicator) Describe() string {
 	return fmt.Sprintf(" algo=%s channels=%d", c.opts.Algo, ch)
 }
 
+// Options are the options the communicator runs with, environment merged.
+func (c *Communicator) Options() Options { return c.opts }
+
 // Timeout is the bound on every wait.
 func (c *Communicator) Timeout() time.Duration { return c.opts.Timeout }
 
@@ -310,6 +324,7 @@ func (c *Communicator) Timeout() time.Duration { return c.opts.Timeout }
 // It unmaps all shared memory (whose names were already unlinked) and,
 // on the rank that hosts it, stops the store.
 func (c *Communicator) Close() error {
+	c.closeGPU()
 	if c.net != nil {
 		c.net.Close()
 		c.net, c.hier, c.ring = nil, nil, nil

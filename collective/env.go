@@ -63,6 +63,13 @@ type Options struct {
 	// SLIME_ZERO_COPY_MIN, SLIME_CMA_MIN, SLIME_BIG_COPY; a negative CMAMin
 	// turns cross-memory attach off).
 	SlotBytes, Slots, ZeroCopyMin, CMAMin, BigCopy int
+	// Eager launches GPU work directly instead of capturing it into CUDA
+	// graphs (SLIME_EAGER=1; the commands' --eager-mode).
+	Eager bool
+	// GPUScratch is the bytes of one block in the GPU all-gather's scratch
+	// slots (SLIME_GPU_SCRATCH; default 16 MiB): each rank holds 2 × local
+	// ranks × GPUScratch of device memory, and larger blocks go in rounds.
+	GPUScratch int
 }
 
 // LoadEnv reads the environment that slimerun and torchrun (RANK,
@@ -188,6 +195,20 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	}
 	if o.Backend, err = device.Parse(getenv("SLIME_BACKEND")); err != nil {
 		return bad("SLIME_BACKEND: %v", err)
+	}
+	if v := strings.TrimSpace(getenv("SLIME_EAGER")); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return bad("SLIME_EAGER=%q: want 0 or 1", v)
+		}
+		o.Eager = b
+	}
+	if v := getenv("SLIME_GPU_SCRATCH"); v != "" {
+		n, err := bytesize.Parse(v)
+		if err != nil || n <= 0 {
+			return bad("SLIME_GPU_SCRATCH=%q: want a positive size", v)
+		}
+		o.GPUScratch = int(n)
 	}
 	o.Debug = strings.ToUpper(strings.TrimSpace(getenv("SLIME_DEBUG")))
 	o.Algo = strings.ToLower(strings.TrimSpace(getenv("SLIME_ALGO")))

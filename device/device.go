@@ -2,6 +2,13 @@
 // and picks one: the CPU backend (host memory, shared memory between the
 // ranks of a node) everywhere, the CUDA backend where its kernels library
 // and a GPU are present.
+//
+// Both backends order work the same way: a stream runs work in order, an
+// event marks a point in a stream for another stream to wait on, and every
+// wait for the host has a deadline. [Stream] and [Event] are the CPU's
+// (goroutine queues); [CUDAStream] and [CUDAEvent] are CUDA's, over
+// libslimecuda.so (package kernels), with [GPU] the device and
+// [CUDABuffer] its memory. Both stream kinds satisfy [Synchronizer].
 package device
 
 import (
@@ -51,14 +58,23 @@ func Parse(s string) (Kind, error) {
 	return Auto, fmt.Errorf("device: unknown backend %q (want cpu, cuda or auto)", s)
 }
 
-// Resolve turns a requested kind into the one that will run: Auto falls
-// back to the CPU, and CUDA is an error naming what is missing.
+// Resolve turns a requested kind into the one that will run: Auto is CUDA
+// where libslimecuda.so loads and sees a GPU, the CPU otherwise; CUDA that
+// cannot run is an error (wrapping ErrUnavailable) naming what is missing.
 func Resolve(k Kind) (Kind, error) {
 	switch k {
-	case Auto, CPU:
+	case CPU:
+		return CPU, nil
+	case Auto:
+		if CUDAAvailable() == nil {
+			return CUDA, nil
+		}
 		return CPU, nil
 	case CUDA:
-		return CPU, fmt.Errorf("%w: cuda: this build has no CUDA backend (libslimecuda.so is not loaded); use --backend cpu or auto", ErrUnavailable)
+		if err := CUDAAvailable(); err != nil {
+			return CPU, fmt.Errorf("%w: cuda: %v; use --backend cpu or auto", ErrUnavailable, err)
+		}
+		return CUDA, nil
 	}
 	return CPU, fmt.Errorf("device: unknown backend %v", k)
 }

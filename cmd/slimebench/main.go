@@ -39,6 +39,8 @@ func main() {
 		err = memcpy(os.Args[2:])
 	case "tcp":
 		err = tcp(os.Args[2:])
+	case "d2d":
+		err = d2d(os.Args[2:])
 	case "overlap":
 		err = overlapCmd(os.Args[2:])
 	case "gemm":
@@ -64,6 +66,7 @@ func usage() {
 commands:
   allgather   AllGather sweep (run it under slimerun, torchrun or mpirun)
   memcpy      single-core copy bandwidth at the same sizes: the ceiling
+  d2d         GPU device-to-device copy bandwidth: the GPU all-gather's ceiling
   tcp         raw TCP latency and bandwidth between two ranks (one per node)
   overlap     AllGather+GEMM: t_comm, t_gemm, t_seq, t_overlap, efficiency
   gemm        GFLOP/s of the GEMM the overlap uses (gonum, or OpenBLAS with -tags openblas)
@@ -134,14 +137,14 @@ func allgather(args []string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := device.Resolve(kind); err != nil {
+	if kind, err = device.Resolve(kind); err != nil {
 		return err
 	}
 	if *buffers != "symmetric" && *buffers != "plain" {
 		return fmt.Errorf("--buffers %q: want symmetric or plain", *buffers)
 	}
 	ctx := context.Background()
-	c, err := collective.Init(ctx, collective.Options{Backend: kind, Channels: *channels, Algo: *algo})
+	c, err := collective.Init(ctx, collective.Options{Backend: kind, Channels: *channels, Algo: *algo, Eager: *eager})
 	if err != nil {
 		return err
 	}
@@ -150,8 +153,7 @@ func allgather(args []string) error {
 	if err != nil {
 		return err
 	}
-	_ = eager // recorded in the title; the CPU backend has no graphs
-	cfg := bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup, Symmetric: *buffers == "symmetric", Backend: "cpu", Mode: m}
+	cfg := bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup, Symmetric: *buffers == "symmetric", Backend: c.Backend().String(), Mode: m}
 	start := time.Now()
 	if !*quiet {
 		cfg.Progress = func(done, total int, r bench.Result) {
@@ -172,11 +174,15 @@ func allgather(args []string) error {
 	case *asJSON:
 		return bench.WriteJSON(os.Stdout, rs)
 	}
-	graph := "eager (cpu)"
-	if *eager {
-		graph = "eager (--eager-mode)"
+	launch, bufs := "eager (cpu)", *buffers
+	if c.Backend() == device.CUDA {
+		launch, bufs = "graph", "device"
+		if *eager || c.Options().Eager {
+			launch = "eager (--eager-mode)"
+		}
+		launch += " on " + c.GPU().String()
 	}
-	bench.WriteTable(os.Stdout, rs, fmt.Sprintf("slimego allgather: P=%d nodes=%d backend=cpu mode=%s buffers=%s launch=%s%s", c.Size(), c.Nodes(), m, *buffers, graph, c.Describe()))
+	bench.WriteTable(os.Stdout, rs, fmt.Sprintf("slimego allgather: P=%d nodes=%d backend=%s mode=%s buffers=%s launch=%s%s", c.Size(), c.Nodes(), c.Backend(), m, bufs, launch, c.Describe()))
 	for _, r := range rs {
 		if r.Wrong != 0 {
 			return fmt.Errorf("%d wrong bytes", r.Wrong)
@@ -205,6 +211,40 @@ func memcpy(args []string) error {
 		return bench.WriteCSV(os.Stdout, rs)
 	}
 	fmt.Printf("# single-core memcpy between reused buffers\n#%12s %10s %9s\n", "size (B)", "time (us)", "GB/s")
+	for _, r := range rs {
+		fmt.Printf(" %12d %10.2f %9.3f\n", r.S, r.Median, r.BusBW)
+	}
+	return nil
+}
+
+func d2d(args []string) error {
+	fs := pflag.NewFlagSet("slimebench d2d", pflag.ContinueOnError)
+	sw := sweepFlags(fs)
+	ordinal := fs.Int("device", 0, "GPU ordinal")
+	asCSV := fs.Bool("csv", false, "print CSV (impl d2d, busbw = GB/s copied) instead of the table")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	sizes, err := sw.sizes()
+	if err != nil {
+		return err
+	}
+	gpu, err := device.OpenGPU(*ordinal)
+	if err != nil {
+		return err
+	}
+	var rs []bench.Result
+	for _, n := range sizes {
+		us, gbps, err := bench.D2D(context.Background(), gpu, int(n), 200*time.Millisecond)
+		if err != nil {
+			return err
+		}
+		rs = append(rs, bench.Result{Impl: "d2d", Backend: "cuda", Mode: "copy", P: 1, Nodes: 1, S: n, Median: us, AlgBW: gbps, BusBW: gbps})
+	}
+	if *asCSV {
+		return bench.WriteCSV(os.Stdout, rs)
+	}
+	fmt.Printf("# device-to-device copy on %s (cudaMemcpyAsync, back to back, CUDA events)\n#%12s %10s %9s\n", gpu, "size (B)", "time (us)", "GB/s")
 	for _, r := range rs {
 		fmt.Printf(" %12d %10.2f %9.3f\n", r.S, r.Median, r.BusBW)
 	}

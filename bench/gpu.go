@@ -1,0 +1,122 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/pattern"
+)
+
+// oneSizeGPU is oneSize on device memory of the communicator's GPU: the
+// buffers are filled from the host, gathered by a GPU plan (graph or eager,
+// as the communicator says), copied back and checked, then timed.
+func oneSizeGPU(ctx context.Context, c *collective.Communicator, cfg Config, n int, inPlace bool) (res Result, err error) {
+	P, me, gpu := c.Size(), c.Rank(), c.GPU()
+	res = Result{Impl: "slimego", Backend: cfg.Backend, Mode: cfg.Mode, P: P, Nodes: c.Nodes(), S: int64(n), InPlace: inPlace}
+	if gpu == nil {
+		return res, errors.New("bench: the communicator has no GPU")
+	}
+	dst, err := gpu.Alloc(P * n)
+	if err != nil {
+		return res, err
+	}
+	defer dst.Free()
+	var src *device.CUDABuffer
+	if inPlace {
+		if src, err = dst.Slice(me*n, n); err != nil {
+			return res, err
+		}
+	} else {
+		if src, err = gpu.Alloc(n); err != nil {
+			return res, err
+		}
+		defer src.Free()
+	}
+	plan, err := c.PlanGPU(ctx, dst, src)
+	if err != nil {
+		return res, err
+	}
+	defer plan.Close()
+	host := make([]byte, P*n)
+	pattern.Fill(host, 0xdead)
+	if err := dst.CopyFromHost(host); err != nil {
+		return res, err
+	}
+	pattern.Fill(host[:n], pattern.Seed(me, 1, uint64(n)))
+	if err := src.CopyFromHost(host[:n]); err != nil {
+		return res, err
+	}
+	if err := plan.Run(ctx); err != nil {
+		return res, err
+	}
+	if err := dst.CopyToHost(host); err != nil {
+		return res, err
+	}
+	res.Mode = cfg.Mode + "/" + plan.Mode()
+	return res, timeRuns(ctx, c, cfg, &res, countWrong(host, P, n), plan.Run)
+}
+
+// D2D measures a device-to-device copy of n bytes on gpu, the ceiling of
+// the GPU all-gather: the mean over enough back-to-back copies to fill
+// minTime, timed with CUDA events. gbps counts the bytes copied (not read
+// plus written), as busbw counts the bytes a rank receives.
+func D2D(ctx context.Context, gpu *device.GPU, n int, minTime time.Duration) (us, gbps float64, err error) {
+	a, err := gpu.Alloc(n)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer a.Free()
+	b, err := gpu.Alloc(n)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer b.Free()
+	s, err := gpu.NewStream()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer s.Close()
+	start, err := gpu.NewEvent(true)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer start.Close()
+	end, err := gpu.NewEvent(true)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer end.Close()
+	lib, dev := gpu.Lib(), gpu.Ordinal
+	copies := func(k int) (time.Duration, error) {
+		if err := start.Record(s); err != nil {
+			return 0, err
+		}
+		for range k {
+			if err := lib.MemcpyAsync(dev, b.Ptr, a.Ptr, uint64(n), s.H); err != nil {
+				return 0, err
+			}
+		}
+		if err := end.Record(s); err != nil {
+			return 0, err
+		}
+		if err := s.Synchronize(ctx); err != nil {
+			return 0, err
+		}
+		return end.Since(start)
+	}
+	k := 1
+	for {
+		d, err := copies(k)
+		if err != nil {
+			return 0, 0, err
+		}
+		if d >= minTime || k >= 1<<20 {
+			us = d.Seconds() * 1e6 / float64(k)
+			return us, float64(n) / (us * 1e-6) / 1e9, nil
+		}
+		k *= 4
+	}
+}

@@ -1,0 +1,315 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/slimego/slimego/cudagraph"
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/intra"
+	"github.com/slimego/slimego/kernels"
+	"github.com/slimego/slimego/nvshmem"
+)
+
+// gpuState is a communicator's CUDA backend: its GPU, the stream its
+// collectives run on, the node's LL all-gather group and, across nodes
+// where libslimenvshmem.so is present, the NVSHMEM team.
+type gpuState struct {
+	dev     *device.GPU
+	stream  *device.CUDAStream
+	node    *intra.GPUGroup
+	team    *nvshmem.Team
+	teamErr error // why there is no team, across nodes
+}
+
+// initGPU opens GPU LOCAL_RANK mod the number of GPUs (several ranks may
+// share one) and sets up the node's GPU group.
+func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
+	o := c.opts
+	n, err := device.CUDADeviceCount()
+	if err != nil {
+		return fault.New("init", o.Rank, -1, ErrInvalid, "cuda: %v", err)
+	}
+	dev, err := device.OpenGPU(o.LocalRank % n)
+	if err != nil {
+		return fault.New("init", o.Rank, -1, ErrInvalid, "%v", err)
+	}
+	g := &gpuState{dev: dev}
+	c.gpu = g
+	if g.stream, err = dev.NewStream(); err != nil {
+		return fault.New("init", o.Rank, -1, err, "stream")
+	}
+	g.node, err = intra.NewGPU(ctx, intra.GPUConfig{
+		Store: c.store, Key: c.key("gpu" + strconv.Itoa(lay.myNode)),
+		Rank: o.LocalRank, Size: len(lay.members[lay.myNode]), Ranks: lay.members[lay.myNode],
+		Dev: dev, Cap: o.GPUScratch, Timeout: o.Timeout,
+	})
+	if err != nil {
+		return err
+	}
+	if c.nodes > 1 {
+		g.team, g.teamErr = nvshmem.Bootstrap(ctx, c.store, c.key("nvshmem"), dev, o.Rank, o.WorldSize, o.Timeout)
+		if g.teamErr != nil && !errors.Is(g.teamErr, kernels.ErrNotFound) {
+			return g.teamErr
+		}
+	}
+	return nil
+}
+
+func (c *Communicator) describeBackend() string {
+	if c.gpu == nil {
+		return "cpu"
+	}
+	s := "cuda " + c.gpu.dev.String()
+	if c.nodes > 1 {
+		if c.gpu.team != nil {
+			s += " across nodes: nvshmem"
+		} else {
+			s += " across nodes: host-staged tcp"
+		}
+	}
+	return s
+}
+
+func (c *Communicator) closeGPU() {
+	g := c.gpu
+	if g == nil {
+		return
+	}
+	c.gpu = nil
+	ctx, cancel := context.WithTimeout(context.Background(), min(c.opts.Timeout, 10*time.Second))
+	defer cancel()
+	if g.stream != nil {
+		g.stream.Synchronize(ctx)
+	}
+	if g.node != nil {
+		g.node.Close(ctx)
+	}
+	if g.team != nil {
+		g.team.Close()
+	}
+	if g.stream != nil {
+		g.stream.Close()
+	}
+}
+
+// Backend is the backend the communicator runs on: device.CUDA where
+// Init opened a GPU, device.CPU otherwise. Host-memory collectives
+// (AllGather on byte slices) work on both.
+func (c *Communicator) Backend() device.Kind {
+	if c.gpu != nil {
+		return device.CUDA
+	}
+	return device.CPU
+}
+
+// GPU is the communicator's GPU, nil on the CPU backend.
+func (c *Communicator) GPU() *device.GPU {
+	if c.gpu == nil {
+		return nil
+	}
+	return c.gpu.dev
+}
+
+// GPUStream is the stream the communicator's GPU collectives run on; work
+// that consumes their results can be ordered after them with an event.
+func (c *Communicator) GPUStream() *device.CUDAStream {
+	if c.gpu == nil {
+		return nil
+	}
+	return c.gpu.stream
+}
+
+// GPUPlan is a planned all-gather of device memory. Run it from one
+// goroutine; it allocates nothing per run.
+type GPUPlan struct {
+	c      *Communicator
+	runner *cudagraph.Runner
+	node   *intra.GPUPlan
+	nv     *nvshmem.AllGather
+	// host-staged across nodes
+	host           *Plan
+	hostSrc, hostD []byte
+	src, dst       *device.CUDABuffer
+}
+
+// PlanGPU prepares an all-gather of equal blocks of device memory: src
+// (this rank's block) lands at Rank()·len(src) of dst on every rank. dst
+// and src are any memory of the communicator's GPU; in place (src inside
+// dst at this rank's offset) works. Within a node the plan runs the LL
+// kernel, captured into a CUDA graph on its first Run unless
+// Options.Eager; across nodes it runs the NVSHMEM kernel where
+// libslimenvshmem.so is present, otherwise it stages through host memory
+// and the TCP transport.
+func (c *Communicator) PlanGPU(ctx context.Context, dst, src *device.CUDABuffer) (*GPUPlan, error) {
+	if c.gpu == nil {
+		return nil, fault.New("allgather", c.Rank(), -1, ErrInvalid, "the communicator runs on the CPU backend (Backend() is cpu)")
+	}
+	if dst.Len < c.Size()*src.Len {
+		return nil, fault.New("allgather", c.Rank(), -1, ErrInvalid, "dst holds %d bytes, %d ranks × %d need %d", dst.Len, c.Size(), src.Len, c.Size()*src.Len)
+	}
+	counts := make([]int, c.Size())
+	for i := range counts {
+		counts[i] = src.Len
+	}
+	return c.planGPU(ctx, dst, src, counts)
+}
+
+// PlanGPUV is PlanGPU with counts[r] bytes from rank r, packed in rank
+// order; every rank passes the same counts.
+func (c *Communicator) PlanGPUV(ctx context.Context, dst, src *device.CUDABuffer, counts []int) (*GPUPlan, error) {
+	if c.gpu == nil {
+		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "the communicator runs on the CPU backend (Backend() is cpu)")
+	}
+	if len(counts) != c.Size() {
+		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "%d counts for %d ranks", len(counts), c.Size())
+	}
+	total := 0
+	for _, n := range counts {
+		if n < 0 {
+			return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "negative count %d", n)
+		}
+		total += n
+	}
+	if counts[c.Rank()] != src.Len || dst.Len < total {
+		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "src holds %d bytes (counts say %d), dst %d of %d needed", src.Len, counts[c.Rank()], dst.Len, total)
+	}
+	return c.planGPU(ctx, dst, src, counts)
+}
+
+func (c *Communicator) planGPU(ctx context.Context, dst, src *device.CUDABuffer, counts []int) (*GPUPlan, error) {
+	g := c.gpu
+	p := &GPUPlan{c: c, src: src, dst: dst}
+	offs := make([]int, len(counts))
+	for r := 1; r < len(counts); r++ {
+		offs[r] = offs[r-1] + counts[r-1]
+	}
+	uniform := true
+	for _, n := range counts {
+		uniform = uniform && n == counts[0]
+	}
+	var launch cudagraph.Launcher
+	switch {
+	case c.nodes == 1:
+		np, err := g.node.Plan(dst.Ptr, src.Ptr, counts, offs)
+		if err != nil {
+			return nil, err
+		}
+		p.node, launch = np, np.Launch
+	case g.team != nil && uniform:
+		nv, err := g.team.Plan(ctx, src.Ptr, dst.Ptr, counts[0])
+		if err != nil {
+			return nil, err
+		}
+		p.nv, launch = nv, nv.Launch
+	default:
+		// Host-staged: the GPU block to host memory, the CPU backend's
+		// all-gather across nodes, the result back to the GPU.
+		p.hostSrc = make([]byte, src.Len)
+		total := offs[len(offs)-1] + counts[len(counts)-1]
+		p.hostD = make([]byte, total)
+		hp, err := c.PlanV(p.hostD, p.hostSrc, counts)
+		if err != nil {
+			return nil, err
+		}
+		p.host = hp
+		return p, nil
+	}
+	p.runner = cudagraph.New(g.stream, c.opts.Eager || cudagraph.Eager(), launch)
+	return p, nil
+}
+
+// Mode is "graph", "eager" or "host-staged".
+func (p *GPUPlan) Mode() string {
+	if p.runner == nil {
+		return "host-staged"
+	}
+	return p.runner.Mode()
+}
+
+// Launch enqueues one all-gather on GPUStream() without waiting for it; a
+// later Run, or GPUStream().Synchronize and Check, collects the outcome.
+// Host-staged plans run to completion here.
+func (p *GPUPlan) Launch(ctx context.Context) error {
+	if p.c.gpu == nil {
+		return p.c.closedErr("allgather")
+	}
+	if p.runner == nil {
+		return p.runHost(ctx)
+	}
+	if err := p.c.gpu.node.Check("allgather"); err != nil {
+		return err
+	}
+	if err := p.runner.Run(); err != nil {
+		return fault.New("allgather", p.c.Rank(), -1, err, "launch (%s mode)", p.runner.Mode())
+	}
+	return nil
+}
+
+// Run performs one all-gather and waits for it, within the communicator's
+// timeout: a peer that does not arrive, or that announces another size, is
+// an *OpError naming it on every rank.
+func (p *GPUPlan) Run(ctx context.Context) error {
+	if err := p.Launch(ctx); err != nil || p.runner == nil {
+		return err
+	}
+	return p.Check(ctx)
+}
+
+// Check waits for the launched work and reports what the kernels saw.
+func (p *GPUPlan) Check(ctx context.Context) error {
+	g := p.c.gpu
+	if g == nil {
+		return p.c.closedErr("allgather")
+	}
+	// The kernels give up after the timeout; the host waits a little longer
+	// so that their own report, naming the peer, comes first.
+	wctx, cancel := context.WithTimeout(ctx, p.c.opts.Timeout+5*time.Second)
+	defer cancel()
+	if err := g.stream.Synchronize(wctx); err != nil {
+		e := fault.New("allgather", p.c.Rank(), -1, ErrTimeout, "%v", err)
+		g.node.Fail(e)
+		return e
+	}
+	if p.nv != nil {
+		if err := p.nv.Check(); err != nil {
+			g.node.Fail(err)
+			return err
+		}
+	}
+	return g.node.Check("allgather")
+}
+
+func (p *GPUPlan) runHost(ctx context.Context) error {
+	if err := p.src.CopyToHost(p.hostSrc); err != nil {
+		return fault.New("allgather", p.c.Rank(), -1, err, "staging to the host")
+	}
+	if err := p.host.Run(ctx); err != nil {
+		return err
+	}
+	if err := p.dst.CopyFromHost(p.hostD); err != nil {
+		return fault.New("allgather", p.c.Rank(), -1, err, "staging from the host")
+	}
+	return nil
+}
+
+// Close releases the plan's graph and memory.
+func (p *GPUPlan) Close() error {
+	var errs []error
+	if p.runner != nil {
+		errs = append(errs, p.runner.Close())
+	}
+	if p.nv != nil {
+		errs = append(errs, p.nv.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// String says where and how the plan runs.
+func (p *GPUPlan) String() string {
+	return fmt.Sprintf("allgather on %s, %s mode", p.c.describeBackend(), p.Mode())
+}

@@ -1,0 +1,242 @@
+package device
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/slimego/slimego/kernels"
+)
+
+// Synchronizer is what the host waits on: a stream of either backend.
+type Synchronizer interface {
+	// Synchronize returns once the work enqueued so far is done, with its
+	// first error, or an error wrapping ErrWaitTimeout when ctx ends first.
+	Synchronize(ctx context.Context) error
+}
+
+var (
+	_ Synchronizer = (*Stream)(nil)
+	_ Synchronizer = (*CUDAStream)(nil)
+)
+
+var (
+	cudaOnce  sync.Once
+	cudaCount int
+	cudaErr   error
+)
+
+// CUDAAvailable says why the CUDA backend cannot run here (nil if it can):
+// libslimecuda.so is not found, or CUDA sees no GPU.
+func CUDAAvailable() error {
+	_, err := CUDADeviceCount()
+	return err
+}
+
+// CUDADeviceCount is the number of GPUs, once the library loads.
+func CUDADeviceCount() (int, error) {
+	cudaOnce.Do(func() {
+		lib, err := kernels.Open()
+		if err != nil {
+			cudaErr = err
+			return
+		}
+		cudaCount, cudaErr = lib.DeviceCount()
+	})
+	return cudaCount, cudaErr
+}
+
+// GPU is one CUDA device. Its methods are safe for concurrent use; every call
+// selects the device itself, so goroutines may move between threads.
+type GPU struct {
+	Ordinal int
+	Name    string
+	BusID   string // PCI address, as NVML spells it
+	lib     *kernels.Lib
+}
+
+// OpenGPU opens GPU ordinal (0 ≤ ordinal < CUDADeviceCount).
+func OpenGPU(ordinal int) (*GPU, error) {
+	n, err := CUDADeviceCount()
+	if err != nil {
+		return nil, fmt.Errorf("%w: cuda: %v", ErrUnavailable, err)
+	}
+	if ordinal < 0 || ordinal >= n {
+		return nil, fmt.Errorf("%w: cuda: device %d of %d", ErrUnavailable, ordinal, n)
+	}
+	lib, _ := kernels.Open()
+	d := &GPU{Ordinal: ordinal, lib: lib}
+	if d.Name, err = lib.DeviceName(ordinal); err != nil {
+		return nil, err
+	}
+	if d.BusID, err = lib.PCIBusID(ordinal); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Lib is the loaded library, for the kernels' own calls.
+func (d *GPU) Lib() *kernels.Lib { return d.lib }
+
+func (d *GPU) String() string { return fmt.Sprintf("cuda:%d (%s, %s)", d.Ordinal, d.Name, d.BusID) }
+
+// CUDABuffer is device memory.
+type CUDABuffer struct {
+	Dev *GPU
+	Ptr kernels.Ptr
+	Len int
+}
+
+// Alloc allocates n bytes of device memory.
+func (d *GPU) Alloc(n int) (*CUDABuffer, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("device: cuda alloc of %d bytes", n)
+	}
+	p, err := d.lib.Malloc(d.Ordinal, uint64(n))
+	if err != nil {
+		return nil, err
+	}
+	return &CUDABuffer{Dev: d, Ptr: p, Len: n}, nil
+}
+
+// Free releases the buffer (once).
+func (b *CUDABuffer) Free() error {
+	if b == nil || b.Ptr == 0 {
+		return nil
+	}
+	err := b.Dev.lib.Free(b.Dev.Ordinal, b.Ptr)
+	b.Ptr = 0
+	return err
+}
+
+// Slice is the n bytes at off, sharing the memory.
+func (b *CUDABuffer) Slice(off, n int) (*CUDABuffer, error) {
+	if off < 0 || n < 0 || off+n > b.Len {
+		return nil, fmt.Errorf("device: slice [%d, %d) of a %d-byte buffer", off, off+n, b.Len)
+	}
+	return &CUDABuffer{Dev: b.Dev, Ptr: b.Ptr + kernels.Ptr(off), Len: n}, nil
+}
+
+// CopyFromHost copies src into the start of the buffer.
+func (b *CUDABuffer) CopyFromHost(src []byte) error {
+	if len(src) > b.Len {
+		return fmt.Errorf("device: %d bytes into a %d-byte buffer", len(src), b.Len)
+	}
+	return b.Dev.lib.CopyFromHost(b.Dev.Ordinal, b.Ptr, src)
+}
+
+// CopyToHost copies the start of the buffer into dst.
+func (b *CUDABuffer) CopyToHost(dst []byte) error {
+	if len(dst) > b.Len {
+		return fmt.Errorf("device: %d bytes out of a %d-byte buffer", len(dst), b.Len)
+	}
+	return b.Dev.lib.CopyToHost(b.Dev.Ordinal, dst, b.Ptr)
+}
+
+// CUDAStream is a CUDA stream (non-blocking with respect to the legacy
+// default stream).
+type CUDAStream struct {
+	Dev *GPU
+	H   kernels.Stream
+}
+
+// NewStream creates a stream on d.
+func (d *GPU) NewStream() (*CUDAStream, error) {
+	h, err := d.lib.StreamCreate(d.Ordinal)
+	if err != nil {
+		return nil, err
+	}
+	return &CUDAStream{Dev: d, H: h}, nil
+}
+
+// Synchronize polls until the stream's work is done, or ctx ends (an error
+// wrapping ErrWaitTimeout). It spins for a few microseconds, then yields,
+// then sleeps, so that short collectives answer fast and long ones leave
+// the CPU to others. It allocates nothing.
+func (s *CUDAStream) Synchronize(ctx context.Context) error {
+	return poll(ctx, func() error { return s.Dev.lib.StreamQuery(s.Dev.Ordinal, s.H) })
+}
+
+// Wait makes the stream's later work wait until e is reached.
+func (s *CUDAStream) Wait(e *CUDAEvent) error {
+	return s.Dev.lib.StreamWaitEvent(s.Dev.Ordinal, s.H, e.H)
+}
+
+// Close destroys the stream.
+func (s *CUDAStream) Close() error {
+	if s == nil || s.H == 0 {
+		return nil
+	}
+	err := s.Dev.lib.StreamDestroy(s.Dev.Ordinal, s.H)
+	s.H = 0
+	return err
+}
+
+// CUDAEvent is a CUDA event.
+type CUDAEvent struct {
+	Dev *GPU
+	H   kernels.Event
+}
+
+// NewEvent creates an event; timing events can be measured with Elapsed.
+func (d *GPU) NewEvent(timing bool) (*CUDAEvent, error) {
+	h, err := d.lib.EventCreate(d.Ordinal, timing)
+	if err != nil {
+		return nil, err
+	}
+	return &CUDAEvent{Dev: d, H: h}, nil
+}
+
+// Record marks the point in s that e stands for.
+func (e *CUDAEvent) Record(s *CUDAStream) error {
+	return e.Dev.lib.EventRecord(e.Dev.Ordinal, e.H, s.H)
+}
+
+// Synchronize polls until e is reached, or ctx ends.
+func (e *CUDAEvent) Synchronize(ctx context.Context) error {
+	return poll(ctx, func() error { return e.Dev.lib.EventQuery(e.Dev.Ordinal, e.H) })
+}
+
+// Since is the time from start to e, both reached timing events.
+func (e *CUDAEvent) Since(start *CUDAEvent) (time.Duration, error) {
+	ms, err := e.Dev.lib.EventElapsed(e.Dev.Ordinal, start.H, e.H)
+	return time.Duration(float64(ms) * float64(time.Millisecond)), err
+}
+
+// Close destroys the event.
+func (e *CUDAEvent) Close() error {
+	if e == nil || e.H == 0 {
+		return nil
+	}
+	err := e.Dev.lib.EventDestroy(e.Dev.Ordinal, e.H)
+	e.H = 0
+	return err
+}
+
+// poll repeats query until it stops answering kernels.ErrNotReady: spinning
+// for 20 µs, yielding up to 1 ms, then sleeping 50 µs at a time; the
+// context's deadline is checked between polls.
+func poll(ctx context.Context, query func() error) error {
+	start := time.Now()
+	for i := 0; ; i++ {
+		err := query()
+		if !errors.Is(err, kernels.ErrNotReady) {
+			return err
+		}
+		if i&63 == 0 {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%w: the GPU's work was not done after %v", ErrWaitTimeout, time.Since(start).Round(time.Millisecond))
+			}
+		}
+		switch el := time.Since(start); {
+		case el < 20*time.Microsecond:
+		case el < time.Millisecond:
+			runtime.Gosched()
+		default:
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+}

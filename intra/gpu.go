@@ -1,0 +1,305 @@
+package intra
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/kernels"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// GPUConfig describes one rank's membership in a node-local group of GPUs.
+type GPUConfig struct {
+	Store *rendezvous.Client
+	Key   string // prefix of the group's keys in the store
+	Rank  int    // local rank
+	Size  int    // local ranks
+	// Ranks maps local ranks to the global ranks that errors name.
+	Ranks []int
+	Dev   *device.GPU
+	// Cap is the bytes of one block in each scratch slot; larger blocks go
+	// in rounds (default DefaultGPUCap).
+	Cap int
+	// Blocks bounds the thread blocks of one all-gather launch (default
+	// 16): every rank's kernel must be resident at once, since each waits
+	// for the others.
+	Blocks  int
+	Timeout time.Duration
+}
+
+// DefaultGPUCap is the default scratch block: 2 slots × ranks × 16 MiB of
+// device memory per rank.
+const DefaultGPUCap = 16 << 20
+
+// GPUGroup is the node-local all-gather of the CUDA backend: the LL kernel
+// of kernels/slime.cu. Every rank owns a region of device memory (scratch
+// slots, flags, barrier flags) that every peer maps with CUDA IPC (or uses
+// directly, for ranks in the same process), device counters that the
+// kernels advance, and a status word in mapped host memory where a kernel
+// that gives up says why.
+type GPUGroup struct {
+	cfg      GPUConfig
+	lib      *kernels.Lib
+	dev      int
+	cap      uint64
+	region   kernels.Ptr // this rank's: scratch, flags, barrier flags
+	counters kernels.Ptr // epoch, sync[2], barrier epoch
+	status   unsafe.Pointer
+	statusD  kernels.Ptr
+	peers    []kernels.Ptr // every rank's region, as this process addresses it
+	opened   []bool        // mapped with IPC, to be closed
+	broken   error
+}
+
+func (g *GPUGroup) flagsOff() uint64   { return align256(2 * uint64(g.cfg.Size) * g.cap) }
+func (g *GPUGroup) barrierOff() uint64 { return g.flagsOff() + align256(kernels.FlagBytes(g.cfg.Size)) }
+func (g *GPUGroup) regionBytes() uint64 {
+	return g.barrierOff() + align256(8*uint64(g.cfg.Size))
+}
+
+func align256(n uint64) uint64 { return (n + 255) &^ 255 }
+
+// exchange record: pid, region address, IPC handle
+const gpuRecord = 8 + 8 + kernels.IPCHandleBytes
+
+// NewGPU allocates this rank's region, exchanges it with the node's other
+// ranks through the store and maps theirs.
+func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
+	if cfg.Size < 1 || cfg.Size > kernels.MaxLocal || cfg.Rank < 0 || cfg.Rank >= cfg.Size {
+		return nil, fault.New("init", cfg.Rank, -1, fault.ErrInvalid, "GPU group: local rank %d of %d (at most %d)", cfg.Rank, cfg.Size, kernels.MaxLocal)
+	}
+	if cfg.Cap <= 0 {
+		cfg.Cap = DefaultGPUCap
+	}
+	if cfg.Blocks <= 0 {
+		cfg.Blocks = 16
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Ranks == nil {
+		cfg.Ranks = make([]int, cfg.Size)
+		for i := range cfg.Ranks {
+			cfg.Ranks[i] = i
+		}
+	}
+	g = &GPUGroup{cfg: cfg, lib: cfg.Dev.Lib(), dev: cfg.Dev.Ordinal, cap: align256(uint64(cfg.Cap))}
+	g.peers = make([]kernels.Ptr, cfg.Size)
+	g.opened = make([]bool, cfg.Size)
+	defer func() {
+		if err != nil {
+			g.release()
+		}
+	}()
+	if g.region, err = g.lib.Malloc(g.dev, g.regionBytes()); err != nil {
+		return nil, g.fail("init", err)
+	}
+	if err = g.lib.Memset(g.dev, g.region, 0, g.regionBytes()); err != nil {
+		return nil, g.fail("init", err)
+	}
+	if g.counters, err = g.lib.Malloc(g.dev, kernels.CounterBytes); err != nil {
+		return nil, g.fail("init", err)
+	}
+	if err = g.lib.Memset(g.dev, g.counters, 0, kernels.CounterBytes); err != nil {
+		return nil, g.fail("init", err)
+	}
+	if g.status, g.statusD, err = g.lib.HostAlloc(g.dev, 64); err != nil {
+		return nil, g.fail("init", err)
+	}
+	h, err := g.lib.IPCHandle(g.dev, g.region)
+	if err != nil {
+		return nil, g.fail("init", err)
+	}
+	rec := make([]byte, gpuRecord)
+	binary.LittleEndian.PutUint64(rec, uint64(os.Getpid()))
+	binary.LittleEndian.PutUint64(rec[8:], uint64(g.region))
+	copy(rec[16:], h[:])
+	key := func(r int) string { return cfg.Key + "/gpu/" + strconv.Itoa(r) }
+	if err := cfg.Store.Set(ctx, key(cfg.Rank), rec); err != nil {
+		return nil, g.fail("init", err)
+	}
+	for r := 0; r < cfg.Size; r++ {
+		if r == cfg.Rank {
+			g.peers[r] = g.region
+			continue
+		}
+		v, err := cfg.Store.Get(ctx, key(r))
+		if err != nil {
+			return nil, fault.New("init", cfg.Ranks[cfg.Rank], cfg.Ranks[r], fault.ErrTimeout, "waiting for the peer's GPU memory handle: %v", err)
+		}
+		if len(v) != gpuRecord {
+			return nil, fault.New("init", cfg.Ranks[cfg.Rank], cfg.Ranks[r], fault.ErrInvalid, "GPU memory record of %d bytes", len(v))
+		}
+		if int(binary.LittleEndian.Uint64(v)) == os.Getpid() {
+			g.peers[r] = kernels.Ptr(binary.LittleEndian.Uint64(v[8:])) // same address space
+			continue
+		}
+		var ph [kernels.IPCHandleBytes]byte
+		copy(ph[:], v[16:])
+		p, err := g.lib.IPCOpen(g.dev, ph)
+		if err != nil {
+			return nil, fault.New("init", cfg.Ranks[cfg.Rank], cfg.Ranks[r], fault.ErrPeerLost, "mapping the peer's GPU memory with CUDA IPC: %v", err)
+		}
+		g.peers[r], g.opened[r] = p, true
+	}
+	// Nobody runs a kernel into a peer's memory before that peer has mapped
+	// everyone's.
+	if err := cfg.Store.Barrier(ctx, cfg.Key+"/gpu/mapped", cfg.Rank, cfg.Size); err != nil {
+		return nil, fault.New("init", cfg.Ranks[cfg.Rank], -1, fault.ErrTimeout, "waiting for the node's ranks to map GPU memory: %v", err)
+	}
+	return g, nil
+}
+
+func (g *GPUGroup) fail(op string, err error) error {
+	return &fault.OpError{Op: op, Rank: g.cfg.Ranks[g.cfg.Rank], Peer: -1, Err: err}
+}
+
+// Cap is the largest block one round moves.
+func (g *GPUGroup) Cap() int { return int(g.cap) }
+
+// GPUPlan is a planned all-gather on the GPU: one kernel launch per round.
+type GPUPlan struct {
+	g      *GPUGroup
+	rounds []kernels.AllGatherArgs
+	blocks int
+}
+
+// Plan prepares an all-gather of the node's blocks: local rank s's
+// sizes[s] bytes land at dst+offs[s]; src holds this rank's block. dst and
+// src are device addresses on this rank's GPU; they need not be symmetric.
+func (g *GPUGroup) Plan(dst, src kernels.Ptr, sizes, offs []int) (*GPUPlan, error) {
+	n := g.cfg.Size
+	if len(sizes) != n || len(offs) != n {
+		return nil, fault.New("allgather", g.cfg.Ranks[g.cfg.Rank], -1, fault.ErrInvalid, "%d sizes and %d offsets for %d local ranks", len(sizes), len(offs), n)
+	}
+	most := 0
+	for _, s := range sizes {
+		most = max(most, s)
+	}
+	nr := max(1, (most+int(g.cap)-1)/int(g.cap))
+	p := &GPUPlan{g: g, rounds: make([]kernels.AllGatherArgs, nr)}
+	clamp := func(size, j int) uint64 {
+		return uint64(min(max(size-j*int(g.cap), 0), int(g.cap)))
+	}
+	timeout := uint64(g.cfg.Timeout.Nanoseconds())
+	for j := range p.rounds {
+		a := &p.rounds[j]
+		a.Rank, a.NRanks = int32(g.cfg.Rank), int32(n)
+		a.Cap = g.cap
+		a.Bytes = clamp(sizes[g.cfg.Rank], j)
+		a.Src = src + kernels.Ptr(j)*kernels.Ptr(g.cap)
+		a.Total = uint64(sizes[g.cfg.Rank])
+		a.Dst = dst
+		for s := 0; s < n; s++ {
+			a.Off[s] = uint64(offs[s]) + uint64(j)*g.cap
+			a.Expect[s] = clamp(sizes[s], j)
+			a.Totals[s] = uint64(sizes[s])
+			a.Scratch[s] = g.peers[s]
+			a.Flags[s] = g.peers[s] + kernels.Ptr(g.flagsOff())
+		}
+		a.Epoch, a.Sync = g.counters, g.counters+8
+		a.Status = g.statusD
+		a.TimeoutNS = timeout
+	}
+	// About 64 KiB per block, within the configured bound.
+	p.blocks = min(max(1, int(min(uint64(most), g.cap))>>16), g.cfg.Blocks)
+	return p, nil
+}
+
+// Launch enqueues the plan's kernels on s (graph-capturable).
+func (p *GPUPlan) Launch(s *device.CUDAStream) error {
+	for j := range p.rounds {
+		if err := p.g.lib.AllGatherLL(p.g.dev, &p.rounds[j], p.blocks, s.H); err != nil {
+			return p.g.fail("allgather", err)
+		}
+	}
+	return nil
+}
+
+// BarrierArgs are the arguments of the node's flag barrier kernel, for
+// schedules that pull from peers' memory with copies.
+func (g *GPUGroup) BarrierArgs() *kernels.BarrierArgs {
+	a := &kernels.BarrierArgs{Rank: int32(g.cfg.Rank), NRanks: int32(g.cfg.Size)}
+	for s := range g.peers {
+		a.Flags[s] = g.peers[s] + kernels.Ptr(g.barrierOff())
+	}
+	a.Epoch = g.counters + 24
+	a.Status = g.statusD
+	a.TimeoutNS = uint64(g.cfg.Timeout.Nanoseconds())
+	return a
+}
+
+// Check reads the status word after the work synchronized: a kernel that
+// gave up (a peer that did not arrive, or announced another size) is an
+// error naming the peer, and the group is broken from then on, since its
+// peers' epochs may no longer match.
+func (g *GPUGroup) Check(op string) error {
+	if g.broken != nil {
+		return g.broken
+	}
+	w := atomic.LoadInt32((*int32)(g.status))
+	if w == 0 {
+		return nil
+	}
+	src := int(w >> 8)
+	peer := -1
+	if src >= 0 && src < len(g.cfg.Ranks) {
+		peer = g.cfg.Ranks[src]
+	}
+	me := g.cfg.Ranks[g.cfg.Rank]
+	switch w & 0xff {
+	case kernels.StatusTimeout:
+		g.broken = fault.New(op, me, peer, fault.ErrTimeout, "the GPU kernel waited %v for the peer's block", g.cfg.Timeout)
+	case kernels.StatusSize:
+		g.broken = fault.New(op, me, peer, fault.ErrSizeMismatch, "the peer announced a block of another size; the communicator must be closed")
+	default:
+		g.broken = fault.New(op, me, peer, fault.ErrClosed, "GPU status word %#x", w)
+	}
+	return g.broken
+}
+
+// Fail marks the group broken (a host-side wait that gave up).
+func (g *GPUGroup) Fail(err error) { g.broken = err }
+
+// Close waits (bounded by ctx) until every rank of the node closes, so that
+// no kernel still writes into memory being freed, then releases it.
+func (g *GPUGroup) Close(ctx context.Context) error {
+	var err error
+	if g.cfg.Store != nil {
+		if e := g.cfg.Store.Barrier(ctx, g.cfg.Key+"/gpu/closed", g.cfg.Rank, g.cfg.Size); e != nil && !errors.Is(e, context.Canceled) {
+			err = fmt.Errorf("intra: closing the GPU group: %w", e)
+		}
+	}
+	g.release()
+	return err
+}
+
+func (g *GPUGroup) release() {
+	for r, ok := range g.opened {
+		if ok {
+			g.lib.IPCClose(g.dev, g.peers[r])
+			g.opened[r] = false
+		}
+	}
+	if g.region != 0 {
+		g.lib.Free(g.dev, g.region)
+		g.region = 0
+	}
+	if g.counters != 0 {
+		g.lib.Free(g.dev, g.counters)
+		g.counters = 0
+	}
+	if g.status != nil {
+		g.lib.HostFree(g.dev, g.status)
+		g.status = nil
+	}
+}

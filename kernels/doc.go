@@ -1,0 +1,20 @@
+// Package kernels loads slimego's GPU libraries at run time and calls them.
+//
+// libslimecuda.so (the CUDA runtime calls, IPC, streams, events, CUDA
+// graphs, the intra-node all-gather kernels and cuBLAS GEMM) and, where
+// NVSHMEM is installed, libslimenvshmem.so are built by nvcc with `make
+// kernels` from the sources beside this file; slime.h is the whole ABI
+// between them and Go. Like go-nvml with libnvidia-ml, this package opens
+// them with dlopen, so the Go module builds and tests with no CUDA
+// installed and one binary runs on machines with and without GPUs: [Open]
+// reports [ErrNotFound] or [ErrNoDevice], and the callers fall back to the
+// CPU backend or fail clearly.
+//
+// Every call selects its device itself (goroutines move between threads)
+// and returns an *[Error] naming the call and CUDA's message. Nothing here
+// blocks without a bound: streams and events are polled by the caller
+// (see package device), and the kernels that wait for peers give up after
+// their timeout and leave a status word that the host reads.
+//
+// Without cgo, or off Linux, Open always reports ErrNotFound.
+package kernels
