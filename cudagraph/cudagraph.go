@@ -46,11 +46,10 @@ func New(s *device.CUDAStream, eager bool, launch Launcher) *Runner {
 	return &Runner{stream: s, launch: launch, eager: eager}
 }
 
-// Eager reports whether SLIME_EAGER asks for eager mode ("1", "true", "yes").
+// Eager reports whether SLIME_EAGER asks for eager mode ("1", "true").
 func Eager() bool {
-	v := strings.ToLower(strings.TrimSpace(os.Getenv("SLIME_EAGER")))
-	b, err := strconv.ParseBool(v)
-	return (err == nil && b) || v == "yes" || v == "on"
+	b, err := strconv.ParseBool(strings.TrimSpace(os.Getenv("SLIME_EAGER")))
+	return err == nil && b
 }
 
 // Mode is "eager" or "graph".

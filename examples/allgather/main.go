@@ -11,16 +11,19 @@ import (
 	"os"
 	"sort"
 	"time"
+	"unsafe"
 
 	"github.com/spf13/pflag"
 
 	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/pattern"
 )
 
 func main() {
 	mode := pflag.String("mode", "intra", "intra (one node) or inter (across nodes)")
 	eager := pflag.Bool("eager-mode", false, "launch directly instead of replaying a captured graph (CUDA backend; the CPU backend always runs eagerly)")
+	backend := pflag.String("backend", "auto", "cpu, cuda or auto (cuda where a GPU and libslimecuda.so are present)")
 	rows := pflag.Int("m", 1024, "rows of each rank's tensor")
 	cols := pflag.Int("n", 256, "columns of each rank's tensor")
 	iters := pflag.Int("iters", 100, "timed iterations")
@@ -28,8 +31,12 @@ func main() {
 	if *mode != "intra" && *mode != "inter" {
 		fail("--mode %q: want intra or inter", *mode)
 	}
+	kind, err := device.Parse(*backend)
+	if err != nil {
+		fail("%v", err)
+	}
 	ctx := context.Background()
-	c, err := collective.Init(ctx, collective.Options{})
+	c, err := collective.Init(ctx, collective.Options{Backend: kind, Eager: *eager})
 	if err != nil {
 		fail("%v", err)
 	}
@@ -40,7 +47,6 @@ func main() {
 	if *mode == "inter" && c.Nodes() == 1 {
 		fail("--mode inter needs ranks on more than one node (slimerun --nnodes)")
 	}
-	_ = eager // the CPU backend has no graphs: eager is all it does
 
 	P, me, n := c.Size(), c.Rank(), *rows**cols
 	src := make([]float32, n)
@@ -54,14 +60,19 @@ func main() {
 			t[i] = float32(int32(uint32(b[4*i])|uint32(b[4*i+1])<<8|uint32(b[4*i+2])<<16|uint32(b[4*i+3])<<24)) / (1 << 31)
 		}
 	}
-	plan, err := collective.PlanOf(c, dst, src)
-	if err != nil {
-		fail("%v", err)
-	}
+	// On the CPU the tensors are gathered in place; on a GPU they are
+	// copied to device memory, gathered there, and copied back to check.
+	run, push, pull, how := planFor(ctx, c, dst, src)
 	// Check: three iterations with fresh data.
 	for it := range 3 {
 		fillTensor(src, me, it)
-		if err := plan.Run(ctx); err != nil {
+		if err := push(); err != nil {
+			fail("%v", err)
+		}
+		if err := run(ctx); err != nil {
+			fail("%v", err)
+		}
+		if err := pull(); err != nil {
 			fail("%v", err)
 		}
 		for r := range P {
@@ -77,7 +88,7 @@ func main() {
 	times := make([]time.Duration, *iters)
 	for i := range times {
 		t0 := time.Now()
-		if err := plan.Run(ctx); err != nil {
+		if err := run(ctx); err != nil {
 			fail("%v", err)
 		}
 		times[i] = time.Since(t0)
@@ -88,8 +99,45 @@ func main() {
 		fail("%v", err)
 	}
 	bytes := float64(4 * P * n)
-	fmt.Printf("rank %d: all_gather check passed: %d ranks × [%d, %d] float32, mode %s, backend cpu; median %.1f µs, %.2f GB/s\n",
-		me, P, *rows, *cols, *mode, float64(med.Nanoseconds())/1e3, bytes/float64(med.Nanoseconds()))
+	fmt.Printf("rank %d: all_gather check passed: %d ranks × [%d, %d] float32, mode %s, %s; median %.1f µs, %.2f GB/s\n",
+		me, P, *rows, *cols, *mode, how, float64(med.Nanoseconds())/1e3, bytes/float64(med.Nanoseconds()))
+}
+
+// planFor plans the all-gather of src into dst on the communicator's
+// backend: run performs one, push and pull move the tensors to and from
+// the GPU (nothing on the CPU), how says where it runs.
+func planFor(ctx context.Context, c *collective.Communicator, dst, src []float32) (run func(context.Context) error, push, pull func() error, how string) {
+	none := func() error { return nil }
+	if c.Backend() != device.CUDA {
+		plan, err := collective.PlanOf(c, dst, src)
+		if err != nil {
+			fail("%v", err)
+		}
+		return plan.Run, none, none, "backend cpu"
+	}
+	gpu := c.GPU()
+	gsrc, err := gpu.Alloc(4 * len(src))
+	if err != nil {
+		fail("%v", err)
+	}
+	gdst, err := gpu.Alloc(4 * len(dst))
+	if err != nil {
+		fail("%v", err)
+	}
+	plan, err := c.PlanGPU(ctx, gdst, gsrc)
+	if err != nil {
+		fail("%v", err)
+	}
+	push = func() error { return gsrc.CopyFromHost(f32bytes(src)) }
+	pull = func() error { return gdst.CopyToHost(f32bytes(dst)) }
+	return plan.Run, push, pull, "backend " + plan.String()
+}
+
+func f32bytes(s []float32) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), 4*len(s))
 }
 
 func fail(format string, a ...any) {
