@@ -9,6 +9,9 @@ MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
 # (make bench-gemm measures both); elsewhere gonum's pure Go. OPENBLAS=0
 # forces the latter.
 OPENBLAS ?= $(shell [ -e /usr/include/x86_64-linux-gnu/cblas.h ] && ldconfig -p 2>/dev/null | grep -q libopenblas && echo 1)
+# go-nvml's header declares deprecated functions that its bindings still wrap.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+
 ifeq ($(OPENBLAS),1)
 GOTAGS := -tags openblas
 export CGO_LDFLAGS := -lopenblas

@@ -13,6 +13,7 @@ import (
 	"github.com/slimego/slimego/intra"
 	"github.com/slimego/slimego/kernels"
 	"github.com/slimego/slimego/nvshmem"
+	"github.com/slimego/slimego/topology"
 )
 
 // gpuState is a communicator's CUDA backend: its GPU, the stream its
@@ -24,6 +25,8 @@ type gpuState struct {
 	node    *intra.GPUGroup
 	team    *nvshmem.Team
 	teamErr error // why there is no team, across nodes
+	p2p     bool  // the node's GPUs read each other: the LL kernel; else host-staged
+	broken  error // a failure after which the GPU path cannot go on
 }
 
 // initGPU opens GPU LOCAL_RANK mod the number of GPUs (several ranks may
@@ -43,6 +46,14 @@ func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
 	if g.stream, err = dev.NewStream(); err != nil {
 		return fault.New("init", o.Rank, -1, err, "stream")
 	}
+	// Ranks on GPUs that cannot read each other (NVML's P2P answer) move
+	// node-local data through host memory instead of CUDA IPC.
+	if g.p2p, err = c.nodeP2P(ctx, lay, dev); err != nil {
+		return err
+	}
+	if !g.p2p {
+		return c.initTeam(ctx)
+	}
 	g.node, err = intra.NewGPU(ctx, intra.GPUConfig{
 		Store: c.store, Key: c.key("gpu" + strconv.Itoa(lay.myNode)),
 		Rank: o.LocalRank, Size: len(lay.members[lay.myNode]), Ranks: lay.members[lay.myNode],
@@ -51,13 +62,49 @@ func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
 	if err != nil {
 		return err
 	}
-	if c.nodes > 1 {
-		g.team, g.teamErr = nvshmem.Bootstrap(ctx, c.store, c.key("nvshmem"), dev, o.Rank, o.WorldSize, o.Timeout)
-		if g.teamErr != nil && !errors.Is(g.teamErr, kernels.ErrNotFound) {
-			return g.teamErr
-		}
+	return c.initTeam(ctx)
+}
+
+// initTeam joins NVSHMEM across nodes where libslimenvshmem.so loads.
+func (c *Communicator) initTeam(ctx context.Context) error {
+	g, o := c.gpu, c.opts
+	if c.nodes == 1 {
+		return nil
+	}
+	g.team, g.teamErr = nvshmem.Bootstrap(ctx, c.store, c.key("nvshmem"), g.dev, o.Rank, o.WorldSize, o.Timeout)
+	if g.teamErr != nil && !errors.Is(g.teamErr, kernels.ErrNotFound) {
+		return g.teamErr
 	}
 	return nil
+}
+
+// nodeP2P exchanges the node's GPUs' PCI addresses and asks NVML whether
+// every pair can read each other's memory (true where NVML cannot say: the
+// CUDA IPC mapping then decides).
+func (c *Communicator) nodeP2P(ctx context.Context, lay layout, dev *device.GPU) (bool, error) {
+	members := lay.members[lay.myNode]
+	key := func(l int) string { return c.key("gpubus" + strconv.Itoa(lay.myNode) + "/" + strconv.Itoa(l)) }
+	if err := c.store.Set(ctx, key(c.opts.LocalRank), []byte(dev.BusID)); err != nil {
+		return false, fault.New("init", c.opts.Rank, -1, ErrTimeout, "publishing the GPU's PCI address: %v", err)
+	}
+	buses := make([]string, len(members))
+	distinct := map[string]bool{}
+	for l := range members {
+		v, err := c.store.Get(ctx, key(l))
+		if err != nil {
+			return false, fault.New("init", c.opts.Rank, members[l], ErrTimeout, "waiting for the peer's GPU PCI address: %v", err)
+		}
+		buses[l] = string(v)
+		distinct[buses[l]] = true
+	}
+	if len(distinct) < 2 {
+		return true, nil
+	}
+	top, err := topology.Read()
+	if err != nil || top.NVMLErr != nil {
+		return true, nil
+	}
+	return top.P2P(buses), nil
 }
 
 func (c *Communicator) describeBackend() string {
@@ -65,6 +112,9 @@ func (c *Communicator) describeBackend() string {
 		return "cpu"
 	}
 	s := "cuda " + c.gpu.dev.String()
+	if c.gpu.node == nil {
+		s += " within the node: host-staged (no P2P between its GPUs)"
+	}
 	if c.nodes > 1 {
 		if c.gpu.team != nil {
 			s += " across nodes: nvshmem"
@@ -194,7 +244,7 @@ func (c *Communicator) planGPU(ctx context.Context, dst, src *device.CUDABuffer,
 	}
 	var launch cudagraph.Launcher
 	switch {
-	case c.nodes == 1:
+	case c.nodes == 1 && g.node != nil:
 		np, err := g.node.Plan(dst.Ptr, src.Ptr, counts, offs)
 		if err != nil {
 			return nil, err
@@ -241,7 +291,7 @@ func (p *GPUPlan) Launch(ctx context.Context) error {
 	if p.runner == nil {
 		return p.runHost(ctx)
 	}
-	if err := p.c.gpu.node.Check("allgather"); err != nil {
+	if err := p.c.gpu.check(); err != nil {
 		return err
 	}
 	if err := p.runner.Run(); err != nil {
@@ -271,17 +321,27 @@ func (p *GPUPlan) Check(ctx context.Context) error {
 	wctx, cancel := context.WithTimeout(ctx, p.c.opts.Timeout+5*time.Second)
 	defer cancel()
 	if err := g.stream.Synchronize(wctx); err != nil {
-		e := fault.New("allgather", p.c.Rank(), -1, ErrTimeout, "%v", err)
-		g.node.Fail(e)
-		return e
+		g.broken = fault.New("allgather", p.c.Rank(), -1, ErrTimeout, "%v", err)
+		return g.broken
 	}
 	if p.nv != nil {
 		if err := p.nv.Check(); err != nil {
-			g.node.Fail(err)
+			g.broken = err
 			return err
 		}
 	}
-	return g.node.Check("allgather")
+	return g.check()
+}
+
+// check reports an earlier failure, or what the node's kernels saw.
+func (g *gpuState) check() error {
+	if g.broken != nil {
+		return g.broken
+	}
+	if g.node != nil {
+		return g.node.Check("allgather")
+	}
+	return nil
 }
 
 func (p *GPUPlan) runHost(ctx context.Context) error {

@@ -267,9 +267,6 @@ func (g *GPUGroup) Check(op string) error {
 	return g.broken
 }
 
-// Fail marks the group broken (a host-side wait that gave up).
-func (g *GPUGroup) Fail(err error) { g.broken = err }
-
 // Close waits (bounded by ctx) until every rank of the node closes, so that
 // no kernel still writes into memory being freed, then releases it.
 func (g *GPUGroup) Close(ctx context.Context) error {

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"strconv"
@@ -24,7 +25,10 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/kernels"
 	"github.com/slimego/slimego/launcher"
+	"github.com/slimego/slimego/topology"
 )
 
 func main() { os.Exit(run(os.Args[1:])) }
@@ -51,6 +55,7 @@ func run(args []string) int {
 	fs.DurationVar(&cfg.StopGrace, "stop-grace", 5*time.Second, "time between SIGTERM and SIGKILL when stopping workers")
 	fs.DurationVar(&cfg.RdzvTimeout, "rdzv-timeout", 5*time.Minute, "how long to wait for every node to join")
 	quiet := fs.BoolP("quiet", "q", false, "do not report the launcher's own progress")
+	printTopo := fs.Bool("print-topology", false, "print this machine's CPUs, GPUs (NVML: NVLink, P2P, NUMA) and GPU libraries, then run the program, if any")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: slimerun [flags] program [args...]\n\n%s", fs.FlagUsages())
 	}
@@ -64,6 +69,14 @@ func run(args []string) int {
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(os.Stderr, "slimerun: "+format+"\n", a...)
 		return 2
+	}
+	if *printTopo {
+		if err := printTopology(os.Stdout); err != nil {
+			return fail("%v", err)
+		}
+		if fs.NArg() == 0 {
+			return 0
+		}
 	}
 	var err error
 	if cfg.NNodes, err = parseNodes(*nnodes); err != nil {
@@ -179,4 +192,27 @@ func parseStd(s string, nproc int) ([]launcher.Std, error) {
 		out[i] = c
 	}
 	return out, nil
+}
+
+// printTopology shows what the CUDA backend would find here.
+func printTopology(w io.Writer) error {
+	t, err := topology.Read()
+	if err != nil {
+		return err
+	}
+	t.Write(w)
+	if lib, err := kernels.Open(); err != nil {
+		fmt.Fprintf(w, "CUDA backend: unavailable (%v)\n", err)
+	} else if n, err := device.CUDADeviceCount(); err != nil {
+		fmt.Fprintf(w, "CUDA backend: %s loaded; %v\n", lib.Path(), err)
+	} else {
+		drv, rt, _ := lib.Versions()
+		fmt.Fprintf(w, "CUDA backend: %s, %d device(s), driver %d.%d, runtime %d.%d\n", lib.Path(), n, drv/1000, drv%1000/10, rt/1000, rt%1000/10)
+	}
+	if nv, err := kernels.OpenNVSHMEM(); err != nil {
+		fmt.Fprintf(w, "NVSHMEM: unavailable, GPU data crosses nodes through host memory and TCP (%v)\n", err)
+	} else {
+		fmt.Fprintf(w, "NVSHMEM: %s\n", nv.Path())
+	}
+	return nil
 }
