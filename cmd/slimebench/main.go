@@ -11,10 +11,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -24,6 +26,7 @@ import (
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/bytesize"
 	"github.com/slimego/slimego/overlap"
+	"github.com/slimego/slimego/rendezvous"
 )
 
 func main() {
@@ -126,6 +129,7 @@ func allgather(args []string) error {
 	asCSV := fs.Bool("csv", false, "print CSV instead of the table")
 	asJSON := fs.Bool("json", false, "print JSON instead of the table")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
+	inProcess := fs.Int("in-process", 0, "run this many ranks of one node as goroutines of this process, without a launcher")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -144,18 +148,29 @@ func allgather(args []string) error {
 		return fmt.Errorf("--buffers %q: want symmetric or plain", *buffers)
 	}
 	ctx := context.Background()
-	c, err := collective.Init(ctx, collective.Options{Backend: kind, Channels: *channels, Algo: *algo, Eager: *eager})
+	opts := collective.Options{Backend: kind, Channels: *channels, Algo: *algo, Eager: *eager}
+	if *inProcess > 0 {
+		return inProcessRanks(ctx, *inProcess, opts, func(c *collective.Communicator) error {
+			return allgatherRank(ctx, c, *mode, *buffers, *eager, *asCSV, *asJSON, *quiet, bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup})
+		})
+	}
+	c, err := collective.Init(ctx, opts)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	m, err := resolveMode(*mode, c)
+	return allgatherRank(ctx, c, *mode, *buffers, *eager, *asCSV, *asJSON, *quiet, bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup})
+}
+
+// allgatherRank runs the sweep on one rank; rank 0 prints.
+func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffers string, eager, asCSV, asJSON, quiet bool, cfg bench.Config) error {
+	m, err := resolveMode(mode, c)
 	if err != nil {
 		return err
 	}
-	cfg := bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup, Symmetric: *buffers == "symmetric", Backend: c.Backend().String(), Mode: m}
+	cfg.Symmetric, cfg.Backend, cfg.Mode = buffers == "symmetric", c.Backend().String(), m
 	start := time.Now()
-	if !*quiet {
+	if !quiet {
 		cfg.Progress = func(done, total int, r bench.Result) {
 			fmt.Fprintf(os.Stderr, "slimebench: [%d/%d] %s per rank: %.2f µs, busbw %.3f GB/s (%d iterations; %v elapsed)\n",
 				done, total, bytesize.Format(r.S), r.Median, r.BusBW, r.Iters, time.Since(start).Round(time.Millisecond))
@@ -169,15 +184,15 @@ func allgather(args []string) error {
 		return nil
 	}
 	switch {
-	case *asCSV:
+	case asCSV:
 		return bench.WriteCSV(os.Stdout, rs)
-	case *asJSON:
+	case asJSON:
 		return bench.WriteJSON(os.Stdout, rs)
 	}
-	launch, bufs := "eager (cpu)", *buffers
+	launch, bufs := "eager (cpu)", buffers
 	if c.Backend() == device.CUDA {
 		launch, bufs = "graph", "device"
-		if *eager || c.Options().Eager {
+		if eager || c.Options().Eager {
 			launch = "eager (--eager-mode)"
 		}
 		launch += " on " + c.GPU().String()
@@ -189,6 +204,42 @@ func allgather(args []string) error {
 		}
 	}
 	return nil
+}
+
+// inProcessRanks runs n ranks of one node as goroutines of this process,
+// with a private store: on a GPU they share one CUDA context, so their
+// kernels run side by side instead of time-slicing as processes do
+// without MPS.
+func inProcessRanks(ctx context.Context, n int, opts collective.Options, body func(c *collective.Communicator) error) error {
+	srv, err := rendezvous.Listen("127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	errs := make([]error, n)
+	runID := fmt.Sprintf("inproc%d-%d", os.Getpid(), time.Now().UnixNano())
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := opts
+			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize = r, n, r, n
+			o.MasterAddr, o.MasterPort, o.AgentStore = "127.0.0.1", srv.Port(), true
+			o.RunID = runID
+			c, err := collective.Init(ctx, o)
+			if err != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+				return
+			}
+			defer c.Close()
+			if err := body(c); err != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func memcpy(args []string) error {
