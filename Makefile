@@ -48,14 +48,18 @@ $(KLIB)/libslimenvshmem.so: kernels/nvshmem.cu kernels/slime.h
 	$(NVCC) $(NVCCFLAGS) -rdc=true -shared $(CUDA_INC) -I$(NVSHMEM_HOME)/include -o $@ kernels/nvshmem.cu \
 	  -L$(NVSHMEM_HOME)/lib -Xlinker -rpath=$(NVSHMEM_HOME)/lib -lnvshmem_host -lnvshmem_device
 
-# On a machine with a GPU, where nvcc and Python are but Go may not be: the
-# Go binaries (make build, and the test binaries of make device-bins) travel
-# with the tree. Builds the kernels there, runs the CUDA tests and the
-# benchmarks, and writes the tables under $(OUT).
-device-bins: build
-	@mkdir -p $(BIN)/tests
-	for p in kernels device cudagraph collective overlap; do \
-	  $(GO) test $(GOTAGS) -c -o $(BIN)/tests/$$p.test ./$$p || exit 1; done
+# On a machine with a GPU, where nvcc and Python are but Go may not be:
+# make device-bins here builds what travels (slimerun, slimebench and the
+# test binaries of the CUDA path, stripped, pure-Go GEMM) into bin/device;
+# make device-check there builds the kernels with its nvcc, runs the CUDA
+# tests and benchmarks, and writes the tables under $(OUT).
+DBIN := $(BIN)/device
+device-bins:
+	@mkdir -p $(DBIN)/tests
+	$(GO) build -ldflags='-s -w' -o $(DBIN)/ ./cmd/slimerun ./cmd/slimebench
+	for p in kernels device cudagraph collective; do \
+	  $(GO) test -ldflags='-s -w' -c -o $(DBIN)/tests/$$p.test ./$$p || exit 1; done
+	@du -sh $(DBIN)
 
 device-check:
 	OUT=$(OUT) scripts/device-check.sh
