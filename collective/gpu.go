@@ -187,7 +187,8 @@ type GPUPlan struct {
 	src, dst       *device.CUDABuffer
 }
 
-// PlanGPU prepares an all-gather of equal blocks of device memory: src
+// PlanGPU prepares an all-gather of equal blocks of device memory (a
+// collective call, as is the plan's Close): src
 // (this rank's block) lands at Rank()·len(src) of dst on every rank. dst
 // and src are any memory of the communicator's GPU; in place (src inside
 // dst at this rank's offset) works. Within a node the plan runs the LL
@@ -270,6 +271,12 @@ func (c *Communicator) planGPU(ctx context.Context, dst, src *device.CUDABuffer,
 		return p, nil
 	}
 	p.runner = cudagraph.New(g.stream, c.opts.Eager || cudagraph.Eager(), launch)
+	// cudaMalloc and cudaFree may wait for the whole device: a rank still
+	// allocating while a peer's kernel already waits for it would stall
+	// both. Every rank finishes planning before any runs.
+	if err := c.Barrier(ctx); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -357,9 +364,18 @@ func (p *GPUPlan) runHost(ctx context.Context) error {
 	return nil
 }
 
-// Close releases the plan's graph and memory.
+// Close releases the plan's graph and memory. It is collective: it returns
+// once every rank has closed the plan (or the timeout passed), so that
+// buffers freed after it are no longer in any rank's kernel; cudaFree
+// waits for the whole device, and would otherwise wait for a peer's kernel
+// that waits for this rank.
 func (p *GPUPlan) Close() error {
 	var errs []error
+	if g := p.c.gpu; g != nil && g.broken == nil && p.runner != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), p.c.opts.Timeout)
+		errs = append(errs, p.c.Barrier(ctx))
+		cancel()
+	}
 	if p.runner != nil {
 		errs = append(errs, p.runner.Close())
 	}

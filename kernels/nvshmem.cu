@@ -110,7 +110,8 @@ __global__ void nvshmem_allgather_kernel(slime_nvshmem_ag_args a) {
     // every block waits for every PE, then copies its share of the slot out
     for (int s = threadIdx.x; s < a.nranks; s += blockDim.x) {
         uint64_t start = now_ns();
-        while (nvshmem_signal_fetch(sig + s) != e) {
+        for (unsigned polls = 1; nvshmem_signal_fetch(sig + s) != e; polls++) {
+            if (polls % 256 != 0) continue;
             if (*(volatile int *)PTR(a.status) != 0) {
                 go = 0;
                 break;
@@ -128,9 +129,9 @@ __global__ void nvshmem_allgather_kernel(slime_nvshmem_ag_args a) {
         uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x, nth = (uint64_t)gridDim.x * blockDim.x;
         char *out = (char *)PTR(a.out);
         if ((((uintptr_t)out | (uintptr_t)stage | n) & 15) == 0) {
-            for (uint64_t i = t; i < n / 16; i += nth) ((int4 *)out)[i] = ((const int4 *)stage)[i];
+            for (uint64_t i = t; i < n / 16; i += nth) ((int4 *)out)[i] = __ldcg((const int4 *)stage + i);
         } else {
-            for (uint64_t i = t; i < n; i += nth) out[i] = stage[i];
+            for (uint64_t i = t; i < n; i += nth) out[i] = __ldcg(stage + i);
         }
     }
     __syncthreads();

@@ -277,29 +277,32 @@ __device__ __forceinline__ uint64_t now_ns() {
 }
 
 // copy n bytes with the whole grid (thread t of nth): 16-byte vectors where
-// source and destination share their alignment, bytes otherwise.
+// source and destination share their alignment, 4-byte words or bytes
+// otherwise. Fresh (data other GPUs or ranks wrote during this kernel) is
+// loaded around L1, which is not coherent.
+template <bool Fresh>
 __device__ void grid_copy(char *dst, const char *src, uint64_t n, uint64_t t, uint64_t nth) {
     if (n == 0 || dst == src) return;
     if ((((uintptr_t)dst ^ (uintptr_t)src) & 15) == 0) {
         uint64_t head = (16 - ((uintptr_t)dst & 15)) & 15;
         if (head > n) head = n;
-        for (uint64_t i = t; i < head; i += nth) dst[i] = src[i];
+        for (uint64_t i = t; i < head; i += nth) dst[i] = Fresh ? __ldcg(src + i) : src[i];
         uint64_t vecs = (n - head) / 16;
         int4 *d4 = (int4 *)(dst + head);
         const int4 *s4 = (const int4 *)(src + head);
-        for (uint64_t i = t; i < vecs; i += nth) d4[i] = s4[i];
-        for (uint64_t i = head + vecs * 16 + t; i < n; i += nth) dst[i] = src[i];
+        for (uint64_t i = t; i < vecs; i += nth) d4[i] = Fresh ? __ldcg(s4 + i) : s4[i];
+        for (uint64_t i = head + vecs * 16 + t; i < n; i += nth) dst[i] = Fresh ? __ldcg(src + i) : src[i];
     } else if ((((uintptr_t)dst ^ (uintptr_t)src) & 3) == 0) {
         uint64_t head = (4 - ((uintptr_t)dst & 3)) & 3;
         if (head > n) head = n;
-        for (uint64_t i = t; i < head; i += nth) dst[i] = src[i];
+        for (uint64_t i = t; i < head; i += nth) dst[i] = Fresh ? __ldcg(src + i) : src[i];
         uint64_t words = (n - head) / 4;
         uint32_t *d = (uint32_t *)(dst + head);
         const uint32_t *s = (const uint32_t *)(src + head);
-        for (uint64_t i = t; i < words; i += nth) d[i] = s[i];
-        for (uint64_t i = head + words * 4 + t; i < n; i += nth) dst[i] = src[i];
+        for (uint64_t i = t; i < words; i += nth) d[i] = Fresh ? __ldcg(s + i) : s[i];
+        for (uint64_t i = head + words * 4 + t; i < n; i += nth) dst[i] = Fresh ? __ldcg(src + i) : src[i];
     } else {
-        for (uint64_t i = t; i < n; i += nth) dst[i] = src[i];
+        for (uint64_t i = t; i < n; i += nth) dst[i] = Fresh ? __ldcg(src + i) : src[i];
     }
 }
 
@@ -322,9 +325,12 @@ __device__ bool block_wait(const uint64_t *flag, uint64_t e, uint64_t status, in
     if (threadIdx.x == 0) {
         go = 1;
         uint64_t start = now_ns();
-        for (;;) {
+        for (unsigned polls = 1;; polls++) {
             uint64_t v = ld_acquire_sys(flag);
             if (Exact ? v == e : v >= e) break;
+            // The status word is host memory: read it, and the clock,
+            // only now and then.
+            if (polls % 256 != 0) continue;
             if (failed(status)) {
                 go = 0;
                 break;
@@ -369,8 +375,9 @@ __global__ void allgather_ll_kernel(slime_ag_args a) {
     for (int i = 1; i < a.nranks; i++) {
         int p = (a.rank + i) % a.nranks;
         char *d = (char *)PTR(a.scratch[p]) + (slot * a.nranks + a.rank) * a.cap;
-        grid_copy(d, src, n, t, nth);
+        grid_copy<false>(d, src, n, t, nth);
     }
+    __threadfence_system();
     __syncthreads();
     if (threadIdx.x == 0 && last_block(&sync[0])) {
         for (int i = 1; i < a.nranks; i++) {
@@ -381,7 +388,7 @@ __global__ void allgather_ll_kernel(slime_ag_args a) {
         }
     }
     // 2. own block
-    grid_copy((char *)PTR(a.dst) + a.off[a.rank], src, a.expect[a.rank], t, nth);
+    grid_copy<false>((char *)PTR(a.dst) + a.off[a.rank], src, a.expect[a.rank], t, nth);
 
     // 3. every other block, from this rank's scratch
     const uint64_t *myflags = (const uint64_t *)PTR(a.flags[a.rank]);
@@ -395,7 +402,7 @@ __global__ void allgather_ll_kernel(slime_ag_args a) {
             break;
         }
         uint64_t m = a.expect[s] < a.cap ? a.expect[s] : a.cap;
-        grid_copy((char *)PTR(a.dst) + a.off[s], mine + (slot * a.nranks + s) * a.cap, m, t, nth);
+        grid_copy<true>((char *)PTR(a.dst) + a.off[s], mine + (slot * a.nranks + s) * a.cap, m, t, nth);
     }
     __syncthreads();
     // 4. the last block out advances the epoch
@@ -412,7 +419,8 @@ __global__ void barrier_kernel(slime_barrier_args a) {
     const uint64_t *mine = (const uint64_t *)PTR(a.flags[a.rank]);
     for (int s = threadIdx.x; s < a.nranks; s += blockDim.x) {
         uint64_t start = now_ns();
-        while (ld_acquire_sys(mine + s) < e) {
+        for (unsigned polls = 1; ld_acquire_sys(mine + s) < e; polls++) {
+            if (polls % 256 != 0) continue;
             if (failed(a.status)) break;
             if (now_ns() - start > a.timeout_ns) {
                 set_status(a.status, SLIME_AG_TIMEOUT, s);
