@@ -389,3 +389,56 @@ func (p *GPUPlan) Close() error {
 func (p *GPUPlan) String() string {
 	return fmt.Sprintf("allgather on %s, %s mode", p.c.describeBackend(), p.Mode())
 }
+
+// For operators that build their own GPU schedules on the communicator
+// (package overlap): node-local symmetric device memory, the node's flag
+// barrier kernel, and the wait that reports what the kernels saw.
+
+// AllocGPUSymmetric allocates n bytes of device memory on every rank of
+// the node and maps every rank's (a collective call); Peers[r] is local
+// rank r's. Only within one node, on GPUs that reach each other.
+func (c *Communicator) AllocGPUSymmetric(ctx context.Context, n int) (*intra.GPUSymmetric, error) {
+	if err := c.gpuNodeOnly("alloc"); err != nil {
+		return nil, err
+	}
+	return c.gpu.node.AllocSymmetric(ctx, n)
+}
+
+// GPUBarrierArgs are the arguments of the node's flag barrier kernel
+// (kernels.Lib.Barrier), graph-capturable.
+func (c *Communicator) GPUBarrierArgs() (*kernels.BarrierArgs, error) {
+	if err := c.gpuNodeOnly("barrier"); err != nil {
+		return nil, err
+	}
+	return c.gpu.node.BarrierArgs(), nil
+}
+
+// SyncGPU waits, within the communicator's timeout, for the work enqueued
+// on s, then reports what the node's kernels saw (a peer that did not
+// arrive is an *OpError naming it).
+func (c *Communicator) SyncGPU(ctx context.Context, op string, s *device.CUDAStream) error {
+	g := c.gpu
+	if g == nil {
+		return c.closedErr(op)
+	}
+	if g.broken != nil {
+		return g.broken
+	}
+	wctx, cancel := context.WithTimeout(ctx, c.opts.Timeout+5*time.Second)
+	defer cancel()
+	if err := s.Synchronize(wctx); err != nil {
+		g.broken = fault.New(op, c.Rank(), -1, ErrTimeout, "%v", err)
+		return g.broken
+	}
+	return g.check()
+}
+
+func (c *Communicator) gpuNodeOnly(op string) error {
+	switch {
+	case c.gpu == nil:
+		return fault.New(op, c.Rank(), -1, ErrInvalid, "the communicator runs on the CPU backend")
+	case c.nodes > 1 || c.gpu.node == nil:
+		return fault.New(op, c.Rank(), -1, ErrInvalid, "node-local GPU memory needs one node whose GPUs reach each other (P2P)")
+	}
+	return nil
+}

@@ -58,6 +58,7 @@ type GPUGroup struct {
 	peers    []kernels.Ptr // every rank's region, as this process addresses it
 	opened   []bool        // mapped with IPC, to be closed
 	broken   error
+	symSeq   int
 }
 
 func (g *GPUGroup) flagsOff() uint64   { return align256(2 * uint64(g.cfg.Size) * g.cap) }
@@ -93,8 +94,6 @@ func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
 		}
 	}
 	g = &GPUGroup{cfg: cfg, lib: cfg.Dev.Lib(), dev: cfg.Dev.Ordinal, cap: align256(uint64(cfg.Cap))}
-	g.peers = make([]kernels.Ptr, cfg.Size)
-	g.opened = make([]bool, cfg.Size)
 	defer func() {
 		if err != nil {
 			g.release()
@@ -115,48 +114,117 @@ func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
 	if g.status, g.statusD, err = g.lib.HostAlloc(g.dev, 64); err != nil {
 		return nil, g.fail("init", err)
 	}
-	h, err := g.lib.IPCHandle(g.dev, g.region)
+	if g.peers, g.opened, err = g.exchange(ctx, "region", g.region); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// exchange publishes this rank's allocation p under name and maps every
+// peer's: directly for ranks in this process, with CUDA IPC for the others.
+// It returns once every local rank has mapped everyone's, so that no kernel
+// writes into memory a peer has not mapped yet.
+func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (peers []kernels.Ptr, opened []bool, err error) {
+	cfg := g.cfg
+	peers, opened = make([]kernels.Ptr, cfg.Size), make([]bool, cfg.Size)
+	defer func() {
+		if err != nil {
+			for r, ok := range opened {
+				if ok {
+					g.lib.IPCClose(g.dev, peers[r])
+				}
+			}
+		}
+	}()
+	h, err := g.lib.IPCHandle(g.dev, p)
 	if err != nil {
-		return nil, g.fail("init", err)
+		return nil, nil, g.fail("init", err)
 	}
 	rec := make([]byte, gpuRecord)
 	binary.LittleEndian.PutUint64(rec, uint64(os.Getpid()))
-	binary.LittleEndian.PutUint64(rec[8:], uint64(g.region))
+	binary.LittleEndian.PutUint64(rec[8:], uint64(p))
 	copy(rec[16:], h[:])
-	key := func(r int) string { return cfg.Key + "/gpu/" + strconv.Itoa(r) }
+	key := func(r int) string { return cfg.Key + "/gpu/" + name + "/" + strconv.Itoa(r) }
 	if err := cfg.Store.Set(ctx, key(cfg.Rank), rec); err != nil {
-		return nil, g.fail("init", err)
+		return nil, nil, g.fail("init", err)
 	}
+	me := cfg.Ranks[cfg.Rank]
 	for r := 0; r < cfg.Size; r++ {
 		if r == cfg.Rank {
-			g.peers[r] = g.region
+			peers[r] = p
 			continue
 		}
 		v, err := cfg.Store.Get(ctx, key(r))
 		if err != nil {
-			return nil, fault.New("init", cfg.Ranks[cfg.Rank], cfg.Ranks[r], fault.ErrTimeout, "waiting for the peer's GPU memory handle: %v", err)
+			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrTimeout, "waiting for the peer's GPU memory handle: %v", err)
 		}
 		if len(v) != gpuRecord {
-			return nil, fault.New("init", cfg.Ranks[cfg.Rank], cfg.Ranks[r], fault.ErrInvalid, "GPU memory record of %d bytes", len(v))
+			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrInvalid, "GPU memory record of %d bytes", len(v))
 		}
 		if int(binary.LittleEndian.Uint64(v)) == os.Getpid() {
-			g.peers[r] = kernels.Ptr(binary.LittleEndian.Uint64(v[8:])) // same address space
+			peers[r] = kernels.Ptr(binary.LittleEndian.Uint64(v[8:])) // same address space
 			continue
 		}
 		var ph [kernels.IPCHandleBytes]byte
 		copy(ph[:], v[16:])
-		p, err := g.lib.IPCOpen(g.dev, ph)
+		q, err := g.lib.IPCOpen(g.dev, ph)
 		if err != nil {
-			return nil, fault.New("init", cfg.Ranks[cfg.Rank], cfg.Ranks[r], fault.ErrPeerLost, "mapping the peer's GPU memory with CUDA IPC: %v", err)
+			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrPeerLost, "mapping the peer's GPU memory with CUDA IPC: %v", err)
 		}
-		g.peers[r], g.opened[r] = p, true
+		peers[r], opened[r] = q, true
 	}
-	// Nobody runs a kernel into a peer's memory before that peer has mapped
-	// everyone's.
-	if err := cfg.Store.Barrier(ctx, cfg.Key+"/gpu/mapped", cfg.Rank, cfg.Size); err != nil {
-		return nil, fault.New("init", cfg.Ranks[cfg.Rank], -1, fault.ErrTimeout, "waiting for the node's ranks to map GPU memory: %v", err)
+	if err := cfg.Store.Barrier(ctx, cfg.Key+"/gpu/"+name+"/mapped", cfg.Rank, cfg.Size); err != nil {
+		return nil, nil, fault.New("init", me, -1, fault.ErrTimeout, "waiting for the node's ranks to map GPU memory: %v", err)
 	}
-	return g, nil
+	return peers, opened, nil
+}
+
+// GPUSymmetric is device memory that every rank of the node has mapped:
+// Peers[r] is local rank r's allocation as this rank addresses it.
+type GPUSymmetric struct {
+	g      *GPUGroup
+	name   string
+	Peers  []kernels.Ptr
+	Bytes  int
+	opened []bool
+}
+
+// Local is this rank's own allocation.
+func (s *GPUSymmetric) Local() kernels.Ptr { return s.Peers[s.g.cfg.Rank] }
+
+// AllocSymmetric allocates n bytes on every rank of the node (a collective
+// call) and maps everyone's.
+func (g *GPUGroup) AllocSymmetric(ctx context.Context, n int) (*GPUSymmetric, error) {
+	g.symSeq++
+	name := "sym" + strconv.Itoa(g.symSeq)
+	p, err := g.lib.Malloc(g.dev, uint64(n))
+	if err != nil {
+		return nil, g.fail("alloc", err)
+	}
+	peers, opened, err := g.exchange(ctx, name, p)
+	if err != nil {
+		g.lib.Free(g.dev, p)
+		return nil, err
+	}
+	return &GPUSymmetric{g: g, name: name, Peers: peers, Bytes: n, opened: opened}, nil
+}
+
+// Free unmaps the peers' allocations and frees this rank's, once every
+// rank of the node has come to free it (bounded by ctx).
+func (s *GPUSymmetric) Free(ctx context.Context) error {
+	if s.Peers == nil {
+		return nil
+	}
+	g := s.g
+	err := g.cfg.Store.Barrier(ctx, g.cfg.Key+"/gpu/"+s.name+"/freed", g.cfg.Rank, g.cfg.Size)
+	for r, ok := range s.opened {
+		if ok {
+			g.lib.IPCClose(g.dev, s.Peers[r])
+		}
+	}
+	g.lib.Free(g.dev, s.Local())
+	s.Peers = nil
+	return err
 }
 
 func (g *GPUGroup) fail(op string, err error) error {

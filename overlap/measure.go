@@ -23,12 +23,21 @@ func (t Times) Efficiency() float64 {
 	return (t.Seq - t.Overlap) / hide
 }
 
+// Ways are the four ways an operator computes C, timed by Measure: the
+// CPU's Op and the GPU's GPUOp.
+type Ways interface {
+	Gather(ctx context.Context) error        // the gather alone (t_comm)
+	GEMM(ctx context.Context) error          // the GEMMs alone (t_gemm)
+	RunSequential(ctx context.Context) error // one after the other (t_seq)
+	Run(ctx context.Context) error           // overlapped (t_overlap)
+}
+
 // Measure times o's gather alone, GEMM alone, both in sequence, and both
 // overlapped, with a barrier before each timed run. The four alternate
 // within every iteration, so that a change in the machine's state touches
 // them alike; there are at least minIters iterations and enough for each
 // way to total about 0.2 s. Every rank returns the same figures.
-func Measure[T Float](ctx context.Context, c *collective.Communicator, o *Op[T], minIters int) (Times, error) {
+func Measure(ctx context.Context, c *collective.Communicator, o Ways, minIters int) (Times, error) {
 	ways := []func(context.Context) error{o.Gather, o.GEMM, o.RunSequential, o.Run}
 	timeOne := func(run func(context.Context) error) (float64, error) {
 		if err := c.Barrier(ctx); err != nil {

@@ -77,6 +77,9 @@ func New[T Float](c *collective.Communicator, m, n, k, pieces int) (*Op[T], erro
 	return o, nil
 }
 
+// Bytes is s's memory as bytes (for copies to and from a GPU).
+func Bytes[T Float](s []T) []byte { return asBytes(s) }
+
 func asBytes[T Float](s []T) []byte {
 	if len(s) == 0 {
 		return []byte{}

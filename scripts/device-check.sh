@@ -9,7 +9,7 @@
 # on the one GPU, as goroutines of one process (one CUDA context) and as
 # processes through CUDA IPC, in graph and eager mode, beside a
 # device-to-device copy. Everything lands in $OUT (at most 8 files):
-#   summary.txt  tables, in order
+#   summary.txt  tables, in order (topology, tests, d2d, all-gather, overlap)
 #   tests.log    the tests' output
 #   bench.csv    every benchmark row
 #   build.log    the kernels' build
@@ -131,5 +131,11 @@ for P in 2 4 8; do
   done
   say; say "== $P processes (CUDA IPC; time-sliced without MPS): graph vs eager"
   bin/device/slimebench compare "$tmp/proc-$P-graph.csv" "$tmp/proc-$P-eager.csv" 2>&1 | tee -a "$SUM"
+done
+say; say "== AllGather+GEMM overlap, 4 ranks in one process, cuBLAS (graph, then eager)"
+for launch in graph eager; do
+  flag=(); [ $launch = eager ] && flag=(--eager-mode)
+  deadline 100 bin/device/slimebench overlap --backend cuda --in-process 4 "${flag[@]}" --m-min 256 --m-max 4096 \
+    --nk 4096 --pieces 4 --iters 5 --quiet 2>&1 | tee -a "$SUM"
 done
 say; say "== done $(date -u +%FT%TZ)"

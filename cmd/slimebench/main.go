@@ -377,44 +377,66 @@ func overlapCmd(args []string) error {
 	asCSV := fs.Bool("csv", false, "print CSV instead of the table")
 	plotFile := fs.String("plot", "", "write a PNG of efficiency against m")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
+	backend := fs.String("backend", "auto", "cpu, cuda or auto")
+	eager := fs.Bool("eager-mode", false, "launch without CUDA graphs (the CPU backend always does)")
+	inProcess := fs.Int("in-process", 0, "run this many ranks of one node as goroutines of this process, without a launcher")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	kind, err := device.Parse(*backend)
+	if err != nil {
+		return err
+	}
+	if kind, err = device.Resolve(kind); err != nil {
+		return err
+	}
 	ctx := context.Background()
-	c, err := collective.Init(ctx, collective.Options{})
+	opts := collective.Options{Backend: kind, Eager: *eager}
+	sweepRank := func(c *collective.Communicator) error {
+		return overlapRank(ctx, c, *mode, *dtypes, *nks, *nFixed, *mMin, *mMax, *pieces, *iters, *eager, *asCSV, *quiet, *plotFile)
+	}
+	if *inProcess > 0 {
+		return inProcessRanks(ctx, *inProcess, opts, sweepRank)
+	}
+	c, err := collective.Init(ctx, opts)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	m, err := resolveMode(*mode, c)
+	return sweepRank(c)
+}
+
+// overlapRank runs the overlap sweep on one rank; rank 0 prints.
+func overlapRank(ctx context.Context, c *collective.Communicator, mode string, dtypes []string, nks []int, nFixed, mMin, mMax, pieces, iters int, eager, asCSV, quiet bool, plotFile string) error {
+	m, err := resolveMode(mode, c)
 	if err != nil {
 		return err
 	}
 	var rs []bench.OverlapResult
 	start := time.Now()
-	for _, dt := range *dtypes {
-		for _, nk := range *nks {
+	for _, dt := range dtypes {
+		for _, nk := range nks {
 			n := nk
-			if *nFixed > 0 {
-				n = *nFixed
+			if nFixed > 0 {
+				n = nFixed
 			}
-			for rows := *mMin; rows <= *mMax; rows *= 2 {
+			for rows := mMin; rows <= mMax; rows *= 2 {
 				var t overlap.Times
 				switch dt {
 				case "float32":
-					t, err = measureOverlap[float32](ctx, c, rows, n, nk, *pieces, *iters)
+					t, err = measureOverlap[float32](ctx, c, rows, n, nk, pieces, iters)
 				case "float64":
-					t, err = measureOverlap[float64](ctx, c, rows, n, nk, *pieces, *iters)
+					t, err = measureOverlap[float64](ctx, c, rows, n, nk, pieces, iters)
 				default:
 					err = fmt.Errorf("--dtype %q: want float32 or float64", dt)
 				}
 				if err != nil {
 					return err
 				}
-				r := bench.OverlapResult{Impl: "slimego", Backend: "cpu", Mode: m, P: c.Size(), M: rows, N: n, K: nk, Dtype: dt,
+				r := bench.OverlapResult{Impl: "slimego", Backend: c.Backend().String(), Mode: m, P: c.Size(), M: rows, N: n, K: nk, Dtype: dt,
 					Comm: t.Comm, GEMM: t.GEMM, Seq: t.Seq, Overlap: t.Overlap, Efficiency: t.Efficiency()}
 				rs = append(rs, r)
-				if !*quiet && c.Rank() == 0 {
+				if !quiet && c.Rank() == 0 {
 					fmt.Fprintf(os.Stderr, "slimebench: m=%d n=%d k=%d %s: t_comm %.0f µs t_gemm %.0f µs efficiency %.2f (%v elapsed)\n",
 						rows, n, nk, dt, t.Comm, t.GEMM, r.Efficiency, time.Since(start).Round(time.Millisecond))
 				}
@@ -427,13 +449,16 @@ func overlapCmd(args []string) error {
 	if c.Rank() != 0 {
 		return nil
 	}
-	title := fmt.Sprintf("slimego allgather+gemm: P=%d nodes=%d backend=cpu mode=%s pieces=%d", c.Size(), c.Nodes(), m, *pieces)
-	if *plotFile != "" {
-		if err := bench.PlotOverlap(rs, title, *plotFile); err != nil {
+	title := fmt.Sprintf("slimego allgather+gemm: P=%d nodes=%d backend=%s mode=%s pieces=%d", c.Size(), c.Nodes(), c.Backend(), m, pieces)
+	if c.Backend() == device.CUDA {
+		title += map[bool]string{false: " launch=graph", true: " launch=eager"}[eager || c.Options().Eager]
+	}
+	if plotFile != "" {
+		if err := bench.PlotOverlap(rs, title, plotFile); err != nil {
 			return err
 		}
 	}
-	if *asCSV {
+	if asCSV {
 		return bench.WriteOverlapCSV(os.Stdout, rs)
 	}
 	bench.WriteOverlapTable(os.Stdout, rs, title)
@@ -490,6 +515,9 @@ func resolveMode(mode string, c *collective.Communicator) (string, error) {
 }
 
 func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int) (overlap.Times, error) {
+	if c.Backend() == device.CUDA {
+		return measureOverlapGPU[T](ctx, c, m, n, k, pieces, iters)
+	}
 	o, err := overlap.New[T](c, m, n, k, pieces)
 	if err != nil {
 		return overlap.Times{}, err
@@ -500,6 +528,29 @@ func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communic
 	}
 	for i := range o.B {
 		o.B[i] = T(float64((i*5)%11) - 5)
+	}
+	return overlap.Measure(ctx, c, o, iters)
+}
+
+// measureOverlapGPU is measureOverlap with cuBLAS on the GPU.
+func measureOverlapGPU[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int) (overlap.Times, error) {
+	o, err := overlap.NewGPU[T](ctx, c, m, n, k, pieces)
+	if err != nil {
+		return overlap.Times{}, err
+	}
+	defer o.Close()
+	a, b := make([]T, m*k), make([]T, k*n)
+	for i := range a {
+		a[i] = T(float64((i*7+c.Rank())%13) - 6)
+	}
+	for i := range b {
+		b[i] = T(float64((i*5)%11) - 5)
+	}
+	if err := o.A.CopyFromHost(overlap.Bytes(a)); err != nil {
+		return overlap.Times{}, err
+	}
+	if err := o.B.CopyFromHost(overlap.Bytes(b)); err != nil {
+		return overlap.Times{}, err
 	}
 	return overlap.Measure(ctx, c, o, iters)
 }

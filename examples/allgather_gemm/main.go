@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/overlap"
 )
 
@@ -27,10 +28,14 @@ func main() {
 	pieces := pflag.Int("pieces", 4, "pieces the gather is cut into")
 	iters := pflag.Int("iters", 5, "timed iterations")
 	eager := pflag.Bool("eager-mode", false, "launch directly instead of replaying a captured graph (CUDA backend; the CPU backend always runs eagerly)")
+	backend := pflag.String("backend", "auto", "cpu, cuda or auto (cuda: cuBLAS, the gather pulled by the copy engines)")
 	pflag.Parse()
-	_ = eager
+	kind, err := device.Parse(*backend)
+	if err != nil {
+		fail("%v", err)
+	}
 	ctx := context.Background()
-	c, err := collective.Init(ctx, collective.Options{})
+	c, err := collective.Init(ctx, collective.Options{Backend: kind, Eager: *eager})
 	if err != nil {
 		fail("%v", err)
 	}
@@ -56,26 +61,58 @@ func fill[T overlap.Float](x []T, seed uint64) {
 }
 
 func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int, tol float64) error {
-	o, err := overlap.New[T](c, m, n, k, pieces)
+	P := c.Size()
+	a, b := make([]T, m*k), make([]T, k*n)
+	fill(b, 1)
+	fill(a, uint64(100+c.Rank()))
+	// The operator of the communicator's backend, its result copied back.
+	var ways overlap.Ways
+	var result func() ([]T, error)
+	where := "cpu"
+	if c.Backend() == device.CUDA {
+		o, err := overlap.NewGPU[T](ctx, c, m, n, k, pieces)
+		if err != nil {
+			return err
+		}
+		defer o.Close()
+		if err := o.A.CopyFromHost(overlap.Bytes(a)); err != nil {
+			return err
+		}
+		if err := o.B.CopyFromHost(overlap.Bytes(b)); err != nil {
+			return err
+		}
+		ways, where = o, fmt.Sprintf("%s, %s mode", c.GPU(), o.Mode())
+		result = func() ([]T, error) {
+			out := make([]T, P*m*n)
+			return out, o.C.CopyToHost(overlap.Bytes(out))
+		}
+	} else {
+		o, err := overlap.New[T](c, m, n, k, pieces)
+		if err != nil {
+			return err
+		}
+		defer o.Close()
+		copy(o.A, a)
+		copy(o.B, b)
+		ways = o
+		result = func() ([]T, error) { return o.C, nil }
+	}
+	if err := ways.Run(ctx); err != nil {
+		return err
+	}
+	got, err := result()
 	if err != nil {
 		return err
 	}
-	defer o.Close()
-	fill(o.B, 1)
-	fill(o.A, uint64(100+c.Rank()))
-	if err := o.Run(ctx); err != nil {
-		return err
-	}
 	// Reference: every rank's A regenerated, one GEMM of the whole.
-	P := c.Size()
 	full := make([]T, P*m*k)
 	for r := range P {
 		fill(full[r*m*k:(r+1)*m*k], uint64(100+r))
 	}
-	want := overlap.Multiply(full, o.B, P*m, n, k)
+	want := overlap.Multiply(full, b, P*m, n, k)
 	var num, den float64
 	for i := range want {
-		d := float64(o.C[i]) - float64(want[i])
+		d := float64(got[i]) - float64(want[i])
 		num += d * d
 		den += float64(want[i]) * float64(want[i])
 	}
@@ -83,12 +120,12 @@ func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n,
 	if rel > tol {
 		return fmt.Errorf("rank %d: relative Frobenius error %g exceeds %g", c.Rank(), rel, tol)
 	}
-	t, err := overlap.Measure(ctx, c, o, iters)
+	t, err := overlap.Measure(ctx, c, ways, iters)
 	if err != nil {
 		return err
 	}
 	if c.Rank() == 0 {
-		fmt.Printf("all_gather_gemm check passed: %d ranks, A %d×%d per rank, B %d×%d, %T, relative error %.2g\n", P, m, k, k, n, T(0), rel)
+		fmt.Printf("all_gather_gemm check passed: %d ranks, A %d×%d per rank, B %d×%d, %T on %s, relative error %.2g\n", P, m, k, k, n, T(0), where, rel)
 		fmt.Printf("t_comm %.0f µs  t_gemm %.0f µs  t_seq %.0f µs  t_overlap %.0f µs  efficiency %.2f\n",
 			t.Comm, t.GEMM, t.Seq, t.Overlap, t.Efficiency())
 	}
