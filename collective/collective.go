@@ -13,6 +13,7 @@ import (
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/fault"
 	"github.com/slimego/slimego/internal/shm"
+	"github.com/slimego/slimego/kernels"
 	"github.com/slimego/slimego/intra"
 	"github.com/slimego/slimego/rendezvous"
 )
@@ -129,6 +130,9 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 	}
 	c.sizes = make([]int, o.WorldSize)
 	c.offs = make([]int, o.WorldSize)
+	if kind == device.CUDA && o.Backend == device.Auto && len(lay.members[lay.myNode]) > kernels.MaxLocal {
+		kind = device.CPU // more ranks on the node than the GPU kernels take
+	}
 	if kind == device.CUDA {
 		if err := c.initGPU(ctx, lay); err != nil {
 			c.Close()

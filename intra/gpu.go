@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -27,7 +28,7 @@ type GPUConfig struct {
 	Ranks []int
 	Dev   *device.GPU
 	// Cap is the bytes of one block in each scratch slot; larger blocks go
-	// in rounds (default DefaultGPUCap).
+	// in rounds (default DefaultGPUCap, less for more than 8 ranks).
 	Cap int
 	// Blocks bounds the thread blocks of one all-gather launch (default
 	// 16): every rank's kernel must be resident at once, since each waits
@@ -36,9 +37,14 @@ type GPUConfig struct {
 	Timeout time.Duration
 }
 
-// DefaultGPUCap is the default scratch block: 2 slots × ranks × 16 MiB of
-// device memory per rank.
+// DefaultGPUCap is the default scratch block, 16 MiB, for up to 8 local
+// ranks; beyond, it shrinks so that a rank's scratch (2 slots × ranks ×
+// block) stays within 256 MiB, and no smaller than 64 KiB.
 const DefaultGPUCap = 16 << 20
+
+func defaultCap(ranks int) int {
+	return max(min(DefaultGPUCap, (256<<20)/(2*ranks)), 64<<10)
+}
 
 // GPUGroup is the node-local all-gather of the CUDA backend: the LL kernel
 // of kernels/slime.cu. Every rank owns a region of device memory (scratch
@@ -79,7 +85,7 @@ func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
 		return nil, fault.New("init", cfg.Rank, -1, fault.ErrInvalid, "GPU group: local rank %d of %d (at most %d)", cfg.Rank, cfg.Size, kernels.MaxLocal)
 	}
 	if cfg.Cap <= 0 {
-		cfg.Cap = DefaultGPUCap
+		cfg.Cap = defaultCap(cfg.Size)
 	}
 	if cfg.Blocks <= 0 {
 		cfg.Blocks = 16
@@ -96,6 +102,9 @@ func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
 	g = &GPUGroup{cfg: cfg, lib: cfg.Dev.Lib(), dev: cfg.Dev.Ordinal, cap: align256(uint64(cfg.Cap))}
 	defer func() {
 		if err != nil {
+			// Tell the node's other ranks at once rather than letting them
+			// wait for this rank's memory until the timeout.
+			cfg.Store.Set(ctx, g.recordKey("region", cfg.Rank), []byte("error: "+err.Error()))
 			g.release()
 		}
 	}()
@@ -144,7 +153,7 @@ func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (pe
 	binary.LittleEndian.PutUint64(rec, uint64(os.Getpid()))
 	binary.LittleEndian.PutUint64(rec[8:], uint64(p))
 	copy(rec[16:], h[:])
-	key := func(r int) string { return cfg.Key + "/gpu/" + name + "/" + strconv.Itoa(r) }
+	key := func(r int) string { return g.recordKey(name, r) }
 	if err := cfg.Store.Set(ctx, key(cfg.Rank), rec); err != nil {
 		return nil, nil, g.fail("init", err)
 	}
@@ -157,6 +166,9 @@ func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (pe
 		v, err := cfg.Store.Get(ctx, key(r))
 		if err != nil {
 			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrTimeout, "waiting for the peer's GPU memory handle: %v", err)
+		}
+		if msg, ok := strings.CutPrefix(string(v), "error: "); ok {
+			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrPeerLost, "the peer could not set up its GPU memory: %s", msg)
 		}
 		if len(v) != gpuRecord {
 			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrInvalid, "GPU memory record of %d bytes", len(v))
@@ -177,6 +189,10 @@ func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (pe
 		return nil, nil, fault.New("init", me, -1, fault.ErrTimeout, "waiting for the node's ranks to map GPU memory: %v", err)
 	}
 	return peers, opened, nil
+}
+
+func (g *GPUGroup) recordKey(name string, r int) string {
+	return g.cfg.Key + "/gpu/" + name + "/" + strconv.Itoa(r)
 }
 
 // GPUSymmetric is device memory that every rank of the node has mapped:
