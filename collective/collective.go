@@ -13,8 +13,8 @@ import (
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/fault"
 	"github.com/slimego/slimego/internal/shm"
-	"github.com/slimego/slimego/kernels"
 	"github.com/slimego/slimego/intra"
+	"github.com/slimego/slimego/kernels"
 	"github.com/slimego/slimego/rendezvous"
 )
 
