@@ -53,7 +53,20 @@ nvshmem_home=""
 nh=$(find_one nvshmem.h $site /usr/local /opt 2>/dev/null)
 if [ -n "$nh" ]; then
   nvshmem_home=$(dirname "$(dirname "$nh")")
-  [ -d "$nvshmem_home/lib" ] || nvshmem_home=""
+  if [ ! -d "$nvshmem_home/lib" ]; then
+    nvshmem_home=""
+  elif [ ! -e "$nvshmem_home/lib/libnvshmem_host.so" ]; then
+    # wheels carry versioned names only: a shadow tree with the plain ones
+    shadow=$PWD/kernels/build/nvshmem
+    mkdir -p "$shadow/lib"
+    ln -sfn "$nvshmem_home/include" "$shadow/include"
+    for f in "$nvshmem_home"/lib/*; do
+      ln -sf "$f" "$shadow/lib/"
+      base=$(basename "$f"); plain=${base%%.so.*}
+      [ "$plain" != "$base" ] && ln -sf "$f" "$shadow/lib/$plain.so"
+    done
+    nvshmem_home=$shadow
+  fi
 fi
 say "NVSHMEM: ${nvshmem_home:-not found}"
 MAKEVARS=(CUDA_INC="$inc" CUBLAS_LIB="$cublas_dir")
