@@ -19,6 +19,7 @@ type TCPResult struct {
 	Duplex   bool    // both ranks sent S bytes at once; GBps is per direction
 	Median   float64 // µs: one-way latency, or the time of one transfer
 	GBps     float64 // 0 for latency
+	Lowat    int     // the receive low-water mark bound (inter.Reader), 0 for plain reads
 }
 
 // TCP measures the link between the two ranks of c with plain sockets set
@@ -28,7 +29,10 @@ type TCPResult struct {
 // (rank 1 to rank 0), or with duplex both ranks sending to each other at
 // once, as an all-gather between two nodes does. Both ranks return the same
 // figures.
-func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, sizes []int64, channels int, duplex bool, minTime time.Duration) ([]TCPResult, error) {
+//
+// Receives read whole stripes with an inter.Reader bounded by lowat (0:
+// plain reads, woken per segment), as the transport does.
+func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, sizes []int64, channels int, duplex bool, lowat int, minTime time.Duration) ([]TCPResult, error) {
 	if c.Size() != 2 {
 		return nil, fmt.Errorf("bench: tcp measures the link between two ranks (one per node); this job has %d", c.Size())
 	}
@@ -71,6 +75,10 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 		tc.SetWriteBuffer(inter.DefaultSockBuf)
 		defer tc.Close()
 		conns[i] = tc
+	}
+	readers := make([]inter.Reader, channels)
+	for i, tc := range conns {
+		readers[i] = inter.NewReader(tc, lowat)
 	}
 	// agree returns the larger of the two ranks' x, so that both ranks
 	// choose the same iteration counts.
@@ -130,9 +138,10 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 			errs := make(chan error, 2*channels)
 			for ch, conn := range conns {
 				lo, hi := int64(ch)*n/int64(channels), int64(ch+1)*n/int64(channels)
+				rd := &readers[ch]
 				if duplex {
 					go func() { _, err := conn.Write(out[lo:hi]); errs <- err }()
-					go func() { _, err := io.ReadFull(conn, buf[lo:hi]); errs <- err }()
+					go func() { errs <- rd.ReadFull(buf[lo:hi]) }()
 					continue
 				}
 				go func() {
@@ -142,7 +151,7 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 						if _, err = conn.Write(buf[lo:hi]); err == nil {
 							_, err = io.ReadFull(conn, ack[:])
 						}
-					} else if _, err = io.ReadFull(conn, buf[lo:hi]); err == nil {
+					} else if err = rd.ReadFull(buf[lo:hi]); err == nil {
 						_, err = conn.Write(ack[:])
 					}
 					errs <- err
@@ -178,7 +187,7 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 		if err != nil {
 			return nil, err
 		}
-		res = append(res, TCPResult{S: n, Channels: channels, Duplex: duplex, Median: m, GBps: float64(n) / (m * 1e-6) / 1e9})
+		res = append(res, TCPResult{S: n, Channels: channels, Duplex: duplex, Median: m, GBps: float64(n) / (m * 1e-6) / 1e9, Lowat: lowat})
 	}
 	return res, nil
 }

@@ -186,6 +186,9 @@ func merge(opts, env Options) Options {
 	if o.SpinTime == 0 {
 		o.SpinTime = env.SpinTime
 	}
+	if o.RcvLowat == 0 {
+		o.RcvLowat = env.RcvLowat
+	}
 	o.Eager = o.Eager || env.Eager
 	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}, {&o.BigCopy, &env.BigCopy}, {&o.GPUScratch, &env.GPUScratch}} {
 		if *f.dst == 0 {
@@ -256,7 +259,7 @@ func (c *Communicator) connectNodes(ctx context.Context) error {
 	}
 	t, err := inter.New(ctx, inter.Config{
 		Store: c.store, Key: c.key("net"), Rank: o.Rank, Peers: peers, Channels: o.Channels,
-		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, Timeout: o.Timeout,
+		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, Timeout: o.Timeout, Lowat: o.RcvLowat,
 	})
 	if err != nil {
 		return err

@@ -55,6 +55,10 @@ type Options struct {
 	// Channels is the number of TCP connections per peer pair
 	// (SLIME_CHANNELS).
 	Channels int
+	// RcvLowat bounds how many bytes a TCP receive waits for before its
+	// reader wakes (SLIME_RCVLOWAT; default 4M; negative, or "off": woken
+	// per segment).
+	RcvLowat int
 	// SpinTime is how long a shared-memory wait polls before it sleeps
 	// (SLIME_SPIN, a Go duration; default by ranks per core).
 	SpinTime time.Duration
@@ -222,6 +226,15 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 			return bad("SLIME_SPIN=%q: %v", v, err)
 		}
 		o.SpinTime = d
+	}
+	if v := strings.TrimSpace(getenv("SLIME_RCVLOWAT")); v != "" {
+		if v == "off" || strings.HasPrefix(v, "-") || v == "0" {
+			o.RcvLowat = -1
+		} else if n, err := bytesize.Parse(v); err != nil {
+			return bad("SLIME_RCVLOWAT=%q: %v", v, err)
+		} else {
+			o.RcvLowat = int(n)
+		}
 	}
 	if v, ok, err := num("SLIME_CHANNELS"); err != nil {
 		return bad("%v", err)

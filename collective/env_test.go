@@ -29,6 +29,10 @@ func TestLoadEnv(t *testing.T) {
 		{"openmpi", map[string]string{"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
 			"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "h0", "SLIME_TIMEOUT": "2.5"},
 			Options{Rank: 3, WorldSize: 4, LocalRank: 1, LocalWorldSize: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 29500, RunID: "port29500", Timeout: 2500 * time.Millisecond}},
+		{"knobs", map[string]string{"SLIME_RCVLOWAT": "1M", "SLIME_EAGER": "1", "SLIME_GPU_SCRATCH": "4M", "SLIME_CHANNELS": "4"},
+			Options{WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500", RcvLowat: 1 << 20, Eager: true, GPUScratch: 4 << 20, Channels: 4}},
+		{"lowat off", map[string]string{"SLIME_RCVLOWAT": "off"},
+			Options{WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500", RcvLowat: -1}},
 		{"slurm", map[string]string{"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NODEID": "1", "MASTER_ADDR": "n1"},
 			Options{Rank: 6, WorldSize: 8, LocalRank: 2, LocalWorldSize: 4, NodeRank: 1, MasterAddr: "n1", MasterPort: 29500, RunID: "port29500"}},
 	}
@@ -60,6 +64,9 @@ func TestLoadEnvErrors(t *testing.T) {
 		{map[string]string{"SLIME_TIMEOUT": "-3s"}, "SLIME_TIMEOUT"},
 		{map[string]string{"SLIME_BACKEND": "tpu"}, "unknown backend"},
 		{map[string]string{"SLIME_SLOT_BYTES": "lots"}, "SLIME_SLOT_BYTES"},
+		{map[string]string{"SLIME_RCVLOWAT": "big"}, "SLIME_RCVLOWAT"},
+		{map[string]string{"SLIME_EAGER": "maybe"}, "SLIME_EAGER"},
+		{map[string]string{"SLIME_GPU_SCRATCH": "0"}, "SLIME_GPU_SCRATCH"},
 	}
 	for _, tc := range cases {
 		_, err := LoadEnv(func(k string) string { return tc.env[k] })

@@ -32,12 +32,19 @@ type Config struct {
 	Timeout    time.Duration
 	// SockBuf sizes each socket's send and receive buffers.
 	SockBuf int
+	// Lowat bounds the bytes a receive waits for before its reader wakes
+	// (see Reader; default DefaultLowat; negative: the kernel's default,
+	// one segment).
+	Lowat int
 }
 
 // DefaultChannels and DefaultSockBuf are measured defaults (README).
 const (
 	DefaultChannels = 2
 	DefaultSockBuf  = 4 << 20
+	// DefaultLowat: across two namespaces, receives that wake per 4 MiB
+	// instead of per segment carried 17–37% more (README).
+	DefaultLowat = 4 << 20
 )
 
 // Transport is one rank's set of connections. Its operations are driven by
@@ -71,6 +78,7 @@ type conn struct {
 	rhdr  [HeaderSize]byte
 	vec   [2][]byte
 	bufs  net.Buffers
+	rd    Reader
 }
 
 type job struct {
@@ -88,6 +96,9 @@ var ErrMismatch = fault.ErrSizeMismatch
 func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if cfg.Channels <= 0 {
 		cfg.Channels = DefaultChannels
+	}
+	if cfg.Lowat == 0 {
+		cfg.Lowat = DefaultLowat
 	}
 	if cfg.SockBuf <= 0 {
 		cfg.SockBuf = DefaultSockBuf
@@ -221,7 +232,8 @@ func (t *Transport) attach(tc *net.TCPConn, p, ch int) {
 	tc.SetWriteBuffer(t.cfg.SockBuf)
 	tc.SetDeadline(time.Time{})
 	pr := t.peers[p]
-	pr.conns[ch] = &conn{c: tc, p: pr, me: uint32(t.cfg.Rank), sendq: make(chan job, 1), recvq: make(chan job, 1)}
+	pr.conns[ch] = &conn{c: tc, p: pr, me: uint32(t.cfg.Rank), sendq: make(chan job, 1), recvq: make(chan job, 1),
+		rd: NewReader(tc, t.cfg.Lowat)}
 }
 
 func deadlineOf(ctx context.Context, d time.Duration) time.Time {
@@ -403,7 +415,7 @@ func (c *conn) reader() {
 
 func (c *conn) receive(j job) error {
 	c.c.SetReadDeadline(j.deadline)
-	if _, err := io.ReadFull(c.c, c.rhdr[:]); err != nil {
+	if err := c.rd.ReadFull(c.rhdr[:]); err != nil {
 		return c.classify(err, "receiving a header")
 	}
 	h, err := Decode(c.rhdr[:])
@@ -415,6 +427,7 @@ func (c *conn) receive(j job) error {
 	}
 	if h.Hash != j.hash || h.Count != uint64(len(j.buf)) {
 		// Drain the payload so that the stream stays in step.
+		c.rd.SetLowat(1)
 		if _, err := io.CopyN(io.Discard, c.c, int64(h.Count)); err != nil {
 			return c.classify(err, "draining a mismatched block")
 		}
@@ -423,7 +436,7 @@ func (c *conn) receive(j job) error {
 		}
 		return fmt.Errorf("%w: rank %d's call differs from this rank's (the operation, or a size on some rank)", ErrMismatch, c.p.rank)
 	}
-	if _, err := io.ReadFull(c.c, j.buf); err != nil {
+	if err := c.rd.ReadFull(j.buf); err != nil {
 		return c.classify(err, "receiving a block")
 	}
 	return nil

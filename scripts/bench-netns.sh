@@ -17,8 +17,10 @@ netns_run 2 1 29500 bin/slimebench tcp | strip | tee "$OUT/tcp.txt"
 # The link and slimego, interleaved REPS times, compared by their medians.
 for i in $(seq "$REPS"); do
   echo "== run $i of $REPS: duplex TCP, then slimego AllGather, 2 nodes x 1 rank"
-  netns_run 2 1 $((29510 + i)) bin/slimebench tcp --csv --channels 2 | strip \
-    | awk -F, 'NR == 1 || $1 ~ /duplex/' > "$OUT/tcp-duplex.$i.csv"
+  netns_run 2 1 $((29510 + i)) bin/slimebench tcp --csv --channels 2 --lowat 0,4M | strip > "$OUT/tcp.$i.csv"
+  # the link read both ways: plain reads, and woken per 4 MiB as the transport reads
+  awk -F, 'NR == 1 || $1 == "tcp-2-duplex"' "$OUT/tcp.$i.csv" > "$OUT/tcp-duplex.$i.csv"
+  awk -F, 'NR == 1 || $1 == "tcp-2-duplex-lowat4M"' "$OUT/tcp.$i.csv" > "$OUT/tcp-duplex-lowat.$i.csv"
   netns_run 2 1 $((29520 + i)) bin/slimebench allgather --mode inter --quiet --csv | strip > "$OUT/slimego-2x1.$i.csv"
 done
 
@@ -48,7 +50,7 @@ SLIME_ALGO=ring netns_run 2 2 29504 bin/slimebench allgather --mode inter --quie
   | sed 's/^slimego/slimego-ring/' > "$OUT/slimego-2x2-ring.csv"
 
 echo; echo "== 2 x 1: slimego vs the link (duplex TCP: ratio = busbw / link bandwidth) and OpenMPI (TCP)"
-bin/slimebench compare "$OUT"/slimego-2x1.*.csv "$OUT"/tcp-duplex.*.csv $(ls "$OUT"/openmpi-2x1.csv 2>/dev/null) | tee "$OUT/compare-2x1.txt"
+bin/slimebench compare "$OUT"/slimego-2x1.*.csv "$OUT"/tcp-duplex-lowat.*.csv "$OUT"/tcp-duplex.*.csv $(ls "$OUT"/openmpi-2x1.csv 2>/dev/null) | tee "$OUT/compare-2x1.txt"
 echo; echo "== 2 x 2: hierarchical vs ring"
 bin/slimebench compare "$OUT/slimego-2x2-hier.csv" "$OUT/slimego-2x2-ring.csv" | tee "$OUT/compare-2x2.txt"
 

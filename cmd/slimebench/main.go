@@ -306,9 +306,18 @@ func tcp(args []string) error {
 	fs := pflag.NewFlagSet("slimebench tcp", pflag.ContinueOnError)
 	sw := sweepFlags(fs)
 	channels := fs.IntSlice("channels", []int{1, 2, 4}, "connections to stripe each transfer over (one sweep each)")
-	asCSV := fs.Bool("csv", false, "print CSV (impl tcp-N, busbw = link GB/s) instead of the table")
+	asCSV := fs.Bool("csv", false, "print CSV (impl tcp-N[-duplex][-lowatB], busbw = link GB/s) instead of the table")
+	lowats := fs.StringSlice("lowat", []string{"0", "4M"}, "receive low-water mark bounds to measure (0: plain reads; see inter.Reader)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	var lws []int
+	for _, v := range *lowats {
+		n, err := bytesize.Parse(v)
+		if err != nil {
+			return fmt.Errorf("--lowat %q: %v", v, err)
+		}
+		lws = append(lws, int(n))
 	}
 	sizes := []int64{1 << 20, 4 << 20, 16 << 20, 64 << 20}
 	if fs.Changed("min-bytes") || fs.Changed("max-bytes") || fs.Changed("step-factor") {
@@ -324,16 +333,20 @@ func tcp(args []string) error {
 	}
 	defer c.Close()
 	var rows []bench.TCPResult
-	for i, duplex := range []bool{false, true} {
-		for j, ch := range *channels {
-			rs, err := bench.TCP(ctx, c, os.Getenv("MASTER_ADDR"), sizes, ch, duplex, 200*time.Millisecond)
-			if err != nil {
-				return err
+	first := true
+	for _, duplex := range []bool{false, true} {
+		for _, ch := range *channels {
+			for _, lw := range lws {
+				rs, err := bench.TCP(ctx, c, os.Getenv("MASTER_ADDR"), sizes, ch, duplex, lw, 200*time.Millisecond)
+				if err != nil {
+					return err
+				}
+				if !first {
+					rs = rs[1:] // latency once
+				}
+				first = false
+				rows = append(rows, rs...)
 			}
-			if i+j > 0 {
-				rs = rs[1:] // latency once
-			}
-			rows = append(rows, rs...)
 		}
 	}
 	if c.Rank() != 0 {
@@ -346,6 +359,9 @@ func tcp(args []string) error {
 			if r.Duplex {
 				impl += "-duplex"
 			}
+			if r.Lowat > 0 {
+				impl += "-lowat" + bytesize.Format(int64(r.Lowat))
+			}
 			rs = append(rs, bench.Result{Impl: impl, Backend: "cpu", Mode: "inter", P: 2, Nodes: c.Nodes(),
 				S: r.S, Median: r.Median, AlgBW: r.GBps, BusBW: r.GBps})
 		}
@@ -353,13 +369,14 @@ func tcp(args []string) error {
 	}
 	fmt.Printf("# raw TCP between rank 0 (node %d) and rank 1, sockets as slimego's transport sets them\n", 0)
 	fmt.Printf("# duplex: both ranks send at once, as an all-gather does; GB/s per direction\n")
-	fmt.Printf("#%12s %9s %8s %11s %9s\n", "size (B)", "channels", "duplex", "time (us)", "GB/s")
+	fmt.Printf("# lowat: receives wake per that many bytes (SO_RCVLOWAT), 0 per segment\n")
+	fmt.Printf("#%12s %9s %8s %8s %11s %9s\n", "size (B)", "channels", "duplex", "lowat", "time (us)", "GB/s")
 	for _, r := range rows {
 		if r.GBps == 0 {
-			fmt.Printf(" %12d %9d %8v %11.2f %9s   one-way latency\n", r.S, r.Channels, false, r.Median, "-")
+			fmt.Printf(" %12d %9d %8v %8s %11.2f %9s   one-way latency\n", r.S, r.Channels, false, "-", r.Median, "-")
 			continue
 		}
-		fmt.Printf(" %12d %9d %8v %11.2f %9.3f\n", r.S, r.Channels, r.Duplex, r.Median, r.GBps)
+		fmt.Printf(" %12d %9d %8v %8s %11.2f %9.3f\n", r.S, r.Channels, r.Duplex, bytesize.Format(int64(r.Lowat)), r.Median, r.GBps)
 	}
 	return nil
 }
