@@ -44,11 +44,20 @@ func (r *Reader) SetLowat(n int) {
 	}
 }
 
+// lowatMin is the least that is worth a low-water mark: below it a read
+// takes what is there, so that small messages pay no setsockopt (one
+// costs about as much as the wake-ups it would save).
+const lowatMin = 256 << 10
+
 // ReadFull reads len(buf) bytes (io.ErrUnexpectedEOF if the stream ends
 // first). It allocates nothing.
 func (r *Reader) ReadFull(buf []byte) error {
 	for len(buf) > 0 {
-		r.SetLowat(len(buf))
+		if len(buf) >= lowatMin {
+			r.SetLowat(len(buf))
+		} else {
+			r.SetLowat(1)
+		}
 		n, err := r.c.Read(buf)
 		buf = buf[n:]
 		if err != nil {

@@ -427,7 +427,7 @@ func (c *conn) receive(j job) error {
 	}
 	if h.Hash != j.hash || h.Count != uint64(len(j.buf)) {
 		// Drain the payload so that the stream stays in step.
-		c.rd.SetLowat(1)
+		c.rd.SetLowat(1) // the header's read may have left it higher
 		if _, err := io.CopyN(io.Discard, c.c, int64(h.Count)); err != nil {
 			return c.classify(err, "draining a mismatched block")
 		}
