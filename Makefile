@@ -38,12 +38,12 @@ NVSHMEM_HOME ?=
 KLIB := kernels/build
 kernels: $(KLIB)/libslimecuda.so $(if $(NVSHMEM_HOME),$(KLIB)/libslimenvshmem.so)
 
-$(KLIB)/libslimecuda.so: kernels/slime.cu kernels/slime.h
+$(KLIB)/libslimecuda.so: kernels/slime.cu kernels/slime.h kernels/status.h
 	@mkdir -p $(KLIB)
 	$(NVCC) $(NVCCFLAGS) -shared $(CUDA_INC) -o $@ kernels/slime.cu \
 	  $(if $(CUBLAS_LIB),-L$(CUBLAS_LIB) -Xlinker -rpath=$(CUBLAS_LIB)) -lcublas
 
-$(KLIB)/libslimenvshmem.so: kernels/nvshmem.cu kernels/slime.h
+$(KLIB)/libslimenvshmem.so: kernels/nvshmem.cu kernels/slime.h kernels/status.h
 	@mkdir -p $(KLIB)
 	$(NVCC) $(NVCCFLAGS) -rdc=true -shared $(CUDA_INC) -I$(NVSHMEM_HOME)/include -o $@ kernels/nvshmem.cu \
 	  -L$(NVSHMEM_HOME)/lib -Xlinker -rpath=$(NVSHMEM_HOME)/lib -lnvshmem_host -lnvshmem_device

@@ -2,6 +2,7 @@
 // and the put-with-signal all-gather across nodes (slime.h). Built by
 // make kernels NVSHMEM_HOME=... where NVSHMEM is installed.
 #include "slime.h"
+#include "status.h"
 
 #include <cuda_runtime.h>
 #include <nvshmem.h>
@@ -9,16 +10,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-static __thread char last_error[512];
-
-static int fail(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 #define PTR(p) ((void *)(uintptr_t)(p))
 #define CK(call)                                                                              \

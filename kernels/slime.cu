@@ -1,22 +1,13 @@
 // libslimecuda.so: the CUDA runtime calls, IPC, streams, events, graphs,
 // the intra-node all-gather kernels and cuBLAS GEMM behind slime.h.
 #include "slime.h"
+#include "status.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-static __thread char last_error[512];
-
-static int fail(int code, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 static int cuda_fail(cudaError_t e, const char *what) {
     int code = SLIME_ERR_CUDA;
@@ -481,27 +472,41 @@ int slime_blas_destroy(int dev, uint64_t handle) {
     return SLIME_OK;
 }
 
-// Row-major C = A.B is column-major C^T = B^T.A^T: swap the operands.
-int slime_gemm_f32(int dev, uint64_t handle, uint64_t stream, int m, int n, int k,
-                   uint64_t a, int lda, uint64_t b, int ldb, uint64_t c, int ldc) {
+}  // extern "C"
+
+static cublasStatus_t gemm_call(cublasHandle_t h, int m, int n, int k, const float *a, const float *b, int lda,
+                                int ldb, float *c, int ldc) {
     const float one = 1, zero = 0;
+    return cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, ldb, a, lda, &zero, c, ldc);
+}
+
+static cublasStatus_t gemm_call(cublasHandle_t h, int m, int n, int k, const double *a, const double *b, int lda,
+                                int ldb, double *c, int ldc) {
+    const double one = 1, zero = 0;
+    return cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, b, ldb, a, lda, &zero, c, ldc);
+}
+
+// Row-major C = A.B is column-major C^T = B^T.A^T: the operands swap.
+template <typename T>
+static int gemm(int dev, uint64_t handle, uint64_t stream, int m, int n, int k, uint64_t a, int lda, uint64_t b,
+                int ldb, uint64_t c, int ldc) {
     cublasHandle_t h = (cublasHandle_t)(uintptr_t)handle;
     USE(dev);
     BK(cublasSetStream(h, STREAM(stream)));
-    BK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, (const float *)PTR(b), ldb,
-                   (const float *)PTR(a), lda, &zero, (float *)PTR(c), ldc));
+    BK(gemm_call(h, m, n, k, (const T *)PTR(a), (const T *)PTR(b), lda, ldb, (T *)PTR(c), ldc));
     return SLIME_OK;
+}
+
+extern "C" {
+
+int slime_gemm_f32(int dev, uint64_t handle, uint64_t stream, int m, int n, int k,
+                   uint64_t a, int lda, uint64_t b, int ldb, uint64_t c, int ldc) {
+    return gemm<float>(dev, handle, stream, m, n, k, a, lda, b, ldb, c, ldc);
 }
 
 int slime_gemm_f64(int dev, uint64_t handle, uint64_t stream, int m, int n, int k,
                    uint64_t a, int lda, uint64_t b, int ldb, uint64_t c, int ldc) {
-    const double one = 1, zero = 0;
-    cublasHandle_t h = (cublasHandle_t)(uintptr_t)handle;
-    USE(dev);
-    BK(cublasSetStream(h, STREAM(stream)));
-    BK(cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &one, (const double *)PTR(b), ldb,
-                   (const double *)PTR(a), lda, &zero, (double *)PTR(c), ldc));
-    return SLIME_OK;
+    return gemm<double>(dev, handle, stream, m, n, k, a, lda, b, ldb, c, ldc);
 }
 
 }  // extern "C"

@@ -137,11 +137,8 @@ func allgather(args []string) error {
 	if err != nil {
 		return err
 	}
-	kind, err := device.Parse(*backend)
+	kind, err := resolveBackend(*backend)
 	if err != nil {
-		return err
-	}
-	if kind, err = device.Resolve(kind); err != nil {
 		return err
 	}
 	if *buffers != "symmetric" && *buffers != "plain" {
@@ -400,11 +397,8 @@ func overlapCmd(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	kind, err := device.Parse(*backend)
+	kind, err := resolveBackend(*backend)
 	if err != nil {
-		return err
-	}
-	if kind, err = device.Resolve(kind); err != nil {
 		return err
 	}
 	ctx := context.Background()
@@ -513,6 +507,15 @@ func gflops[T overlap.Float](n int) float64 {
 
 // resolveMode checks --mode against where the ranks run; auto picks intra
 // on one node and inter across several.
+// resolveBackend reads --backend and says which backend will run.
+func resolveBackend(name string) (device.Kind, error) {
+	kind, err := device.Parse(name)
+	if err != nil {
+		return kind, err
+	}
+	return device.Resolve(kind)
+}
+
 func resolveMode(mode string, c *collective.Communicator) (string, error) {
 	switch mode {
 	case "auto":
