@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int cuda_fail(cudaError_t e, const char *what) {
@@ -458,17 +459,44 @@ static int blas_fail(cublasStatus_t s, const char *what) {
         if (s_ != CUBLAS_STATUS_SUCCESS) return blas_fail(s_, #call); \
     } while (0)
 
-int slime_blas_create(int dev, uint64_t *handle) {
+// A cuBLAS handle with its own workspace, so that GEMMs captured into a
+// graph allocate nothing.
+struct blas {
     cublasHandle_t h;
+    void *ws;
+};
+
+#define BLAS_WORKSPACE (32u << 20)
+
+int slime_blas_create(int dev, uint64_t *handle) {
     USE(dev);
-    BK(cublasCreate(&h));
-    *handle = (uint64_t)(uintptr_t)h;
+    struct blas *b = (struct blas *)calloc(1, sizeof *b);
+    if (!b) return fail(SLIME_ERR_BLAS, "out of host memory");
+    cublasStatus_t st = cublasCreate(&b->h);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        free(b);
+        return blas_fail(st, "cublasCreate");
+    }
+    cudaError_t e = cudaMalloc(&b->ws, BLAS_WORKSPACE);
+    if (e == cudaSuccess) st = cublasSetWorkspace(b->h, b->ws, BLAS_WORKSPACE);
+    if (e != cudaSuccess || st != CUBLAS_STATUS_SUCCESS) {
+        cublasDestroy(b->h);
+        if (b->ws) cudaFree(b->ws);
+        free(b);
+        return e != cudaSuccess ? cuda_fail(e, "cudaMalloc (cuBLAS workspace)") : blas_fail(st, "cublasSetWorkspace");
+    }
+    *handle = (uint64_t)(uintptr_t)b;
     return SLIME_OK;
 }
 
 int slime_blas_destroy(int dev, uint64_t handle) {
+    struct blas *b = (struct blas *)(uintptr_t)handle;
     USE(dev);
-    BK(cublasDestroy((cublasHandle_t)(uintptr_t)handle));
+    cublasStatus_t st = cublasDestroy(b->h);
+    cudaError_t e = cudaFree(b->ws);
+    free(b);
+    if (st != CUBLAS_STATUS_SUCCESS) return blas_fail(st, "cublasDestroy");
+    if (e != cudaSuccess) return cuda_fail(e, "cudaFree (cuBLAS workspace)");
     return SLIME_OK;
 }
 
@@ -490,7 +518,7 @@ static cublasStatus_t gemm_call(cublasHandle_t h, int m, int n, int k, const dou
 template <typename T>
 static int gemm(int dev, uint64_t handle, uint64_t stream, int m, int n, int k, uint64_t a, int lda, uint64_t b,
                 int ldb, uint64_t c, int ldc) {
-    cublasHandle_t h = (cublasHandle_t)(uintptr_t)handle;
+    cublasHandle_t h = ((struct blas *)(uintptr_t)handle)->h;
     USE(dev);
     BK(cublasSetStream(h, STREAM(stream)));
     BK(gemm_call(h, m, n, k, (const T *)PTR(a), (const T *)PTR(b), lda, ldb, (T *)PTR(c), ldc));
