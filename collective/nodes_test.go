@@ -51,8 +51,8 @@ func runNodesOn(t *testing.T, pl placement, env []string, nodes, perNode int, ki
 	for n := range nodes {
 		full := append([]string{"--nnodes", strconv.Itoa(nodes), "--node-rank", strconv.Itoa(n), "--master-addr", pl.master,
 			"--master-port", port, "--rdzv-id", runID, "--nproc-per-node", strconv.Itoa(perNode), "--monitor-interval", "15s",
-			"--rdzv-timeout", "60s", filepath.Join(bin, args[0])}, args[1:]...)
-		argv := append([]string{filepath.Join(bin, "slimerun")}, full...)
+			"--rdzv-timeout", "60s", filepath.Join(binDir(t), args[0])}, args[1:]...)
+		argv := append([]string{filepath.Join(binDir(t), "slimerun")}, full...)
 		if pl.wrap != nil {
 			argv = append(pl.wrap(n), argv...)
 		}
@@ -196,8 +196,8 @@ func TestNodeKilled(t *testing.T) {
 
 func TestMissingNodeNamed(t *testing.T) {
 	port := strconv.Itoa(freePort(t))
-	cmd := exec.Command(filepath.Join(bin, "slimerun"), "--nnodes", "3", "--node-rank", "0", "--master-port", port,
-		"--rdzv-timeout", "1s", "--nproc-per-node", "1", filepath.Join(bin, "agcheck"))
+	cmd := exec.Command(filepath.Join(binDir(t), "slimerun"), "--nnodes", "3", "--node-rank", "0", "--master-port", port,
+		"--rdzv-timeout", "1s", "--nproc-per-node", "1", filepath.Join(binDir(t), "agcheck"))
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "node rank(s) [1 2] did not join") {
 		t.Fatalf("err %v\n%s", err, out)
@@ -221,7 +221,7 @@ func startRanks(t *testing.T, nodeOf []int, env []string, args ...string) ([]str
 	outs := make([]bytes.Buffer, P)
 	cmds := make([]*exec.Cmd, P)
 	for r := range P {
-		cmd := exec.Command(filepath.Join(bin, "agcheck"), args...)
+		cmd := exec.Command(filepath.Join(binDir(t), "agcheck"), args...)
 		cmd.Env = append(cleanEnv(), append([]string{
 			"RANK=" + strconv.Itoa(r), "WORLD_SIZE=" + strconv.Itoa(P),
 			"LOCAL_RANK=" + strconv.Itoa(local[r]), "LOCAL_WORLD_SIZE=" + strconv.Itoa(size[nodeOf[r]]),
@@ -280,8 +280,8 @@ exec "$0" --sizes 7,4096,100003 --iters 1 --plan-runs 20`
 	var outs [2]bytes.Buffer
 	cmds := make([]*exec.Cmd, 2)
 	for n := range 2 {
-		cmds[n] = exec.Command(filepath.Join(bin, "slimerun"), "--nnodes", "2", "--node-rank", strconv.Itoa(n),
-			"--master-port", port, "--rdzv-id", runID, "--max-restarts", "1", "sh", "-c", script, filepath.Join(bin, "agcheck"))
+		cmds[n] = exec.Command(filepath.Join(binDir(t), "slimerun"), "--nnodes", "2", "--node-rank", strconv.Itoa(n),
+			"--master-port", port, "--rdzv-id", runID, "--max-restarts", "1", "sh", "-c", script, filepath.Join(binDir(t), "agcheck"))
 		cmds[n].Env = append(os.Environ(), "SLIME_TIMEOUT=30")
 		cmds[n].Stdout, cmds[n].Stderr = &outs[n], &outs[n]
 		if err := cmds[n].Start(); err != nil {

@@ -16,15 +16,19 @@ import (
 	"github.com/slimego/slimego/internal/testbin"
 )
 
-var bin string
-
-func TestMain(m *testing.M) {
+// binDir is where the commands the multi-process tests launch are built,
+// once, on first use: a run of only the in-process tests (such as the CUDA
+// ones on a GPU machine without Go) needs no toolchain.
+func binDir(t *testing.T) string {
+	t.Helper()
 	dir, err := testbin.Build()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		t.Fatal(err)
 	}
-	bin = dir
+	return dir
+}
+
+func TestMain(m *testing.M) {
 	code := m.Run()
 	testbin.Cleanup()
 	os.Exit(code)
@@ -47,11 +51,11 @@ func slimerun(t *testing.T, env []string, args ...string) job {
 	// The first of the project's commands named is the program to run.
 	for i, a := range full {
 		if a == "agcheck" || a == "slimebench" || a == "allgather" || a == "allgather_gemm" {
-			full[i] = filepath.Join(bin, a)
+			full[i] = filepath.Join(binDir(t), a)
 			break
 		}
 	}
-	cmd := exec.Command(filepath.Join(bin, "slimerun"), full...)
+	cmd := exec.Command(filepath.Join(binDir(t), "slimerun"), full...)
 	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -190,7 +194,7 @@ func TestSlowRankTimesOut(t *testing.T) {
 // worker runs agcheck directly (no launcher) with the given environment.
 func worker(t *testing.T, env ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(bin, "agcheck"))
+	cmd := exec.Command(filepath.Join(binDir(t), "agcheck"))
 	cmd.Env = append(cleanEnv(), env...)
 	out, err := cmd.CombinedOutput()
 	code := 0
@@ -253,7 +257,7 @@ func TestLauncherPortInUse(t *testing.T) {
 	busy, _ := net.Listen("tcp", "0.0.0.0:0")
 	defer busy.Close()
 	port := strconv.Itoa(busy.Addr().(*net.TCPAddr).Port)
-	cmd := exec.Command(filepath.Join(bin, "slimerun"), "--nproc-per-node", "2", "--master-port", port, filepath.Join(bin, "agcheck"))
+	cmd := exec.Command(filepath.Join(binDir(t), "slimerun"), "--nproc-per-node", "2", "--master-port", port, filepath.Join(binDir(t), "agcheck"))
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "address already in use") || !strings.Contains(string(out), port) {
 		t.Fatalf("err %v, output:\n%s", err, out)
