@@ -57,7 +57,7 @@ DBIN := $(BIN)/device
 device-bins:
 	@mkdir -p $(DBIN)/tests
 	$(GO) build -ldflags='-s -w' -o $(DBIN)/ ./cmd/slimerun ./cmd/slimebench
-	for p in kernels device cudagraph collective; do \
+	for p in kernels device cudagraph collective overlap; do \
 	  $(GO) test -ldflags='-s -w' -c -o $(DBIN)/tests/$$p.test ./$$p || exit 1; done
 	@du -sh $(DBIN)
 

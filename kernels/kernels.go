@@ -132,9 +132,9 @@ const (
 
 // candidates lists where to look for a library, in order: the variable
 // that names it (SLIME_CUDA_LIB, SLIME_NVSHMEM_LIB), beside the executable,
-// kernels/build above the executable's folder (bin/ of a checkout) and
-// under the working directory, then the loader's own search (LD_LIBRARY_PATH,
-// ldconfig).
+// kernels/build one and two folders above the executable's (bin/ and
+// bin/device/ of a checkout) and above the working directory, then the
+// loader's own search (LD_LIBRARY_PATH, ldconfig).
 func candidates(name, envVar string) []string {
 	if p := os.Getenv(envVar); p != "" {
 		return []string{p}
@@ -142,9 +142,9 @@ func candidates(name, envVar string) []string {
 	var c []string
 	if exe, err := os.Executable(); err == nil {
 		dir := filepath.Dir(exe)
-		c = append(c, filepath.Join(dir, name), filepath.Join(dir, "..", "kernels", "build", name))
-		// go test binaries run in the package folder; their executable is
-		// in a temporary one.
+		// bin/ and bin/device/ of a checkout
+		c = append(c, filepath.Join(dir, name), filepath.Join(dir, "..", "kernels", "build", name),
+			filepath.Join(dir, "..", "..", "kernels", "build", name))
 	}
 	if wd, err := os.Getwd(); err == nil {
 		for d := wd; ; d = filepath.Dir(d) {

@@ -107,9 +107,9 @@ deadline 30 bin/device/slimerun --print-topology 2>&1 | tee -a "$SUM"
 
 say; say "== tests (-v output in tests.log)"
 : >"$OUT/tests.log"
-for t in kernels device cudagraph collective; do
+for t in kernels device cudagraph collective overlap; do
   run="."
-  [ $t = collective ] && run=GPU
+  case $t in collective|overlap) run=GPU ;; esac
   (cd $t && deadline 150 ../bin/device/tests/$t.test -test.v -test.count=1 -test.run "$run" >"$OUT/test-$t.tmp" 2>&1)
   rc=$?
   say "$t: $( [ $rc = 0 ] && echo PASS || echo "FAIL (exit $rc)")"
