@@ -41,7 +41,7 @@ func run(args []string) int {
 	})
 	var cfg launcher.Config
 	nnodes := fs.String("nnodes", "1", "number of nodes (N, or N:N)")
-	nproc := fs.String("nproc-per-node", "1", "workers per node: a number, or cpu/auto for one per CPU")
+	nproc := fs.String("nproc-per-node", "1", "workers per node: a number, cpu (one per CPU), gpu (one per GPU) or auto (GPUs if any, else CPUs)")
 	fs.IntVar(&cfg.NodeRank, "node-rank", 0, "this node's rank")
 	fs.StringVar(&cfg.MasterAddr, "master-addr", "127.0.0.1", "address of node 0, which hosts the rendezvous store")
 	fs.IntVar(&cfg.MasterPort, "master-port", 29500, "port of the rendezvous store")
@@ -140,16 +140,28 @@ func parseNodes(s string) (int, error) {
 	return n, nil
 }
 
+// parseNProc reads --nproc-per-node as torchrun does: a number; cpu, one
+// per CPU; gpu, one per GPU (an error without one); auto, one per GPU
+// where the CUDA backend sees any, else one per CPU.
 func parseNProc(s string) (int, error) {
 	switch s {
-	case "cpu", "auto":
+	case "cpu":
 		return runtime.NumCPU(), nil
 	case "gpu":
-		return 0, fmt.Errorf("--nproc-per-node gpu: this build has no CUDA backend; give a number")
+		n, err := device.CUDADeviceCount()
+		if err != nil {
+			return 0, fmt.Errorf("--nproc-per-node gpu: %v", err)
+		}
+		return n, nil
+	case "auto":
+		if n, err := device.CUDADeviceCount(); err == nil {
+			return n, nil
+		}
+		return runtime.NumCPU(), nil
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 1 {
-		return 0, fmt.Errorf("--nproc-per-node %q: want a positive number, cpu or auto", s)
+		return 0, fmt.Errorf("--nproc-per-node %q: want a positive number, cpu, gpu or auto", s)
 	}
 	return n, nil
 }

@@ -6,12 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/testbin"
 )
 
@@ -109,6 +111,23 @@ func TestNoWorkerOutlivesKilledLauncher(t *testing.T) {
 	cmd.Process.Kill()
 	cmd.Wait()
 	waitGone(t, pids)
+}
+
+// --nproc-per-node as torchrun reads it: gpu needs GPUs, auto falls back
+// to one worker per CPU.
+func TestNProcWords(t *testing.T) {
+	gpus, gpuErr := device.CUDADeviceCount()
+	for _, tc := range []struct {
+		word string
+		want int
+	}{{"cpu", runtime.NumCPU()}, {"auto", map[bool]int{true: gpus, false: runtime.NumCPU()}[gpuErr == nil]}, {"4", 4}} {
+		if n, err := parseNProc(tc.word); err != nil || n != tc.want {
+			t.Errorf("%s: %d, %v; want %d", tc.word, n, err, tc.want)
+		}
+	}
+	if n, err := parseNProc("gpu"); (gpuErr == nil) != (err == nil) || (err == nil && n != gpus) {
+		t.Errorf("gpu: %d, %v (GPUs: %d, %v)", n, err, gpus, gpuErr)
+	}
 }
 
 func TestUsageErrors(t *testing.T) {
