@@ -130,6 +130,19 @@ func TestNProcWords(t *testing.T) {
 	}
 }
 
+// --print-topology alone prints the machine and exits 0; with a program it
+// runs the program after.
+func TestPrintTopology(t *testing.T) {
+	out, err := exec.Command(slimerun, "--print-topology").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "CPUs: ") || !strings.Contains(string(out), "GPUs: ") || !strings.Contains(string(out), "CUDA backend: ") {
+		t.Fatalf("err %v\n%s", err, out)
+	}
+	out, err = exec.Command(slimerun, "--print-topology", "-q", "--standalone", "echo", "ran").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "[0]: ran") {
+		t.Fatalf("with a program: err %v\n%s", err, out)
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	cases := [][]string{
 		{"--nproc-per-node", "zero", "true"},
