@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/slimego/slimego/cudagraph"
@@ -65,11 +67,37 @@ func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
 	return c.initTeam(ctx)
 }
 
-// initTeam joins NVSHMEM across nodes where libslimenvshmem.so loads.
+// initTeam joins NVSHMEM across nodes where every rank can: its library
+// loads on every rank, and no two ranks share a process (NVSHMEM is one
+// PE per process). The ranks decide together, through the store, so that
+// all of them use NVSHMEM or none.
 func (c *Communicator) initTeam(ctx context.Context) error {
 	g, o := c.gpu, c.opts
 	if c.nodes == 1 {
 		return nil
+	}
+	_, libErr := kernels.OpenNVSHMEM()
+	key := func(r int) string { return c.key("nvshmem-able/" + strconv.Itoa(r)) }
+	if err := c.store.Set(ctx, key(o.Rank), []byte(fmt.Sprintf("%d %t", os.Getpid(), libErr == nil))); err != nil {
+		return fault.New("init", o.Rank, -1, ErrTimeout, "publishing NVSHMEM readiness: %v", err)
+	}
+	pids := map[string]bool{}
+	for r := range o.WorldSize {
+		v, err := c.store.Get(ctx, key(r))
+		if err != nil {
+			return fault.New("init", o.Rank, r, ErrTimeout, "waiting for the peer's NVSHMEM readiness: %v", err)
+		}
+		pid, able, _ := strings.Cut(string(v), " ")
+		switch {
+		case able != "true":
+			g.teamErr = fmt.Errorf("%w: rank %d cannot load libslimenvshmem.so", kernels.ErrNotFound, r)
+		case pids[pid]:
+			g.teamErr = fmt.Errorf("%w: ranks share a process, and NVSHMEM takes one per process", kernels.ErrNotFound)
+		}
+		pids[pid] = true
+	}
+	if g.teamErr != nil {
+		return nil // host-staged across nodes
 	}
 	g.team, g.teamErr = nvshmem.Bootstrap(ctx, c.store, c.key("nvshmem"), g.dev, o.Rank, o.WorldSize, o.Timeout)
 	if g.teamErr != nil && !errors.Is(g.teamErr, kernels.ErrNotFound) {
