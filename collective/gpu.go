@@ -78,23 +78,24 @@ func (c *Communicator) initTeam(ctx context.Context) error {
 	}
 	_, libErr := kernels.OpenNVSHMEM()
 	key := func(r int) string { return c.key("nvshmem-able/" + strconv.Itoa(r)) }
-	if err := c.store.Set(ctx, key(o.Rank), []byte(fmt.Sprintf("%d %t", os.Getpid(), libErr == nil))); err != nil {
+	host, _ := os.Hostname() // pids repeat across machines
+	if err := c.store.Set(ctx, key(o.Rank), []byte(fmt.Sprintf("%s/%d/node%d %t", host, os.Getpid(), o.NodeRank, libErr == nil))); err != nil {
 		return fault.New("init", o.Rank, -1, ErrTimeout, "publishing NVSHMEM readiness: %v", err)
 	}
-	pids := map[string]bool{}
+	procs := map[string]bool{}
 	for r := range o.WorldSize {
 		v, err := c.store.Get(ctx, key(r))
 		if err != nil {
 			return fault.New("init", o.Rank, r, ErrTimeout, "waiting for the peer's NVSHMEM readiness: %v", err)
 		}
-		pid, able, _ := strings.Cut(string(v), " ")
+		proc, able, _ := strings.Cut(string(v), " ")
 		switch {
 		case able != "true":
 			g.teamErr = fmt.Errorf("%w: rank %d cannot load libslimenvshmem.so", kernels.ErrNotFound, r)
-		case pids[pid]:
+		case procs[proc]:
 			g.teamErr = fmt.Errorf("%w: ranks share a process, and NVSHMEM takes one per process", kernels.ErrNotFound)
 		}
-		pids[pid] = true
+		procs[proc] = true
 	}
 	if g.teamErr != nil {
 		return nil // host-staged across nodes
