@@ -79,7 +79,7 @@ func (c *Communicator) initTeam(ctx context.Context) error {
 	_, libErr := kernels.OpenNVSHMEM()
 	key := func(r int) string { return c.key("nvshmem-able/" + strconv.Itoa(r)) }
 	host, _ := os.Hostname() // pids repeat across machines
-	if err := c.store.Set(ctx, key(o.Rank), []byte(fmt.Sprintf("%s/%d/node%d %t", host, os.Getpid(), o.NodeRank, libErr == nil))); err != nil {
+	if err := c.store.Set(ctx, key(o.Rank), []byte(fmt.Sprintf("%s/%d %t", host, os.Getpid(), libErr == nil))); err != nil {
 		return fault.New("init", o.Rank, -1, ErrTimeout, "publishing NVSHMEM readiness: %v", err)
 	}
 	procs := map[string]bool{}
