@@ -105,10 +105,7 @@ func (o *HierOp) Run(ctx context.Context) error {
 	}
 	e := h.epoch + 1
 	h.epoch = e
-	deadline := time.Now().Add(h.timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
+	deadline := callDeadline(ctx, h.timeout)
 	for _, p := range h.peers {
 		h.t.Recv(p, e, o.hash, o.dst[o.offs[p]:o.offs[p]+o.sizes[p]], deadline)
 		h.t.Send(p, e, o.hash, o.src, deadline)

@@ -83,10 +83,7 @@ func (o *RingOp) Run(ctx context.Context) error {
 	}
 	e := r.epoch + 1
 	r.epoch = e
-	deadline := time.Now().Add(r.timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
+	deadline := callDeadline(ctx, r.timeout)
 	if own := o.block(r.rank); len(own) > 0 && &own[0] != &o.src[0] {
 		copy(own, o.src)
 	}

@@ -236,6 +236,16 @@ func (t *Transport) attach(tc *net.TCPConn, p, ch int) {
 		rd: NewReader(tc, t.cfg.Lowat)}
 }
 
+// callDeadline is when one call gives up: after timeout, or at the
+// context's deadline if that comes first.
+func callDeadline(ctx context.Context, timeout time.Duration) time.Time {
+	deadline := time.Now().Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	return deadline
+}
+
 func deadlineOf(ctx context.Context, d time.Duration) time.Time {
 	if dl, ok := ctx.Deadline(); ok {
 		return dl

@@ -247,9 +247,6 @@ func (g *GPUGroup) fail(op string, err error) error {
 	return &fault.OpError{Op: op, Rank: g.cfg.Ranks[g.cfg.Rank], Peer: -1, Err: err}
 }
 
-// Cap is the largest block one round moves.
-func (g *GPUGroup) Cap() int { return int(g.cap) }
-
 // GPUPlan is a planned all-gather on the GPU: one kernel launch per round.
 type GPUPlan struct {
 	g      *GPUGroup

@@ -16,7 +16,6 @@ import (
 	"os"
 	"runtime"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -26,7 +25,6 @@ import (
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/bytesize"
 	"github.com/slimego/slimego/overlap"
-	"github.com/slimego/slimego/rendezvous"
 )
 
 func main() {
@@ -203,39 +201,19 @@ func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffer
 	return nil
 }
 
-// inProcessRanks runs n ranks of one node as goroutines of this process,
-// with a private store: on a GPU they share one CUDA context, so their
-// kernels run side by side instead of time-slicing as processes do
+// inProcessRanks runs n ranks of one node as goroutines of this process
+// (collective.RunInProcess): on a GPU they share one CUDA context, so
+// their kernels run side by side instead of time-slicing as processes do
 // without MPS.
 func inProcessRanks(ctx context.Context, n int, opts collective.Options, body func(c *collective.Communicator) error) error {
-	srv, err := rendezvous.Listen("127.0.0.1:0")
-	if err != nil {
-		return err
+	errs := collective.RunInProcess(ctx, 1, n, func(o *collective.Options) {
+		o.Backend, o.Channels, o.Algo, o.Eager = opts.Backend, opts.Channels, opts.Algo, opts.Eager
+	}, body)
+	for r, err := range errs {
+		if err != nil {
+			errs[r] = fmt.Errorf("rank %d: %w", r, err)
+		}
 	}
-	defer srv.Close()
-	errs := make([]error, n)
-	runID := fmt.Sprintf("inproc%d-%d", os.Getpid(), time.Now().UnixNano())
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o := opts
-			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize = r, n, r, n
-			o.MasterAddr, o.MasterPort, o.AgentStore = "127.0.0.1", srv.Port(), true
-			o.RunID = runID
-			c, err := collective.Init(ctx, o)
-			if err != nil {
-				errs[r] = fmt.Errorf("rank %d: %w", r, err)
-				return
-			}
-			defer c.Close()
-			if err := body(c); err != nil {
-				errs[r] = fmt.Errorf("rank %d: %w", r, err)
-			}
-		}()
-	}
-	wg.Wait()
 	return errors.Join(errs...)
 }
 

@@ -5,52 +5,25 @@ package testranks
 
 import (
 	"context"
-	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/slimego/slimego/collective"
-	"github.com/slimego/slimego/rendezvous"
 )
 
-// Run starts a store and nodes × perNode ranks, calls tune (if not nil) on
-// each rank's options, runs body on each, and reports every rank's error.
+// Run runs nodes × perNode ranks in this process (collective.RunInProcess)
+// with a 20-second communicator timeout, calls tune (if not nil) on each
+// rank's options, runs body on each, and reports every rank's error.
 func Run(t *testing.T, nodes, perNode int, tune func(*collective.Options), body func(c *collective.Communicator) error) {
 	t.Helper()
-	P := nodes * perNode
-	srv, err := rendezvous.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	runID := fmt.Sprintf("inproc%d", time.Now().UnixNano())
-	var wg sync.WaitGroup
-	errs := make([]error, P)
-	for r := range P {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			o := collective.Options{
-				Rank: r, WorldSize: P, LocalRank: r % perNode, LocalWorldSize: perNode, NodeRank: r / perNode,
-				MasterAddr: "127.0.0.1", MasterPort: srv.Port(), AgentStore: true,
-				RunID: runID, Timeout: 20 * time.Second,
-			}
-			if tune != nil {
-				tune(&o)
-			}
-			c, err := collective.Init(ctx, o)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			defer c.Close()
-			errs[r] = body(c)
-		}()
-	}
-	wg.Wait()
+	errs := collective.RunInProcess(ctx, nodes, perNode, func(o *collective.Options) {
+		o.Timeout = 20 * time.Second
+		if tune != nil {
+			tune(o)
+		}
+	}, body)
 	for r, err := range errs {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)

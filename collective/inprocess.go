@@ -1,0 +1,54 @@
+package collective
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// RunInProcess runs nodes × perNode ranks of one job as goroutines of this
+// process, with a private rendezvous store on loopback: rank r is local
+// rank r mod perNode of node r / perNode. tune, if not nil, adjusts each
+// rank's Options before Init; body runs on each rank's communicator, which
+// is closed after it. It returns every rank's error (nil where it
+// succeeded). On a GPU the ranks share one CUDA context, so their kernels
+// run side by side.
+func RunInProcess(ctx context.Context, nodes, perNode int, tune func(*Options), body func(*Communicator) error) []error {
+	P := nodes * perNode
+	errs := make([]error, P)
+	srv, err := rendezvous.Listen("127.0.0.1:0")
+	if err != nil {
+		for r := range errs {
+			errs[r] = err
+		}
+		return errs
+	}
+	defer srv.Close()
+	runID := fmt.Sprintf("inproc%d", time.Now().UnixNano())
+	var wg sync.WaitGroup
+	for r := range P {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := Options{
+				Rank: r, WorldSize: P, LocalRank: r % perNode, LocalWorldSize: perNode, NodeRank: r / perNode,
+				MasterAddr: "127.0.0.1", MasterPort: srv.Port(), AgentStore: true, RunID: runID,
+			}
+			if tune != nil {
+				tune(&o)
+			}
+			c, err := Init(ctx, o)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer c.Close()
+			errs[r] = body(c)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
