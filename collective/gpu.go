@@ -27,7 +27,6 @@ type gpuState struct {
 	node    *intra.GPUGroup
 	team    *nvshmem.Team
 	teamErr error // why there is no team, across nodes
-	p2p     bool  // the node's GPUs read each other: the LL kernel; else host-staged
 	broken  error // a failure after which the GPU path cannot go on
 }
 
@@ -50,11 +49,12 @@ func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
 	}
 	// Ranks on GPUs that cannot read each other (NVML's P2P answer) move
 	// node-local data through host memory instead of CUDA IPC.
-	if g.p2p, err = c.nodeP2P(ctx, lay, dev); err != nil {
+	p2p, err := c.nodeP2P(ctx, lay, dev)
+	if err != nil {
 		return err
 	}
-	if !g.p2p {
-		return c.initTeam(ctx)
+	if !p2p {
+		return c.initTeam(ctx) // g.node stays nil: node-local data goes through the host
 	}
 	g.node, err = intra.NewGPU(ctx, intra.GPUConfig{
 		Store: c.store, Key: c.key("gpu" + strconv.Itoa(lay.myNode)),
@@ -352,13 +352,8 @@ func (p *GPUPlan) Check(ctx context.Context) error {
 	if g == nil {
 		return p.c.closedErr("allgather")
 	}
-	// The kernels give up after the timeout; the host waits a little longer
-	// so that their own report, naming the peer, comes first.
-	wctx, cancel := context.WithTimeout(ctx, p.c.opts.Timeout+5*time.Second)
-	defer cancel()
-	if err := g.stream.Synchronize(wctx); err != nil {
-		g.broken = fault.New("allgather", p.c.Rank(), -1, ErrTimeout, "%v", err)
-		return g.broken
+	if err := p.c.syncStream(ctx, "allgather", g.stream); err != nil {
+		return err
 	}
 	if p.nv != nil {
 		if err := p.nv.Check(); err != nil {
@@ -453,13 +448,22 @@ func (c *Communicator) SyncGPU(ctx context.Context, op string, s *device.CUDAStr
 	if g.broken != nil {
 		return g.broken
 	}
-	wctx, cancel := context.WithTimeout(ctx, c.opts.Timeout+5*time.Second)
-	defer cancel()
-	if err := s.Synchronize(wctx); err != nil {
-		g.broken = fault.New(op, c.Rank(), -1, ErrTimeout, "%v", err)
-		return g.broken
+	if err := c.syncStream(ctx, op, s); err != nil {
+		return err
 	}
 	return g.check()
+}
+
+// syncStream waits for s within the communicator's timeout. The kernels
+// give up after the timeout; the host waits a little longer, so that their
+// own report, naming the peer, comes first. A wait that gives up breaks
+// the GPU path. It allocates nothing.
+func (c *Communicator) syncStream(ctx context.Context, op string, s *device.CUDAStream) error {
+	if err := s.SynchronizeBy(ctx, time.Now().Add(c.opts.Timeout+5*time.Second)); err != nil {
+		c.gpu.broken = fault.New(op, c.Rank(), -1, ErrTimeout, "%v", err)
+		return c.gpu.broken
+	}
+	return nil
 }
 
 func (c *Communicator) gpuNodeOnly(op string) error {

@@ -157,7 +157,13 @@ func (d *GPU) NewStream() (*CUDAStream, error) {
 // then sleeps, so that short collectives answer fast and long ones leave
 // the CPU to others. It allocates nothing.
 func (s *CUDAStream) Synchronize(ctx context.Context) error {
-	return poll(ctx, func() error { return s.Dev.lib.StreamQuery(s.Dev.Ordinal, s.H) })
+	return s.SynchronizeBy(ctx, time.Time{})
+}
+
+// SynchronizeBy is Synchronize that also gives up at deadline (unless it
+// is zero): a bound per call that needs no context of its own.
+func (s *CUDAStream) SynchronizeBy(ctx context.Context, deadline time.Time) error {
+	return poll(ctx, deadline, func() error { return s.Dev.lib.StreamQuery(s.Dev.Ordinal, s.H) })
 }
 
 // Wait makes the stream's later work wait until e is reached.
@@ -197,7 +203,7 @@ func (e *CUDAEvent) Record(s *CUDAStream) error {
 
 // Synchronize polls until e is reached, or ctx ends.
 func (e *CUDAEvent) Synchronize(ctx context.Context) error {
-	return poll(ctx, func() error { return e.Dev.lib.EventQuery(e.Dev.Ordinal, e.H) })
+	return poll(ctx, time.Time{}, func() error { return e.Dev.lib.EventQuery(e.Dev.Ordinal, e.H) })
 }
 
 // Since is the time from start to e, both reached timing events.
@@ -218,8 +224,8 @@ func (e *CUDAEvent) Close() error {
 
 // poll repeats query until it stops answering kernels.ErrNotReady: spinning
 // for 20 µs, yielding up to 1 ms, then sleeping 50 µs at a time; the
-// context's deadline is checked between polls.
-func poll(ctx context.Context, query func() error) error {
+// context and the deadline (if not zero) are checked between polls.
+func poll(ctx context.Context, deadline time.Time, query func() error) error {
 	start := time.Now()
 	for i := 0; ; i++ {
 		err := query()
@@ -227,7 +233,7 @@ func poll(ctx context.Context, query func() error) error {
 			return err
 		}
 		if i&63 == 0 {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || (!deadline.IsZero() && time.Now().After(deadline)) {
 				return fmt.Errorf("%w: the GPU's work was not done after %v", ErrWaitTimeout, time.Since(start).Round(time.Millisecond))
 			}
 		}

@@ -261,7 +261,9 @@ func d2d(args []string) error {
 	}
 	var rs []bench.Result
 	for _, n := range sizes {
-		us, gbps, err := bench.D2D(context.Background(), gpu, int(n), 200*time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hung GPU is an error, not a hang
+		us, gbps, err := bench.D2D(ctx, gpu, int(n), 200*time.Millisecond)
+		cancel()
 		if err != nil {
 			return err
 		}
