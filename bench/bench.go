@@ -119,37 +119,11 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	}
 	P, me := c.Size(), c.Rank()
 	res := Result{Impl: "slimego", Backend: cfg.Backend, Mode: cfg.Mode, P: P, Nodes: c.Nodes(), S: int64(n), InPlace: inPlace}
-	var dst, src []byte
-	var free []func() error
-	defer func() {
-		for _, f := range free {
-			f()
-		}
-	}()
-	if cfg.Symmetric {
-		d, err := c.Alloc(ctx, P*n)
-		if err != nil {
-			return res, err
-		}
-		free = append(free, d.Free)
-		dst = d.Bytes()
-		if !inPlace {
-			s, err := c.Alloc(ctx, n)
-			if err != nil {
-				return res, err
-			}
-			free = append(free, s.Free)
-			src = s.Bytes()
-		}
-	} else {
-		dst = make([]byte, P*n)
-		if !inPlace {
-			src = make([]byte, n)
-		}
+	dst, src, free, err := buffers(ctx, c, n, inPlace, cfg.Symmetric)
+	if err != nil {
+		return res, err
 	}
-	if inPlace {
-		src = dst[me*n : me*n+n]
-	}
+	defer free()
 	plan, err := c.Plan(dst, src)
 	if err != nil {
 		return res, err
@@ -162,6 +136,44 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	}
 	wrong := countWrong(dst, P, n)
 	return res, timeRuns(ctx, c, cfg, &res, wrong, plan.Run)
+}
+
+// buffers allocates an all-gather's destination (P·n bytes) and source
+// (n bytes, or with inPlace the rank's own block of the destination), in
+// symmetric memory or on the Go heap; free releases them.
+func buffers(ctx context.Context, c *collective.Communicator, n int, inPlace, symmetric bool) (dst, src []byte, free func(), err error) {
+	P, me := c.Size(), c.Rank()
+	var frees []func() error
+	free = func() {
+		for _, f := range frees {
+			f()
+		}
+	}
+	if symmetric {
+		d, err := c.Alloc(ctx, P*n)
+		if err != nil {
+			return nil, nil, free, err
+		}
+		frees = append(frees, d.Free)
+		dst = d.Bytes()
+		if !inPlace {
+			s, err := c.Alloc(ctx, n)
+			if err != nil {
+				return nil, nil, free, err
+			}
+			frees = append(frees, s.Free)
+			src = s.Bytes()
+		}
+	} else {
+		dst = make([]byte, P*n)
+		if !inPlace {
+			src = make([]byte, n)
+		}
+	}
+	if inPlace {
+		src = dst[me*n : me*n+n]
+	}
+	return dst, src, free, nil
 }
 
 // timeRuns applies BENCH.md's timing to run on every rank: warm-up, an

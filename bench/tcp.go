@@ -33,53 +33,12 @@ type TCPResult struct {
 // Receives read whole stripes with an inter.Reader bounded by lowat (0:
 // plain reads, woken per segment), as the transport does.
 func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, sizes []int64, channels int, duplex bool, lowat int, minTime time.Duration) ([]TCPResult, error) {
-	if c.Size() != 2 {
-		return nil, fmt.Errorf("bench: tcp measures the link between two ranks (one per node); this job has %d", c.Size())
-	}
-	// Rank 0 listens; its address reaches rank 1 through an all-gather.
-	const addrLen = 64
-	mine := make([]byte, addrLen)
-	var ln net.Listener
-	if c.Rank() == 0 {
-		ip, err := inter.LocalIP("", masterAddr)
-		if err != nil {
-			return nil, err
-		}
-		if ln, err = net.Listen("tcp", net.JoinHostPort(ip, "0")); err != nil {
-			return nil, err
-		}
-		defer ln.Close()
-		copy(mine, ln.Addr().String())
-	}
-	all := make([]byte, 2*addrLen)
-	if err := c.AllGather(ctx, all, mine); err != nil {
+	l, err := openLink(ctx, c, masterAddr, channels, lowat)
+	if err != nil {
 		return nil, err
 	}
-	addr := strings.TrimRight(string(all[:addrLen]), "\x00")
-	conns := make([]*net.TCPConn, channels)
-	for i := range conns {
-		var conn net.Conn
-		var err error
-		if c.Rank() == 0 {
-			ln.(*net.TCPListener).SetDeadline(time.Now().Add(c.Timeout()))
-			conn, err = ln.Accept()
-		} else {
-			conn, err = net.DialTimeout("tcp", addr, c.Timeout())
-		}
-		if err != nil {
-			return nil, fmt.Errorf("bench: tcp: %w", err)
-		}
-		tc := conn.(*net.TCPConn)
-		tc.SetNoDelay(true)
-		tc.SetReadBuffer(inter.DefaultSockBuf)
-		tc.SetWriteBuffer(inter.DefaultSockBuf)
-		defer tc.Close()
-		conns[i] = tc
-	}
-	readers := make([]inter.Reader, channels)
-	for i, tc := range conns {
-		readers[i] = inter.NewReader(tc, lowat)
-	}
+	defer l.close()
+	conns, readers := l.conns, l.readers
 	// agree returns the larger of the two ranks' x, so that both ranks
 	// choose the same iteration counts.
 	agree := func(x float64) (float64, error) {
@@ -135,15 +94,14 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 				return 0, err
 			}
 			t0 := time.Now()
-			errs := make(chan error, 2*channels)
+			if duplex {
+				err := l.duplex(out, buf)
+				return float64(time.Since(t0).Nanoseconds()) / 1e3, err
+			}
+			errs := make(chan error, channels)
 			for ch, conn := range conns {
 				lo, hi := int64(ch)*n/int64(channels), int64(ch+1)*n/int64(channels)
 				rd := &readers[ch]
-				if duplex {
-					go func() { _, err := conn.Write(out[lo:hi]); errs <- err }()
-					go func() { errs <- rd.ReadFull(buf[lo:hi]) }()
-					continue
-				}
 				go func() {
 					var ack [1]byte
 					var err error
@@ -158,11 +116,7 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 				}()
 			}
 			var first error
-			waits := channels
-			if duplex {
-				waits *= 2
-			}
-			for range waits {
+			for range channels {
 				if err := <-errs; err != nil && first == nil {
 					first = err
 				}
@@ -190,4 +144,89 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 		res = append(res, TCPResult{S: n, Channels: channels, Duplex: duplex, Median: m, GBps: float64(n) / (m * 1e-6) / 1e9, Lowat: lowat})
 	}
 	return res, nil
+}
+
+// link is a set of plain TCP connections between the two ranks of a
+// communicator, set up as the transport sets up its own (TCP_NODELAY,
+// DefaultSockBuf buffers, reads bounded by a low-water mark).
+type link struct {
+	conns   []*net.TCPConn
+	readers []inter.Reader
+	errs    chan error
+}
+
+// openLink connects rank 0 and rank 1 of c with channels connections;
+// rank 0 listens on the interface that reaches masterAddr.
+func openLink(ctx context.Context, c *collective.Communicator, masterAddr string, channels int, lowat int) (*link, error) {
+	if c.Size() != 2 {
+		return nil, fmt.Errorf("bench: the link is measured between two ranks (one per node); this job has %d", c.Size())
+	}
+	// Rank 0 listens; its address reaches rank 1 through an all-gather.
+	const addrLen = 64
+	mine := make([]byte, addrLen)
+	var ln net.Listener
+	if c.Rank() == 0 {
+		ip, err := inter.LocalIP("", masterAddr)
+		if err != nil {
+			return nil, err
+		}
+		if ln, err = net.Listen("tcp", net.JoinHostPort(ip, "0")); err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		copy(mine, ln.Addr().String())
+	}
+	all := make([]byte, 2*addrLen)
+	if err := c.AllGather(ctx, all, mine); err != nil {
+		return nil, err
+	}
+	addr := strings.TrimRight(string(all[:addrLen]), "\x00")
+	l := &link{errs: make(chan error, 2*channels)}
+	for range channels {
+		var conn net.Conn
+		var err error
+		if c.Rank() == 0 {
+			ln.(*net.TCPListener).SetDeadline(time.Now().Add(c.Timeout()))
+			conn, err = ln.Accept()
+		} else {
+			conn, err = net.DialTimeout("tcp", addr, c.Timeout())
+		}
+		if err != nil {
+			l.close()
+			return nil, fmt.Errorf("bench: tcp: %w", err)
+		}
+		tc := conn.(*net.TCPConn)
+		tc.SetNoDelay(true)
+		tc.SetReadBuffer(inter.DefaultSockBuf)
+		tc.SetWriteBuffer(inter.DefaultSockBuf)
+		l.conns = append(l.conns, tc)
+		l.readers = append(l.readers, inter.NewReader(tc, lowat))
+	}
+	return l, nil
+}
+
+// duplex sends out and receives len(in) bytes at once, each striped over
+// the connections, as an all-gather between two nodes does.
+func (l *link) duplex(out, in []byte) error {
+	ch := len(l.conns)
+	for i, conn := range l.conns {
+		olo, ohi := i*len(out)/ch, (i+1)*len(out)/ch
+		ilo, ihi := i*len(in)/ch, (i+1)*len(in)/ch
+		rd := &l.readers[i]
+		go func() { _, err := conn.Write(out[olo:ohi]); l.errs <- err }()
+		go func() { l.errs <- rd.ReadFull(in[ilo:ihi]) }()
+	}
+	var first error
+	for range 2 * ch {
+		if err := <-l.errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (l *link) close() {
+	for _, c := range l.conns {
+		c.Close()
+	}
 }

@@ -298,3 +298,53 @@ exec "$0" --sizes 7,4096,100003 --iters 1 --plan-runs 20`
 		t.Errorf("no passing second attempt:\n%s", all)
 	}
 }
+
+// TestLinkAndTCPBenchmarks runs slimebench's link and tcp commands across
+// two loopback nodes: every size's rows are there, the all-gather's bytes
+// all checked right, and every figure positive. On one node, link refuses.
+func TestLinkAndTCPBenchmarks(t *testing.T) {
+	csvRows := func(out string) [][]string {
+		var rows [][]string
+		for _, l := range strings.Split(out, "\n") {
+			l = strings.TrimPrefix(l, "[0]: ")
+			if strings.Count(l, ",") == 9 {
+				rows = append(rows, strings.Split(l, ","))
+			}
+		}
+		return rows
+	}
+	j := runNodes(t, nil, 2, 1, nil, "slimebench", "link", "-b", "100003", "-e", "1M", "-f", "4", "--min-time", "20ms", "--csv", "--quiet")
+	if j.codes[0] != 0 || j.codes[1] != 0 {
+		t.Fatalf("link: exits %v\n%s", j.codes, strings.Join(j.out, ""))
+	}
+	rows := csvRows(j.out[0])
+	// header, then the link, slimego and slimego/in-place for 100003, 400012
+	if len(rows) != 1+3*2 || strings.Join(rows[0], ",") != "impl,backend,mode,P,nodes,S,median_us,algbw_GBps,busbw_GBps,wrong" {
+		t.Fatalf("link csv:\n%s", j.out[0])
+	}
+	for i, r := range rows[1:] {
+		impl := []string{"tcp-2-duplex-lowat4M", "slimego", "slimego/in-place"}[i%3]
+		size := []string{"100003", "400012"}[i/3]
+		if r[0] != impl || r[5] != size || r[9] != "0" || r[8] == "0.0000" {
+			t.Errorf("row %v: want %s at %s bytes, 0 wrong, busbw above 0", r, impl, size)
+		}
+	}
+	j = runNodes(t, nil, 2, 1, nil, "slimebench", "tcp", "-b", "64K", "-e", "256K", "-f", "4", "--channels", "1,2", "--lowat", "0,128K", "--csv")
+	if j.codes[0] != 0 || j.codes[1] != 0 {
+		t.Fatalf("tcp: exits %v\n%s", j.codes, strings.Join(j.out, ""))
+	}
+	rows = csvRows(j.out[0])
+	// latency, then {one-way, duplex} × channels {1, 2} × lowat {0, 128K} × 2 sizes
+	if len(rows) != 1+1+2*2*2*2 {
+		t.Fatalf("tcp csv:\n%s", j.out[0])
+	}
+	for _, r := range rows[1:] {
+		if r[6] == "0.000" || (r[5] != "8" && r[8] == "0.0000") {
+			t.Errorf("row %v: a figure is zero", r)
+		}
+	}
+	one := slimerun(t, nil, "--nproc-per-node", "2", "slimebench", "link", "--quiet")
+	if one.code == 0 || !strings.Contains(one.stderr+one.out, "one rank on each of two nodes") {
+		t.Errorf("link on one node: exit %d\n%s\n%s", one.code, one.out, one.stderr)
+	}
+}

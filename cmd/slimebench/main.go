@@ -23,6 +23,7 @@ import (
 	"github.com/slimego/slimego/bench"
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/bytesize"
 	"github.com/slimego/slimego/overlap"
 )
@@ -40,6 +41,8 @@ func main() {
 		err = memcpy(os.Args[2:])
 	case "tcp":
 		err = tcp(os.Args[2:])
+	case "link":
+		err = linkCmd(os.Args[2:])
 	case "d2d":
 		err = d2d(os.Args[2:])
 	case "overlap":
@@ -69,6 +72,7 @@ commands:
   memcpy      single-core copy bandwidth at the same sizes: the ceiling
   d2d         GPU device-to-device copy bandwidth: the GPU all-gather's ceiling
   tcp         raw TCP latency and bandwidth between two ranks (one per node)
+  link        AllGather between two nodes beside raw TCP on the same link, interleaved
   overlap     AllGather+GEMM: t_comm, t_gemm, t_seq, t_overlap, efficiency
   gemm        GFLOP/s of the GEMM the overlap uses (gonum, or OpenBLAS with -tags openblas)
   compare     CSV files side by side, the first as the base, with time ratios
@@ -354,6 +358,107 @@ func tcp(args []string) error {
 			continue
 		}
 		fmt.Printf(" %12d %9d %8v %8s %11.2f %9.3f\n", r.S, r.Channels, r.Duplex, bytesize.Format(int64(r.Lowat)), r.Median, r.GBps)
+	}
+	return nil
+}
+
+func linkCmd(args []string) error {
+	fs := pflag.NewFlagSet("slimebench link", pflag.ContinueOnError)
+	sw := sweepFlags(fs)
+	channels := fs.Int("channels", 0, "TCP connections per peer pair, the transport's and the raw link's (default: SLIME_CHANNELS, else 2)")
+	lowat := fs.String("lowat", "", "receive low-water mark bound, the transport's and the raw link's (default: SLIME_RCVLOWAT, else 4M; -1: none)")
+	minIters := fs.IntP("iters", "n", 5, "least timed iterations per size (each times all three ways)")
+	minTime := fs.Duration("min-time", time.Second, "time each way fills per size, at least")
+	asCSV := fs.Bool("csv", false, "print CSV rows of ../shared/BENCH.md (impl tcp-N-duplex[-lowatB], slimego, slimego/in-place) instead of the table")
+	quiet := fs.Bool("quiet", false, "no progress on stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	sizes := []int64{1 << 20, 4 << 20, 16 << 20, 64 << 20}
+	if fs.Changed("min-bytes") || fs.Changed("max-bytes") || fs.Changed("step-factor") {
+		var err error
+		if sizes, err = sw.sizes(); err != nil {
+			return err
+		}
+	}
+	opts := collective.Options{Channels: *channels}
+	if *lowat != "" {
+		n, err := bytesize.Parse(strings.TrimPrefix(*lowat, "-"))
+		if err != nil {
+			return fmt.Errorf("--lowat %q: %v", *lowat, err)
+		}
+		if opts.RcvLowat = int(n); strings.HasPrefix(*lowat, "-") || n == 0 {
+			opts.RcvLowat = -1
+		}
+	}
+	ctx := context.Background()
+	c, err := collective.Init(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if c.Nodes() != 2 || c.Size() != 2 {
+		return fmt.Errorf("link: run one rank on each of two nodes (this job: %d ranks on %d nodes)", c.Size(), c.Nodes())
+	}
+	// The raw link is set up as the communicator's transport is.
+	ch, lw := c.Options().Channels, c.Options().RcvLowat
+	if ch <= 0 {
+		ch = inter.DefaultChannels
+	}
+	if lw == 0 {
+		lw = inter.DefaultLowat
+	}
+	start := time.Now()
+	var progress func(done, total int, r bench.LinkResult)
+	if !*quiet {
+		progress = func(done, total int, r bench.LinkResult) {
+			fmt.Fprintf(os.Stderr, "slimebench: [%d/%d] %s per rank: link %.3f GB/s, busbw %.3f (%.0f%%), in place %.3f (%.0f%%) (%d iterations; %v elapsed)\n",
+				done, total, bytesize.Format(r.S), r.LinkGBps(), r.BusBW(false), 100*r.RatioOut, r.BusBW(true), 100*r.RatioIn, r.Iters, time.Since(start).Round(time.Millisecond))
+		}
+	}
+	rs, err := bench.Link(ctx, c, os.Getenv("MASTER_ADDR"), sizes, ch, max(lw, 0), *minIters, *minTime, progress)
+	if err != nil {
+		return err
+	}
+	if c.Rank() != 0 {
+		return nil
+	}
+	wrong := int64(0)
+	for _, r := range rs {
+		wrong += r.Wrong
+	}
+	if *asCSV {
+		impl := fmt.Sprintf("tcp-%d-duplex", ch)
+		if lw > 0 {
+			impl += "-lowat" + bytesize.Format(int64(lw))
+		}
+		var out []bench.Result
+		for _, r := range rs {
+			base := bench.Result{Backend: "cpu", Mode: "inter", P: 2, Nodes: 2, S: r.S}
+			link, oop, ip := base, base, base
+			link.Impl, link.Median = impl, r.Link
+			link.AlgBW, link.BusBW = r.LinkGBps(), r.LinkGBps()
+			oop.Impl, oop.Median, oop.Wrong = "slimego", r.Out, r.Wrong
+			ip.Impl, ip.Median, ip.Wrong, ip.InPlace = "slimego", r.In, r.Wrong, true
+			oop.Bandwidths()
+			ip.Bandwidths()
+			out = append(out, link, oop, ip)
+		}
+		if err := bench.WriteCSV(os.Stdout, out); err != nil {
+			return err
+		}
+	} else {
+		fmt.Printf("# slimego allgather beside the link it runs over: 2 nodes x 1 rank%s lowat=%s\n", c.Describe(), bytesize.Format(int64(max(lw, 0))))
+		fmt.Printf("# link: duplex transfer of S bytes each way on %d plain TCP connections set up as the transport's, GB/s per direction\n", ch)
+		fmt.Printf("# the three alternate within every iteration; ratio = median over iterations of busbw / link bandwidth\n")
+		fmt.Printf("#%12s %6s %10s %10s %10s %7s %7s %10s %7s %7s\n", "size (B)", "iters", "link (us)", "link GB/s", "time (us)", "busbw", "ratio", "in-place", "busbw", "ratio")
+		for _, r := range rs {
+			fmt.Printf(" %12d %6d %10.1f %10.3f %10.1f %7.3f %6.0f%% %10.1f %7.3f %6.0f%%\n", r.S, r.Iters, r.Link, r.LinkGBps(),
+				r.Out, r.BusBW(false), 100*r.RatioOut, r.In, r.BusBW(true), 100*r.RatioIn)
+		}
+	}
+	if wrong != 0 {
+		return fmt.Errorf("%d wrong bytes", wrong)
 	}
 	return nil
 }
