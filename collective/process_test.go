@@ -295,7 +295,7 @@ func TestOverlapExampleAndBenchmark(t *testing.T) {
 		}
 	}
 	plot := filepath.Join(t.TempDir(), "overlap.png")
-	j := slimerun(t, nil, "--nproc-per-node", "2", "slimebench", "overlap", "--m-min", "16", "--m-max", "64", "--nk", "64", "--iters", "2", "--csv", "--plot", plot)
+	j := slimerun(t, nil, "--nproc-per-node", "2", "slimebench", "overlap", "--m-min", "16", "--m-max", "64", "--nk", "64", "--iters", "2", "--cpu-window", "50ms", "--csv", "--plot", plot)
 	if j.code != 0 {
 		t.Fatalf("slimebench overlap: exit %d\n%s\n%s", j.code, j.out, j.stderr)
 	}
@@ -305,5 +305,11 @@ func TestOverlapExampleAndBenchmark(t *testing.T) {
 	}
 	if st, err := os.Stat(plot); err != nil || st.Size() < 1000 {
 		t.Fatalf("plot: %v", err)
+	}
+	// The table adds how busy the gather and the GEMMs keep the machine.
+	j = slimerun(t, nil, "--nproc-per-node", "2", "slimebench", "overlap", "--m-min", "32", "--m-max", "32", "--nk", "64", "--iters", "2", "--cpu-window", "100ms")
+	row := regexp.MustCompile(`(?m)^\[0\]:\s+32\s+64\s+64\s+float32(\s+-?[0-9.]+){5}\s+(0\.\d\d|1\.00)\s+(0\.\d\d|1\.00)\s+(0\.\d\d|1\.00)$`)
+	if j.code != 0 || !strings.Contains(j.out, "cpu_comm") || !row.MatchString(j.out) {
+		t.Fatalf("slimebench overlap table: exit %d\n%s\n%s", j.code, j.out, j.stderr)
 	}
 }

@@ -5,12 +5,18 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/internal/cpustat"
 )
 
 // Times are the medians, over iterations, of the slowest rank's time of
 // each way to compute C (µs), as ../shared/BENCH.md defines them.
 type Times struct {
 	Comm, GEMM, Seq, Overlap float64
+	// CommCPU and GEMMCPU are the fractions of the machine's processor
+	// time busy while the gather, or the GEMMs, ran alone (MeasureCPU; 0
+	// when not measured). On one machine that stands in for several nodes
+	// they count every node's work.
+	CommCPU, GEMMCPU float64
 }
 
 // Efficiency is (t_seq − t_overlap) / min(t_comm, t_gemm): 1 when the
@@ -21,6 +27,58 @@ func (t Times) Efficiency() float64 {
 		return 0
 	}
 	return (t.Seq - t.Overlap) / hide
+}
+
+// Bound is the efficiency that the processors leave room for when the
+// gather and the GEMMs both run on them (the CPU backend): together they
+// need CommCPU·t_comm + GEMMCPU·t_gemm of the machine's time, so the
+// overlapped run takes at least that, and at least the longer of the two;
+// of min(t_comm, t_gemm) only the rest can be hidden. 1 when the CPU time
+// is unknown.
+func (t Times) Bound() float64 {
+	hide := min(t.Comm, t.GEMM)
+	if hide <= 0 || t.CommCPU <= 0 && t.GEMMCPU <= 0 {
+		return 1
+	}
+	need := max(t.Comm, t.GEMM, t.CommCPU*t.Comm+t.GEMMCPU*t.GEMM)
+	return min(max((t.Comm+t.GEMM-need)/hide, 0), 1)
+}
+
+// MeasureCPU fills t.CommCPU and t.GEMMCPU: it runs o's gather alone back
+// to back for about window (the count taken from t.Comm, so that every rank
+// runs as many), then its GEMMs alone, and samples the machine's idle time
+// around each. Every rank returns the busiest rank's figures: across
+// nodes, the busiest node's. Where the platform does not tell idle time,
+// t comes back unchanged.
+func MeasureCPU(ctx context.Context, c *collective.Communicator, o Ways, t Times, window time.Duration) (Times, error) {
+	busy := make([]float64, 2)
+	for w, way := range []struct {
+		run func(context.Context) error
+		per float64
+	}{{o.Gather, t.Comm}, {o.GEMM, t.GEMM}} {
+		n := max(1, int(float64(window.Microseconds())/max(way.per, 1)))
+		if err := c.Barrier(ctx); err != nil {
+			return t, err
+		}
+		a, ok := cpustat.Now()
+		for range n {
+			if err := way.run(ctx); err != nil {
+				return t, err
+			}
+		}
+		b, _ := cpustat.Now()
+		if ok {
+			busy[w] = cpustat.Busy(a, b)
+		}
+	}
+	all := make([]float64, 2*c.Size())
+	if err := collective.AllGatherOf(ctx, c, all, busy); err != nil {
+		return t, err
+	}
+	for r := range c.Size() {
+		t.CommCPU, t.GEMMCPU = max(t.CommCPU, all[2*r]), max(t.GEMMCPU, all[2*r+1])
+	}
+	return t, nil
 }
 
 // Ways are the four ways an operator computes C, timed by Measure: the

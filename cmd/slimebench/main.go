@@ -479,6 +479,7 @@ func overlapCmd(args []string) error {
 	backend := fs.String("backend", "auto", "cpu, cuda or auto")
 	eager := fs.Bool("eager-mode", false, "launch without CUDA graphs (the CPU backend always does)")
 	inProcess := fs.Int("in-process", 0, "run this many ranks of one node as goroutines of this process, without a launcher")
+	cpuWindow := fs.Duration("cpu-window", 500*time.Millisecond, "CPU backend: run the gather and the GEMMs alone this long each to measure how busy they keep the machine (0: skip)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -489,7 +490,7 @@ func overlapCmd(args []string) error {
 	ctx := context.Background()
 	opts := collective.Options{Backend: kind, Eager: *eager}
 	sweepRank := func(c *collective.Communicator) error {
-		return overlapRank(ctx, c, *mode, *dtypes, *nks, *nFixed, *mMin, *mMax, *pieces, *iters, *eager, *asCSV, *quiet, *plotFile)
+		return overlapRank(ctx, c, *mode, *dtypes, *nks, *nFixed, *mMin, *mMax, *pieces, *iters, *cpuWindow, *eager, *asCSV, *quiet, *plotFile)
 	}
 	if *inProcess > 0 {
 		return inProcessRanks(ctx, *inProcess, opts, sweepRank)
@@ -503,7 +504,7 @@ func overlapCmd(args []string) error {
 }
 
 // overlapRank runs the overlap sweep on one rank; rank 0 prints.
-func overlapRank(ctx context.Context, c *collective.Communicator, mode string, dtypes []string, nks []int, nFixed, mMin, mMax, pieces, iters int, eager, asCSV, quiet bool, plotFile string) error {
+func overlapRank(ctx context.Context, c *collective.Communicator, mode string, dtypes []string, nks []int, nFixed, mMin, mMax, pieces, iters int, cpuWindow time.Duration, eager, asCSV, quiet bool, plotFile string) error {
 	m, err := resolveMode(mode, c)
 	if err != nil {
 		return err
@@ -520,9 +521,9 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 				var t overlap.Times
 				switch dt {
 				case "float32":
-					t, err = measureOverlap[float32](ctx, c, rows, n, nk, pieces, iters)
+					t, err = measureOverlap[float32](ctx, c, rows, n, nk, pieces, iters, cpuWindow)
 				case "float64":
-					t, err = measureOverlap[float64](ctx, c, rows, n, nk, pieces, iters)
+					t, err = measureOverlap[float64](ctx, c, rows, n, nk, pieces, iters, cpuWindow)
 				default:
 					err = fmt.Errorf("--dtype %q: want float32 or float64", dt)
 				}
@@ -531,10 +532,17 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 				}
 				r := bench.OverlapResult{Impl: "slimego", Backend: c.Backend().String(), Mode: m, P: c.Size(), M: rows, N: n, K: nk, Dtype: dt,
 					Comm: t.Comm, GEMM: t.GEMM, Seq: t.Seq, Overlap: t.Overlap, Efficiency: t.Efficiency()}
+				if t.CommCPU > 0 || t.GEMMCPU > 0 {
+					r.CommCPU, r.GEMMCPU, r.Bound = t.CommCPU, t.GEMMCPU, t.Bound()
+				}
 				rs = append(rs, r)
 				if !quiet && c.Rank() == 0 {
-					fmt.Fprintf(os.Stderr, "slimebench: m=%d n=%d k=%d %s: t_comm %.0f µs t_gemm %.0f µs efficiency %.2f (%v elapsed)\n",
-						rows, n, nk, dt, t.Comm, t.GEMM, r.Efficiency, time.Since(start).Round(time.Millisecond))
+					bound := ""
+					if r.CommCPU > 0 {
+						bound = fmt.Sprintf(" (CPU busy %.0f%% gathering, %.0f%% in GEMMs: bound %.2f)", 100*r.CommCPU, 100*r.GEMMCPU, r.Bound)
+					}
+					fmt.Fprintf(os.Stderr, "slimebench: m=%d n=%d k=%d %s: t_comm %.0f µs t_gemm %.0f µs efficiency %.2f%s (%v elapsed)\n",
+						rows, n, nk, dt, t.Comm, t.GEMM, r.Efficiency, bound, time.Since(start).Round(time.Millisecond))
 				}
 				if rows == 0 {
 					break
@@ -619,7 +627,7 @@ func resolveMode(mode string, c *collective.Communicator) (string, error) {
 	return mode, nil
 }
 
-func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int) (overlap.Times, error) {
+func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int, cpuWindow time.Duration) (overlap.Times, error) {
 	if c.Backend() == device.CUDA {
 		return measureOverlapGPU[T](ctx, c, m, n, k, pieces, iters)
 	}
@@ -634,7 +642,11 @@ func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communic
 	for i := range o.B {
 		o.B[i] = T(float64((i*5)%11) - 5)
 	}
-	return overlap.Measure(ctx, c, o, iters)
+	t, err := overlap.Measure(ctx, c, o, iters)
+	if err != nil || cpuWindow <= 0 {
+		return t, err
+	}
+	return overlap.MeasureCPU(ctx, c, o, t, cpuWindow)
 }
 
 // measureOverlapGPU is measureOverlap with cuBLAS on the GPU.

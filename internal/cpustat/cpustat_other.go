@@ -1,0 +1,5 @@
+//go:build !linux
+
+package cpustat
+
+func now() (Sample, bool) { return Sample{}, false }
