@@ -25,9 +25,10 @@ type TCPResult struct {
 // TCP measures the link between the two ranks of c with plain sockets set
 // up as slimego's transport sets them up (TCP_NODELAY, 4 MiB buffers): the
 // one-way latency of 8 bytes (half a round trip), and the bandwidth of
-// transfers of each size, striped over channels connections: one-directional
-// (rank 1 to rank 0), or with duplex both ranks sending to each other at
-// once, as an all-gather between two nodes does. Both ranks return the same
+// transfers of each size over channels connections: one-directional (rank
+// 1 to rank 0, striped evenly), or with duplex both ranks sending to each
+// other at once, striped as the transport stripes a message, as an
+// all-gather between two nodes does. Both ranks return the same
 // figures.
 //
 // Receives read whole stripes with an inter.Reader bounded by lowat (0:
@@ -206,18 +207,19 @@ func openLink(ctx context.Context, c *collective.Communicator, masterAddr string
 }
 
 // duplex sends out and receives len(in) bytes at once, each striped over
-// the connections, as an all-gather between two nodes does.
+// the connections as the transport stripes a message (inter.Stripes), as an
+// all-gather between two nodes does.
 func (l *link) duplex(out, in []byte) error {
-	ch := len(l.conns)
-	for i, conn := range l.conns {
-		olo, ohi := i*len(out)/ch, (i+1)*len(out)/ch
-		ilo, ihi := i*len(in)/ch, (i+1)*len(in)/ch
+	ko, ki := inter.Stripes(len(out), len(l.conns)), inter.Stripes(len(in), len(l.conns))
+	for i, conn := range l.conns[:max(ko, ki)] {
+		olo, ohi := inter.Stripe(len(out), ko, i)
+		ilo, ihi := inter.Stripe(len(in), ki, i)
 		rd := &l.readers[i]
 		go func() { _, err := conn.Write(out[olo:ohi]); l.errs <- err }()
 		go func() { l.errs <- rd.ReadFull(in[ilo:ihi]) }()
 	}
 	var first error
-	for range 2 * ch {
+	for range 2 * max(ko, ki) {
 		if err := <-l.errs; err != nil && first == nil {
 			first = err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -207,3 +208,56 @@ func allocsPerRun(c *collective.Communicator, fn func() error) (float64, error) 
 // runsForAllocs is long enough that the runtime's own one-time allocations
 // (a garbage collection starting its workers) average out below one per run.
 const runsForAllocs = 201
+
+// TestStripedMismatchInProcess: across two nodes with four connections per
+// peer pair, one rank's call disagrees with the others' about its block's
+// size, on either side of the sizes where a message moves from one
+// connection to several. Every rank must get ErrSizeMismatch, and the
+// streams must stay in step: the next, agreeing call is right everywhere.
+func TestStripedMismatchInProcess(t *testing.T) {
+	const liar = 1
+	for _, tc := range []struct{ want, told int }{
+		{100, 3<<20 + 5},     // expected: one direct frame; sent: four stripes
+		{3<<20 + 5, 100},     // the other way round
+		{70_000, 2<<20 + 1},  // one frame through the connection goroutines; four stripes
+		{1<<20 + 1, 3 << 20}, // three stripes; four
+		{5 << 20, 5<<20 + 1}, // the same stripes, one byte more
+	} {
+		t.Run(fmt.Sprintf("%d-told-%d", tc.want, tc.told), func(t *testing.T) {
+			inProcessNodes(t, 2, 1, func(o *collective.Options) { o.Channels = 4 }, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				P, me := c.Size(), c.Rank()
+				counts := make([]int, P)
+				for r := range counts {
+					counts[r] = tc.want
+				}
+				mine := counts
+				if me == liar {
+					mine = slices.Clone(counts)
+					mine[liar] = tc.told
+				}
+				src := make([]byte, mine[me])
+				pattern.Fill(src, pattern.Seed(me, 9, 1))
+				err := c.AllGatherV(ctx, make([]byte, P*max(tc.want, tc.told)), src, mine)
+				var oe *collective.OpError
+				if !errors.Is(err, collective.ErrSizeMismatch) || !errors.As(err, &oe) || oe.Peer < 0 {
+					return fmt.Errorf("rank %d: err = %v, want ErrSizeMismatch naming a peer", me, err)
+				}
+				for it := range 2 {
+					n := []int{tc.want, 3<<20 + 7}[it]
+					src, dst := make([]byte, n), make([]byte, P*n)
+					pattern.Fill(src, pattern.Seed(me, it, 2))
+					if err := c.AllGather(ctx, dst, src); err != nil {
+						return fmt.Errorf("rank %d, after the mismatch: %v", me, err)
+					}
+					for r := range P {
+						if i := pattern.Check(dst[r*n:r*n+n], pattern.Seed(r, it, 2)); i >= 0 {
+							return fmt.Errorf("rank %d, after the mismatch: rank %d's block wrong at %d", me, r, i)
+						}
+					}
+				}
+				return nil
+			})
+		})
+	}
+}

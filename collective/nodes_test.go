@@ -323,7 +323,7 @@ func TestLinkAndTCPBenchmarks(t *testing.T) {
 		t.Fatalf("link csv:\n%s", j.out[0])
 	}
 	for i, r := range rows[1:] {
-		impl := []string{"tcp-2-duplex-lowat4M", "slimego", "slimego/in-place"}[i%3]
+		impl := []string{"tcp-4-duplex-lowat4M", "slimego", "slimego/in-place"}[i%3]
 		size := []string{"100003", "400012"}[i/3]
 		if r[0] != impl || r[5] != size || r[9] != "0" || r[8] == "0.0000" {
 			t.Errorf("row %v: want %s at %s bytes, 0 wrong, busbw above 0", r, impl, size)

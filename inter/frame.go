@@ -6,20 +6,26 @@ import (
 	"fmt"
 )
 
-// Every message on a data connection is a header followed by Count bytes:
+// Every frame on a data connection is a header followed by Count bytes:
 //
 //	u16 magic  u8 version  u8 kind
 //	u32 sender's global rank
 //	u64 epoch (the call)
 //	u64 hash of the call's sizes (both sides must agree)
 //	u64 byte count of the payload that follows
+//	u64 total: the message's bytes over all its frames
+//	u32 stripes: the connections, from the first, that carry a frame of
+//	    the message (the first frame's tells the receiver which to read)
+//	u32 zero
 const (
 	frameMagic   = 0x5347 // "SG"
-	frameVersion = 1
+	frameVersion = 2
 	// HeaderSize is the size of an encoded Header.
-	HeaderSize = 32
-	// MaxCount bounds the payload of one frame.
+	HeaderSize = 48
+	// MaxCount bounds the payload of one frame and a message's total.
 	MaxCount = 1 << 40
+	// MaxStripes bounds the connections one message is striped over.
+	MaxStripes = 256
 )
 
 // Frame kinds.
@@ -35,6 +41,9 @@ type Header struct {
 	Epoch  uint64
 	Hash   uint64
 	Count  uint64
+	Total  uint64
+	// Stripes is 1 or more in a data frame, 0 in a hello.
+	Stripes uint32
 }
 
 // ErrFrame marks a header that breaks the format: the connection is not
@@ -50,6 +59,9 @@ func (h *Header) Put(b []byte) {
 	binary.LittleEndian.PutUint64(b[8:], h.Epoch)
 	binary.LittleEndian.PutUint64(b[16:], h.Hash)
 	binary.LittleEndian.PutUint64(b[24:], h.Count)
+	binary.LittleEndian.PutUint64(b[32:], h.Total)
+	binary.LittleEndian.PutUint32(b[40:], h.Stripes)
+	binary.LittleEndian.PutUint32(b[44:], 0)
 }
 
 // Decode parses a header from b; it never panics.
@@ -72,8 +84,17 @@ func Decode(b []byte) (Header, error) {
 	h.Epoch = binary.LittleEndian.Uint64(b[8:])
 	h.Hash = binary.LittleEndian.Uint64(b[16:])
 	h.Count = binary.LittleEndian.Uint64(b[24:])
-	if h.Count > MaxCount {
-		return h, fmt.Errorf("%w: count %d", ErrFrame, h.Count)
+	h.Total = binary.LittleEndian.Uint64(b[32:])
+	h.Stripes = binary.LittleEndian.Uint32(b[40:])
+	if h.Count > MaxCount || h.Total > MaxCount {
+		return h, fmt.Errorf("%w: count %d of %d", ErrFrame, h.Count, h.Total)
+	}
+	if h.Kind == KindData && (h.Stripes == 0 || h.Stripes > MaxStripes || h.Count > h.Total) ||
+		h.Kind == KindHello && (h.Stripes != 0 || h.Count != 0 || h.Total != 0) {
+		return h, fmt.Errorf("%w: %d bytes of %d in one of %d stripes", ErrFrame, h.Count, h.Total, h.Stripes)
+	}
+	if z := binary.LittleEndian.Uint32(b[44:]); z != 0 {
+		return h, fmt.Errorf("%w: reserved field %#x", ErrFrame, z)
 	}
 	return h, nil
 }

@@ -8,9 +8,9 @@ import (
 
 func TestHeaderRoundTrip(t *testing.T) {
 	for _, h := range []Header{
-		{Kind: KindData, Sender: 7, Epoch: 1, Hash: 0xdeadbeef, Count: 64 << 20},
+		{Kind: KindData, Sender: 7, Epoch: 1, Hash: 0xdeadbeef, Count: 16 << 20, Total: 64 << 20, Stripes: 4},
 		{Kind: KindHello, Sender: 1<<32 - 1, Epoch: 3},
-		{Kind: KindData},
+		{Kind: KindData, Stripes: 1},
 	} {
 		var b [HeaderSize]byte
 		h.Put(b[:])
@@ -23,14 +23,23 @@ func TestHeaderRoundTrip(t *testing.T) {
 
 func TestHeaderRejects(t *testing.T) {
 	var good [HeaderSize]byte
-	(&Header{Kind: KindData, Count: 1}).Put(good[:])
-	mod := func(i int, v byte) []byte { b := bytes.Clone(good[:]); b[i] = v; return b }
+	(&Header{Kind: KindData, Count: 1, Total: 2, Stripes: 2}).Put(good[:])
+	var hello [HeaderSize]byte
+	(&Header{Kind: KindHello, Epoch: 1}).Put(hello[:])
+	mod := func(b []byte, i int, v byte) []byte { b = bytes.Clone(b); b[i] = v; return b }
 	for name, b := range map[string][]byte{
-		"short":     good[:HeaderSize-1],
-		"magic":     mod(0, 0),
-		"version":   mod(2, 9),
-		"kind":      mod(3, 0),
-		"huge size": mod(31, 0xff),
+		"short":              good[:HeaderSize-1],
+		"magic":              mod(good[:], 0, 0),
+		"version":            mod(good[:], 2, 1),
+		"kind":               mod(good[:], 3, 0),
+		"huge size":          mod(good[:], 31, 0xff),
+		"huge total":         mod(good[:], 39, 0xff),
+		"count above total":  mod(good[:], 24, 3),
+		"no stripes":         mod(good[:], 40, 0),
+		"too many stripes":   mod(good[:], 41, 2),
+		"reserved":           mod(good[:], 47, 1),
+		"hello with stripes": mod(hello[:], 40, 1),
+		"hello with a count": mod(hello[:], 24, 1),
 	} {
 		if _, err := Decode(b); !errors.Is(err, ErrFrame) {
 			t.Errorf("%s: err = %v", name, err)
@@ -40,7 +49,9 @@ func TestHeaderRejects(t *testing.T) {
 
 func FuzzDecode(f *testing.F) {
 	var b [HeaderSize]byte
-	(&Header{Kind: KindData, Sender: 3, Epoch: 9, Hash: 1, Count: 100}).Put(b[:])
+	(&Header{Kind: KindData, Sender: 3, Epoch: 9, Hash: 1, Count: 100, Total: 300, Stripes: 3}).Put(b[:])
+	f.Add(b[:])
+	(&Header{Kind: KindHello, Sender: 1, Epoch: 1}).Put(b[:])
 	f.Add(b[:])
 	f.Add([]byte{0x47, 0x53, 1, 2})
 	f.Fuzz(func(t *testing.T, in []byte) {

@@ -101,16 +101,21 @@ func TestRingSchedule(t *testing.T) {
 }
 
 func TestStripeCoversEveryByteOnce(t *testing.T) {
-	for _, n := range []int{0, 1, DirectMax, DirectMax + 1, 1<<20 + 3, 64 << 20} {
+	for _, n := range []int{0, 1, DirectMax, StripeMin, StripeMin + 1, 3*StripeMin - 1, 64 << 20} {
 		for _, ch := range []int{1, 2, 3, 4} {
+			k := Stripes(n, ch)
+			want := min(ch, max(1, (n+StripeMin-1)/StripeMin))
+			if k != want {
+				t.Fatalf("n=%d channels=%d: %d stripes, want %d", n, ch, k, want)
+			}
 			next := 0
-			for c := range ch {
-				lo, hi := stripe(n, ch, c)
+			for c := range k {
+				lo, hi := Stripe(n, k, c)
 				if lo != next || hi < lo {
 					t.Fatalf("n=%d channels=%d: stripe %d is [%d,%d), want it to start at %d", n, ch, c, lo, hi, next)
 				}
-				if n <= DirectMax && c > 0 && hi != lo {
-					t.Fatalf("n=%d: a small block is split", n)
+				if k > 1 && hi-lo < StripeMin/2 {
+					t.Fatalf("n=%d channels=%d: stripe %d carries only %d bytes", n, ch, c, hi-lo)
 				}
 				next = hi
 			}

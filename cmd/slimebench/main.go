@@ -126,7 +126,7 @@ func allgather(args []string) error {
 	backend := fs.String("backend", "auto", "cpu, cuda or auto")
 	eager := fs.Bool("eager-mode", false, "launch without CUDA graphs (the CPU backend always does)")
 	buffers := fs.String("buffers", "symmetric", "symmetric (Communicator.Alloc, read in place) or plain (staged)")
-	channels := fs.Int("channels", 0, "TCP connections per peer pair across nodes (default: SLIME_CHANNELS, else 2)")
+	channels := fs.Int("channels", 0, "TCP connections per peer pair across nodes (default: SLIME_CHANNELS, else 4)")
 	algo := fs.String("algo", "", "across nodes: hier or ring (default: SLIME_ALGO, else hier)")
 	asCSV := fs.Bool("csv", false, "print CSV instead of the table")
 	asJSON := fs.Bool("json", false, "print JSON instead of the table")
@@ -365,7 +365,7 @@ func tcp(args []string) error {
 func linkCmd(args []string) error {
 	fs := pflag.NewFlagSet("slimebench link", pflag.ContinueOnError)
 	sw := sweepFlags(fs)
-	channels := fs.Int("channels", 0, "TCP connections per peer pair, the transport's and the raw link's (default: SLIME_CHANNELS, else 2)")
+	channels := fs.Int("channels", 0, "TCP connections per peer pair, the transport's and the raw link's (default: SLIME_CHANNELS, else 4)")
 	lowat := fs.String("lowat", "", "receive low-water mark bound, the transport's and the raw link's (default: SLIME_RCVLOWAT, else 4M; -1: none)")
 	minIters := fs.IntP("iters", "n", 5, "least timed iterations per size (each times all three ways)")
 	minTime := fs.Duration("min-time", time.Second, "time each way fills per size, at least")
