@@ -472,8 +472,8 @@ func (c *conn) reader() {
 	}
 }
 
-// header reads and checks the first frame's header of the message j
-// expects.
+// header reads and checks the header of the frame of the message j
+// expects on this connection.
 func (c *conn) header(j job) (Header, error) {
 	c.c.SetReadDeadline(j.deadline)
 	if err := c.rd.ReadFull(c.rhdr[:]); err != nil {
@@ -526,16 +526,9 @@ func (c *conn) first(j job, h Header) error {
 // receive reads one frame after the first of a message: into j.buf, or
 // to nowhere when j.drain says the message is not the expected one.
 func (c *conn) receive(j job) error {
-	c.c.SetReadDeadline(j.deadline)
-	if err := c.rd.ReadFull(c.rhdr[:]); err != nil {
-		return c.classify(err, "receiving a header")
-	}
-	h, err := Decode(c.rhdr[:])
+	h, err := c.header(j)
 	if err != nil {
-		return fmt.Errorf("%w: from rank %d: %v", fault.ErrPeerLost, c.p.rank, err)
-	}
-	if h.Kind != KindData || int(h.Sender) != c.p.rank || h.Epoch != j.epoch {
-		return fmt.Errorf("%w: rank %d's stream is out of step (call %d from rank %d, want call %d)", fault.ErrPeerLost, c.p.rank, h.Epoch, h.Sender, j.epoch)
+		return err
 	}
 	if j.drain {
 		return c.discard(h.Count)
