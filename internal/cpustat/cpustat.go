@@ -5,7 +5,12 @@
 // hide in.
 package cpustat
 
-import "time"
+import (
+	"bufio"
+	"bytes"
+	"strconv"
+	"time"
+)
 
 // Sample is the machine's cumulative idle processor time at one instant.
 type Sample struct {
@@ -27,4 +32,41 @@ func Busy(a, b Sample) float64 {
 		return 0
 	}
 	return min(max(1-float64(b.idle-a.idle)/float64(wall), 0), 1)
+}
+
+// userHZ is the unit of /proc/stat's times: USER_HZ, 100 on every Linux
+// architecture Go runs on.
+const userHZ = 100
+
+// parse reads the text of /proc/stat taken at the given time: the
+// aggregate line's idle and iowait fields, and one cpuN line per online
+// processor.
+func parse(b []byte, at time.Time) (Sample, bool) {
+	s := Sample{at: at}
+	found := false
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := bytes.Fields(sc.Bytes())
+		if len(f) == 0 || !bytes.HasPrefix(f[0], []byte("cpu")) {
+			continue
+		}
+		if len(f[0]) > 3 {
+			s.cpus++
+			continue
+		}
+		if len(f) < 6 {
+			return Sample{}, false
+		}
+		var ticks int64
+		for _, x := range f[4:6] { // idle, iowait
+			v, err := strconv.ParseInt(string(x), 10, 64)
+			if err != nil {
+				return Sample{}, false
+			}
+			ticks += v
+		}
+		s.idle = time.Duration(ticks) * (time.Second / userHZ)
+		found = true
+	}
+	return s, found && s.cpus > 0
 }
