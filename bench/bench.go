@@ -185,9 +185,13 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 	if warm <= 0 {
 		warm = 5
 	}
+	// The iteration count comes from the warm-up's median, not its
+	// longest run: across nodes a TCP retransmission timeout now and then
+	// stretches one run by 200 ms or more, and counting from it would leave
+	// the size a handful of iterations.
 	var t0 time.Time
-	est := make([]float64, 1)
-	for range warm {
+	warmTimes := make([]float64, warm)
+	for i := range warmTimes {
 		if err := c.Barrier(ctx); err != nil {
 			return err
 		}
@@ -195,8 +199,9 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 		if err := run(ctx); err != nil {
 			return err
 		}
-		est[0] = max(est[0], time.Since(t0).Seconds())
+		warmTimes[i] = time.Since(t0).Seconds()
 	}
+	est := []float64{Median(warmTimes)}
 	all := make([]float64, P)
 	if err := collective.AllGatherOf(ctx, c, all, est); err != nil {
 		return err

@@ -109,6 +109,7 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 		planOut.Run,
 		planIn.Run,
 	}
+	times := make([]float64, len(ways))
 	timeOne := func(run func(context.Context) error) (float64, error) {
 		if err := c.Barrier(ctx); err != nil {
 			return 0, err
@@ -117,17 +118,21 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 		err := run(ctx)
 		return float64(time.Since(t0).Nanoseconds()) / 1e3, err
 	}
-	// Warm-up (the first round touches fresh pages), and from the second
-	// round an iteration count both ranks agree on.
+	// Warm-up (the first round touches fresh pages), and from the shorter
+	// of the next two rounds' runs of each way (a retransmission timeout
+	// stretches a run by 200 ms or more now and then) an iteration count
+	// both ranks agree on.
 	est := []float64{0}
-	for round := range 2 {
-		for _, run := range ways {
+	for round := range 3 {
+		for w, run := range ways {
 			t, err := timeOne(run)
 			if err != nil {
 				return res, err
 			}
 			if round == 1 {
-				est[0] = max(est[0], t)
+				times[w] = t
+			} else if round == 2 {
+				est[0] = max(est[0], min(times[w], t))
 			}
 		}
 	}
@@ -137,7 +142,7 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 	}
 	iters := min(max(minIters, int(float64(minTime.Microseconds())/max(both[0], both[1], 1))), 1000)
 	// times[w*iters+i]: way w, iteration i.
-	times := make([]float64, len(ways)*iters)
+	times = make([]float64, len(ways)*iters)
 	for i := range iters {
 		for w, run := range ways {
 			t, err := timeOne(run)
