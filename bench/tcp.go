@@ -23,7 +23,8 @@ type TCPResult struct {
 }
 
 // TCP measures the link between the two ranks of c with plain sockets set
-// up as slimego's transport sets them up (TCP_NODELAY, 4 MiB buffers): the
+// up as slimego's transport sets them up (TCP_NODELAY, 4 MiB send buffers,
+// receive buffers autotuned): the
 // one-way latency of 8 bytes (half a round trip), and the bandwidth of
 // transfers of each size over channels connections: one-directional (rank
 // 1 to rank 0, striped evenly), or with duplex both ranks sending to each
@@ -149,7 +150,7 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 
 // link is a set of plain TCP connections between the two ranks of a
 // communicator, set up as the transport sets up its own (TCP_NODELAY,
-// DefaultSockBuf buffers, reads bounded by a low-water mark).
+// DefaultSockBuf send buffers, reads bounded by a low-water mark).
 type link struct {
 	conns   []*net.TCPConn
 	readers []inter.Reader
@@ -198,8 +199,7 @@ func openLink(ctx context.Context, c *collective.Communicator, masterAddr string
 		}
 		tc := conn.(*net.TCPConn)
 		tc.SetNoDelay(true)
-		tc.SetReadBuffer(inter.DefaultSockBuf)
-		tc.SetWriteBuffer(inter.DefaultSockBuf)
+		tc.SetWriteBuffer(inter.DefaultSockBuf) // receive buffers autotuned, as the transport's (inter.Config.SockBuf)
 		l.conns = append(l.conns, tc)
 		l.readers = append(l.readers, inter.NewReader(tc, lowat))
 	}

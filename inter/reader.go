@@ -14,7 +14,9 @@ import (
 // 64 KiB nor waits for bytes that will not come. On a link whose bandwidth
 // is bounded by the CPU (the kernel's copies), the wake-ups saved are
 // bandwidth gained. A Lowat of 0 or less reads as io.ReadFull does. (The
-// kernel caps the mark at half the receive buffer.)
+// kernel caps the mark at half the receive buffer, or, where autotuning
+// sizes that buffer, at half the largest it may grow to, and grows it to
+// fit.)
 type Reader struct {
 	c     *net.TCPConn
 	fd    int // the socket, for setsockopt; valid while c is open
