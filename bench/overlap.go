@@ -22,9 +22,8 @@ type OverlapResult struct {
 	Seq, Overlap        float64 // µs
 	Efficiency          float64
 	// CommCPU and GEMMCPU are the machine's busy fractions while the
-	// gather, or the GEMMs, ran alone, and Bound the efficiency they leave
-	// room for (overlap.Times); all 0 when not measured.
-	CommCPU, GEMMCPU, Bound float64
+	// gather, or the GEMMs, ran alone (overlap.Times); 0 when not measured.
+	CommCPU, GEMMCPU float64
 }
 
 // OverlapCSVHeader is ../shared/BENCH.md's column list.
@@ -50,26 +49,25 @@ func WriteOverlapTable(w io.Writer, rs []OverlapResult, title string) {
 	}
 	fmt.Fprintf(w, "# %s\n# times: median over iterations of the slowest rank, µs; efficiency = (t_seq − t_overlap) / min(t_comm, t_gemm)\n", title)
 	if cpu {
-		fmt.Fprintf(w, "# cpu_comm, cpu_gemm: the machine's processors busy while the gather, or the GEMMs, ran alone;\n"+
-			"# bound: the efficiency those leave room for, (t_comm + t_gemm − max(t_comm, t_gemm, cpu_comm·t_comm + cpu_gemm·t_gemm)) / min(t_comm, t_gemm)\n")
+		fmt.Fprintf(w, "# cpu_comm, cpu_gemm: the fraction of the machine's processor time busy while the gather, or the GEMMs, ran alone\n"+
+			"# (spinning waits count as busy)\n")
 	}
 	fmt.Fprintf(w, "#%6s %6s %6s %8s %12s %12s %12s %12s %10s", "m", "n", "k", "dtype", "t_comm", "t_gemm", "t_seq", "t_overlap", "efficiency")
 	if cpu {
-		fmt.Fprintf(w, " %9s %9s %7s", "cpu_comm", "cpu_gemm", "bound")
+		fmt.Fprintf(w, " %9s %9s", "cpu_comm", "cpu_gemm")
 	}
 	fmt.Fprintln(w)
 	for _, r := range rs {
 		fmt.Fprintf(w, " %6d %6d %6d %8s %12.1f %12.1f %12.1f %12.1f %10.3f", r.M, r.N, r.K, r.Dtype, r.Comm, r.GEMM, r.Seq, r.Overlap, r.Efficiency)
 		if cpu {
-			fmt.Fprintf(w, " %9.2f %9.2f %7.2f", r.CommCPU, r.GEMMCPU, r.Bound)
+			fmt.Fprintf(w, " %9.2f %9.2f", r.CommCPU, r.GEMMCPU)
 		}
 		fmt.Fprintln(w)
 	}
 }
 
 // PlotOverlap draws efficiency against m (rows per rank), one line per
-// (n, k, dtype), and beside each the bound the processors leave room for
-// where that was measured, into a PNG.
+// (n, k, dtype), into a PNG.
 func PlotOverlap(rs []OverlapResult, title, file string) error {
 	p := plot.New()
 	p.Title.Text = title
@@ -84,9 +82,6 @@ func PlotOverlap(rs []OverlapResult, title, file string) error {
 			key = fmt.Sprintf("n=%d k=%d %s", r.N, r.K, r.Dtype)
 		}
 		series[key] = append(series[key], plotter.XY{X: float64(r.M), Y: r.Efficiency})
-		if r.CommCPU > 0 || r.GEMMCPU > 0 {
-			series[key+", CPU bound"] = append(series[key+", CPU bound"], plotter.XY{X: float64(r.M), Y: r.Bound})
-		}
 	}
 	keys := make([]string, 0, len(series))
 	for k := range series {

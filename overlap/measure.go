@@ -15,7 +15,9 @@ type Times struct {
 	// CommCPU and GEMMCPU are the fractions of the machine's processor
 	// time busy while the gather, or the GEMMs, ran alone (MeasureCPU; 0
 	// when not measured). On one machine that stands in for several nodes
-	// they count every node's work.
+	// they count every node's work. Busy is not all work: threads that
+	// spin while they wait (OpenBLAS's, the Go scheduler's) count too, so
+	// an overlapped run can take less of the machine than the two add up to.
 	CommCPU, GEMMCPU float64
 }
 
@@ -27,21 +29,6 @@ func (t Times) Efficiency() float64 {
 		return 0
 	}
 	return (t.Seq - t.Overlap) / hide
-}
-
-// Bound is the efficiency that the processors leave room for when the
-// gather and the GEMMs both run on them (the CPU backend): together they
-// need CommCPU·t_comm + GEMMCPU·t_gemm of the machine's time, so the
-// overlapped run takes at least that, and at least the longer of the two;
-// of min(t_comm, t_gemm) only the rest can be hidden. 1 when the CPU time
-// is unknown.
-func (t Times) Bound() float64 {
-	hide := min(t.Comm, t.GEMM)
-	if hide <= 0 || t.CommCPU <= 0 && t.GEMMCPU <= 0 {
-		return 1
-	}
-	need := max(t.Comm, t.GEMM, t.CommCPU*t.Comm+t.GEMMCPU*t.GEMM)
-	return min(max((t.Comm+t.GEMM-need)/hide, 0), 1)
 }
 
 // MeasureCPU fills t.CommCPU and t.GEMMCPU: it runs o's gather alone back

@@ -532,17 +532,15 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 				}
 				r := bench.OverlapResult{Impl: "slimego", Backend: c.Backend().String(), Mode: m, P: c.Size(), M: rows, N: n, K: nk, Dtype: dt,
 					Comm: t.Comm, GEMM: t.GEMM, Seq: t.Seq, Overlap: t.Overlap, Efficiency: t.Efficiency()}
-				if t.CommCPU > 0 || t.GEMMCPU > 0 {
-					r.CommCPU, r.GEMMCPU, r.Bound = t.CommCPU, t.GEMMCPU, t.Bound()
-				}
+				r.CommCPU, r.GEMMCPU = t.CommCPU, t.GEMMCPU
 				rs = append(rs, r)
 				if !quiet && c.Rank() == 0 {
-					bound := ""
+					busy := ""
 					if r.CommCPU > 0 {
-						bound = fmt.Sprintf(" (CPU busy %.0f%% gathering, %.0f%% in GEMMs: bound %.2f)", 100*r.CommCPU, 100*r.GEMMCPU, r.Bound)
+						busy = fmt.Sprintf(" (CPU busy %.0f%% gathering, %.0f%% in GEMMs)", 100*r.CommCPU, 100*r.GEMMCPU)
 					}
 					fmt.Fprintf(os.Stderr, "slimebench: m=%d n=%d k=%d %s: t_comm %.0f µs t_gemm %.0f µs efficiency %.2f%s (%v elapsed)\n",
-						rows, n, nk, dt, t.Comm, t.GEMM, r.Efficiency, bound, time.Since(start).Round(time.Millisecond))
+						rows, n, nk, dt, t.Comm, t.GEMM, r.Efficiency, busy, time.Since(start).Round(time.Millisecond))
 				}
 				if rows == 0 {
 					break
