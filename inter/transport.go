@@ -402,7 +402,7 @@ func (t *Transport) WaitRecv(p int) error {
 	if err != nil {
 		return err
 	}
-	err = lead.first(pr.recvJob, h)
+	err = lead.first(pr.recvJob, h, lead.plan(pr.recvJob, h))
 	for ch := 1; ch < int(h.Stripes); ch++ {
 		if e := pr.conns[ch].receive(pr.rest[ch]); e != nil && (err == nil || errors.Is(err, ErrMismatch) && !errors.Is(e, ErrMismatch)) {
 			err = e
@@ -458,7 +458,9 @@ func (c *conn) reader() {
 				}
 				continue
 			}
-			first := c.first(j, h)
+			// The other connections' readers start before this one
+			// reads its own stripe, so that all of them read at once.
+			match := c.plan(j, h)
 			for ch := 1; ch < len(c.p.conns); ch++ {
 				if ch >= int(h.Stripes) {
 					c.p.recvDone <- nil // the sender put no frame there
@@ -470,7 +472,7 @@ func (c *conn) reader() {
 					return
 				}
 			}
-			c.p.recvDone <- first
+			c.p.recvDone <- c.first(j, h, match)
 		case <-c.done:
 			return
 		}
@@ -497,14 +499,14 @@ func (c *conn) header(j job) (Header, error) {
 	return h, nil
 }
 
-// first receives the payload of the first frame, whose header h has been
-// read, and sets the jobs for the message's other frames (c.p.rest[ch] for
-// connection ch < h.Stripes): their stripes of j.buf when the sender's
-// message is the one j expects, or drains when it is not.
-func (c *conn) first(j job, h Header) error {
+// plan sets, from the first frame's header h, the jobs for the message's
+// other frames (c.p.rest[ch] for connection ch < h.Stripes): their stripes
+// of j.buf when the sender's message is the one j expects, or drains when
+// it is not; it reports which.
+func (c *conn) plan(j job, h Header) (match bool) {
 	rest := c.p.rest
 	k := int(h.Stripes)
-	match := h.Hash == j.hash && h.Total == uint64(len(j.buf)) && k == Stripes(len(j.buf), len(c.p.conns))
+	match = h.Hash == j.hash && h.Total == uint64(len(j.buf)) && k == Stripes(len(j.buf), len(c.p.conns))
 	for ch := 1; ch < k; ch++ {
 		rest[ch] = job{epoch: j.epoch, hash: j.hash, deadline: j.deadline, drain: !match}
 		if match {
@@ -512,6 +514,13 @@ func (c *conn) first(j job, h Header) error {
 			rest[ch].buf = j.buf[lo:hi]
 		}
 	}
+	return match
+}
+
+// first receives the payload of the first frame, whose header h has been
+// read: its stripe of j.buf, or, when the message is not the one j
+// expects, to nowhere, returning the mismatch.
+func (c *conn) first(j job, h Header, match bool) error {
 	if !match {
 		if err := c.discard(h.Count); err != nil {
 			return err
@@ -521,7 +530,7 @@ func (c *conn) first(j job, h Header) error {
 		}
 		return fmt.Errorf("%w: rank %d's call differs from this rank's (the operation, or a size on some rank)", ErrMismatch, c.p.rank)
 	}
-	_, hi := Stripe(len(j.buf), k, 0)
+	_, hi := Stripe(len(j.buf), int(h.Stripes), 0)
 	if err := c.rd.ReadFull(j.buf[:hi]); err != nil {
 		return c.classify(err, "receiving a block")
 	}
