@@ -1,8 +1,8 @@
 // Package cpustat tells how busy this machine's processors were over an
-// interval, so that a benchmark can say how much of a figure is the CPU's
-// doing: on a machine whose network is the kernel copying bytes, a
-// transfer that keeps every core busy leaves no time for a computation to
-// hide in.
+// interval, so that a benchmark can show how much of the machine a piece of
+// work occupies: where the network is the kernel copying bytes,
+// communication competes with computation for the same cores. Busy time is
+// not all work: a thread that waits by spinning counts as busy.
 package cpustat
 
 import (
