@@ -18,6 +18,7 @@ type OverlapResult struct {
 	Impl, Backend, Mode string
 	P, M, N, K          int
 	Dtype               string
+	Pieces              int     // the gather's pieces (the operator may cut fewer than asked)
 	Comm, GEMM          float64 // µs
 	Seq, Overlap        float64 // µs
 	Efficiency          float64
@@ -52,13 +53,13 @@ func WriteOverlapTable(w io.Writer, rs []OverlapResult, title string) {
 		fmt.Fprintf(w, "# cpu_comm, cpu_gemm: the fraction of the machine's processor time busy while the gather, or the GEMMs, ran alone\n"+
 			"# (spinning waits count as busy)\n")
 	}
-	fmt.Fprintf(w, "#%6s %6s %6s %8s %12s %12s %12s %12s %10s", "m", "n", "k", "dtype", "t_comm", "t_gemm", "t_seq", "t_overlap", "efficiency")
+	fmt.Fprintf(w, "#%6s %6s %6s %8s %6s %12s %12s %12s %12s %10s", "m", "n", "k", "dtype", "pieces", "t_comm", "t_gemm", "t_seq", "t_overlap", "efficiency")
 	if cpu {
 		fmt.Fprintf(w, " %9s %9s", "cpu_comm", "cpu_gemm")
 	}
 	fmt.Fprintln(w)
 	for _, r := range rs {
-		fmt.Fprintf(w, " %6d %6d %6d %8s %12.1f %12.1f %12.1f %12.1f %10.3f", r.M, r.N, r.K, r.Dtype, r.Comm, r.GEMM, r.Seq, r.Overlap, r.Efficiency)
+		fmt.Fprintf(w, " %6d %6d %6d %8s %6d %12.1f %12.1f %12.1f %12.1f %10.3f", r.M, r.N, r.K, r.Dtype, r.Pieces, r.Comm, r.GEMM, r.Seq, r.Overlap, r.Efficiency)
 		if cpu {
 			fmt.Fprintf(w, " %9.2f %9.2f", r.CommCPU, r.GEMMCPU)
 		}

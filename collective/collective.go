@@ -314,11 +314,19 @@ func (c *Communicator) Describe() string {
 	if c.net == nil {
 		return ""
 	}
-	ch := c.opts.Channels
-	if ch <= 0 {
-		ch = inter.DefaultChannels
+	return fmt.Sprintf(" algo=%s channels=%d", c.opts.Algo, c.Channels())
+}
+
+// Channels is the number of TCP connections per peer pair across nodes:
+// 0 on one node.
+func (c *Communicator) Channels() int {
+	if c.net == nil {
+		return 0
 	}
-	return fmt.Sprintf(" algo=%s channels=%d", c.opts.Algo, ch)
+	if c.opts.Channels <= 0 {
+		return inter.DefaultChannels
+	}
+	return c.opts.Channels
 }
 
 // Options are the options the communicator runs with, environment merged.

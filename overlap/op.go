@@ -12,6 +12,7 @@ import (
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/inter"
 )
 
 // Float is the element types an Op computes in.
@@ -39,7 +40,8 @@ type Op[T Float] struct {
 }
 
 // New plans an Op for m × k blocks of A on each rank of c, B of k × n, and
-// the gather cut into the given number of pieces (at least 1).
+// the gather cut into the given number of pieces (at least 1; across nodes
+// fewer where a piece would carry less than MinPieceBytes(c) per rank).
 func New[T Float](c *collective.Communicator, m, n, k, pieces int) (*Op[T], error) {
 	if m < 0 || n < 0 || k < 0 {
 		return nil, fmt.Errorf("overlap: negative shape %d×%d×%d: %w", m, n, k, collective.ErrInvalid)
@@ -51,7 +53,8 @@ func New[T Float](c *collective.Communicator, m, n, k, pieces int) (*Op[T], erro
 	// The gather's own waits end at the communicator's timeout; the compute
 	// stream gives its events a little longer.
 	o.compute.WaitTimeout = c.Timeout() + 10*time.Second
-	o.pieces = Pieces(m, max(pieces, 1))
+	var z0 T
+	o.pieces = Pieces(m, PieceCount(pieces, m*k*int(unsafe.Sizeof(z0)), MinPieceBytes(c)))
 	o.tasks = Tasks(P, me, m, o.pieces)
 	var z T
 	esz := int(unsafe.Sizeof(z))
@@ -75,6 +78,30 @@ func New[T Float](c *collective.Communicator, m, n, k, pieces int) (*Op[T], erro
 		o.taskFns = append(o.taskFns, func() error { o.gemm(t); return nil })
 	}
 	return o, nil
+}
+
+// Pieces is the number of pieces the gather is cut into.
+func (o *Op[T]) Pieces() int { return len(o.pieces) }
+
+// MinPieceBytes is the least a gather piece should carry per rank on c:
+// across nodes, the smallest message that the transport stripes over every
+// connection of a peer pair (inter.Stripes); a smaller one moves slower,
+// which costs more than a finer overlap gains: across two namespaces, with
+// 4 connections (2 MiB), pieces of 2 MiB gave the shortest overlapped runs
+// or ran even with the best, smaller ones up to twice as long (README). 0
+// on one node.
+func MinPieceBytes(c *collective.Communicator) int {
+	return inter.StripeMin * c.Channels()
+}
+
+// PieceCount is how many pieces a gather of blockBytes per rank is cut
+// into when n are asked for: no more than leave each piece minBytes (when
+// minBytes > 0), and at least one.
+func PieceCount(n, blockBytes, minBytes int) int {
+	if minBytes > 0 {
+		n = min(n, blockBytes/minBytes)
+	}
+	return max(n, 1)
 }
 
 // Bytes is s's memory as bytes (for copies to and from a GPU).

@@ -54,13 +54,24 @@ func relErr[T Float](got, want []T) float64 {
 }
 
 func check[T Float](t *testing.T, P, m, n, k, pieces int, tol float64) {
-	ranks(t, P, func(c *collective.Communicator) error {
+	checkOn[T](t, 1, P, m, n, k, pieces, pieces, tol)
+}
+
+// checkOn runs the operator on nodes × perNode in-process ranks and checks
+// every iteration's C against the reference, and that the gather was cut
+// into cut pieces (0: as Pieces says for m and pieces).
+func checkOn[T Float](t *testing.T, nodes, perNode, m, n, k, pieces, cut int, tol float64) {
+	P := nodes * perNode
+	testranks.Run(t, nodes, perNode, nil, func(c *collective.Communicator) error {
 		ctx := context.Background()
 		o, err := New[T](c, m, n, k, pieces)
 		if err != nil {
 			return err
 		}
 		defer o.Close()
+		if want := min(cut, max(m, 1)); o.Pieces() != want && m > 0 {
+			return fmt.Errorf("the gather is cut into %d pieces, want %d", o.Pieces(), want)
+		}
 		fillRand(o.B, 99)
 		for it := range 3 {
 			fillRand(o.A, uint64(c.Rank()*1000+it))
@@ -77,6 +88,23 @@ func check[T Float](t *testing.T, P, m, n, k, pieces int, tol float64) {
 		}
 		return nil
 	})
+}
+
+// TestOverlapAcrossNodes: across nodes a gather piece carries at least
+// MinPieceBytes per rank (2 MiB with the default 4 connections), so a block
+// of 4.4 MB is cut into 2 pieces however many are asked for, a small one
+// into 1; the results are right either way.
+func TestOverlapAcrossNodes(t *testing.T) {
+	for _, tc := range []struct{ nodes, perNode, m, n, k, pieces, cut int }{
+		{2, 1, 1030, 19, 1070, 4, 2},
+		{2, 2, 1030, 19, 1070, 4, 2},
+		{2, 1, 37, 29, 45, 3, 1},
+		{2, 1, 1030, 19, 1070, 1, 1},
+	} {
+		t.Run(fmt.Sprintf("%dx%d/%dx%dx%d/pieces%d", tc.nodes, tc.perNode, tc.m, tc.n, tc.k, tc.pieces), func(t *testing.T) {
+			checkOn[float32](t, tc.nodes, tc.perNode, tc.m, tc.n, tc.k, tc.pieces, tc.cut, 1e-5)
+		})
+	}
 }
 
 func TestOverlapCorrect(t *testing.T) {

@@ -58,3 +58,18 @@ func TestSchedule(t *testing.T) {
 		}
 	}
 }
+
+func TestPieceCount(t *testing.T) {
+	for _, tc := range []struct{ n, block, min, want int }{
+		{4, 8 << 20, 2 << 20, 4}, // pieces of 2 MiB: as asked
+		{4, 4 << 20, 2 << 20, 2}, // fewer, larger pieces
+		{4, 1 << 20, 2 << 20, 1}, // the block is less than a piece
+		{4, 0, 2 << 20, 1},
+		{8, 1 << 20, 0, 8}, // one node: as asked
+		{0, 1 << 20, 0, 1},
+	} {
+		if got := PieceCount(tc.n, tc.block, tc.min); got != tc.want {
+			t.Errorf("PieceCount(%d, %d, %d) = %d, want %d", tc.n, tc.block, tc.min, got, tc.want)
+		}
+	}
+}

@@ -470,7 +470,7 @@ func overlapCmd(args []string) error {
 	nks := fs.IntSlice("nk", []int{512}, "k values (columns of A); n = k unless --n is given")
 	nFixed := fs.Int("n", 0, "columns of B and C for every shape (default: n = k)")
 	dtypes := fs.StringSlice("dtype", []string{"float32"}, "float32, float64 or both")
-	pieces := fs.Int("pieces", 4, "pieces the gather is cut into")
+	pieces := fs.Int("pieces", 4, "pieces the gather is cut into (across nodes fewer where a piece would carry less than fills every connection: overlap.MinPieceBytes)")
 	iters := fs.Int("iters", 3, "least timed iterations per way and shape (more, up to 200, to fill about 0.2 s)")
 	mode := fs.String("mode", "auto", "intra, inter or auto")
 	asCSV := fs.Bool("csv", false, "print CSV instead of the table")
@@ -519,18 +519,19 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 			}
 			for rows := mMin; rows <= mMax; rows *= 2 {
 				var t overlap.Times
+				var cut int
 				switch dt {
 				case "float32":
-					t, err = measureOverlap[float32](ctx, c, rows, n, nk, pieces, iters, cpuWindow)
+					t, cut, err = measureOverlap[float32](ctx, c, rows, n, nk, pieces, iters, cpuWindow)
 				case "float64":
-					t, err = measureOverlap[float64](ctx, c, rows, n, nk, pieces, iters, cpuWindow)
+					t, cut, err = measureOverlap[float64](ctx, c, rows, n, nk, pieces, iters, cpuWindow)
 				default:
 					err = fmt.Errorf("--dtype %q: want float32 or float64", dt)
 				}
 				if err != nil {
 					return err
 				}
-				r := bench.OverlapResult{Impl: "slimego", Backend: c.Backend().String(), Mode: m, P: c.Size(), M: rows, N: n, K: nk, Dtype: dt,
+				r := bench.OverlapResult{Impl: "slimego", Backend: c.Backend().String(), Mode: m, P: c.Size(), M: rows, N: n, K: nk, Dtype: dt, Pieces: cut,
 					Comm: t.Comm, GEMM: t.GEMM, Seq: t.Seq, Overlap: t.Overlap, Efficiency: t.Efficiency()}
 				r.CommCPU, r.GEMMCPU = t.CommCPU, t.GEMMCPU
 				rs = append(rs, r)
@@ -625,13 +626,16 @@ func resolveMode(mode string, c *collective.Communicator) (string, error) {
 	return mode, nil
 }
 
-func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int, cpuWindow time.Duration) (overlap.Times, error) {
+// measureOverlap times one shape; it returns the pieces the gather was cut
+// into too.
+func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int, cpuWindow time.Duration) (overlap.Times, int, error) {
 	if c.Backend() == device.CUDA {
-		return measureOverlapGPU[T](ctx, c, m, n, k, pieces, iters)
+		t, err := measureOverlapGPU[T](ctx, c, m, n, k, pieces, iters)
+		return t, len(overlap.Pieces(m, max(pieces, 1))), err
 	}
 	o, err := overlap.New[T](c, m, n, k, pieces)
 	if err != nil {
-		return overlap.Times{}, err
+		return overlap.Times{}, 0, err
 	}
 	defer o.Close()
 	for i := range o.A {
@@ -641,10 +645,10 @@ func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communic
 		o.B[i] = T(float64((i*5)%11) - 5)
 	}
 	t, err := overlap.Measure(ctx, c, o, iters)
-	if err != nil || cpuWindow <= 0 {
-		return t, err
+	if err == nil && cpuWindow > 0 {
+		t, err = overlap.MeasureCPU(ctx, c, o, t, cpuWindow)
 	}
-	return overlap.MeasureCPU(ctx, c, o, t, cpuWindow)
+	return t, o.Pieces(), err
 }
 
 // measureOverlapGPU is measureOverlap with cuBLAS on the GPU.
