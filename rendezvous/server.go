@@ -48,6 +48,9 @@ func (s *Server) Port() int { return s.ln.Addr().(*net.TCPAddr).Port }
 
 // Shutdown stops accepting, then waits up to grace for the clients to hang
 // up (a rank hosting the store lets the others finish with it), and closes.
+// The clients it waits for are those it has accepted (every client that
+// has had an answer has been); a connection still in the listener's queue
+// is dropped.
 func (s *Server) Shutdown(grace time.Duration) error {
 	s.ln.Close()
 	deadline := time.Now().Add(grace)

@@ -263,6 +263,11 @@ func TestBarrierNamesMissing(t *testing.T) {
 func TestShutdownWaitsForClients(t *testing.T) {
 	s, dial := start(t)
 	c := dial()
+	// A connection is the server's once it has answered on it; until then
+	// it may still wait in the listener's queue.
+	if err := c.Set(ctxT(t, 5*time.Second), "k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		time.Sleep(100 * time.Millisecond)
 		c.Close()
