@@ -88,7 +88,7 @@ func (o *Op[T]) Pieces() int { return len(o.pieces) }
 // connection of a peer pair (inter.Stripes); a smaller one moves slower,
 // which costs more than a finer overlap gains: across two namespaces, with
 // 4 connections (2 MiB), pieces of 2 MiB gave the shortest overlapped runs
-// or ran even with the best, smaller ones up to twice as long (README). 0
+// or ran even with the best, smaller ones up to 2.3 times as long (README). 0
 // on one node.
 func MinPieceBytes(c *collective.Communicator) int {
 	return inter.StripeMin * c.Channels()
