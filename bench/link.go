@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/internal/interleave"
 	"github.com/slimego/slimego/internal/pattern"
 )
 
@@ -109,67 +110,21 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 		planOut.Run,
 		planIn.Run,
 	}
-	times := make([]float64, len(ways))
-	timeOne := func(run func(context.Context) error) (float64, error) {
-		if err := c.Barrier(ctx); err != nil {
-			return 0, err
-		}
-		t0 := time.Now()
-		err := run(ctx)
-		return float64(time.Since(t0).Nanoseconds()) / 1e3, err
-	}
-	// Warm-up (the first round touches fresh pages), and from the shorter
-	// of the next two rounds' runs of each way (a retransmission timeout
-	// stretches a run by 200 ms or more now and then) an iteration count
-	// both ranks agree on.
-	est := []float64{0}
-	for round := range 3 {
-		for w, run := range ways {
-			t, err := timeOne(run)
-			if err != nil {
-				return res, err
-			}
-			if round == 1 {
-				times[w] = t
-			} else if round == 2 {
-				est[0] = max(est[0], min(times[w], t))
-			}
-		}
-	}
-	both := make([]float64, 2)
-	if err := collective.AllGatherOf(ctx, c, both, est); err != nil {
+	per, err := interleave.Time(ctx, c, ways, interleave.Rule{MinIters: minIters, MaxIters: 1000, MinTime: minTime})
+	if err != nil {
 		return res, err
 	}
-	iters := min(max(minIters, int(float64(minTime.Microseconds())/max(both[0], both[1], 1))), 1000)
-	// times[w*iters+i]: way w, iteration i.
-	times = make([]float64, len(ways)*iters)
-	for i := range iters {
-		for w, run := range ways {
-			t, err := timeOne(run)
-			if err != nil {
-				return res, err
-			}
-			times[w*iters+i] = t
-		}
-	}
-	all := make([]float64, 2*len(times))
-	if err := collective.AllGatherOf(ctx, c, all, times); err != nil {
-		return res, err
-	}
-	// The slower rank's time of each iteration of each way.
-	for i := range times {
-		times[i] = max(all[i], all[len(times)+i])
-	}
-	way := func(w int) []float64 { return times[w*iters : (w+1)*iters] }
-	ratios := func(w int) float64 {
-		rs := make([]float64, iters)
+	// The link's time over the all-gather's, iteration by iteration.
+	ratio := func(w int) float64 {
+		rs := make([]float64, len(per[w]))
 		for i := range rs {
-			rs[i] = way(0)[i] / way(w)[i]
+			rs[i] = per[0][i] / per[w][i]
 		}
-		return Median(rs)
+		return interleave.Median(rs)
 	}
-	res.RatioOut, res.RatioIn = ratios(1), ratios(2)
-	res.Link, res.Out, res.In = Median(way(0)), Median(way(1)), Median(way(2))
-	res.Iters = iters
+	m := interleave.Median
+	res.RatioOut, res.RatioIn = ratio(1), ratio(2)
+	res.Link, res.Out, res.In = m(per[0]), m(per[1]), m(per[2])
+	res.Iters = len(per[0])
 	return res, nil
 }

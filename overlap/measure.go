@@ -6,6 +6,7 @@ import (
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/internal/cpustat"
+	"github.com/slimego/slimego/internal/interleave"
 )
 
 // Times are the medians, over iterations, of the slowest rank's time of
@@ -83,75 +84,11 @@ type Ways interface {
 // them alike; there are at least minIters iterations and enough for each
 // way to total about 0.2 s. Every rank returns the same figures.
 func Measure(ctx context.Context, c *collective.Communicator, o Ways, minIters int) (Times, error) {
-	ways := []func(context.Context) error{o.Gather, o.GEMM, o.RunSequential, o.Run}
-	timeOne := func(run func(context.Context) error) (float64, error) {
-		if err := c.Barrier(ctx); err != nil {
-			return 0, err
-		}
-		t0 := time.Now()
-		err := run(ctx)
-		return float64(time.Since(t0).Nanoseconds()) / 1e3, err
-	}
-	// Warm-up, and from it an iteration count every rank agrees on.
-	longest := make([]float64, 1)
-	for _, run := range ways {
-		t, err := timeOne(run)
-		if err != nil {
-			return Times{}, err
-		}
-		longest[0] = max(longest[0], t)
-	}
-	all := make([]float64, c.Size())
-	if err := collective.AllGatherOf(ctx, c, all, longest); err != nil {
+	per, err := interleave.Time(ctx, c, []func(context.Context) error{o.Gather, o.GEMM, o.RunSequential, o.Run},
+		interleave.Rule{MinIters: minIters, MaxIters: 200, MinTime: 200 * time.Millisecond})
+	if err != nil {
 		return Times{}, err
 	}
-	slowestWarm := 0.0
-	for _, t := range all {
-		slowestWarm = max(slowestWarm, t)
-	}
-	iters := max(minIters, min(int(2e5/max(slowestWarm, 1)), 200))
-	per := make([][]float64, len(ways))
-	for w := range per {
-		per[w] = make([]float64, iters)
-	}
-	for i := range iters {
-		for w, run := range ways {
-			t, err := timeOne(run)
-			if err != nil {
-				return Times{}, err
-			}
-			per[w][i] = t
-		}
-	}
-	var out [4]float64
-	gathered := make([]float64, c.Size()*iters)
-	for w := range ways {
-		if err := collective.AllGatherOf(ctx, c, gathered, per[w]); err != nil {
-			return Times{}, err
-		}
-		slowest := make([]float64, iters)
-		for i := range slowest {
-			for r := range c.Size() {
-				slowest[i] = max(slowest[i], gathered[r*iters+i])
-			}
-		}
-		out[w] = median(slowest)
-	}
-	return Times{Comm: out[0], GEMM: out[1], Seq: out[2], Overlap: out[3]}, nil
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), xs...)
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	m := interleave.Median
+	return Times{Comm: m(per[0]), GEMM: m(per[1]), Seq: m(per[2]), Overlap: m(per[3])}, nil
 }
