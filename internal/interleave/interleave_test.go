@@ -23,8 +23,9 @@ func TestTime(t *testing.T) {
 		{Rule{MinIters: 7, MaxIters: 6, MinTime: time.Millisecond}, 7}, // at least MinIters
 		{Rule{MinTime: 300 * time.Millisecond}, 0},                     // 0.3 s of 3 ms runs: about 100
 	} {
-		rule, want := tc.rule, tc.want
+		rule := tc.rule
 		testranks.Run(t, 1, 2, nil, func(c *collective.Communicator) error {
+			want := tc.want
 			var order []int
 			ways := []func(context.Context) error{
 				func(context.Context) error {
