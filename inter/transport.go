@@ -35,7 +35,7 @@ type Config struct {
 	// locked, and when its reader falls behind on a busy host the kernel
 	// drops what no longer fits (receive-queue prunes) and the sender waits
 	// out a retransmission timeout, 200 ms. Across two namespaces that made
-	// 64 MiB all-gathers among 2 × 2 ranks take 300 ms instead of 110–130
+	// 64 MiB all-gathers among 2 × 2 ranks take 325–350 ms instead of 122–131
 	// (README).
 	SockBuf int
 	// Lowat bounds the bytes a receive waits for before its reader wakes
