@@ -367,7 +367,7 @@ func linkCmd(args []string) error {
 	sw := sweepFlags(fs)
 	channels := fs.Int("channels", 0, "TCP connections per peer pair, the transport's and the raw link's (default: SLIME_CHANNELS, else 4)")
 	lowat := fs.String("lowat", "", "receive low-water mark bound, the transport's and the raw link's (default: SLIME_RCVLOWAT, else 4M; -1: none)")
-	minIters := fs.IntP("iters", "n", 5, "least timed iterations per size (each times all three ways)")
+	minIters := fs.IntP("iters", "n", 5, "least timed iterations per size (each times the link twice and the all-gather out of place and in place)")
 	minTime := fs.Duration("min-time", time.Second, "time each way fills per size, at least")
 	asCSV := fs.Bool("csv", false, "print CSV rows of ../shared/BENCH.md (impl tcp-N-duplex[-lowatB], slimego, slimego/in-place) instead of the table")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
@@ -450,7 +450,7 @@ func linkCmd(args []string) error {
 	} else {
 		fmt.Printf("# slimego allgather beside the link it runs over: 2 nodes x 1 rank%s lowat=%s\n", c.Describe(), bytesize.Format(int64(max(lw, 0))))
 		fmt.Printf("# link: duplex transfer of S bytes each way on %d plain TCP connections set up as the transport's, GB/s per direction\n", ch)
-		fmt.Printf("# the three alternate within every iteration; ratio = median over iterations of busbw / link bandwidth\n")
+		fmt.Printf("# link, out of place, link, in place alternate within every iteration; ratio = median over iterations of busbw / the preceding link run's bandwidth\n")
 		fmt.Printf("#%12s %6s %10s %10s %10s %7s %7s %10s %7s %7s\n", "size (B)", "iters", "link (us)", "link GB/s", "time (us)", "busbw", "ratio", "in-place", "busbw", "ratio")
 		for _, r := range rs {
 			fmt.Printf(" %12d %6d %10.1f %10.3f %10.1f %7.3f %6.0f%% %10.1f %7.3f %6.0f%%\n", r.S, r.Iters, r.Link, r.LinkGBps(),
