@@ -190,7 +190,7 @@ func merge(opts, env Options) Options {
 		o.RcvLowat = env.RcvLowat
 	}
 	o.Eager = o.Eager || env.Eager
-	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}, {&o.BigCopy, &env.BigCopy}, {&o.GPUScratch, &env.GPUScratch}} {
+	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}, {&o.BigCopy, &env.BigCopy}, {&o.SendCopyMin, &env.SendCopyMin}, {&o.GPUScratch, &env.GPUScratch}} {
 		if *f.dst == 0 {
 			*f.dst = *f.src
 		}
@@ -260,6 +260,7 @@ func (c *Communicator) connectNodes(ctx context.Context) error {
 	t, err := inter.New(ctx, inter.Config{
 		Store: c.store, Key: c.key("net"), Rank: o.Rank, Peers: peers, Channels: o.Channels,
 		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, Timeout: o.Timeout, Lowat: o.RcvLowat,
+		SendCopyMin: o.SendCopyMin,
 	})
 	if err != nil {
 		return err

@@ -59,6 +59,11 @@ type Options struct {
 	// reader wakes (SLIME_RCVLOWAT; default 4M; negative, or "off": woken
 	// per segment).
 	RcvLowat int
+	// SendCopyMin is the least block, across nodes with one rank per node
+	// or on the ring, whose out-of-place copy into the own place rides
+	// with its first send, chunk by chunk while the chunk is in the cache
+	// (SLIME_SEND_COPY_MIN; default 32M; negative: never).
+	SendCopyMin int
 	// SpinTime is how long a shared-memory wait polls before it sleeps
 	// (SLIME_SPIN, a Go duration; default by ranks per core).
 	SpinTime time.Duration
@@ -247,10 +252,10 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	for _, k := range []struct {
 		name string
 		dst  *int
-	}{{"SLIME_SLOT_BYTES", &o.SlotBytes}, {"SLIME_SLOTS", &o.Slots}, {"SLIME_ZERO_COPY_MIN", &o.ZeroCopyMin}, {"SLIME_CMA_MIN", &o.CMAMin}, {"SLIME_BIG_COPY", &o.BigCopy}} {
+	}{{"SLIME_SLOT_BYTES", &o.SlotBytes}, {"SLIME_SLOTS", &o.Slots}, {"SLIME_ZERO_COPY_MIN", &o.ZeroCopyMin}, {"SLIME_CMA_MIN", &o.CMAMin}, {"SLIME_BIG_COPY", &o.BigCopy}, {"SLIME_SEND_COPY_MIN", &o.SendCopyMin}} {
 		if v := getenv(k.name); v != "" {
-			if k.dst == &o.CMAMin && strings.HasPrefix(strings.TrimSpace(v), "-") {
-				o.CMAMin = -1 // off
+			if (k.dst == &o.CMAMin || k.dst == &o.SendCopyMin) && strings.HasPrefix(strings.TrimSpace(v), "-") {
+				*k.dst = -1 // off
 				continue
 			}
 			n, err := bytesize.Parse(v)

@@ -33,6 +33,10 @@ func TestLoadEnv(t *testing.T) {
 			Options{WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500", RcvLowat: 1 << 20, Eager: true, GPUScratch: 4 << 20, Channels: 4}},
 		{"lowat off", map[string]string{"SLIME_RCVLOWAT": "off"},
 			Options{WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500", RcvLowat: -1}},
+		{"send copy", map[string]string{"SLIME_SEND_COPY_MIN": "48M"},
+			Options{WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500", SendCopyMin: 48 << 20}},
+		{"send copy off", map[string]string{"SLIME_SEND_COPY_MIN": "-1"},
+			Options{WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500", SendCopyMin: -1}},
 		{"slurm", map[string]string{"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NODEID": "1", "MASTER_ADDR": "n1"},
 			Options{Rank: 6, WorldSize: 8, LocalRank: 2, LocalWorldSize: 4, NodeRank: 1, MasterAddr: "n1", MasterPort: 29500, RunID: "port29500"}},
 	}

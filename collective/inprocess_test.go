@@ -142,17 +142,25 @@ func TestContextCancel(t *testing.T) {
 }
 
 // TestNodesInProcess runs the inter-node algorithms under the race
-// detector, and checks that their planned runs allocate nothing.
+// detector, and checks that their planned runs allocate nothing. With one
+// rank per node, the own block's copy rides with the first send from any
+// size here (SendCopyMin 1): from 64 KiB on in the connections' writers,
+// in chunks (1 MiB + 3 bytes: two stripes of three chunks each).
 func TestNodesInProcess(t *testing.T) {
-	for _, algo := range []string{"hier", "ring"} {
-		t.Run(algo, func(t *testing.T) {
-			inProcessNodes(t, 2, 2, func(o *collective.Options) { o.Algo = algo }, func(c *collective.Communicator) error {
+	for _, tc := range []struct {
+		algo         string
+		nodes, local int
+		sendCopyMin  int
+	}{{"hier", 2, 2, 0}, {"ring", 2, 2, 0}, {"hier", 2, 1, 1}, {"ring", 3, 1, 1}, {"hier", 2, 1, -1}} {
+		t.Run(fmt.Sprintf("%s-%dx%d-sendcopy%d", tc.algo, tc.nodes, tc.local, tc.sendCopyMin), func(t *testing.T) {
+			tune := func(o *collective.Options) { o.Algo, o.SendCopyMin = tc.algo, tc.sendCopyMin }
+			inProcessNodes(t, tc.nodes, tc.local, tune, func(c *collective.Communicator) error {
 				ctx := context.Background()
 				P, me := c.Size(), c.Rank()
-				if c.Nodes() != 2 {
+				if c.Nodes() != tc.nodes {
 					return fmt.Errorf("%d nodes", c.Nodes())
 				}
-				for _, n := range []int{0, 3, 70_000, 300_001} {
+				for _, n := range []int{0, 3, 70_000, 300_001, 1<<20 + 3} {
 					src, dst := make([]byte, n), make([]byte, P*n)
 					plan, err := c.Plan(dst, src)
 					if err != nil {

@@ -46,8 +46,13 @@ type HierOp struct {
 	offs  []int
 	hash  uint64
 	ops   []*intra.Op // one per node, in h.order
-	sb    []int       // scratch: one node's sizes and offsets
-	ob    []int
+	// ownRides: the rank is alone on its node, its call is out of place
+	// and its block large enough (Transport.CopyRides), so the own block's
+	// copy rides with the first send (Transport.SendCopy) instead of
+	// ops[0] copying it.
+	ownRides bool
+	sb       []int // scratch: one node's sizes and offsets
+	ob       []int
 }
 
 // Plan prepares an all-gather in which global rank r's sizes[r] bytes land
@@ -71,6 +76,8 @@ func (o *HierOp) Set(dst, src []byte, sizes, offs []int) error {
 	copy(o.offs, offs)
 	o.dst, o.src = dst, src
 	o.hash = callhash.Sum(o.name, sizes)
+	own := o.own()
+	o.ownRides = h.local == 1 && len(h.peers) > 0 && len(src) > 0 && &own[0] != &src[0] && h.t.CopyRides(len(src))
 	for k, b := range h.order {
 		for j := range h.local {
 			o.sb[j], o.ob[j] = sizes[b*h.local+j], offs[b*h.local+j]
@@ -106,9 +113,13 @@ func (o *HierOp) Run(ctx context.Context) error {
 	e := h.epoch + 1
 	h.epoch = e
 	deadline := callDeadline(ctx, h.timeout)
-	for _, p := range h.peers {
+	for k, p := range h.peers {
 		h.t.Recv(p, e, o.hash, o.dst[o.offs[p]:o.offs[p]+o.sizes[p]], deadline)
-		h.t.Send(p, e, o.hash, o.src, deadline)
+		if k == 0 && o.ownRides {
+			h.t.SendCopy(p, e, o.hash, o.src, o.own(), deadline)
+		} else {
+			h.t.Send(p, e, o.hash, o.src, deadline)
+		}
 	}
 	var mismatch error
 	note := func(err error) error {
@@ -124,8 +135,10 @@ func (o *HierOp) Run(ctx context.Context) error {
 		return err
 	}
 	// The node's own blocks first: they need no network.
-	if err := note(o.ops[0].Run(ctx)); err != nil {
-		return o.fail(err, -1)
+	if !o.ownRides {
+		if err := note(o.ops[0].Run(ctx)); err != nil {
+			return o.fail(err, -1)
+		}
 	}
 	for k, p := range h.peers {
 		if rerr := h.t.WaitRecv(p); rerr != nil {
@@ -150,6 +163,12 @@ func (o *HierOp) Run(ctx context.Context) error {
 		}
 	}
 	return mismatch
+}
+
+// own is this rank's block of dst.
+func (o *HierOp) own() []byte {
+	r := o.h.rank
+	return o.dst[o.offs[r] : o.offs[r]+o.sizes[r]]
 }
 
 // fail breaks the communicator and tells the node's other ranks.

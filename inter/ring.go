@@ -84,14 +84,26 @@ func (o *RingOp) Run(ctx context.Context) error {
 	e := r.epoch + 1
 	r.epoch = e
 	deadline := callDeadline(ctx, r.timeout)
-	if own := o.block(r.rank); len(own) > 0 && &own[0] != &o.src[0] {
-		copy(own, o.src)
+	// The own block goes first, from src; its copy into dst rides with
+	// that send (Transport.SendCopy) where it is large, or is made here.
+	own := o.block(r.rank)
+	var also []byte
+	if len(own) > 0 && &own[0] != &o.src[0] {
+		if len(r.steps) > 0 && r.t.CopyRides(len(own)) {
+			also = own
+		} else {
+			copy(own, o.src)
+		}
 	}
 	hash := o.hash
 	var mismatch error
-	for _, st := range r.steps {
+	for s, st := range r.steps {
 		r.t.Recv(r.prev, e, o.hash, o.block(st.Recv), deadline)
-		r.t.Send(r.next, e, hash, o.block(st.Send), deadline)
+		if s == 0 {
+			r.t.SendCopy(r.next, e, hash, o.src, also, deadline)
+		} else {
+			r.t.Send(r.next, e, hash, o.block(st.Send), deadline)
+		}
 		rerr := r.t.WaitRecv(r.prev)
 		serr := r.t.WaitSend(r.next)
 		if rerr != nil && !errors.Is(rerr, fault.ErrSizeMismatch) {
