@@ -107,9 +107,8 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 		}
 		res.Wrong += countWrong(dst, 2, n)
 	}
-	// Each all-gather follows a duplex transfer, so that neither is timed
-	// in the wake of the other (what one leaves in the caches moved the
-	// other's figure by up to 8 points at 16 MiB).
+	// Each all-gather's ratio is to the duplex transfer just before it,
+	// the nearest moment of the link, and follows the same work.
 	duplex := func(context.Context) error { return l.duplex(send, recv) }
 	ways := []func(context.Context) error{duplex, planOut.Run, duplex, planIn.Run}
 	per, err := interleave.Time(ctx, c, ways, interleave.Rule{MinIters: minIters, MaxIters: 1000, MinTime: minTime})

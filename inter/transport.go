@@ -64,7 +64,7 @@ const (
 	// development machines). Across two namespaces, 2 × 1 ranks, riding
 	// copies took out-of-place busbw from 81–86% of the link to 91–95% at
 	// 64 MiB and from 83–85% to 86–93% at 48 MiB; at 16 and 24 MiB they
-	// gained nothing, and the in-place runs that followed lost 9–11
+	// gained nothing, and the in-place runs that followed lost 7–11
 	// points (README).
 	DefaultSendCopyMin = 32 << 20
 )
