@@ -142,10 +142,10 @@ func TestContextCancel(t *testing.T) {
 }
 
 // TestNodesInProcess runs the inter-node algorithms under the race
-// detector, and checks that their planned runs allocate nothing. With one
-// rank per node, the own block's copy rides with the first send from any
-// size here (SendCopyMin 1): from 64 KiB on in the connections' writers,
-// in chunks (1 MiB + 3 bytes: two stripes of three chunks each).
+// detector, and checks that their planned runs allocate nothing. With
+// SendCopyMin 1 the own block's copy rides with the first send from any
+// size: from 64 KiB on in the connections' writers, in chunks (1 MiB + 3
+// bytes: two stripes of three chunks each).
 func TestNodesInProcess(t *testing.T) {
 	for _, tc := range []struct {
 		algo         string

@@ -207,3 +207,46 @@ func TestSixtyFourRanks(t *testing.T) {
 	}
 	testAllGather(t, "ring", paths["ring"], L, 20_000, false)
 }
+
+// TestLeaveOwn: with LeaveOwn(true) a run leaves the rank's own block of
+// dst as it was and fills every other, the other ranks still reading the
+// block from src; LeaveOwn(false) copies it again.
+func TestLeaveOwn(t *testing.T) {
+	const L, n = 3, 100_003
+	sizes := []int{n, n, n}
+	errs := group(t, L, paths["default"], func(g *Group) error {
+		ctx := context.Background()
+		me := g.Rank()
+		src, dst := make([]byte, n), make([]byte, L*n)
+		want, offs := expectAll(L, sizes, 0)
+		fill(src, uint64(me*1000003))
+		op, err := g.Plan("allgather", dst, src, sizes, offs)
+		if err != nil {
+			return err
+		}
+		mark := make([]byte, n)
+		fill(mark, 0xbad)
+		for _, leave := range []bool{true, false} {
+			copy(dst[offs[me]:], mark)
+			op.LeaveOwn(leave)
+			if err := op.Run(ctx); err != nil {
+				return err
+			}
+			for p := range L {
+				got, exp := dst[offs[p]:offs[p]+n], want[offs[p]:offs[p]+n]
+				if p == me && leave {
+					exp = mark
+				}
+				if !bytes.Equal(got, exp) {
+					return fmt.Errorf("LeaveOwn(%v): rank %d's block wrong", leave, p)
+				}
+			}
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}

@@ -23,13 +23,15 @@ type Op struct {
 	offs    []int // where each rank's block lands in dst
 	hash    uint64
 	inPlace bool
-	mode    uint32 // how readers get my block
-	zcBuf   uint32 // my source's symmetric buffer id + 1 (modeSymmetric)
-	zcOff   uint64 // offset in it, or my source's address (modeCMA)
-	chunk   []int  // chunk length of each owner's ring transfer
-	count   []int  // chunk count of each owner's ring transfer
-	next    []int  // per-run: chunks read from each owner
-	staged  []bool
+	// ownElsewhere: the caller puts the own block in place (LeaveOwn)
+	ownElsewhere bool
+	mode         uint32 // how readers get my block
+	zcBuf        uint32 // my source's symmetric buffer id + 1 (modeSymmetric)
+	zcOff        uint64 // offset in it, or my source's address (modeCMA)
+	chunk        []int  // chunk length of each owner's ring transfer
+	count        []int  // chunk count of each owner's ring transfer
+	next         []int  // per-run: chunks read from each owner
+	staged       []bool
 }
 
 // Plan validates a call and prepares it. name names the operation in
@@ -93,6 +95,12 @@ func (o *Op) Set(dst, src []byte, sizes, offs []int) error {
 	return nil
 }
 
+// LeaveOwn(true) makes Run leave this rank's own block of dst to the
+// caller, who puts it in place some other way; an all-gather across nodes
+// does so with a copy that rides with the block's send over the network.
+// The other ranks still read the block from src. It holds until changed.
+func (o *Op) LeaveOwn(leave bool) { o.ownElsewhere = leave }
+
 func overlaps(a, b []byte) bool {
 	if len(a) == 0 || len(b) == 0 {
 		return false
@@ -136,7 +144,7 @@ func (o *Op) run(ctx context.Context) error {
 	}
 	atomic.StoreUint64(&h.epoch, e)
 	g.ringAll()
-	ownCopied := o.inPlace
+	ownCopied := o.inPlace || o.ownElsewhere
 
 	// 2. Every peer's header, checked before any data moves.
 	mismatch := -1
