@@ -85,7 +85,11 @@ func (o *RingOp) Run(ctx context.Context) error {
 	r.epoch = e
 	deadline := callDeadline(ctx, r.timeout)
 	// The own block goes first, from src; its copy into dst rides with
-	// that send (Transport.SendCopy) where it is large, or is made here.
+	// that send (Transport.SendCopy) where it is large, or is made here,
+	// before the first send. Among 2 × 2 ranks across two namespaces
+	// riding took 84–97 ms at 32 MiB against 90–97 (four runs each) and
+	// 179–256 ms at 64 MiB against 172–214 (nine runs each, medians 199
+	// and 197).
 	own := o.block(r.rank)
 	var also []byte
 	if len(own) > 0 && &own[0] != &o.src[0] {
