@@ -87,7 +87,7 @@ func (o *RingOp) Run(ctx context.Context) error {
 	// The own block goes first, from src; its copy into dst rides with
 	// that send (Transport.SendCopy) where it is large, or is made here,
 	// before the first send. Among 2 × 2 ranks across two namespaces
-	// riding took 84–97 ms at 32 MiB against 90–97 (four runs each) and
+	// riding took 83–97 ms at 32 MiB against 90–97 (four runs each) and
 	// 179–256 ms at 64 MiB against 172–214 (nine runs each, medians 199
 	// and 197).
 	own := o.block(r.rank)
