@@ -3,6 +3,7 @@ package inter
 import (
 	"context"
 	"errors"
+	"runtime"
 	"time"
 
 	"github.com/slimego/slimego/internal/callhash"
@@ -137,7 +138,15 @@ func (o *HierOp) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	// The node's own blocks first: they need no network.
+	// The node's own blocks first: they need no network. The connection
+	// goroutines that Send and Recv just readied take this processor
+	// first, so that the network starts before the own copy: across two
+	// namespaces, 2 × 1 ranks, eight interleaved runs each, out-of-place
+	// busbw went from 77–79% of the link to 79–82% at 1 MiB and from
+	// 84–91% to 89–96% at 4 MiB; at 16 MiB 81–93% against 83–90%.
+	if len(o.src) > DirectMax && !o.ownRides {
+		runtime.Gosched()
+	}
 	if err := note(o.ops[0].Run(ctx)); err != nil {
 		return o.fail(err, -1)
 	}
