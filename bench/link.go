@@ -48,8 +48,8 @@ func gbps(n int64, us float64) float64 {
 // Link times c's all-gather (symmetric buffers, out of place and in place)
 // and a duplex transfer of the same size on plain TCP connections between
 // the same two ranks, alternating within every iteration (link, out of
-// place, link, in place),
-// so that each ratio compares moments a few milliseconds apart. On a
+// place, link, in place), so that each ratio compares moments a few
+// milliseconds apart. On a
 // shared, noisy machine, where the link's bandwidth moves by tens of
 // percent from one minute to the next, that is the comparison that holds.
 // channels and lowat set up the plain connections as the transport's are
