@@ -49,10 +49,9 @@ func gbps(n int64, us float64) float64 {
 // and a duplex transfer of the same size on plain TCP connections between
 // the same two ranks, alternating within every iteration (link, out of
 // place, link, in place), so that each ratio compares moments a few
-// milliseconds apart. On a
-// shared, noisy machine, where the link's bandwidth moves by tens of
-// percent from one minute to the next, that is the comparison that holds.
-// channels and lowat set up the plain connections as the transport's are
+// milliseconds apart. On a shared, noisy machine, where the link's
+// bandwidth moves by tens of percent from one minute to the next, that is
+// the comparison that holds. channels and lowat set up the plain connections as the transport's are
 // (inter.DefaultChannels, inter.DefaultLowat); iterations are at least
 // minIters and enough to fill minTime per way. Every rank returns the same
 // figures.
