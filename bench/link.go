@@ -51,10 +51,10 @@ func gbps(n int64, us float64) float64 {
 // place, link, in place), so that each ratio compares moments a few
 // milliseconds apart. On a shared, noisy machine, where the link's
 // bandwidth moves by tens of percent from one minute to the next, that is
-// the comparison that holds. channels and lowat set up the plain connections as the transport's are
-// (inter.DefaultChannels, inter.DefaultLowat); iterations are at least
-// minIters and enough to fill minTime per way. Every rank returns the same
-// figures.
+// the comparison that holds. channels and lowat set up the plain
+// connections as the transport's are (inter.DefaultChannels,
+// inter.DefaultLowat); iterations are at least minIters and enough to fill
+// minTime per way. Every rank returns the same figures.
 func Link(ctx context.Context, c *collective.Communicator, masterAddr string, sizes []int64, channels, lowat, minIters int, minTime time.Duration, progress func(done, total int, r LinkResult)) ([]LinkResult, error) {
 	l, err := openLink(ctx, c, masterAddr, channels, lowat)
 	if err != nil {

@@ -63,10 +63,11 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 		}
 		return err
 	}
+	l.arm() // each loop of ping-pongs takes about minTime, far below the timeout
 	t0 := time.Now()
 	for range 100 {
 		if err := pingPong(); err != nil {
-			return nil, err
+			return nil, l.fail("ping-pong", err)
 		}
 	}
 	per, err := agree(time.Since(t0).Seconds() / 100)
@@ -75,10 +76,11 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 	}
 	iters := min(max(1000, int(minTime.Seconds()/per)), 200_000)
 	times := make([]float64, iters)
+	l.arm()
 	for i := range times {
 		t0 := time.Now()
 		if err := pingPong(); err != nil {
-			return nil, err
+			return nil, l.fail("ping-pong", err)
 		}
 		times[i] = float64(time.Since(t0).Nanoseconds()) / 2e3
 	}
@@ -95,11 +97,13 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 			if err := c.Barrier(ctx); err != nil {
 				return 0, err
 			}
-			t0 := time.Now()
 			if duplex {
+				t0 := time.Now()
 				err := l.duplex(out, buf)
 				return float64(time.Since(t0).Nanoseconds()) / 1e3, err
 			}
+			l.arm()
+			t0 := time.Now()
 			errs := make(chan error, channels)
 			for ch, conn := range conns {
 				lo, hi := int64(ch)*n/int64(channels), int64(ch+1)*n/int64(channels)
@@ -123,7 +127,7 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 					first = err
 				}
 			}
-			return float64(time.Since(t0).Nanoseconds()) / 1e3, first
+			return float64(time.Since(t0).Nanoseconds()) / 1e3, l.fail("one-way transfer", first)
 		}
 		t, err := once() // warm-up, and the estimate for the count
 		if err != nil {
@@ -155,6 +159,25 @@ type link struct {
 	conns   []*net.TCPConn
 	readers []inter.Reader
 	errs    chan error
+	timeout time.Duration // bound on each transfer (the communicator's)
+	rank    int
+}
+
+// fail names the rank, its peer and the operation in err (nil stays nil).
+func (l *link) fail(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("bench: %s, rank %d with rank %d: %w", op, l.rank, 1-l.rank, err)
+}
+
+// arm bounds every read and write on the connections until timeout from
+// now, so that a stalled or vanished peer is an error, not a hang.
+func (l *link) arm() {
+	deadline := time.Now().Add(l.timeout)
+	for _, c := range l.conns {
+		c.SetDeadline(deadline)
+	}
 }
 
 // openLink connects rank 0 and rank 1 of c with channels connections;
@@ -183,7 +206,7 @@ func openLink(ctx context.Context, c *collective.Communicator, masterAddr string
 		return nil, err
 	}
 	addr := strings.TrimRight(string(all[:addrLen]), "\x00")
-	l := &link{errs: make(chan error, 2*channels)}
+	l := &link{errs: make(chan error, 2*channels), timeout: c.Timeout(), rank: c.Rank()}
 	for range channels {
 		var conn net.Conn
 		var err error
@@ -208,8 +231,10 @@ func openLink(ctx context.Context, c *collective.Communicator, masterAddr string
 
 // duplex sends out and receives len(in) bytes at once, each striped over
 // the connections as the transport stripes a message (inter.Stripes), as an
-// all-gather between two nodes does.
+// all-gather between two nodes does. Like the transport, it bounds each
+// transfer with a deadline.
 func (l *link) duplex(out, in []byte) error {
+	l.arm()
 	ko, ki := inter.Stripes(len(out), len(l.conns)), inter.Stripes(len(in), len(l.conns))
 	for i, conn := range l.conns[:max(ko, ki)] {
 		olo, ohi := inter.Stripe(len(out), ko, i)
@@ -224,7 +249,7 @@ func (l *link) duplex(out, in []byte) error {
 			first = err
 		}
 	}
-	return first
+	return l.fail("duplex transfer on plain TCP", first)
 }
 
 func (l *link) close() {
