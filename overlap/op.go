@@ -53,11 +53,10 @@ func New[T Float](c *collective.Communicator, m, n, k, pieces int) (*Op[T], erro
 	// The gather's own waits end at the communicator's timeout; the compute
 	// stream gives its events a little longer.
 	o.compute.WaitTimeout = c.Timeout() + 10*time.Second
-	var z0 T
-	o.pieces = Pieces(m, PieceCount(pieces, m*k*int(unsafe.Sizeof(z0)), MinPieceBytes(c)))
-	o.tasks = Tasks(P, me, m, o.pieces)
 	var z T
 	esz := int(unsafe.Sizeof(z))
+	o.pieces = Pieces(m, PieceCount(pieces, m*k*esz, MinPieceBytes(c)))
+	o.tasks = Tasks(P, me, m, o.pieces)
 	gBytes, aBytes := asBytes(o.G), asBytes(o.A)
 	sizes, offs := make([]int, P), make([]int, P)
 	for _, p := range o.pieces {
