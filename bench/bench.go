@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/internal/interleave"
 	"github.com/slimego/slimego/internal/pattern"
 )
 
@@ -201,7 +202,7 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 		}
 		warmTimes[i] = time.Since(t0).Seconds()
 	}
-	est := []float64{Median(warmTimes)}
+	est := []float64{interleave.Median(warmTimes)}
 	all := make([]float64, P)
 	if err := collective.AllGatherOf(ctx, c, all, est); err != nil {
 		return err
@@ -239,7 +240,7 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 		}
 		times[i] = m
 	}
-	res.Median = Median(times)
+	res.Median = interleave.Median(times)
 	for _, w := range wrongs {
 		res.Wrong += w
 	}
@@ -265,17 +266,4 @@ func countWrong(dst []byte, P, n int) int64 {
 		}
 	}
 	return wrong
-}
-
-// Median of xs (which it sorts).
-func Median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	slices.Sort(xs)
-	m := len(xs) / 2
-	if len(xs)%2 == 1 {
-		return xs[m]
-	}
-	return (xs[m-1] + xs[m]) / 2
 }

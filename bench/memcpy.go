@@ -2,6 +2,8 @@ package bench
 
 import (
 	"time"
+
+	"github.com/slimego/slimego/internal/interleave"
 )
 
 // Memcpy measures one core's copy bandwidth for n-byte copies between two
@@ -27,7 +29,7 @@ func Memcpy(n int, minTime time.Duration) (us, gbps float64) {
 			break
 		}
 	}
-	us = Median(times)
+	us = interleave.Median(times)
 	if us > 0 {
 		gbps = float64(n) / (us * 1e-6) / 1e9
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/inter"
+	"github.com/slimego/slimego/internal/interleave"
 )
 
 // TCPResult is one raw-TCP figure between ranks 0 and 1.
@@ -84,7 +85,7 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 		}
 		times[i] = float64(time.Since(t0).Nanoseconds()) / 2e3
 	}
-	lat, err := agree(Median(times))
+	lat, err := agree(interleave.Median(times))
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +144,7 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 				return nil, err
 			}
 		}
-		m, err := agree(Median(ts))
+		m, err := agree(interleave.Median(ts))
 		if err != nil {
 			return nil, err
 		}
