@@ -401,10 +401,7 @@ func linkCmd(args []string) error {
 		return fmt.Errorf("link: run one rank on each of two nodes (this job: %d ranks on %d nodes)", c.Size(), c.Nodes())
 	}
 	// The raw link is set up as the communicator's transport is.
-	ch, lw := c.Options().Channels, c.Options().RcvLowat
-	if ch <= 0 {
-		ch = inter.DefaultChannels
-	}
+	ch, lw := c.Channels(), c.Options().RcvLowat
 	if lw == 0 {
 		lw = inter.DefaultLowat
 	}
