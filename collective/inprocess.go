@@ -3,6 +3,7 @@ package collective
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -27,7 +28,7 @@ func RunInProcess(ctx context.Context, nodes, perNode int, tune func(*Options), 
 		return errs
 	}
 	defer srv.Close()
-	runID := fmt.Sprintf("inproc%d", time.Now().UnixNano())
+	runID := fmt.Sprintf("inproc%d-%d", os.Getpid(), time.Now().UnixNano()) // shared-memory names: unique across processes too
 	var wg sync.WaitGroup
 	for r := range P {
 		wg.Add(1)
