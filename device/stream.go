@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,31 +25,50 @@ type Stream struct {
 	// event (default 10 minutes): a stream never waits forever.
 	WaitTimeout time.Duration
 
-	q      chan func() error
+	q      chan item
 	mu     sync.Mutex
 	cond   *sync.Cond
 	queued uint64 // items enqueued
 	done   uint64 // items finished (or skipped)
 	err    error  // first failure
 	closed bool
+
+	// The wait the stream's goroutine is in (Wait): the stream it waits on
+	// and the timer that wakes it at its deadline, made once.
+	waitSrc atomic.Pointer[Stream]
+	timer   *time.Timer
+}
+
+// item is one piece of a stream's work: fn, or, when src is set, a wait
+// until src has finished target items.
+type item struct {
+	fn     func() error
+	src    *Stream
+	target uint64
 }
 
 // NewStream starts a stream.
 func NewStream() *Stream {
-	s := &Stream{q: make(chan func() error, 1024)}
+	s := &Stream{q: make(chan item, 1024)}
 	s.cond = sync.NewCond(&s.mu)
+	s.timer = time.AfterFunc(time.Hour, s.wake)
+	s.timer.Stop()
 	go s.run()
 	return s
 }
 
 func (s *Stream) run() {
-	for fn := range s.q {
+	for it := range s.q {
 		s.mu.Lock()
 		failed := s.err != nil
 		s.mu.Unlock()
 		var err error
-		if !failed {
-			err = fn()
+		switch {
+		case failed:
+		case it.src != nil:
+			err = s.wait(it.src, it.target)
+		default:
+			err = it.fn()
 		}
 		s.mu.Lock()
 		if err != nil && s.err == nil {
@@ -58,11 +78,16 @@ func (s *Stream) run() {
 		s.cond.Broadcast()
 		s.mu.Unlock()
 	}
+	s.timer.Stop()
 }
 
 // Launch enqueues fn. fn should be made once and launched many times: the
 // stream itself allocates nothing per item.
 func (s *Stream) Launch(fn func() error) {
+	s.enqueue(item{fn: fn})
+}
+
+func (s *Stream) enqueue(it item) {
 	s.mu.Lock()
 	if s.closed {
 		if s.err == nil {
@@ -73,7 +98,7 @@ func (s *Stream) Launch(fn func() error) {
 	}
 	s.queued++
 	s.mu.Unlock()
-	s.q <- fn
+	s.q <- it
 }
 
 // Record marks e as reached once the work enqueued so far is done.
@@ -88,6 +113,7 @@ func (s *Stream) Record(e *Event) {
 
 // Wait makes the work enqueued after it wait until e is reached; if the
 // stream e was recorded on failed, this stream fails with the same error.
+// It allocates nothing.
 func (s *Stream) Wait(e *Event) {
 	e.mu.Lock()
 	src, target := e.stream, e.target
@@ -95,25 +121,54 @@ func (s *Stream) Wait(e *Event) {
 	if src == nil || src == s {
 		return // nothing recorded, or ordered already
 	}
+	s.enqueue(item{src: src, target: target})
+}
+
+// wait runs in s's goroutine: it blocks until src has finished n items,
+// src fails, or s.WaitTimeout passes.
+func (s *Stream) wait(src *Stream, n uint64) error {
 	timeout := s.WaitTimeout
 	if timeout <= 0 {
 		timeout = 10 * time.Minute
 	}
-	s.Launch(func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		if err := src.waitFor(ctx, target); err != nil {
-			if errors.Is(err, context.DeadlineExceeded) {
-				return fmt.Errorf("%w: an event was not reached within %v", ErrWaitTimeout, timeout)
-			}
-			return err
+	deadline := time.Now().Add(timeout)
+	s.waitSrc.Store(src)
+	s.timer.Reset(timeout)
+	defer s.timer.Stop()
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	for src.done < n && src.err == nil {
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("%w: an event was not reached within %v", ErrWaitTimeout, timeout)
 		}
-		return nil
-	})
+		src.cond.Wait()
+	}
+	return src.err
 }
 
-// waitFor blocks until n items are done, returning the stream's error.
+// wake is the wait timer's: it wakes the stream the wait is on, whose
+// waiters look at the clock again (a late call from an earlier wait only
+// wakes them once more).
+func (s *Stream) wake() {
+	if src := s.waitSrc.Load(); src != nil {
+		src.mu.Lock()
+		src.cond.Broadcast()
+		src.mu.Unlock()
+	}
+}
+
+// waitFor blocks until n items are done, returning the stream's error. It
+// allocates nothing when ctx cannot be cancelled or the items are done.
 func (s *Stream) waitFor(ctx context.Context, n uint64) error {
+	s.mu.Lock()
+	if s.done >= n || s.err != nil || ctx.Done() == nil {
+		defer s.mu.Unlock()
+		for s.done < n && s.err == nil {
+			s.cond.Wait()
+		}
+		return s.err
+	}
+	s.mu.Unlock()
 	stop := context.AfterFunc(ctx, func() {
 		s.mu.Lock()
 		s.cond.Broadcast()

@@ -104,3 +104,52 @@ func TestWaitTimesOut(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestNoAllocs: once its work is made, a round of launches, a record, a
+// wait on another stream and the synchronizations allocate nothing.
+func TestNoAllocs(t *testing.T) {
+	comm, compute := NewStream(), NewStream()
+	defer comm.Close()
+	defer compute.Close()
+	ev := new(Event)
+	var n int
+	work := func() error { n++; return nil }
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(100, func() {
+		comm.Launch(work)
+		comm.Record(ev)
+		compute.Wait(ev)
+		compute.Launch(work)
+		if err := compute.Synchronize(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := comm.Synchronize(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per round", allocs)
+	}
+	if n != 2*101 {
+		t.Fatalf("work ran %d times, want %d", n, 2*101)
+	}
+}
+
+// TestWaitDeadlinePerWait: each wait has its own deadline, however long
+// the stream has run: many waits of 1 ms under a 20 ms timeout all succeed.
+func TestWaitDeadlinePerWait(t *testing.T) {
+	comm, compute := NewStream(), NewStream()
+	defer comm.Close()
+	defer compute.Close()
+	compute.WaitTimeout = 20 * time.Millisecond
+	ev := new(Event)
+	slow := func() error { time.Sleep(time.Millisecond); return nil }
+	for range 100 {
+		comm.Launch(slow)
+		comm.Record(ev)
+		compute.Wait(ev)
+	}
+	if err := compute.Synchronize(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
