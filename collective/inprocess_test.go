@@ -92,7 +92,7 @@ func TestPlanRunAllocatesNothing(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			allocs, err := allocsPerRun(c, func() error { return plan.Run(ctx) })
+			allocs, err := testranks.AllocsPerRun(c, func() error { return plan.Run(ctx) })
 			if err != nil {
 				return err
 			}
@@ -102,7 +102,7 @@ func TestPlanRunAllocatesNothing(t *testing.T) {
 		}
 		// The one-shot call re-plans in place: no allocation either.
 		dst, src := make([]byte, P*n), make([]byte, n)
-		allocs, err := allocsPerRun(c, func() error { return c.AllGather(ctx, dst, src) })
+		allocs, err := testranks.AllocsPerRun(c, func() error { return c.AllGather(ctx, dst, src) })
 		if err != nil {
 			return err
 		}
@@ -177,7 +177,7 @@ func TestNodesInProcess(t *testing.T) {
 							}
 						}
 					}
-					allocs, err := allocsPerRun(c, func() error { return plan.Run(ctx) })
+					allocs, err := testranks.AllocsPerRun(c, func() error { return plan.Run(ctx) })
 					if err != nil {
 						return err
 					}
@@ -190,32 +190,6 @@ func TestNodesInProcess(t *testing.T) {
 		})
 	}
 }
-
-// allocsPerRun runs fn runsForAllocs times on every rank; rank 0 measures
-// (AllocsPerRun runs once more than asked, to warm up) while the others keep
-// it company, and returns the process-wide allocations per run: an
-// allocation on any rank shows. Other ranks return 0.
-func allocsPerRun(c *collective.Communicator, fn func() error) (float64, error) {
-	if c.Rank() != 0 {
-		for range runsForAllocs {
-			if err := fn(); err != nil {
-				return 0, err
-			}
-		}
-		return 0, nil
-	}
-	var runErr error
-	allocs := testing.AllocsPerRun(runsForAllocs-1, func() {
-		if err := fn(); err != nil && runErr == nil {
-			runErr = err
-		}
-	})
-	return allocs, runErr
-}
-
-// runsForAllocs is long enough that the runtime's own one-time allocations
-// (a garbage collection starting its workers) average out below one per run.
-const runsForAllocs = 201
 
 // TestStripedMismatchInProcess: across two nodes with four connections per
 // peer pair, one rank's call disagrees with the others' about its block's

@@ -348,3 +348,23 @@ func TestLinkAndTCPBenchmarks(t *testing.T) {
 		t.Errorf("link on one node: exit %d\n%s\n%s", one.code, one.out, one.stderr)
 	}
 }
+
+// TestOverlapBenchAcrossNodes: across two nodes slimebench overlap cuts a
+// 2 MiB block as --min-piece allows: into one piece by default (the least
+// piece fills every connection, 2 MiB), into the 4 asked for with 256K.
+func TestOverlapBenchAcrossNodes(t *testing.T) {
+	for _, tc := range []struct {
+		minPiece string
+		pieces   int
+	}{{"", 1}, {"256K", 4}, {"0", 4}} {
+		args := []string{"slimebench", "overlap", "--m-min", "512", "--m-max", "512", "--nk", "1024", "--n", "8", "--iters", "2", "--cpu-window", "0", "--quiet"}
+		if tc.minPiece != "" {
+			args = append(args, "--min-piece", tc.minPiece)
+		}
+		j := runNodes(t, nil, 2, 1, nil, args...)
+		row := regexp.MustCompile(fmt.Sprintf(`(?m)^\[0\]:\s+512\s+8\s+1024\s+float32\s+%d(\s+-?[0-9.]+){5}$`, tc.pieces))
+		if j.codes[0] != 0 || j.codes[1] != 0 || !row.MatchString(j.out[0]) {
+			t.Fatalf("--min-piece %q: exit %v, want %d pieces\n%s\n%s", tc.minPiece, j.codes, tc.pieces, j.out[0], j.out[1])
+		}
+	}
+}

@@ -39,12 +39,35 @@ type Op[T Float] struct {
 	ctx           context.Context
 }
 
+// Options are NewWith's settings; the zero value asks for the defaults.
+type Options struct {
+	// Pieces is how many pieces the gather is cut into (default 4), fewer
+	// where a piece would carry less than MinPieceBytes per rank.
+	Pieces int
+	// MinPieceBytes is the least a piece carries per rank: 0 for
+	// MinPieceBytes(c), which suits a link whose processors bound it; on
+	// one that the wire bounds (a NIC), smaller pieces hide more of the
+	// gather. Negative: no least.
+	MinPieceBytes int
+}
+
 // New plans an Op for m × k blocks of A on each rank of c, B of k × n, and
 // the gather cut into the given number of pieces (at least 1; across nodes
 // fewer where a piece would carry less than MinPieceBytes(c) per rank).
 func New[T Float](c *collective.Communicator, m, n, k, pieces int) (*Op[T], error) {
+	return NewWith[T](c, m, n, k, Options{Pieces: max(pieces, 1)})
+}
+
+// NewWith is New with its settings in opts.
+func NewWith[T Float](c *collective.Communicator, m, n, k int, opts Options) (*Op[T], error) {
 	if m < 0 || n < 0 || k < 0 {
 		return nil, fmt.Errorf("overlap: negative shape %d×%d×%d: %w", m, n, k, collective.ErrInvalid)
+	}
+	if opts.Pieces <= 0 {
+		opts.Pieces = DefaultPieces
+	}
+	if opts.MinPieceBytes == 0 {
+		opts.MinPieceBytes = MinPieceBytes(c)
 	}
 	P, me := c.Size(), c.Rank()
 	o := &Op[T]{c: c, P: P, me: me, m: m, n: n, k: k,
@@ -55,7 +78,7 @@ func New[T Float](c *collective.Communicator, m, n, k, pieces int) (*Op[T], erro
 	o.compute.WaitTimeout = c.Timeout() + 10*time.Second
 	var z T
 	esz := int(unsafe.Sizeof(z))
-	o.pieces = Pieces(m, PieceCount(pieces, m*k*esz, MinPieceBytes(c)))
+	o.pieces = Pieces(m, PieceCount(opts.Pieces, m*k*esz, opts.MinPieceBytes))
 	o.tasks = Tasks(P, me, m, o.pieces)
 	gBytes, aBytes := asBytes(o.G), asBytes(o.A)
 	sizes, offs := make([]int, P), make([]int, P)
@@ -78,6 +101,9 @@ func New[T Float](c *collective.Communicator, m, n, k, pieces int) (*Op[T], erro
 	}
 	return o, nil
 }
+
+// DefaultPieces is how many pieces NewWith cuts the gather into unless told.
+const DefaultPieces = 4
 
 // Pieces is the number of pieces the gather is cut into.
 func (o *Op[T]) Pieces() int { return len(o.pieces) }

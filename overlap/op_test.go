@@ -54,17 +54,17 @@ func relErr[T Float](got, want []T) float64 {
 }
 
 func check[T Float](t *testing.T, P, m, n, k, pieces int, tol float64) {
-	checkOn[T](t, 1, P, m, n, k, pieces, pieces, tol)
+	checkOn[T](t, 1, P, m, n, k, Options{Pieces: pieces}, pieces, tol)
 }
 
-// checkOn runs the operator on nodes × perNode in-process ranks and checks
-// every iteration's C against the reference, and that the gather was cut
-// into cut pieces (0: as Pieces says for m and pieces).
-func checkOn[T Float](t *testing.T, nodes, perNode, m, n, k, pieces, cut int, tol float64) {
+// checkOn runs the operator made with opts on nodes × perNode in-process
+// ranks and checks every iteration's C against the reference, and that the
+// gather was cut into cut pieces (fewer where m is smaller).
+func checkOn[T Float](t *testing.T, nodes, perNode, m, n, k int, opts Options, cut int, tol float64) {
 	P := nodes * perNode
 	testranks.Run(t, nodes, perNode, nil, func(c *collective.Communicator) error {
 		ctx := context.Background()
-		o, err := New[T](c, m, n, k, pieces)
+		o, err := NewWith[T](c, m, n, k, opts)
 		if err != nil {
 			return err
 		}
@@ -93,16 +93,51 @@ func checkOn[T Float](t *testing.T, nodes, perNode, m, n, k, pieces, cut int, to
 // TestOverlapAcrossNodes: across nodes a gather piece carries at least
 // MinPieceBytes per rank (2 MiB with the default 4 connections), so a block
 // of 4.4 MB is cut into 2 pieces however many are asked for, a small one
-// into 1; the results are right either way.
+// into 1, unless Options set a smaller least or none; the results are
+// right either way.
 func TestOverlapAcrossNodes(t *testing.T) {
-	for _, tc := range []struct{ nodes, perNode, m, n, k, pieces, cut int }{
-		{2, 1, 1030, 19, 1070, 4, 2},
-		{2, 2, 1030, 19, 1070, 4, 2},
-		{2, 1, 37, 29, 45, 3, 1},
-		{2, 1, 1030, 19, 1070, 1, 1},
+	for _, tc := range []struct{ nodes, perNode, m, n, k, pieces, min, cut int }{
+		{2, 1, 1030, 19, 1070, 4, 0, 2},
+		{2, 2, 1030, 19, 1070, 4, 0, 2},
+		{2, 1, 37, 29, 45, 3, 0, 1},
+		{2, 1, 1030, 19, 1070, 1, 0, 1},
+		{2, 1, 1030, 19, 1070, 8, 1 << 20, 4}, // 4.4 MB in pieces of at least 1 MiB
+		{2, 2, 37, 29, 45, 3, -1, 3},          // no least
+		{2, 1, 1030, 19, 1070, 0, -1, DefaultPieces},
 	} {
-		t.Run(fmt.Sprintf("%dx%d/%dx%dx%d/pieces%d", tc.nodes, tc.perNode, tc.m, tc.n, tc.k, tc.pieces), func(t *testing.T) {
-			checkOn[float32](t, tc.nodes, tc.perNode, tc.m, tc.n, tc.k, tc.pieces, tc.cut, 1e-5)
+		t.Run(fmt.Sprintf("%dx%d/%dx%dx%d/pieces%d/min%d", tc.nodes, tc.perNode, tc.m, tc.n, tc.k, tc.pieces, tc.min), func(t *testing.T) {
+			checkOn[float32](t, tc.nodes, tc.perNode, tc.m, tc.n, tc.k, Options{Pieces: tc.pieces, MinPieceBytes: tc.min}, tc.cut, 1e-5)
+		})
+	}
+}
+
+// TestRunAllocs: once planned, an overlapped run allocates nothing, on one
+// node and across two (the gather's pieces, the events between the
+// streams, the GEMMs).
+func TestRunAllocs(t *testing.T) {
+	for _, nodes := range []int{1, 2} {
+		t.Run(fmt.Sprintf("nodes%d", nodes), func(t *testing.T) {
+			testranks.Run(t, nodes, 2/nodes, nil, func(c *collective.Communicator) error {
+				o, err := NewWith[float32](c, 40, 8, 16, Options{Pieces: 4, MinPieceBytes: -1})
+				if err != nil {
+					return err
+				}
+				defer o.Close()
+				fillRand(o.A, uint64(c.Rank()*1000)) // as reference's iteration 0
+				fillRand(o.B, 5)
+				ctx := context.Background()
+				allocs, err := testranks.AllocsPerRun(c, func() error { return o.Run(ctx) })
+				if err != nil {
+					return err
+				}
+				if allocs >= 1 {
+					return fmt.Errorf("%.1f allocations per run", allocs)
+				}
+				if e := relErr(o.C, reference(2, 40, 8, 16, o.B, 0)); e > 1e-5 {
+					return fmt.Errorf("relative error %g", e)
+				}
+				return nil
+			})
 		})
 	}
 }

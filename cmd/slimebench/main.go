@@ -467,7 +467,8 @@ func overlapCmd(args []string) error {
 	nks := fs.IntSlice("nk", []int{512}, "k values (columns of A); n = k unless --n is given")
 	nFixed := fs.Int("n", 0, "columns of B and C for every shape (default: n = k)")
 	dtypes := fs.StringSlice("dtype", []string{"float32"}, "float32, float64 or both")
-	pieces := fs.Int("pieces", 4, "pieces the gather is cut into (across nodes fewer where a piece would carry less than fills every connection: overlap.MinPieceBytes)")
+	pieces := fs.Int("pieces", overlap.DefaultPieces, "pieces the gather is cut into (fewer where a piece would carry less than --min-piece)")
+	minPiece := fs.String("min-piece", "", "least a gather piece carries per rank across nodes (suffixes K, M; 0: no least; default: overlap.MinPieceBytes, what fills every connection, 2M with 4); smaller pieces suit a link that the wire, not the processors, bounds")
 	iters := fs.Int("iters", 3, "least timed iterations per way and shape (more, up to 200, to fill about 0.2 s)")
 	mode := fs.String("mode", "auto", "intra, inter or auto")
 	asCSV := fs.Bool("csv", false, "print CSV instead of the table")
@@ -484,10 +485,21 @@ func overlapCmd(args []string) error {
 	if err != nil {
 		return err
 	}
+	shape := overlap.Options{Pieces: max(*pieces, 1)}
+	if *minPiece != "" {
+		v, err := bytesize.Parse(*minPiece)
+		if err != nil {
+			return fmt.Errorf("--min-piece: %w", err)
+		}
+		shape.MinPieceBytes = int(v)
+		if v == 0 {
+			shape.MinPieceBytes = -1
+		}
+	}
 	ctx := context.Background()
 	opts := collective.Options{Backend: kind, Eager: *eager}
 	sweepRank := func(c *collective.Communicator) error {
-		return overlapRank(ctx, c, *mode, *dtypes, *nks, *nFixed, *mMin, *mMax, *pieces, *iters, *cpuWindow, *eager, *asCSV, *quiet, *plotFile)
+		return overlapRank(ctx, c, *mode, *dtypes, *nks, *nFixed, *mMin, *mMax, shape, *iters, *cpuWindow, *eager, *asCSV, *quiet, *plotFile)
 	}
 	if *inProcess > 0 {
 		return inProcessRanks(ctx, *inProcess, opts, sweepRank)
@@ -501,7 +513,7 @@ func overlapCmd(args []string) error {
 }
 
 // overlapRank runs the overlap sweep on one rank; rank 0 prints.
-func overlapRank(ctx context.Context, c *collective.Communicator, mode string, dtypes []string, nks []int, nFixed, mMin, mMax, pieces, iters int, cpuWindow time.Duration, eager, asCSV, quiet bool, plotFile string) error {
+func overlapRank(ctx context.Context, c *collective.Communicator, mode string, dtypes []string, nks []int, nFixed, mMin, mMax int, pieces overlap.Options, iters int, cpuWindow time.Duration, eager, asCSV, quiet bool, plotFile string) error {
 	m, err := resolveMode(mode, c)
 	if err != nil {
 		return err
@@ -549,7 +561,10 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 	if c.Rank() != 0 {
 		return nil
 	}
-	title := fmt.Sprintf("slimego allgather+gemm: P=%d nodes=%d backend=%s mode=%s pieces=%d", c.Size(), c.Nodes(), c.Backend(), m, pieces)
+	title := fmt.Sprintf("slimego allgather+gemm: P=%d nodes=%d backend=%s mode=%s pieces=%d", c.Size(), c.Nodes(), c.Backend(), m, pieces.Pieces)
+	if pieces.MinPieceBytes != 0 && c.Backend() != device.CUDA {
+		title += " min-piece=" + bytesize.Format(int64(max(pieces.MinPieceBytes, 0)))
+	}
 	if c.Backend() == device.CUDA {
 		title += map[bool]string{false: " launch=graph", true: " launch=eager"}[eager || c.Options().Eager]
 	}
@@ -625,12 +640,12 @@ func resolveMode(mode string, c *collective.Communicator) (string, error) {
 
 // measureOverlap times one shape; it returns the pieces the gather was cut
 // into too.
-func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int, cpuWindow time.Duration) (overlap.Times, int, error) {
+func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k int, pieces overlap.Options, iters int, cpuWindow time.Duration) (overlap.Times, int, error) {
 	if c.Backend() == device.CUDA {
-		t, err := measureOverlapGPU[T](ctx, c, m, n, k, pieces, iters)
-		return t, len(overlap.Pieces(m, max(pieces, 1))), err
+		t, err := measureOverlapGPU[T](ctx, c, m, n, k, pieces.Pieces, iters)
+		return t, len(overlap.Pieces(m, pieces.Pieces)), err
 	}
-	o, err := overlap.New[T](c, m, n, k, pieces)
+	o, err := overlap.NewWith[T](c, m, n, k, pieces)
 	if err != nil {
 		return overlap.Times{}, 0, err
 	}

@@ -30,3 +30,30 @@ func Run(t *testing.T, nodes, perNode int, tune func(*collective.Options), body 
 		}
 	}
 }
+
+// AllocsPerRun runs fn Runs times on every rank; rank 0 measures
+// (testing.AllocsPerRun runs once more than asked, to warm up) while the
+// others keep it company, and returns the process-wide allocations per
+// run: an allocation on any rank shows. Other ranks return 0.
+func AllocsPerRun(c *collective.Communicator, fn func() error) (float64, error) {
+	if c.Rank() != 0 {
+		for range Runs {
+			if err := fn(); err != nil {
+				return 0, err
+			}
+		}
+		return 0, nil
+	}
+	var runErr error
+	allocs := testing.AllocsPerRun(Runs-1, func() {
+		if err := fn(); err != nil && runErr == nil {
+			runErr = err
+		}
+	})
+	return allocs, runErr
+}
+
+// Runs is how often AllocsPerRun runs fn: long enough that the runtime's
+// own one-time allocations (a garbage collection starting its workers)
+// average out below one per run.
+const Runs = 201
