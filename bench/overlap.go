@@ -72,10 +72,24 @@ func WriteOverlapTable(w io.Writer, rs []OverlapResult, title string) {
 func PlotOverlap(rs []OverlapResult, title, file string) error {
 	p := plot.New()
 	p.Title.Text = title
+	p.Title.TextStyle.Font.Size = vg.Points(9)
 	p.X.Label.Text = "m (rows of A per rank)"
 	p.Y.Label.Text = "overlap efficiency"
 	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	// A tick at every m measured, and the efficiency's natural range, 0
+	// (nothing hidden) to 1 (all of the shorter part hidden), widened to
+	// what was measured.
+	var ticks []plot.Tick
+	seen := map[int]bool{}
+	p.Y.Min, p.Y.Max = 0, 1
+	for _, r := range rs {
+		if !seen[r.M] {
+			seen[r.M] = true
+			ticks = append(ticks, plot.Tick{Value: float64(r.M), Label: strconv.Itoa(r.M)})
+		}
+		p.Y.Min, p.Y.Max = min(p.Y.Min, r.Efficiency), max(p.Y.Max, r.Efficiency)
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
 	series := map[string]plotter.XYs{}
 	for _, r := range rs {
 		key := fmt.Sprintf("n=k=%d %s", r.N, r.Dtype)

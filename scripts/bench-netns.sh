@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make bench-netns: AllGather across two network namespaces (veth), beside
-# raw TCP and OpenMPI's TCP transport over the same link. Needs root and
-# iproute2; OpenMPI where installed.
+# raw TCP and OpenMPI's TCP transport over the same link, and AllGather+GEMM
+# overlap on the link as it is and limited to a few rates. Needs root,
+# iproute2 (ip, tc); OpenMPI where installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}/bench-netns
@@ -59,3 +60,18 @@ echo; echo "== AllGather+GEMM overlap across the namespaces, 2 nodes x 1 rank (p
 # n small against k makes t_comm and t_gemm comparable on these machines.
 netns_run 2 1 29505 bin/slimebench overlap --quiet --m-min 256 --m-max 2048 --nk 1024 --n 32 --iters 5 \
   --plot "$PWD/$OUT/overlap.png" | strip | tee "$OUT/overlap.txt"
+
+# Unlimited, the veth link is as fast as the kernel copies, so the gather
+# keeps the processors as busy as the GEMMs do. Slowed with tc, the wire
+# bounds it, as a NIC's does, and leaves them to the GEMMs. At each rate n
+# is picked so that t_gemm is about 1.5-2x t_comm (the ratio goes with n,
+# the link and the GEMM's speed); pieces may be as small as 256 KiB, since
+# a message of one connection moves at the wire's speed.
+for spec in "1gbit 1024 1024 256 1024" "500mbit 1024 2048 512 2048" "250mbit 4096 4096 64 256"; do
+  read -r rate k n mlo mhi <<<"$spec"
+  echo; echo "== AllGather+GEMM overlap, 2 nodes x 1 rank, links limited to $rate (tc tbf)"
+  netns_shape 2 "$rate"
+  netns_run 2 1 29506 bin/slimebench overlap --quiet --m-min "$mlo" --m-max "$mhi" --nk "$k" --n "$n" --iters 10 \
+    --min-piece 256K --plot "$PWD/$OUT/overlap-$rate.png" | strip | tee "$OUT/overlap-$rate.txt"
+  netns_shape 2 none
+done

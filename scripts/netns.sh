@@ -40,3 +40,16 @@ netns_run() {
   for p in "${pids[@]}"; do wait "$p" || rc=1; done
   return $rc
 }
+# netns_shape NODES RATE: every node's link sends at most RATE (tc tbf, e.g.
+# 1gbit), so that the wire, not the processors, bounds what crosses it, as
+# a NIC does; RATE none takes the limit off.
+netns_shape() {
+  local nodes=$1 rate=$2
+  for ((i = 0; i < nodes; i++)); do
+    if [ "$rate" = none ]; then
+      ip netns exec "$(netns_name $i)" tc qdisc del dev "${NETNS_TAG}a$i" root 2>/dev/null || true
+    else
+      ip netns exec "$(netns_name $i)" tc qdisc replace dev "${NETNS_TAG}a$i" root tbf rate "$rate" burst 256k latency 20ms
+    fi
+  done
+}
