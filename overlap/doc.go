@@ -9,5 +9,7 @@
 // communication), then each piece's rows once the piece's event is reached.
 // The schedule is a pure function of the shape ([Pieces], [Tasks]). The
 // streams are device.Streams, so the same schedule runs on the CPU now and
-// on CUDA streams later. GEMMs are gonum's (blas32, blas64).
+// on CUDA streams later. GEMMs are gonum's (blas32, blas64). [NewWith]
+// sets how finely the gather is cut ([Options]); once planned, an Op runs
+// as often as needed and allocates nothing per run.
 package overlap
