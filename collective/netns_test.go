@@ -123,3 +123,25 @@ func TestNetnsLinkDown(t *testing.T) {
 func TestNetnsNodeKilled(t *testing.T) {
 	netnsFault(t, func(_ netnsTopo, cmd *exec.Cmd) { cmd.Process.Kill() }, []int{0, 1})
 }
+
+// TestNetnsOverlap: AllGather+GEMM across two namespaces whose links tc
+// limits to 1 Gbit/s (as bench-netns measures it), 2 × 2 ranks, shapes that
+// are multiples of nothing, the gather in 4 pieces of under 1 MiB: every
+// rank's C must match one GEMM of the whole gathered A.
+func TestNetnsOverlap(t *testing.T) {
+	n := netns(t, 2)
+	for i := range 2 {
+		if out, err := exec.Command("ip", "netns", "exec", n.ns(i), "tc", "qdisc", "replace", "dev", n.veth(i), "root",
+			"tbf", "rate", "1gbit", "burst", "256k", "latency", "20ms").CombinedOutput(); err != nil {
+			t.Fatalf("tc: %v\n%s", err, out)
+		}
+	}
+	for _, dtype := range []string{"float32", "float64"} {
+		j := runNodesOn(t, n.place(), nil, 2, 2, nil, "allgather_gemm", "--m", "517", "--n", "45", "--k", "1031",
+			"--dtype", dtype, "--pieces", "4", "--min-piece", "131072", "--iters", "2")
+		all := strings.Join(j.out, "")
+		if j.codes[0] != 0 || j.codes[1] != 0 || !strings.Contains(all, "check passed: 4 ranks") || !strings.Contains(all, "pieces=4,") {
+			t.Fatalf("%s: exits %v\n%s", dtype, j.codes, all)
+		}
+	}
+}

@@ -26,6 +26,7 @@ func main() {
 	k := pflag.Int("k", 1024, "columns of A, rows of B")
 	dtype := pflag.String("dtype", "float32", "float32 or float64")
 	pieces := pflag.Int("pieces", 4, "pieces the gather is cut into")
+	minPiece := pflag.Int("min-piece", 0, "CPU backend: least bytes a piece carries per rank (0: overlap.MinPieceBytes, -1: no least)")
 	iters := pflag.Int("iters", 5, "timed iterations")
 	eager := pflag.Bool("eager-mode", false, "launch directly instead of replaying a captured graph (CUDA backend; the CPU backend always runs eagerly)")
 	backend := pflag.String("backend", "auto", "cpu, cuda or auto (cuda: cuBLAS, the gather pulled by the copy engines)")
@@ -42,9 +43,9 @@ func main() {
 	defer c.Close()
 	switch *dtype {
 	case "float32":
-		err = run[float32](ctx, c, *m, *n, *k, *pieces, *iters, 1e-5)
+		err = run[float32](ctx, c, *m, *n, *k, overlap.Options{Pieces: *pieces, MinPieceBytes: *minPiece}, *iters, 1e-5)
 	case "float64":
-		err = run[float64](ctx, c, *m, *n, *k, *pieces, *iters, 1e-12)
+		err = run[float64](ctx, c, *m, *n, *k, overlap.Options{Pieces: *pieces, MinPieceBytes: *minPiece}, *iters, 1e-12)
 	default:
 		err = fmt.Errorf("--dtype %q: want float32 or float64", *dtype)
 	}
@@ -60,7 +61,7 @@ func fill[T overlap.Float](x []T, seed uint64) {
 	}
 }
 
-func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int, tol float64) error {
+func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k int, opts overlap.Options, iters int, tol float64) error {
 	P := c.Size()
 	a, b := make([]T, m*k), make([]T, k*n)
 	fill(b, 1)
@@ -68,9 +69,9 @@ func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n,
 	// The operator of the communicator's backend, its result copied back.
 	var ways overlap.Ways
 	var result func() ([]T, error)
-	where := "cpu"
+	where, cut := "cpu", 0
 	if c.Backend() == device.CUDA {
-		o, err := overlap.NewGPU[T](ctx, c, m, n, k, pieces)
+		o, err := overlap.NewGPU[T](ctx, c, m, n, k, opts.Pieces)
 		if err != nil {
 			return err
 		}
@@ -81,20 +82,20 @@ func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n,
 		if err := o.B.CopyFromHost(overlap.Bytes(b)); err != nil {
 			return err
 		}
-		ways, where = o, fmt.Sprintf("%s, %s mode", c.GPU(), o.Mode())
+		ways, where, cut = o, fmt.Sprintf("%s, %s mode", c.GPU(), o.Mode()), len(overlap.Pieces(m, opts.Pieces))
 		result = func() ([]T, error) {
 			out := make([]T, P*m*n)
 			return out, o.C.CopyToHost(overlap.Bytes(out))
 		}
 	} else {
-		o, err := overlap.New[T](c, m, n, k, pieces)
+		o, err := overlap.NewWith[T](c, m, n, k, opts)
 		if err != nil {
 			return err
 		}
 		defer o.Close()
 		copy(o.A, a)
 		copy(o.B, b)
-		ways = o
+		ways, cut = o, o.Pieces()
 		result = func() ([]T, error) { return o.C, nil }
 	}
 	if err := ways.Run(ctx); err != nil {
@@ -125,7 +126,7 @@ func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n,
 		return err
 	}
 	if c.Rank() == 0 {
-		fmt.Printf("all_gather_gemm check passed: %d ranks, A %d×%d per rank, B %d×%d, %T on %s, relative error %.2g\n", P, m, k, k, n, T(0), where, rel)
+		fmt.Printf("all_gather_gemm check passed: %d ranks, A %d×%d per rank, B %d×%d, %T on %s, pieces=%d, relative error %.2g\n", P, m, k, k, n, T(0), where, cut, rel)
 		fmt.Printf("t_comm %.0f µs  t_gemm %.0f µs  t_seq %.0f µs  t_overlap %.0f µs  efficiency %.2f\n",
 			t.Comm, t.GEMM, t.Seq, t.Overlap, t.Efficiency())
 	}
