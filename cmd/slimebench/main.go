@@ -485,21 +485,21 @@ func overlapCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	shape := overlap.Options{Pieces: max(*pieces, 1)}
+	piecing := overlap.Options{Pieces: max(*pieces, 1)}
 	if *minPiece != "" {
 		v, err := bytesize.Parse(*minPiece)
 		if err != nil {
 			return fmt.Errorf("--min-piece: %w", err)
 		}
-		shape.MinPieceBytes = int(v)
+		piecing.MinPieceBytes = int(v)
 		if v == 0 {
-			shape.MinPieceBytes = -1
+			piecing.MinPieceBytes = -1
 		}
 	}
 	ctx := context.Background()
 	opts := collective.Options{Backend: kind, Eager: *eager}
 	sweepRank := func(c *collective.Communicator) error {
-		return overlapRank(ctx, c, *mode, *dtypes, *nks, *nFixed, *mMin, *mMax, shape, *iters, *cpuWindow, *eager, *asCSV, *quiet, *plotFile)
+		return overlapRank(ctx, c, *mode, *dtypes, *nks, *nFixed, *mMin, *mMax, piecing, *iters, *cpuWindow, *eager, *asCSV, *quiet, *plotFile)
 	}
 	if *inProcess > 0 {
 		return inProcessRanks(ctx, *inProcess, opts, sweepRank)
@@ -513,7 +513,7 @@ func overlapCmd(args []string) error {
 }
 
 // overlapRank runs the overlap sweep on one rank; rank 0 prints.
-func overlapRank(ctx context.Context, c *collective.Communicator, mode string, dtypes []string, nks []int, nFixed, mMin, mMax int, pieces overlap.Options, iters int, cpuWindow time.Duration, eager, asCSV, quiet bool, plotFile string) error {
+func overlapRank(ctx context.Context, c *collective.Communicator, mode string, dtypes []string, nks []int, nFixed, mMin, mMax int, piecing overlap.Options, iters int, cpuWindow time.Duration, eager, asCSV, quiet bool, plotFile string) error {
 	m, err := resolveMode(mode, c)
 	if err != nil {
 		return err
@@ -531,9 +531,9 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 				var cut int
 				switch dt {
 				case "float32":
-					t, cut, err = measureOverlap[float32](ctx, c, rows, n, nk, pieces, iters, cpuWindow)
+					t, cut, err = measureOverlap[float32](ctx, c, rows, n, nk, piecing, iters, cpuWindow)
 				case "float64":
-					t, cut, err = measureOverlap[float64](ctx, c, rows, n, nk, pieces, iters, cpuWindow)
+					t, cut, err = measureOverlap[float64](ctx, c, rows, n, nk, piecing, iters, cpuWindow)
 				default:
 					err = fmt.Errorf("--dtype %q: want float32 or float64", dt)
 				}
@@ -561,9 +561,9 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 	if c.Rank() != 0 {
 		return nil
 	}
-	title := fmt.Sprintf("slimego allgather+gemm: P=%d nodes=%d backend=%s mode=%s pieces=%d", c.Size(), c.Nodes(), c.Backend(), m, pieces.Pieces)
-	if pieces.MinPieceBytes != 0 && c.Backend() != device.CUDA {
-		title += " min-piece=" + bytesize.Format(int64(max(pieces.MinPieceBytes, 0)))
+	title := fmt.Sprintf("slimego allgather+gemm: P=%d nodes=%d backend=%s mode=%s pieces=%d", c.Size(), c.Nodes(), c.Backend(), m, piecing.Pieces)
+	if piecing.MinPieceBytes != 0 && c.Backend() != device.CUDA {
+		title += " min-piece=" + bytesize.Format(int64(max(piecing.MinPieceBytes, 0)))
 	}
 	if c.Backend() == device.CUDA {
 		title += map[bool]string{false: " launch=graph", true: " launch=eager"}[eager || c.Options().Eager]
@@ -640,12 +640,12 @@ func resolveMode(mode string, c *collective.Communicator) (string, error) {
 
 // measureOverlap times one shape; it returns the pieces the gather was cut
 // into too.
-func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k int, pieces overlap.Options, iters int, cpuWindow time.Duration) (overlap.Times, int, error) {
+func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k int, piecing overlap.Options, iters int, cpuWindow time.Duration) (overlap.Times, int, error) {
 	if c.Backend() == device.CUDA {
-		t, err := measureOverlapGPU[T](ctx, c, m, n, k, pieces.Pieces, iters)
-		return t, len(overlap.Pieces(m, pieces.Pieces)), err
+		t, err := measureOverlapGPU[T](ctx, c, m, n, k, piecing.Pieces, iters)
+		return t, len(overlap.Pieces(m, piecing.Pieces)), err
 	}
-	o, err := overlap.NewWith[T](c, m, n, k, pieces)
+	o, err := overlap.NewWith[T](c, m, n, k, piecing)
 	if err != nil {
 		return overlap.Times{}, 0, err
 	}
