@@ -35,21 +35,34 @@ func (t Times) Efficiency() float64 {
 // MeasureCPU fills t.CommCPU and t.GEMMCPU: it runs o's gather alone back
 // to back for about window (the count taken from t.Comm, so that every rank
 // runs as many), then its GEMMs alone, and samples the machine's idle time
-// around each. Every rank returns the busiest rank's figures: across
-// nodes, the busiest node's. Where the platform does not tell idle time,
-// t comes back unchanged.
+// around each. Before the gather's sample it runs the gather unsampled for
+// about CPUSettle, so that threads still spinning after the GEMMs that ran
+// before (OpenBLAS's wait that long) are not counted as the gather's. Every
+// rank returns the busiest rank's figures: across nodes, the busiest
+// node's. Where the platform does not tell idle time, t comes back
+// unchanged.
 func MeasureCPU(ctx context.Context, c *collective.Communicator, o Ways, t Times, window time.Duration) (Times, error) {
 	busy := make([]float64, 2)
 	for w, way := range []struct {
-		run func(context.Context) error
-		per float64
-	}{{o.Gather, t.Comm}, {o.GEMM, t.GEMM}} {
-		n := max(1, int(float64(window.Microseconds())/max(way.per, 1)))
+		run    func(context.Context) error
+		per    float64
+		settle time.Duration
+	}{{o.Gather, t.Comm, CPUSettle}, {o.GEMM, t.GEMM, 0}} {
+		count := func(d time.Duration) int { return int(float64(d.Microseconds()) / max(way.per, 1)) }
 		if err := c.Barrier(ctx); err != nil {
 			return t, err
 		}
+		settle := 0
+		if way.settle > 0 {
+			settle = count(way.settle) + 1
+		}
+		for range settle {
+			if err := way.run(ctx); err != nil {
+				return t, err
+			}
+		}
 		a, ok := cpustat.Now()
-		for range n {
+		for range max(1, count(window)) {
 			if err := way.run(ctx); err != nil {
 				return t, err
 			}
@@ -68,6 +81,10 @@ func MeasureCPU(ctx context.Context, c *collective.Communicator, o Ways, t Times
 	}
 	return t, nil
 }
+
+// CPUSettle is how long MeasureCPU runs the gather before it samples it:
+// OpenBLAS's idle threads spin for about 0.1 s (2^28 cycles) after a GEMM.
+const CPUSettle = 200 * time.Millisecond
 
 // Ways are the four ways an operator computes C, timed by Measure: the
 // CPU's Op and the GPU's GPUOp.
