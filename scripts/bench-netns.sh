@@ -64,7 +64,7 @@ netns_run 2 1 29505 bin/slimebench overlap --quiet --m-min 256 --m-max 2048 --nk
 # Unlimited, the veth link is as fast as the kernel copies, so the gather
 # keeps the processors as busy as the GEMMs do. Slowed with tc, the wire
 # bounds it, as a NIC's does, and leaves them to the GEMMs. At each rate n
-# is picked so that t_gemm is 1.1-1.9x t_comm in our runs (the ratio goes with n,
+# is picked so that t_gemm is 1.1-2.0x t_comm in our runs (the ratio goes with n,
 # the link and the GEMM's speed); pieces may be as small as 256 KiB, since
 # a message of one connection moves at the wire's speed.
 for spec in "1gbit 1024 1024 512 2048" "500mbit 1024 2048 512 2048" "250mbit 4096 4096 128 512"; do
