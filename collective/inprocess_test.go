@@ -201,7 +201,7 @@ func TestStripedMismatchInProcess(t *testing.T) {
 	for _, tc := range []struct{ want, told int }{
 		{100, 3<<20 + 5},     // expected: one direct frame; sent: four stripes
 		{3<<20 + 5, 100},     // the other way round
-		{70_000, 2<<20 + 1},  // one frame through the connection goroutines; four stripes
+		{300_000, 2<<20 + 1}, // one direct frame, read at its low-water mark; four stripes
 		{1<<20 + 1, 3 << 20}, // three stripes; four
 		{5 << 20, 5<<20 + 1}, // the same stripes, one byte more
 	} {

@@ -144,7 +144,7 @@ func (o *HierOp) Run(ctx context.Context) error {
 	// namespaces, 2 × 1 ranks, eight interleaved runs each, out-of-place
 	// busbw went from 77–79% of the link to 79–82% at 1 MiB and from
 	// 84–91% to 89–96% at 4 MiB; at 16 MiB 81–93% against 83–90%.
-	if len(o.src) > DirectMax && !o.ownRides {
+	if !h.t.Direct(len(o.src)) && !o.ownRides {
 		runtime.Gosched()
 	}
 	if err := note(o.ops[0].Run(ctx)); err != nil {
