@@ -67,7 +67,7 @@ netns_run 2 1 29505 bin/slimebench overlap --quiet --m-min 256 --m-max 2048 --nk
 # is picked so that t_gemm is 1.1-2.0x t_comm in our runs (the ratio goes with n,
 # the link and the GEMM's speed); pieces may be as small as 256 KiB, since
 # a message of one connection moves at the wire's speed.
-for spec in "1gbit 1024 1024 512 2048" "500mbit 1024 2048 512 2048" "250mbit 4096 4096 128 512"; do
+for spec in "1gbit 1024 896 512 2048" "500mbit 1024 2048 512 2048" "250mbit 4096 4096 128 512"; do
   read -r rate k n mlo mhi <<<"$spec"
   echo; echo "== AllGather+GEMM overlap, 2 nodes x 1 rank, links limited to $rate (tc tbf)"
   netns_shape 2 "$rate"
