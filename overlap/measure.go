@@ -44,28 +44,29 @@ func (t Times) Efficiency() float64 {
 func MeasureCPU(ctx context.Context, c *collective.Communicator, o Ways, t Times, window time.Duration) (Times, error) {
 	busy := make([]float64, 2)
 	for w, way := range []struct {
-		run    func(context.Context) error
-		per    float64
-		settle time.Duration
-	}{{o.Gather, t.Comm, CPUSettle}, {o.GEMM, t.GEMM, 0}} {
-		count := func(d time.Duration) int { return int(float64(d.Microseconds()) / max(way.per, 1)) }
+		run func(context.Context) error
+		per float64
+	}{{o.Gather, t.Comm}, {o.GEMM, t.GEMM}} {
+		// runFor runs the way back to back for about d, at least once.
+		runFor := func(d time.Duration) error {
+			for range max(1, int(float64(d.Microseconds())/max(way.per, 1))) {
+				if err := way.run(ctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 		if err := c.Barrier(ctx); err != nil {
 			return t, err
 		}
-		settle := 0
-		if way.settle > 0 {
-			settle = count(way.settle) + 1
-		}
-		for range settle {
-			if err := way.run(ctx); err != nil {
+		if w == 0 { // the gather: let the GEMMs' spinning threads settle
+			if err := runFor(CPUSettle); err != nil {
 				return t, err
 			}
 		}
 		a, ok := cpustat.Now()
-		for range max(1, count(window)) {
-			if err := way.run(ctx); err != nil {
-				return t, err
-			}
+		if err := runFor(window); err != nil {
+			return t, err
 		}
 		b, _ := cpustat.Now()
 		if ok {
