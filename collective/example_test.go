@@ -35,7 +35,7 @@ func ExampleRunInProcess() {
 // what a training loop calls every step.
 func ExampleCommunicator_Plan() {
 	ctx := context.Background()
-	collective.RunInProcess(ctx, 1, 2, nil, func(c *collective.Communicator) error {
+	errs := collective.RunInProcess(ctx, 1, 2, nil, func(c *collective.Communicator) error {
 		src := make([]byte, 4)
 		dst := make([]byte, 4*c.Size())
 		plan, err := c.Plan(dst, src)
@@ -55,6 +55,11 @@ func ExampleCommunicator_Plan() {
 		}
 		return nil
 	})
+	for r, err := range errs {
+		if err != nil {
+			fmt.Println("rank", r, err)
+		}
+	}
 	// Output:
 	// step 0 [0 0 0 0 1 1 1 1]
 	// step 1 [10 10 10 10 11 11 11 11]
