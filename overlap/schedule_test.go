@@ -65,7 +65,8 @@ func TestPieceCount(t *testing.T) {
 		{4, 4 << 20, 2 << 20, 2}, // fewer, larger pieces
 		{4, 1 << 20, 2 << 20, 1}, // the block is less than a piece
 		{4, 0, 2 << 20, 1},
-		{8, 1 << 20, 0, 8}, // one node: as asked
+		{8, 1 << 20, 0, 8},  // one node: as asked
+		{8, 1 << 20, -1, 8}, // no least (Options.MinPieceBytes < 0)
 		{0, 1 << 20, 0, 1},
 	} {
 		if got := PieceCount(tc.n, tc.block, tc.min); got != tc.want {
