@@ -104,7 +104,7 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 	node, err := intra.New(ctx, intra.Config{
 		Store:       c.store,
 		Key:         c.key("node" + strconv.Itoa(lay.myNode)),
-		ShmPrefix:   shm.JobPrefix(o.RunID) + o.Name + "-",
+		ShmPrefix:   shm.JobPrefix(o.attemptID()) + o.Name + "-",
 		Rank:        o.LocalRank,
 		Size:        o.LocalWorldSize,
 		Ranks:       lay.members[lay.myNode],
@@ -166,7 +166,12 @@ func merge(opts, env Options) Options {
 		o.MasterPort = env.MasterPort
 		o.AgentStore = o.AgentStore || env.AgentStore
 	}
-	o.RunID = pick(o.RunID, env.RunID)
+	if o.RunID == "" {
+		o.RunID, o.Attempt = env.RunID, env.Attempt
+	}
+	if o.JobSecret == nil {
+		o.JobSecret = env.JobSecret
+	}
 	o.Name = pick(pick(o.Name, env.Name), "world")
 	if o.Timeout == 0 {
 		o.Timeout = env.Timeout
@@ -234,14 +239,14 @@ func (c *Communicator) connect(ctx context.Context) error {
 		if o.WorldSize == 1 {
 			listen = "127.0.0.1:0"
 		}
-		s, err := rendezvous.Listen(listen)
+		s, err := rendezvous.Listen(listen, rendezvous.ServerConfig{Auth: o.auth()})
 		if err != nil {
 			return fault.New("init", o.Rank, -1, ErrInvalid, "rank 0 hosts the rendezvous store: %v", err)
 		}
 		c.server = s
 		addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port()))
 	}
-	st, err := rendezvous.Dial(ctx, addr)
+	st, err := rendezvous.Dial(ctx, addr, o.auth())
 	if err != nil {
 		return fault.New("init", o.Rank, -1, ErrTimeout, "%v", err)
 	}
@@ -294,7 +299,20 @@ func (c *Communicator) storeAddr() string {
 }
 
 func (c *Communicator) key(s string) string {
-	return "slimego/" + c.opts.RunID + "/" + c.opts.Name + "/" + s
+	return rendezvous.AttemptPrefix(c.opts.RunID, c.opts.Attempt) + c.opts.Name + "/" + s
+}
+
+// attemptID names this attempt of the job in shared-memory names.
+func (o Options) attemptID() string {
+	if o.Attempt == 0 {
+		return o.RunID
+	}
+	return o.RunID + "-r" + strconv.Itoa(o.Attempt)
+}
+
+// auth is what the job's connections prove they hold.
+func (o Options) auth() rendezvous.Auth {
+	return rendezvous.Auth{Secret: o.JobSecret, Job: o.RunID}
 }
 
 // Rank is this rank's index in the job, Size the number of ranks.

@@ -33,8 +33,19 @@ type Options struct {
 	// AgentStore says a launcher (slimerun) hosts the store; otherwise
 	// rank 0 hosts it.
 	AgentStore bool
-	// RunID names the job in store keys and shared-memory names.
+	// RunID names the job in store keys and shared-memory names, and binds
+	// every connection of the job (see JobSecret).
 	RunID string
+	// Attempt counts the launcher's restarts of the job's workers
+	// (SLIME_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT): each attempt has
+	// store keys and shared-memory names of its own.
+	Attempt int
+	// JobSecret is what every connection to the store and between ranks
+	// proves it holds (SLIME_JOB_SECRET, or the file SLIME_JOB_SECRET_FILE
+	// names). slimerun makes one for a standalone job; across nodes every
+	// node must be given the same. Without one a job across nodes runs but
+	// warns: anyone who reaches the store's port can join it.
+	JobSecret []byte
 	// Name tells apart several communicators of one job (default "world").
 	Name string
 	// Timeout bounds every wait (SLIME_TIMEOUT; default 5 minutes).
@@ -192,8 +203,21 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 		o.MasterPort = p
 	}
 	o.RunID = firstNonEmpty(getenv("SLIME_RUN_ID"), getenv("TORCHELASTIC_RUN_ID"), "port"+strconv.Itoa(o.MasterPort))
-	if rc := firstNonEmpty(getenv("SLIME_RESTART_COUNT"), getenv("TORCHELASTIC_RESTART_COUNT")); rc != "" && rc != "0" {
-		o.RunID += "-r" + rc
+	if rc := strings.TrimSpace(firstNonEmpty(getenv("SLIME_RESTART_COUNT"), getenv("TORCHELASTIC_RESTART_COUNT"))); rc != "" {
+		n, err := strconv.Atoi(rc)
+		if err != nil || n < 0 {
+			return bad("restart count %q is not a non-negative integer", rc)
+		}
+		o.Attempt = n
+	}
+	if v := getenv("SLIME_JOB_SECRET"); v != "" {
+		o.JobSecret = []byte(v)
+	} else if f := strings.TrimSpace(getenv("SLIME_JOB_SECRET_FILE")); f != "" {
+		b, err := readSecretFile(f)
+		if err != nil {
+			return bad("SLIME_JOB_SECRET_FILE: %v", err)
+		}
+		o.JobSecret = b
 	}
 	if t := strings.TrimSpace(getenv("SLIME_TIMEOUT")); t != "" {
 		d, err := parseDuration(t)
@@ -266,6 +290,21 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 		}
 	}
 	return o, nil
+}
+
+// readSecretFile reads a job secret: the file's first line, which must
+// not be empty.
+func readSecretFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	line = strings.TrimSpace(line)
+	if line == "" {
+		return nil, fmt.Errorf("%s holds no secret", path)
+	}
+	return []byte(line), nil
 }
 
 func firstNonEmpty(s ...string) string {

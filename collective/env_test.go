@@ -3,6 +3,7 @@ package collective
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ func TestLoadEnv(t *testing.T) {
 			"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29600", "SLIME_AGENT_STORE": "1", "SLIME_RUN_ID": "abc", "SLIME_RESTART_COUNT": "2",
 			"SLIME_TIMEOUT": "90s", "SLIME_BACKEND": "cpu", "SLIME_SLOT_BYTES": "128K"},
 			Options{Rank: 2, WorldSize: 4, LocalRank: 2, LocalWorldSize: 4, MasterAddr: "127.0.0.1", MasterPort: 29600, AgentStore: true,
-				RunID: "abc-r2", Timeout: 90 * time.Second, Backend: device.CPU, SlotBytes: 128 << 10}},
+				RunID: "abc", Attempt: 2, Timeout: 90 * time.Second, Backend: device.CPU, SlotBytes: 128 << 10}},
 		{"openmpi", map[string]string{"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
 			"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "h0", "SLIME_TIMEOUT": "2.5"},
 			Options{Rank: 3, WorldSize: 4, LocalRank: 1, LocalWorldSize: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 29500, RunID: "port29500", Timeout: 2500 * time.Millisecond}},
@@ -46,7 +47,7 @@ func TestLoadEnv(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != tc.want {
+			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got  %+v\nwant %+v", got, tc.want)
 			}
 		})

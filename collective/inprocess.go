@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"os"
 	"sync"
@@ -20,7 +21,10 @@ import (
 func RunInProcess(ctx context.Context, nodes, perNode int, tune func(*Options), body func(*Communicator) error) []error {
 	P := nodes * perNode
 	errs := make([]error, P)
-	srv, err := rendezvous.Listen("127.0.0.1:0")
+	runID := fmt.Sprintf("inproc%d-%d", os.Getpid(), time.Now().UnixNano()) // shared-memory names: unique across processes too
+	secret := make([]byte, 32)
+	rand.Read(secret)
+	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{Auth: rendezvous.Auth{Secret: secret, Job: runID}})
 	if err != nil {
 		for r := range errs {
 			errs[r] = err
@@ -28,7 +32,6 @@ func RunInProcess(ctx context.Context, nodes, perNode int, tune func(*Options), 
 		return errs
 	}
 	defer srv.Close()
-	runID := fmt.Sprintf("inproc%d-%d", os.Getpid(), time.Now().UnixNano()) // shared-memory names: unique across processes too
 	var wg sync.WaitGroup
 	for r := range P {
 		wg.Add(1)
@@ -36,7 +39,7 @@ func RunInProcess(ctx context.Context, nodes, perNode int, tune func(*Options), 
 			defer wg.Done()
 			o := Options{
 				Rank: r, WorldSize: P, LocalRank: r % perNode, LocalWorldSize: perNode, NodeRank: r / perNode,
-				MasterAddr: "127.0.0.1", MasterPort: srv.Port(), AgentStore: true, RunID: runID,
+				MasterAddr: "127.0.0.1", MasterPort: srv.Port(), AgentStore: true, RunID: runID, JobSecret: secret,
 			}
 			if tune != nil {
 				tune(&o)

@@ -15,7 +15,7 @@ import (
 // store of this process; sockBuf sizes their send buffers.
 func pair(t *testing.T, sockBuf int) [2]*Transport {
 	t.Helper()
-	srv, err := rendezvous.Listen("127.0.0.1:0")
+	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func pair(t *testing.T, sockBuf int) [2]*Transport {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			store, err := rendezvous.Dial(ctx, srv.Addr().String())
+			store, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
 			if err != nil {
 				errs[r] = err
 				return

@@ -22,7 +22,7 @@ func BenchmarkAllGather(b *testing.B) {
 }
 
 func benchGroup(b *testing.B, L, n int, sym bool) {
-	srv, err := rendezvous.Listen("127.0.0.1:0")
+	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func benchGroup(b *testing.B, L, n int, sym bool) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st, err := rendezvous.Dial(ctx, srv.Addr().String())
+			st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
 			if err != nil {
 				b.Error(err)
 				return

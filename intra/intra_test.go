@@ -19,7 +19,7 @@ import (
 // group starts a store and L in-process ranks, and runs body on each.
 func group(t *testing.T, L int, cfg Config, body func(g *Group) error) []error {
 	t.Helper()
-	srv, err := rendezvous.Listen("127.0.0.1:0")
+	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func group(t *testing.T, L int, cfg Config, body func(g *Group) error) []error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st, err := rendezvous.Dial(ctx, srv.Addr().String())
+			st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
 			if err != nil {
 				errs[r] = err
 				return

@@ -48,6 +48,11 @@ type Config struct {
 	// must use the same. Empty: derived from the master port, or random
 	// when standalone.
 	RunID string
+	// JobSecret is what every connection of the job (to the store, between
+	// ranks) must prove it holds; every node must be given the same. The
+	// workers get it as SLIME_JOB_SECRET. Empty with Standalone: Run makes
+	// a random one.
+	JobSecret []byte
 	// LogDir receives each worker's redirected or teed streams in
 	// LogDir/RunID/attempt_N/LOCAL_RANK/{stdout,stderr}.log.
 	LogDir string
@@ -156,6 +161,10 @@ func (c *Config) defaults() error {
 	return nil
 }
 
+func (c *Config) auth() rendezvous.Auth {
+	return rendezvous.Auth{Secret: c.JobSecret, Job: c.RunID}
+}
+
 func stdFor(s []Std, local int) Std {
 	if local < len(s) {
 		return s[local]
@@ -176,16 +185,6 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("%w: %v", ErrBadConfig, err)
 		}
 	}
-	var srv *rendezvous.Server
-	if cfg.NodeRank == 0 {
-		s, err := rendezvous.Listen(net.JoinHostPort("", strconv.Itoa(cfg.MasterPort)))
-		if err != nil {
-			return fmt.Errorf("launcher: cannot host the rendezvous store on port %d: %w", cfg.MasterPort, err)
-		}
-		defer s.Close()
-		srv = s
-		cfg.MasterPort = s.Port()
-	}
 	if cfg.RunID == "" {
 		if cfg.Standalone {
 			var b [4]byte
@@ -194,6 +193,21 @@ func Run(ctx context.Context, cfg Config) error {
 		} else {
 			cfg.RunID = "p" + strconv.Itoa(cfg.MasterPort)
 		}
+	}
+	if len(cfg.JobSecret) == 0 && cfg.Standalone {
+		var b [32]byte
+		rand.Read(b[:])
+		cfg.JobSecret = []byte(hex.EncodeToString(b[:]))
+	}
+	var srv *rendezvous.Server
+	if cfg.NodeRank == 0 {
+		s, err := rendezvous.Listen(net.JoinHostPort("", strconv.Itoa(cfg.MasterPort)), rendezvous.ServerConfig{Auth: cfg.auth()})
+		if err != nil {
+			return fmt.Errorf("launcher: cannot host the rendezvous store on port %d: %w", cfg.MasterPort, err)
+		}
+		defer s.Close()
+		srv = s
+		cfg.MasterPort = s.Port()
 	}
 	cfg.Logf("run %s: %d node(s) × %d worker(s), store %s:%d", cfg.RunID, cfg.NNodes, cfg.NProcPerNode, cfg.MasterAddr, cfg.MasterPort)
 	if err := joinNodes(ctx, &cfg); err != nil {
@@ -227,7 +241,7 @@ func joinNodes(ctx context.Context, cfg *Config) error {
 	ctx, cancel := context.WithTimeout(ctx, cfg.RdzvTimeout)
 	defer cancel()
 	addr := net.JoinHostPort(cfg.MasterAddr, strconv.Itoa(cfg.MasterPort))
-	st, err := rendezvous.Dial(ctx, addr)
+	st, err := rendezvous.Dial(ctx, addr, cfg.auth())
 	if err != nil {
 		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
 	}
@@ -401,6 +415,9 @@ func startWorker(cfg *Config, attempt, local int, consoleMu *sync.Mutex) (*worke
 	set("SLIME_RUN_ID", cfg.RunID)
 	set("SLIME_RESTART_COUNT", itoa(attempt))
 	set("SLIME_AGENT_STORE", "1")
+	if len(cfg.JobSecret) > 0 {
+		set("SLIME_JOB_SECRET", string(cfg.JobSecret))
+	}
 	if _, ok := lookupEnv(cfg.Env, "OMP_NUM_THREADS"); !ok {
 		set("OMP_NUM_THREADS", "1")
 	}

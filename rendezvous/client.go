@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/slimego/slimego/internal/auth"
 )
 
 var (
@@ -24,6 +26,9 @@ var (
 	// ErrBadRequest: the server refused the request (for example Add on a
 	// key that does not hold an integer).
 	ErrBadRequest = errors.New("rendezvous: bad request")
+	// ErrDenied: the store refused this client's proof of membership (a
+	// different secret or job id), or it is not a slimego store.
+	ErrDenied = errors.New("rendezvous: store denied the connection")
 )
 
 // DefaultTimeout bounds calls whose context carries no deadline.
@@ -45,10 +50,12 @@ type Client struct {
 	broken error
 }
 
-// Dial connects to the store at addr, retrying until ctx is done (or for
-// DefaultTimeout when ctx has no deadline): a launcher's store may come up
-// after its workers. The error names the address it tried.
-func Dial(ctx context.Context, addr string) (*Client, error) {
+// Dial connects to the store at addr and proves that it holds a's secret
+// and job id, retrying until ctx is done (or for DefaultTimeout when ctx
+// has no deadline): a launcher's store may come up after its workers. The
+// error names the address it tried. A store that refuses the proof is
+// [ErrDenied] at once.
+func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
@@ -61,6 +68,14 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 		conn, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
 			conn.(*net.TCPConn).SetNoDelay(true)
+			hs := time.Now().Add(DefaultHandshakeTimeout)
+			if dl, ok := ctx.Deadline(); ok && dl.Before(hs) {
+				hs = dl
+			}
+			if err := auth.Connect(conn, a.key(), purpose, hs); err != nil {
+				conn.Close()
+				return nil, fmt.Errorf("%w: %s: %v", ErrDenied, addr, err)
+			}
 			return &Client{addr: addr, conn: conn, r: bufio.NewReader(conn)}, nil
 		}
 		t := time.NewTimer(backoff)
@@ -253,4 +268,14 @@ func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
 		}
 	}
 	return &MissingError{Name: name, Missing: missing, Err: err}
+}
+
+// AttemptPrefix starts every store key of one attempt of a job: a launcher
+// that restarts its workers gives each attempt keys of its own, and
+// [Client.Abort] of this prefix fails the attempt's waits.
+func AttemptPrefix(runID string, attempt int) string {
+	if attempt == 0 {
+		return "slimego/" + runID + "/"
+	}
+	return "slimego/" + runID + "-r" + strconv.Itoa(attempt) + "/"
 }

@@ -8,11 +8,15 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/slimego/slimego/internal/auth"
 )
 
 // Server hosts the key-value store. Create one with [Listen].
 type Server struct {
-	ln net.Listener
+	ln  net.Listener
+	cfg ServerConfig
+	key auth.Key
 
 	mu      sync.Mutex
 	data    map[string][]byte
@@ -22,15 +26,45 @@ type Server struct {
 	wg      sync.WaitGroup
 }
 
+// Auth is what every connection to a store must prove it holds: the job's
+// secret (empty: the connection is bound to the job but nothing is proven)
+// and the job's id.
+type Auth struct {
+	Secret []byte
+	Job    string
+}
+
+func (a Auth) key() auth.Key { return auth.NewKey(a.Secret, a.Job) }
+
+// ServerConfig configures a [Server].
+type ServerConfig struct {
+	Auth
+	// HandshakeTimeout bounds a new connection's proof of membership
+	// (default DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+}
+
+// DefaultHandshakeTimeout bounds the handshake of a new connection.
+const DefaultHandshakeTimeout = 5 * time.Second
+
+// purpose tells store connections from the transport's in the handshake.
+const purpose = "rendezvous"
+
 // Listen binds addr ("host:port"; port 0 picks a free port, see [Server.Addr])
-// and serves the store on it until [Server.Close].
-func Listen(addr string) (*Server, error) {
+// and serves the store on it until [Server.Close]. Every connection must
+// first prove that it holds cfg's secret and job id.
+func Listen(addr string, cfg ServerConfig) (*Server, error) {
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous: listen %s: %w", addr, err)
 	}
 	s := &Server{
 		ln:      ln,
+		cfg:     cfg,
+		key:     cfg.key(),
 		data:    make(map[string][]byte),
 		changed: make(chan struct{}),
 		conns:   make(map[net.Conn]struct{}),
@@ -117,6 +151,9 @@ func (s *Server) serve(c net.Conn) {
 		s.mu.Unlock()
 		c.Close()
 	}()
+	if err := auth.Accept(c, s.key, purpose, time.Now().Add(s.cfg.HandshakeTimeout)); err != nil {
+		return // not a member of this job
+	}
 	r := bufio.NewReader(c)
 	var buf, out []byte
 	for {

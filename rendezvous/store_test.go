@@ -13,7 +13,7 @@ import (
 
 func start(t *testing.T) (*Server, func() *Client) {
 	t.Helper()
-	s, err := Listen("127.0.0.1:0")
+	s, err := Listen("127.0.0.1:0", ServerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,7 +21,7 @@ func start(t *testing.T) (*Server, func() *Client) {
 	return s, func() *Client {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		c, err := Dial(ctx, s.Addr().String())
+		c, err := Dial(ctx, s.Addr().String(), Auth{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,7 +181,7 @@ func TestDialUnreachableNamesAddress(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
-	_, err := Dial(ctxT(t, 200*time.Millisecond), addr)
+	_, err := Dial(ctxT(t, 200*time.Millisecond), addr, Auth{})
 	if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("err = %v; want ErrUnreachable naming %s", err, addr)
 	}
@@ -193,14 +193,14 @@ func TestDialRetriesUntilServerStarts(t *testing.T) {
 	ln.Close()
 	go func() {
 		time.Sleep(100 * time.Millisecond)
-		s, err := Listen(addr)
+		s, err := Listen(addr, ServerConfig{})
 		if err != nil {
 			t.Error(err)
 			return
 		}
 		t.Cleanup(func() { s.Close() })
 	}()
-	c, err := Dial(ctxT(t, 5*time.Second), addr)
+	c, err := Dial(ctxT(t, 5*time.Second), addr, Auth{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestDialRetriesUntilServerStarts(t *testing.T) {
 
 func TestListenPortInUse(t *testing.T) {
 	s, _ := start(t)
-	_, err := Listen(s.Addr().String())
+	_, err := Listen(s.Addr().String(), ServerConfig{})
 	if err == nil || !strings.Contains(err.Error(), "address already in use") {
 		t.Fatalf("err = %v", err)
 	}

@@ -1,0 +1,163 @@
+// Package auth proves, on every fresh connection of a job (to the rendezvous
+// store, between transports), that both ends hold the job's secret and
+// belong to the same job and the same purpose, before anything else is read
+// or written. The secret never crosses the wire: each side sends a fresh
+// random nonce and an HMAC-SHA256, keyed by the secret, over both nonces,
+// the job id and the purpose, under a label of its own role, so that no
+// answer can be replayed or reflected.
+//
+// The exchange, three messages:
+//
+//	acceptor  → connector: magic, version, nonceA
+//	connector → acceptor:  magic, version, nonceC, HMAC(secret, "connector" | purpose | job | nonceA | nonceC)
+//	acceptor  → connector: status (0 accepted, 1 denied), and when accepted
+//	                       HMAC(secret, "acceptor" | purpose | job | nonceC | nonceA)
+//
+// An empty secret still runs the exchange: it binds a connection to its job
+// and purpose (a rank of another job fails at once instead of waiting in the
+// wrong store) but proves nothing; callers warn about it.
+package auth
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// ErrDenied: the peer does not hold the same secret, or belongs to another
+// job or purpose, or does not speak this protocol.
+var ErrDenied = errors.New("auth: handshake failed")
+
+// Key is what both ends of a connection must share.
+type Key struct {
+	secret []byte
+	job    string
+}
+
+// NewKey returns the key of the job with this secret (may be empty) and id.
+func NewKey(secret []byte, job string) Key {
+	return Key{secret: append([]byte(nil), secret...), job: job}
+}
+
+// HasSecret reports whether the key holds a secret.
+func (k Key) HasSecret() bool { return len(k.secret) > 0 }
+
+// Job is the job id the key binds.
+func (k Key) Job() string { return k.job }
+
+const (
+	magic     = "SLMGAUTH"
+	version   = 1
+	nonceSize = 32
+	macSize   = sha256.Size
+	helloSize = len(magic) + 1 + nonceSize
+	proofSize = helloSize + macSize
+
+	statusAccepted = 0
+	statusDenied   = 1
+)
+
+func (k Key) mac(role, purpose string, first, second []byte) []byte {
+	m := hmac.New(sha256.New, k.secret)
+	var n [4]byte
+	for _, s := range []string{role, purpose, k.job} {
+		binary.LittleEndian.PutUint32(n[:], uint32(len(s)))
+		m.Write(n[:])
+		m.Write([]byte(s))
+	}
+	m.Write(first)
+	m.Write(second)
+	return m.Sum(nil)
+}
+
+func hello(nonce []byte) []byte {
+	b := make([]byte, 0, proofSize)
+	b = append(b, magic...)
+	b = append(b, version)
+	return append(b, nonce...)
+}
+
+func parseHello(b []byte) ([]byte, error) {
+	if string(b[:len(magic)]) != magic {
+		return nil, fmt.Errorf("%w: the peer does not speak slimego's handshake", ErrDenied)
+	}
+	if b[len(magic)] != version {
+		return nil, fmt.Errorf("%w: handshake version %d, want %d", ErrDenied, b[len(magic)], version)
+	}
+	return b[len(magic)+1 : helloSize], nil
+}
+
+func nonce() []byte {
+	b := make([]byte, nonceSize)
+	rand.Read(b) // never fails on Linux (getrandom)
+	return b
+}
+
+// Accept runs the acceptor's side on c, which it must finish by deadline.
+// On success c's deadline is cleared; on failure the caller closes c.
+func Accept(c net.Conn, k Key, purpose string, deadline time.Time) error {
+	c.SetDeadline(deadline)
+	na := nonce()
+	if _, err := c.Write(hello(na)); err != nil {
+		return fmt.Errorf("%w: %v", ErrDenied, err)
+	}
+	var in [proofSize]byte
+	if _, err := io.ReadFull(c, in[:]); err != nil {
+		return fmt.Errorf("%w: reading the peer's proof: %v", ErrDenied, err)
+	}
+	nc, err := parseHello(in[:])
+	if err != nil {
+		return err
+	}
+	if !hmac.Equal(in[helloSize:], k.mac("connector", purpose, na, nc)) {
+		c.Write([]byte{statusDenied})
+		return fmt.Errorf("%w: the peer does not hold this job's secret, or belongs to another job (%q) or purpose (%s)", ErrDenied, k.job, purpose)
+	}
+	out := append([]byte{statusAccepted}, k.mac("acceptor", purpose, nc, na)...)
+	if _, err := c.Write(out); err != nil {
+		return fmt.Errorf("%w: %v", ErrDenied, err)
+	}
+	c.SetDeadline(time.Time{})
+	return nil
+}
+
+// Connect runs the connector's side on c, which it must finish by deadline.
+// On success c's deadline is cleared; on failure the caller closes c.
+func Connect(c net.Conn, k Key, purpose string, deadline time.Time) error {
+	c.SetDeadline(deadline)
+	var in [helloSize]byte
+	if _, err := io.ReadFull(c, in[:]); err != nil {
+		return fmt.Errorf("%w: reading the acceptor's hello: %v", ErrDenied, err)
+	}
+	na, err := parseHello(in[:])
+	if err != nil {
+		return err
+	}
+	nc := nonce()
+	out := append(hello(nc), k.mac("connector", purpose, na, nc)...)
+	if _, err := c.Write(out); err != nil {
+		return fmt.Errorf("%w: %v", ErrDenied, err)
+	}
+	var st [1]byte
+	if _, err := io.ReadFull(c, st[:]); err != nil {
+		return fmt.Errorf("%w: reading the acceptor's answer: %v", ErrDenied, err)
+	}
+	if st[0] != statusAccepted {
+		return fmt.Errorf("%w: the acceptor refused this job's secret or job id (%q, %s): the secret (SLIME_JOB_SECRET) or the run id differs", ErrDenied, k.job, purpose)
+	}
+	var proof [macSize]byte
+	if _, err := io.ReadFull(c, proof[:]); err != nil {
+		return fmt.Errorf("%w: reading the acceptor's proof: %v", ErrDenied, err)
+	}
+	if !hmac.Equal(proof[:], k.mac("acceptor", purpose, nc, na)) {
+		return fmt.Errorf("%w: the acceptor does not hold this job's secret", ErrDenied)
+	}
+	c.SetDeadline(time.Time{})
+	return nil
+}
