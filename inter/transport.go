@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/netaddr"
 	"github.com/slimego/slimego/rendezvous"
 )
 
@@ -310,36 +311,8 @@ func deadlineOf(ctx context.Context, d time.Duration) time.Time {
 }
 
 // LocalIP is the address to listen on: that of the named interface, or
-// the one this host uses to reach the master.
-func LocalIP(ifname, master string) (string, error) {
-	if ifname != "" {
-		ifi, err := net.InterfaceByName(ifname)
-		if err != nil {
-			return "", fmt.Errorf("inter: SLIME_SOCKET_IFNAME=%s: %w", ifname, err)
-		}
-		addrs, err := ifi.Addrs()
-		if err != nil {
-			return "", fmt.Errorf("inter: SLIME_SOCKET_IFNAME=%s: %w", ifname, err)
-		}
-		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
-				return ipn.IP.String(), nil
-			}
-		}
-		return "", fmt.Errorf("inter: SLIME_SOCKET_IFNAME=%s has no IPv4 address", ifname)
-	}
-	if master == "" {
-		master = "127.0.0.1"
-	}
-	// A UDP "connection" sends nothing; it asks the routing table which
-	// local address reaches the master.
-	c, err := net.Dial("udp", net.JoinHostPort(master, "9"))
-	if err != nil {
-		return "", fmt.Errorf("inter: no route to the master %s: %w", master, err)
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
-}
+// the one this host uses to reach the master (see netaddr.LocalIP).
+func LocalIP(ifname, master string) (string, error) { return netaddr.LocalIP(ifname, master) }
 
 // Close closes every connection; the goroutines end with them.
 func (t *Transport) Close() error {

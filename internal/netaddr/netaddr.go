@@ -1,0 +1,82 @@
+// Package netaddr picks the addresses a job listens on: the one that
+// reaches the master (the interface a multi-node store and every transport
+// bind, never all of them), and loopback for a job on one host.
+package netaddr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+)
+
+// ErrUnresolvable: a host name does not resolve. It is final: retrying
+// would only wait out the caller's deadline.
+var ErrUnresolvable = errors.New("netaddr: host does not resolve")
+
+// ResolveTimeout bounds one name look-up.
+const ResolveTimeout = 2 * time.Second
+
+// ResolveIP returns host's first IPv4 address (or its IPv6 one where it has
+// no IPv4), looking names up for at most ResolveTimeout.
+func ResolveIP(host string) (net.IP, error) {
+	if ip := net.ParseIP(host); ip != nil {
+		return ip, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ResolveTimeout)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
+	if err != nil || len(ips) == 0 {
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnresolvable, host, err)
+	}
+	for _, ip := range ips {
+		if ip.To4() != nil {
+			return ip, nil
+		}
+	}
+	return ips[0], nil
+}
+
+// IsLoopback reports whether host resolves to a loopback address.
+func IsLoopback(host string) bool {
+	ip, err := ResolveIP(host)
+	return err == nil && ip.IsLoopback()
+}
+
+// LocalIP is the address to listen on: that of the interface named ifname
+// (SLIME_SOCKET_IFNAME), or the one this host uses to reach master (its own
+// address when master is this host).
+func LocalIP(ifname, master string) (string, error) {
+	if ifname != "" {
+		ifi, err := net.InterfaceByName(ifname)
+		if err != nil {
+			return "", fmt.Errorf("netaddr: SLIME_SOCKET_IFNAME=%s: %w", ifname, err)
+		}
+		addrs, err := ifi.Addrs()
+		if err != nil {
+			return "", fmt.Errorf("netaddr: SLIME_SOCKET_IFNAME=%s: %w", ifname, err)
+		}
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+				return ipn.IP.String(), nil
+			}
+		}
+		return "", fmt.Errorf("netaddr: SLIME_SOCKET_IFNAME=%s has no IPv4 address", ifname)
+	}
+	if master == "" {
+		master = "127.0.0.1"
+	}
+	ip, err := ResolveIP(master)
+	if err != nil {
+		return "", err
+	}
+	// A UDP "connection" sends nothing; it asks the routing table which
+	// local address reaches the master.
+	c, err := net.Dial("udp", net.JoinHostPort(ip.String(), "9"))
+	if err != nil {
+		return "", fmt.Errorf("netaddr: no route to the master %s: %w", master, err)
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
+}
