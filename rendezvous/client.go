@@ -29,7 +29,28 @@ var (
 	// ErrDenied: the store refused this client's proof of membership (a
 	// different secret or job id), or it is not a slimego store.
 	ErrDenied = errors.New("rendezvous: store denied the connection")
+	// ErrAborted: a blocking call's key falls under a prefix that someone
+	// aborted ([Server.Abort], [Client.Abort]); the error is an
+	// [*AbortError] that says who and why.
+	ErrAborted = errors.New("rendezvous: aborted")
 )
+
+// AbortError is what a blocking call (Get, Wait, Barrier) returns when its
+// key falls under an aborted prefix: the prefix, the rank that aborted it
+// (as its aborter gave it; a launcher gives the rank that exited) and the
+// reason. errors.Is(err, ErrAborted) holds for it.
+type AbortError struct {
+	Prefix string
+	Rank   int
+	Reason string
+}
+
+func (e *AbortError) Error() string {
+	return fmt.Sprintf("rendezvous: aborted (prefix %q) by rank %d: %s", e.Prefix, e.Rank, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrAborted) true.
+func (e *AbortError) Is(target error) bool { return target == ErrAborted }
 
 // DefaultTimeout bounds calls whose context carries no deadline.
 const DefaultTimeout = 5 * time.Minute
@@ -162,7 +183,13 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 	case statusTimeout:
 		return resp, fmt.Errorf("%w: %s %q at %s after %v", ErrTimeout, op(req.Code), req.Keys, c.addr, time.Duration(req.TimeoutMS)*time.Millisecond)
 	case statusBadRequest:
-		return resp, fmt.Errorf("%w: %s", ErrBadRequest, resp.Value)
+		return resp, fmt.Errorf("%w: %s %q at %s: %s", ErrBadRequest, op(req.Code), req.Keys, c.addr, resp.Value)
+	case statusAborted:
+		ae := &AbortError{Rank: int(resp.N), Reason: string(resp.Value)}
+		if len(resp.Keys) == 1 {
+			ae.Prefix = resp.Keys[0]
+		}
+		return resp, fmt.Errorf("rendezvous: %s %q at %s: %w", op(req.Code), req.Keys, c.addr, ae)
 	}
 	// The response aliases c.buf; copy what outlives the lock.
 	resp.Value = append([]byte(nil), resp.Value...)
@@ -224,8 +251,19 @@ func (c *Client) NumKeys(ctx context.Context) (int64, error) {
 	return resp.N, err
 }
 
+// Abort fails every blocking call, now and later, on keys that start with
+// prefix and do not exist yet (see [Server.Abort]): a launcher that saw a
+// worker exit makes the ranks still waiting fail at once with an
+// [*AbortError] carrying rank and reason, instead of waiting out their
+// timeouts.
+func (c *Client) Abort(ctx context.Context, prefix string, rank int, reason string) error {
+	_, err := c.call(ctx, &message{Code: uint8(opAbort), Keys: []string{prefix}, N: int64(rank), Value: []byte(reason)}, false)
+	return err
+}
+
 // MissingError is what Barrier returns when some members never arrived:
-// their indices, and the store's error (ErrTimeout, ErrConnLost, …).
+// their indices, and the store's error (ErrTimeout, ErrConnLost, an
+// *AbortError, …), which it wraps.
 type MissingError struct {
 	Name    string
 	Missing []int

@@ -8,5 +8,11 @@
 // context's deadline, and the server bounds each wait by the timeout the
 // client sends, so no call can block forever.
 //
+// Abort ([Server.Abort], [Client.Abort]) fails every wait on keys under a
+// prefix at once: a launcher that sees a worker exit aborts the attempt's
+// prefix ([AttemptPrefix]), and every rank still blocked in the store gets
+// an [*AbortError] naming the rank and the reason, instead of waiting out
+// its timeout. Keys that exist still read.
+//
 // The wire format is versioned and length-prefixed; see wire.go.
 package rendezvous

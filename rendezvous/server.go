@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +23,7 @@ type Server struct {
 	data    map[string][]byte
 	changed chan struct{} // closed and replaced on every mutation
 	conns   map[net.Conn]struct{}
+	aborts  []abortRecord // oldest first, at most maxAborts
 	closed  bool
 	wg      sync.WaitGroup
 }
@@ -181,6 +183,12 @@ func (s *Server) handle(req *message) message {
 	for {
 		s.mu.Lock()
 		resp, block := s.apply(req)
+		if block {
+			if a, ok := s.abortedWait(req); ok {
+				s.mu.Unlock()
+				return message{Code: statusAborted, Keys: []string{a.prefix}, N: int64(a.rank), Value: []byte(a.reason)}
+			}
+		}
 		if !block || s.closed {
 			s.mu.Unlock()
 			if block {
@@ -280,6 +288,12 @@ func (s *Server) apply(req *message) (resp message, block bool) {
 		return message{Code: statusOK}, false
 	case opNumKeys:
 		return message{Code: statusOK, N: int64(len(s.data))}, false
+	case opAbort:
+		if !needKeys(1) {
+			return bad("abort takes one key (the prefix)"), false
+		}
+		s.abort(req.Keys[0], int(req.N), string(req.Value))
+		return message{Code: statusOK}, false
 	}
 	return bad("unknown op %d", req.Code), false
 }
@@ -293,6 +307,78 @@ func (s *Server) put(k string, v []byte) {
 func (s *Server) notify() {
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// maxAborts bounds the aborted prefixes a server keeps: beyond it the
+// oldest is forgotten (a launcher aborts one prefix per attempt, so the
+// newest are those whose ranks may still be waiting).
+const maxAborts = 1024
+
+// abortRecord is one aborted prefix: who aborted it and why.
+type abortRecord struct {
+	prefix string
+	rank   int
+	reason string
+}
+
+// Abort fails, at once, every blocking request (Get, Wait) on a key that
+// starts with prefix and does not exist: those waiting now wake up, and
+// those that come later are answered without waiting. rank and reason
+// reach every such waiter as an [AbortError]. Keys that exist still read,
+// and non-blocking ops work as before. It is for the process that hosts
+// the server (a launcher that saw a worker exit); others use
+// [Client.Abort]. An empty prefix aborts every wait. Aborting a prefix
+// again keeps its first rank and reason.
+func (s *Server) Abort(prefix string, rank int, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.abort(prefix, rank, reason)
+}
+
+// abort records prefix under s.mu and wakes the waiters.
+func (s *Server) abort(prefix string, rank int, reason string) {
+	for _, a := range s.aborts {
+		if a.prefix == prefix {
+			return
+		}
+	}
+	if len(s.aborts) >= maxAborts {
+		s.aborts = append(s.aborts[:0], s.aborts[1:]...)
+	}
+	s.aborts = append(s.aborts, abortRecord{prefix: prefix, rank: rank, reason: reason})
+	s.notify()
+}
+
+// abortedWait reports, under s.mu, the abort that fails blocking request
+// req: the first recorded abort whose prefix starts one of req's missing
+// keys.
+func (s *Server) abortedWait(req *message) (abortRecord, bool) {
+	if len(s.aborts) == 0 {
+		return abortRecord{}, false
+	}
+	for _, k := range req.Keys {
+		if _, ok := s.data[k]; ok {
+			continue
+		}
+		for _, a := range s.aborts {
+			if strings.HasPrefix(k, a.prefix) {
+				return a, true
+			}
+		}
+	}
+	return abortRecord{}, false
+}
+
+// Lookup returns a copy of key's value, and whether it exists, without
+// waiting: a read for the process that hosts the server.
+func (s *Server) Lookup(key string) ([]byte, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.data[key]
+	if !ok {
+		return nil, false
+	}
+	return append([]byte{}, v...), true
 }
 
 // errServerClosed is what a request sees when the server went away under it.

@@ -20,6 +20,13 @@ import (
 //	u32  second value length + bytes (CompareAndSet's desired value)
 //
 // One layout for all ops keeps the decoder small enough to fuzz exhaustively.
+//
+// Abort (opAbort) carries the aborted key prefix as its one key, the rank
+// that aborted as the integer argument and the reason as the value. A
+// blocking request that an abort fails is answered statusAborted with the
+// same three fields (prefix, rank, reason), so that the waiter learns who
+// failed and why. New ops and statuses are added without a version bump: an
+// older peer answers an unknown op with statusBadRequest.
 
 const (
 	wireVersion  = 1
@@ -40,6 +47,7 @@ const (
 	opDelete
 	opCheck
 	opNumKeys
+	opAbort
 )
 
 func (o op) String() string {
@@ -60,6 +68,8 @@ func (o op) String() string {
 		return "check"
 	case opNumKeys:
 		return "num-keys"
+	case opAbort:
+		return "abort"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -71,6 +81,7 @@ const (
 	statusNotFound
 	statusFalse
 	statusBadRequest
+	statusAborted
 )
 
 // message is the decoded form of one frame.

@@ -16,6 +16,8 @@ func TestWireRoundTrip(t *testing.T) {
 		{Code: uint8(opWait), Keys: []string{"a", "b", "", "d"}, TimeoutMS: 1},
 		{Code: statusOK, N: 1 << 40, Value: bytes.Repeat([]byte{0xAB}, 1000)},
 		{Code: statusTimeout},
+		{Code: uint8(opAbort), Keys: []string{"slimego/run/"}, N: 3, Value: []byte("rank 3 exited")},
+		{Code: statusAborted, Keys: []string{"slimego/run/"}, N: 3, Value: []byte("rank 3 exited")},
 	}
 	for _, m := range cases {
 		frame := m.encode(nil)
