@@ -116,6 +116,7 @@ func (s *Server) Close() error {
 	for c := range s.conns {
 		c.Close()
 	}
+	// Wakes every waiter for good: notify does nothing from now on.
 	close(s.changed)
 	s.mu.Unlock()
 	s.wg.Wait()
@@ -304,7 +305,15 @@ func (s *Server) put(k string, v []byte) {
 	s.notify()
 }
 
+// notify wakes every blocked request, under s.mu. Once the server is
+// closed it does nothing: Close has closed s.changed for good (closing it
+// again would panic while holding s.mu, and the serve goroutine's deferred
+// Lock would then deadlock Close's wait), and every waiter that wakes sees
+// s.closed.
 func (s *Server) notify() {
+	if s.closed {
+		return
+	}
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
