@@ -17,5 +17,5 @@ func (c *Communicator) PlanBlocks(dst, src []byte, sizes, offs []int) (*Plan, er
 	copy(c.sizes, sizes)
 	copy(c.offs, offs)
 	op, err := c.plan("allgatherv", dst, src)
-	return &Plan{op: op}, err
+	return &Plan{op: op, c: c}, err
 }

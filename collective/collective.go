@@ -2,6 +2,7 @@ package collective
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/netaddr"
 	"github.com/slimego/slimego/internal/shm"
 	"github.com/slimego/slimego/intra"
 	"github.com/slimego/slimego/kernels"
@@ -86,19 +88,37 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		defer cancel()
 	}
 	c := &Communicator{opts: o}
-	if err := c.connect(ctx); err != nil {
+	if err := c.init(ctx, kind); err != nil {
+		err = c.failed(c.initFault(err))
 		c.Close()
 		return nil, err
+	}
+	return c, nil
+}
+
+// initFault names the cause of an Init failure that came from the store
+// (see storeFault); other errors are already specific.
+func (c *Communicator) initFault(err error) error {
+	var ae *rendezvous.AbortError
+	if errors.As(err, &ae) || errors.Is(err, rendezvous.ErrConnLost) || errors.Is(err, rendezvous.ErrDenied) {
+		return c.storeFault("init", err, -1, "joining the job")
+	}
+	return err
+}
+
+// init does Init's work; on an error the caller closes c.
+func (c *Communicator) init(ctx context.Context, kind device.Kind) error {
+	o := c.opts
+	if err := c.connect(ctx); err != nil {
+		return err
 	}
 	lay, err := c.exchangeLayout(ctx)
 	if err != nil {
-		c.Close()
-		return nil, err
+		return err
 	}
 	c.nodes = len(lay.members)
 	if c.opts.Algo, err = chooseAlgo(o, lay); err != nil {
-		c.Close()
-		return nil, err
+		return err
 	}
 	o = c.opts
 	node, err := intra.New(ctx, intra.Config{
@@ -118,14 +138,12 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		ShareCores:  o.Algo != "intra",
 	})
 	if err != nil {
-		c.Close()
-		return nil, err
+		return err
 	}
 	c.node = node
 	if o.Algo != "intra" {
 		if err := c.connectNodes(ctx); err != nil {
-			c.Close()
-			return nil, err
+			return err
 		}
 	}
 	c.sizes = make([]int, o.WorldSize)
@@ -135,15 +153,14 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 	}
 	if kind == device.CUDA {
 		if err := c.initGPU(ctx, lay); err != nil {
-			c.Close()
-			return nil, err
+			return err
 		}
 	}
 	if o.Debug != "" {
 		fmt.Fprintf(os.Stderr, "slimego INFO rank %d/%d local %d/%d node %d/%d backend %s store %s run %s timeout %v algo %s\n",
 			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize, o.NodeRank, c.nodes, c.describeBackend(), c.storeAddr(), o.RunID, o.Timeout, o.Algo)
 	}
-	return c, nil
+	return nil
 }
 
 func merge(opts, env Options) Options {
@@ -222,6 +239,10 @@ func (o Options) validate() error {
 		return bad("master port %d", o.MasterPort)
 	case o.RunID == "":
 		return bad("no run id")
+	case o.Timeout < 0:
+		return bad("timeout %v is not positive", o.Timeout)
+	case o.Attempt < 0:
+		return bad("attempt %d", o.Attempt)
 	case o.Algo != "auto" && o.Algo != "hier" && o.Algo != "ring":
 		return bad("algorithm %q (want auto, hier or ring)", o.Algo)
 	}
@@ -235,19 +256,23 @@ func (c *Communicator) connect(ctx context.Context) error {
 	addr := net.JoinHostPort(o.MasterAddr, strconv.Itoa(o.MasterPort))
 	host := o.WorldSize == 1 || (!o.AgentStore && o.Rank == 0)
 	if host {
-		listen := net.JoinHostPort("", strconv.Itoa(o.MasterPort))
-		if o.WorldSize == 1 {
-			listen = "127.0.0.1:0"
+		listen, err := storeListenAddr(o)
+		if err != nil {
+			return fault.New("init", o.Rank, -1, ErrInvalid, "rank 0 hosts the rendezvous store: %v", err)
 		}
 		s, err := rendezvous.Listen(listen, rendezvous.ServerConfig{Auth: o.auth()})
 		if err != nil {
 			return fault.New("init", o.Rank, -1, ErrInvalid, "rank 0 hosts the rendezvous store: %v", err)
 		}
 		c.server = s
-		addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port()))
+		addr = s.Addr().String()
 	}
+	warnIfOpen(o, addr)
 	st, err := rendezvous.Dial(ctx, addr, o.auth())
 	if err != nil {
+		if errors.Is(err, netaddr.ErrUnresolvable) || errors.Is(err, rendezvous.ErrDenied) {
+			return fault.New("init", o.Rank, -1, ErrInvalid, "%v", err)
+		}
 		return fault.New("init", o.Rank, -1, ErrTimeout, "%v", err)
 	}
 	st.Timeout = o.Timeout
@@ -388,13 +413,19 @@ func (c *Communicator) Barrier(ctx context.Context) error {
 	if c.node == nil {
 		return c.closedErr("barrier")
 	}
+	var err error
 	switch {
 	case c.hier != nil:
-		return c.hier.Barrier(ctx)
+		err = c.hier.Barrier(ctx)
 	case c.ring != nil:
-		return c.ring.Barrier(ctx)
+		err = c.ring.Barrier(ctx)
+	default:
+		err = c.node.Barrier(ctx)
 	}
-	return c.node.Barrier(ctx)
+	if err != nil {
+		return c.failed(err)
+	}
+	return nil
 }
 
 // AllGather gathers every rank's src into dst, rank r's block at
@@ -455,13 +486,17 @@ func (c *Communicator) runOneShot(ctx context.Context, name string, dst, src []b
 	} else if err := c.oneShot.Set(dst, src, c.sizes, c.offs); err != nil {
 		return err
 	}
-	return c.oneShot.Run(ctx)
+	if err := c.oneShot.Run(ctx); err != nil {
+		return c.failed(err)
+	}
+	return nil
 }
 
 // Plan is an AllGather or AllGatherV prepared once for fixed buffers; each
 // Run moves the buffers' current contents and allocates nothing.
 type Plan struct {
 	op op
+	c  *Communicator
 }
 
 // Plan prepares AllGather(dst, src) for repeated runs.
@@ -477,7 +512,7 @@ func (c *Communicator) Plan(dst, src []byte) (*Plan, error) {
 		c.sizes[r], c.offs[r] = n, r*n
 	}
 	op, err := c.plan("allgather", dst, src)
-	return &Plan{op: op}, err
+	return &Plan{op: op, c: c}, err
 }
 
 // PlanV prepares AllGatherV(dst, src, counts) for repeated runs.
@@ -489,11 +524,16 @@ func (c *Communicator) PlanV(dst, src []byte, counts []int) (*Plan, error) {
 		return nil, err
 	}
 	op, err := c.plan("allgatherv", dst, src)
-	return &Plan{op: op}, err
+	return &Plan{op: op, c: c}, err
 }
 
 // Run executes the plan once.
-func (p *Plan) Run(ctx context.Context) error { return p.op.Run(ctx) }
+func (p *Plan) Run(ctx context.Context) error {
+	if err := p.op.Run(ctx); err != nil {
+		return p.c.failed(err)
+	}
+	return nil
+}
 
 // Buffer is symmetric memory from [Communicator.Alloc].
 type Buffer = intra.Buffer

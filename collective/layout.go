@@ -23,14 +23,14 @@ func (c *Communicator) exchangeLayout(ctx context.Context) (layout, error) {
 	o := c.opts
 	me := fmt.Sprintf("%d %d %d", o.NodeRank, o.LocalRank, o.LocalWorldSize)
 	if err := c.store.Set(ctx, c.key("layout/"+strconv.Itoa(o.Rank)), []byte(me)); err != nil {
-		return layout{}, fault.New("init", o.Rank, -1, ErrTimeout, "publishing the layout: %v", err)
+		return layout{}, c.storeFault("init", err, -1, "publishing the layout")
 	}
 	type where struct{ node, local, size int }
 	all := make([]where, o.WorldSize)
 	for r := range all {
 		v, err := c.store.Get(ctx, c.key("layout/"+strconv.Itoa(r)))
 		if err != nil {
-			return layout{}, fault.New("init", o.Rank, r, ErrTimeout, "rank %d never joined: %v", r, err)
+			return layout{}, c.storeFault("init", err, r, fmt.Sprintf("rank %d never joined", r))
 		}
 		f := strings.Fields(string(v))
 		var w where
@@ -49,7 +49,7 @@ func (c *Communicator) exchangeLayout(ctx context.Context) (layout, error) {
 	// host the store and must not leave (on a layout error) while others
 	// still read.
 	if err := c.store.Barrier(ctx, c.key("layout-read"), o.Rank, o.WorldSize); err != nil {
-		return layout{}, fault.New("init", o.Rank, -1, ErrTimeout, "waiting for the others to read the layout: %v", err)
+		return layout{}, c.storeFault("init", err, -1, "waiting for the others to read the layout")
 	}
 	return buildLayout(o.Rank, func(r int) (int, int, int) { return all[r].node, all[r].local, all[r].size }, len(all))
 }

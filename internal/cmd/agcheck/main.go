@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -29,14 +30,30 @@ func main() {
 	iters := pflag.Int("iters", 2, "iterations of each check")
 	planRuns := pflag.Int("plan-runs", 1000, "runs of one plan back to back")
 	planSize := pflag.String("plan-size", "4099", "size of the plan check")
-	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, slow, kill-overlap")
+	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, slow, kill-overlap, exit-before-init")
 	faultRank := pflag.Int("fault-rank", 1, "rank that causes the fault")
 	faultSize := pflag.String("fault-size", "64M", "message size while a peer is killed")
+	initDelay := pflag.Duration("init-delay", 0, "how long the fault rank waits before Init")
 	pflag.Parse()
 
 	ctx := context.Background()
+	me, _ := strconv.Atoi(os.Getenv("RANK"))
+	if me == *faultRank {
+		time.Sleep(*initDelay)
+		if *fault == "exit-before-init" {
+			os.Exit(0) // a rank that leaves cleanly before ever joining
+		}
+	}
 	c, err := collective.Init(ctx, collective.Options{})
 	if err != nil {
+		if *fault == "exit-before-init" {
+			var oe *collective.OpError
+			if errors.Is(err, collective.ErrPeerLost) && errors.As(err, &oe) && oe.Peer == *faultRank {
+				fmt.Printf("EXPECTED rank %d: %v\n", me, err)
+				os.Exit(exitExpectedFault)
+			}
+			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+		}
 		fmt.Fprintln(os.Stderr, "init:", err)
 		os.Exit(1)
 	}

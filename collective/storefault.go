@@ -1,0 +1,104 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/netaddr"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// storeFault turns an error of the store into the error a rank reports for
+// op. The store's own failures name who caused them:
+//   - an abort (the launcher saw a rank exit) is ErrPeerLost naming that rank;
+//   - a lost connection is ErrPeerLost naming the store's host (rank 0 when
+//     it hosts the store, none when a launcher does);
+//   - a refused handshake is ErrInvalid: this rank holds another secret or
+//     run id than the store;
+//   - anything else, ErrTimeout naming peer, the rank waited for (-1: none).
+func (c *Communicator) storeFault(op string, err error, peer int, what string) error {
+	o := c.opts
+	var ae *rendezvous.AbortError
+	switch {
+	case errors.As(err, &ae):
+		return fault.New(op, o.Rank, ae.Rank, ErrPeerLost, "%s: %s", what, ae.Reason)
+	case errors.Is(err, rendezvous.ErrConnLost):
+		host, hostRank := c.storeHost()
+		return fault.New(op, o.Rank, hostRank, ErrPeerLost, "%s: %s went away: %v", what, host, err)
+	case errors.Is(err, rendezvous.ErrDenied):
+		return fault.New(op, o.Rank, -1, ErrInvalid, "%s: %v (every rank needs the same SLIME_JOB_SECRET and run id)", what, err)
+	case errors.Is(err, context.Canceled):
+		return fault.New(op, o.Rank, peer, err, "%s", what)
+	}
+	return fault.New(op, o.Rank, peer, ErrTimeout, "%s: %v", what, err)
+}
+
+// storeHost says who hosts the store, for errors: its description and its
+// rank (-1 for a launcher).
+func (c *Communicator) storeHost() (string, int) {
+	addr := net.JoinHostPort(c.opts.MasterAddr, strconv.Itoa(c.opts.MasterPort))
+	if c.store != nil {
+		addr = c.store.Addr()
+	}
+	if c.opts.AgentStore {
+		return "the launcher's store at " + addr, -1
+	}
+	return "rank 0, which hosts the store at " + addr + ",", 0
+}
+
+// storeListenAddr is where a rank that hosts the store binds it: the
+// address of this host that reaches MASTER_ADDR (loopback when the master
+// is this host's loopback), never every interface; a world of one binds a
+// free loopback port.
+func storeListenAddr(o Options) (string, error) {
+	if o.WorldSize == 1 {
+		return "127.0.0.1:0", nil
+	}
+	ip, err := netaddr.LocalIP("", o.MasterAddr)
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(ip, strconv.Itoa(o.MasterPort)), nil
+}
+
+var warnNoSecret sync.Once
+
+// warnIfOpen warns once per process, loudly, when a job across nodes runs
+// without a secret: its store and transports then admit anyone who can
+// reach them.
+func warnIfOpen(o Options, store string) {
+	if len(o.JobSecret) > 0 || o.WorldSize == o.LocalWorldSize {
+		return
+	}
+	warnNoSecret.Do(func() {
+		fmt.Fprintf(os.Stderr, "slimego WARNING: rank %d: this job spans nodes and has no job secret (SLIME_JOB_SECRET or SLIME_JOB_SECRET_FILE): "+
+			"any process that can reach the store at %s or a rank's transport port can join the job, read its data and redirect its connections. "+
+			"Give every node the same secret (slimerun --job-secret-file).\n", o.Rank, store)
+	})
+}
+
+// blameTimeout bounds the report of whom a failed operation names.
+const blameTimeout = time.Second
+
+// failed records, for the launcher's summary, which peer a failed
+// operation names, when it names one as lost or late, and returns err. It
+// runs on the error path only.
+func (c *Communicator) failed(err error) error {
+	var oe *fault.OpError
+	if c.store == nil || !errors.As(err, &oe) || oe.Peer < 0 || oe.Peer == c.opts.Rank ||
+		!(errors.Is(err, ErrTimeout) || errors.Is(err, ErrPeerLost)) {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), blameTimeout)
+	defer cancel()
+	key := rendezvous.AttemptPrefix(c.opts.RunID, c.opts.Attempt) + "blame/" + strconv.Itoa(c.opts.Rank)
+	c.store.Set(ctx, key, []byte(strconv.Itoa(oe.Peer))) // best effort: the store may be what failed
+	return err
+}
