@@ -163,7 +163,15 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 	var resp message
 	_, err := c.conn.Write(c.out)
 	if err == nil {
-		resp, err = readFrame(c.r, &c.buf)
+		resp, err = readFrame(c.r, &c.buf, frameLimit(maxValueLimit))
+	}
+	// One large frame must not pin its memory for the client's life (resp
+	// still holds what it needs of c.buf).
+	if cap(c.buf) > keepBufBytes {
+		c.buf = nil
+	}
+	if cap(c.out) > keepBufBytes {
+		c.out = nil
 	}
 	if err != nil {
 		if ctx.Err() == context.Canceled {

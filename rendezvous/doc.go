@@ -14,5 +14,13 @@
 // an [*AbortError] naming the rank and the reason, instead of waiting out
 // its timeout. Keys that exist still read.
 //
+// The server bounds what any client, even one that passed the handshake,
+// can make it hold ([ServerConfig]): the size of a value (1 MiB by default)
+// and of a key ([MaxKeyBytes]), the keys and bytes stored (64 Ki keys,
+// 64 MiB), the connections served at once (1024), and the time a begun
+// frame may take to arrive (10 s). A frame larger than the value limit
+// allows is refused before anything is allocated for it, and one large
+// frame does not pin its memory for the connection's life.
+//
 // The wire format is versioned and length-prefixed; see wire.go.
 package rendezvous

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -19,8 +20,11 @@ type Server struct {
 	cfg ServerConfig
 	key auth.Key
 
+	frameLimit uint32 // largest request frame, from cfg.MaxValueBytes
+
 	mu      sync.Mutex
 	data    map[string][]byte
+	bytes   int64         // keys and values of data, summed
 	changed chan struct{} // closed and replaced on every mutation
 	conns   map[net.Conn]struct{}
 	aborts  []abortRecord // oldest first, at most maxAborts
@@ -38,16 +42,73 @@ type Auth struct {
 
 func (a Auth) key() auth.Key { return auth.NewKey(a.Secret, a.Job) }
 
-// ServerConfig configures a [Server].
+// ServerConfig configures a [Server]. The limits bound what clients can
+// make the server hold, even clients that passed the handshake; a zero
+// field takes its default.
 type ServerConfig struct {
 	Auth
 	// HandshakeTimeout bounds a new connection's proof of membership
-	// (default DefaultHandshakeTimeout).
+	// (default DefaultHandshakeTimeout): a connection that does not finish
+	// it in time is closed.
 	HandshakeTimeout time.Duration
+	// MaxValueBytes is the largest value a Set or CompareAndSet may store
+	// (default DefaultMaxValueBytes, at most 256 MiB); a larger one is
+	// refused ([ErrBadRequest]). The largest frame the server reads derives
+	// from it (two values and 4 MiB of keys): a frame that announces more
+	// is refused, and skipped, without being allocated. Keys are at most
+	// [MaxKeyBytes] long.
+	MaxValueBytes int
+	// MaxTotalBytes bounds the keys and values stored, summed (default
+	// DefaultMaxTotalBytes); a set beyond it is refused.
+	MaxTotalBytes int64
+	// MaxKeys bounds how many keys the store holds (default
+	// DefaultMaxKeys); a set of a new key beyond it is refused.
+	MaxKeys int
+	// MaxConns bounds the connections served at once, handshakes included
+	// (default DefaultMaxConns); a connection beyond it is closed at once.
+	MaxConns int
+	// FrameTimeout bounds the arrival of one request frame once its first
+	// byte has come, and the sending of one response (default
+	// DefaultFrameTimeout): a client that stalls mid-frame, or does not
+	// read its answers, is dropped. A connection idle between frames is
+	// kept: ranks hold theirs for the whole job.
+	FrameTimeout time.Duration
 }
 
-// DefaultHandshakeTimeout bounds the handshake of a new connection.
-const DefaultHandshakeTimeout = 5 * time.Second
+// Defaults of [ServerConfig].
+const (
+	DefaultHandshakeTimeout = 5 * time.Second
+	DefaultMaxValueBytes    = 1 << 20
+	DefaultMaxTotalBytes    = 64 << 20
+	DefaultMaxKeys          = 1 << 16
+	DefaultMaxConns         = 1024
+	DefaultFrameTimeout     = 10 * time.Second
+)
+
+// withDefaults fills cfg's zero limits with their defaults.
+func (cfg ServerConfig) withDefaults() (ServerConfig, error) {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&cfg.MaxValueBytes, DefaultMaxValueBytes)
+	def(&cfg.MaxKeys, DefaultMaxKeys)
+	def(&cfg.MaxConns, DefaultMaxConns)
+	if cfg.MaxTotalBytes <= 0 {
+		cfg.MaxTotalBytes = DefaultMaxTotalBytes
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.FrameTimeout <= 0 {
+		cfg.FrameTimeout = DefaultFrameTimeout
+	}
+	if cfg.MaxValueBytes > maxValueLimit {
+		return cfg, fmt.Errorf("rendezvous: MaxValueBytes %d exceeds the %d-byte limit", cfg.MaxValueBytes, maxValueLimit)
+	}
+	return cfg, nil
+}
 
 // purpose tells store connections from the transport's in the handshake.
 const purpose = "rendezvous"
@@ -56,20 +117,22 @@ const purpose = "rendezvous"
 // and serves the store on it until [Server.Close]. Every connection must
 // first prove that it holds cfg's secret and job id.
 func Listen(addr string, cfg ServerConfig) (*Server, error) {
-	if cfg.HandshakeTimeout <= 0 {
-		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous: listen %s: %w", addr, err)
 	}
 	s := &Server{
-		ln:      ln,
-		cfg:     cfg,
-		key:     cfg.key(),
-		data:    make(map[string][]byte),
-		changed: make(chan struct{}),
-		conns:   make(map[net.Conn]struct{}),
+		ln:         ln,
+		cfg:        cfg,
+		key:        cfg.key(),
+		frameLimit: frameLimit(cfg.MaxValueBytes),
+		data:       make(map[string][]byte),
+		changed:    make(chan struct{}),
+		conns:      make(map[net.Conn]struct{}),
 	}
 	s.wg.Add(1)
 	go s.accept()
@@ -136,6 +199,11 @@ func (s *Server) accept() {
 			c.Close()
 			return
 		}
+		if len(s.conns) >= s.cfg.MaxConns {
+			s.mu.Unlock()
+			c.Close() // full: the client sees the handshake fail
+			continue
+		}
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
@@ -157,17 +225,45 @@ func (s *Server) serve(c net.Conn) {
 	if err := auth.Accept(c, s.key, purpose, time.Now().Add(s.cfg.HandshakeTimeout)); err != nil {
 		return // not a member of this job
 	}
-	r := bufio.NewReader(c)
+	// A fixed-size reader: it never grows with the frames.
+	r := bufio.NewReaderSize(c, 4<<10)
 	var buf, out []byte
 	for {
-		req, err := readFrame(r, &buf)
-		if err != nil {
-			return // EOF, closed, or a malformed frame: drop the client
+		// Idle between frames for as long as the client likes; once a
+		// frame has begun, all of it within FrameTimeout.
+		c.SetReadDeadline(time.Time{})
+		if _, err := r.Peek(1); err != nil {
+			return // EOF or closed
 		}
-		resp := s.handle(&req)
+		c.SetReadDeadline(time.Now().Add(s.cfg.FrameTimeout))
+		var resp message
+		req, err := readFrame(r, &buf, s.frameLimit)
+		var big *frameTooLargeError
+		switch {
+		case errors.As(err, &big):
+			// Skip the body through a small buffer: the frame is refused,
+			// the connection stays in step.
+			if _, err := io.CopyN(io.Discard, r, int64(big.N)); err != nil {
+				return
+			}
+			resp = message{Code: statusBadRequest, Value: fmt.Appendf(nil, "frame of %d bytes exceeds the server's %d-byte limit (values of at most %d bytes)", big.N, big.Limit, s.cfg.MaxValueBytes)}
+		case err != nil:
+			return // closed, stalled mid-frame, or malformed: drop the client
+		default:
+			resp = s.handle(&req)
+		}
 		out = resp.encode(out[:0])
+		c.SetWriteDeadline(time.Now().Add(s.cfg.FrameTimeout))
 		if _, err := c.Write(out); err != nil {
 			return
+		}
+		// One large frame must not pin its memory for the connection's
+		// life (ranks hold theirs for the whole job).
+		if cap(buf) > keepBufBytes {
+			buf = nil
+		}
+		if cap(out) > keepBufBytes {
+			out = nil
 		}
 	}
 }
@@ -217,12 +313,19 @@ func (s *Server) apply(req *message) (resp message, block bool) {
 		return message{Code: statusBadRequest, Value: fmt.Appendf(nil, format, a...)}
 	}
 	needKeys := func(n int) bool { return len(req.Keys) == n }
+	for _, k := range req.Keys {
+		if len(k) > MaxKeyBytes {
+			return bad("%s: key of %d bytes exceeds the %d-byte limit", op(req.Code), len(k), MaxKeyBytes), false
+		}
+	}
 	switch op(req.Code) {
 	case opSet:
 		if !needKeys(1) {
 			return bad("set takes one key"), false
 		}
-		s.put(req.Keys[0], req.Value)
+		if why := s.put(req.Keys[0], req.Value); why != "" {
+			return bad("set %q: %s", req.Keys[0], why), false
+		}
 		return message{Code: statusOK}, false
 	case opGet:
 		if !needKeys(1) {
@@ -246,7 +349,9 @@ func (s *Server) apply(req *message) (resp message, block bool) {
 			cur = n
 		}
 		cur += req.N
-		s.put(req.Keys[0], strconv.AppendInt(nil, cur, 10))
+		if why := s.put(req.Keys[0], strconv.AppendInt(nil, cur, 10)); why != "" {
+			return bad("add %q: %s", req.Keys[0], why), false
+		}
 		return message{Code: statusOK, N: cur}, false
 	case opCompareAndSet:
 		if !needKeys(1) {
@@ -256,7 +361,9 @@ func (s *Server) apply(req *message) (resp message, block bool) {
 		v, ok := s.data[k]
 		// A missing key matches an empty expected value, as in TCPStore.
 		if (!ok && len(req.Value) == 0) || (ok && string(v) == string(req.Value)) {
-			s.put(k, req.Value2)
+			if why := s.put(k, req.Value2); why != "" {
+				return bad("compare-and-set %q: %s", k, why), false
+			}
 			return message{Code: statusOK, Value: req.Value2}, false
 		}
 		if !ok {
@@ -281,9 +388,11 @@ func (s *Server) apply(req *message) (resp message, block bool) {
 		if !needKeys(1) {
 			return bad("delete takes one key"), false
 		}
-		if _, ok := s.data[req.Keys[0]]; !ok {
+		v, ok := s.data[req.Keys[0]]
+		if !ok {
 			return message{Code: statusNotFound}, false
 		}
+		s.bytes -= int64(len(req.Keys[0]) + len(v))
 		delete(s.data, req.Keys[0])
 		s.notify()
 		return message{Code: statusOK}, false
@@ -293,16 +402,40 @@ func (s *Server) apply(req *message) (resp message, block bool) {
 		if !needKeys(1) {
 			return bad("abort takes one key (the prefix)"), false
 		}
-		s.abort(req.Keys[0], int(req.N), string(req.Value))
+		reason := req.Value
+		if len(reason) > maxReasonBytes {
+			reason = reason[:maxReasonBytes]
+		}
+		s.abort(req.Keys[0], int(req.N), string(reason))
 		return message{Code: statusOK}, false
 	}
 	return bad("unknown op %d", req.Code), false
 }
 
-// put stores a copy of v (the request buffer is reused) and wakes waiters.
-func (s *Server) put(k string, v []byte) {
+// put stores a copy of v (the request buffer is reused) and wakes
+// waiters, under s.mu. It refuses, saying why, a value or a store beyond
+// the configured limits.
+func (s *Server) put(k string, v []byte) (refused string) {
+	if len(v) > s.cfg.MaxValueBytes {
+		return fmt.Sprintf("value of %d bytes exceeds the %d-byte limit", len(v), s.cfg.MaxValueBytes)
+	}
+	old, exists := s.data[k]
+	total := s.bytes + int64(len(v))
+	if exists {
+		total -= int64(len(old))
+	} else {
+		if len(s.data) >= s.cfg.MaxKeys {
+			return fmt.Sprintf("the store holds %d keys, its limit", len(s.data))
+		}
+		total += int64(len(k))
+	}
+	if total > s.cfg.MaxTotalBytes {
+		return fmt.Sprintf("the store would hold %d bytes, beyond its %d-byte limit", total, s.cfg.MaxTotalBytes)
+	}
 	s.data[k] = append([]byte(nil), v...)
+	s.bytes = total
 	s.notify()
+	return ""
 }
 
 // notify wakes every blocked request, under s.mu. Once the server is
@@ -322,6 +455,9 @@ func (s *Server) notify() {
 // oldest is forgotten (a launcher aborts one prefix per attempt, so the
 // newest are those whose ranks may still be waiting).
 const maxAborts = 1024
+
+// maxReasonBytes bounds the reason an abort keeps.
+const maxReasonBytes = 4 << 10
 
 // abortRecord is one aborted prefix: who aborted it and why.
 type abortRecord struct {

@@ -30,11 +30,30 @@ import (
 
 const (
 	wireVersion  = 1
-	maxFrame     = 64 << 20 // largest frame accepted
-	maxKeys      = 1 << 16
 	fixedHeader  = 1 + 1 + 2 + 4 + 8
 	lengthPrefix = 4
+
+	// MaxKeyBytes is the longest key a server accepts.
+	MaxKeyBytes = 4 << 10
+	// maxKeyListBytes bounds the keys of one frame, length prefixes
+	// included: a Wait on 65535 keys of 60 bytes fits.
+	maxKeyListBytes = 4 << 20
+	// maxValueLimit is the largest ServerConfig.MaxValueBytes; a client
+	// accepts any frame a server so configured may send.
+	maxValueLimit = 256 << 20
+	// keepBufBytes: a connection keeps its frame buffers between frames
+	// only up to this size, so that one large frame does not pin its
+	// memory for the connection's whole life.
+	keepBufBytes = 64 << 10
 )
+
+// frameLimit is the largest frame that can carry values of up to
+// maxValue bytes: the header, the key list and two values
+// (CompareAndSet's). A frame that announces more is refused before any of
+// it is allocated.
+func frameLimit(maxValue int) uint32 {
+	return uint32(fixedHeader + maxKeyListBytes + 2*(4+maxValue))
+}
 
 type op uint8
 
@@ -178,15 +197,28 @@ func decode(body []byte) (message, error) {
 	return m, nil
 }
 
-// readFrame reads one frame from r into buf (grown as needed) and decodes it.
-func readFrame(r io.Reader, buf *[]byte) (message, error) {
+// frameTooLargeError is readFrame's error for a frame that announces more
+// than the limit; its body (N bytes) is still unread.
+type frameTooLargeError struct{ N, Limit uint32 }
+
+func (e *frameTooLargeError) Error() string {
+	return fmt.Sprintf("rendezvous: malformed frame: frame of %d bytes exceeds the %d-byte limit", e.N, e.Limit)
+}
+
+func (e *frameTooLargeError) Is(target error) bool { return target == errMalformed }
+
+// readFrame reads one frame of at most limit bytes from r into buf (grown
+// as needed) and decodes it. A frame that announces more than limit is a
+// *frameTooLargeError, returned before anything is allocated for it and
+// with its body left unread.
+func readFrame(r io.Reader, buf *[]byte, limit uint32) (message, error) {
 	var lp [lengthPrefix]byte
 	if _, err := io.ReadFull(r, lp[:]); err != nil {
 		return message{}, err
 	}
 	n := binary.LittleEndian.Uint32(lp[:])
-	if n > maxFrame {
-		return message{}, fmt.Errorf("%w: frame of %d bytes exceeds the %d-byte limit", errMalformed, n, maxFrame)
+	if n > limit {
+		return message{}, &frameTooLargeError{N: n, Limit: limit}
 	}
 	if cap(*buf) < int(n) {
 		*buf = make([]byte, n)

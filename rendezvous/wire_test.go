@@ -21,7 +21,7 @@ func TestWireRoundTrip(t *testing.T) {
 	}
 	for _, m := range cases {
 		frame := m.encode(nil)
-		got, err := readFrame(bytes.NewReader(frame), new([]byte))
+		got, err := readFrame(bytes.NewReader(frame), new([]byte), frameLimit(DefaultMaxValueBytes))
 		if err != nil {
 			t.Fatalf("%+v: %v", m, err)
 		}
