@@ -2,8 +2,6 @@ package intra
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -73,6 +71,7 @@ type Group struct {
 	rank   int
 	size   int
 	lay    layout
+	job    uint64 // jobHash(cfg.ShmPrefix), in every segment's identity
 	seg    *shm.Segment
 	mem    []byte
 	ctrls  []*ctrl
@@ -154,17 +153,22 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 	defer func() {
 		if err != nil {
 			g.release()
-			err = fault.New("init", g.global(g.rank), -1, err, "")
+			if _, ok := err.(*fault.OpError); !ok {
+				err = fault.New("init", g.global(g.rank), -1, err, "")
+			}
 		}
 	}()
-	seg, err := g.shareSegment(ctx, "seg", lay.total, func(mem []byte) { lay.writeIdentity(mem) })
+	g.job = jobHash(cfg.ShmPrefix)
+	if g.rank == 0 {
+		// Remove what killed jobs left before adding to /dev/shm: one
+		// ReadDir, and a look at /proc for each tagged name.
+		shm.SweepOrphans()
+	}
+	seg, err := g.shareSegment(ctx, "init", "seg", lay.total, lay.identity(g.job))
 	if err != nil {
 		return g, err
 	}
 	g.seg, g.mem = seg, seg.Mem
-	if err := lay.checkIdentity(g.mem); err != nil {
-		return g, err
-	}
 	g.bind()
 	me := g.ctrls[g.rank]
 	atomic.StoreUint32(&me.pid, uint32(os.Getpid()))
@@ -226,47 +230,69 @@ func (g *Group) bind() {
 	}
 }
 
-// shareSegment creates (local rank 0) or opens (the others) a segment named
-// through the store under key, and unlinks its name once all have mapped it.
-func (g *Group) shareSegment(ctx context.Context, key string, size int, fill func([]byte)) (*shm.Segment, error) {
+// shareSegment creates (local rank 0) or opens (the others) a segment of
+// size bytes whose name travels through the store under key, and unlinks
+// its name once all have mapped it. Its errors are *fault.OpError of op.
+//
+// A name read from the store is not trusted: it must be one of this
+// group's (ShmPrefix + key + "-", shm.CheckName), and the file must be a
+// regular file of ours, of exactly size bytes, whose first page holds id
+// (written by rank 0 before it publishes the name); otherwise the rank
+// fails with ErrInvalid, naming rank 0, and neither maps nor unlinks the
+// file. A segment that ranks cannot agree on (an Alloc of another size) is
+// left for the last rank to map, or for shm.SweepOrphans and the launcher.
+func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id identity) (*shm.Segment, error) {
 	st, base := g.cfg.Store, g.cfg.Key+"/"+key
+	prefix := g.cfg.ShmPrefix + key + "-"
+	me, root := g.global(g.rank), g.global(0)
 	var seg *shm.Segment
 	if g.rank == 0 {
-		var nonce [6]byte
-		rand.Read(nonce[:])
-		name := g.cfg.ShmPrefix + key + "-" + hex.EncodeToString(nonce[:])
-		s, err := shm.Create(name, size)
+		name, err := shm.NewName(prefix)
+		var s *shm.Segment
+		if err == nil {
+			s, err = shm.Create(name, size)
+		}
 		if err != nil {
 			// Tell the others at once rather than letting them time out.
 			st.Set(ctx, base, []byte("error: "+err.Error()))
-			return nil, err
+			if errors.Is(err, shm.ErrNoSpace) || errors.Is(err, shm.ErrBadName) {
+				err = fmt.Errorf("%w: %w", fault.ErrInvalid, err)
+			}
+			return nil, fault.New(op, me, -1, err, "")
 		}
-		if fill != nil {
-			fill(s.Mem)
-		}
+		id.write(s.Mem)
 		seg = s
 		if err := st.Set(ctx, base, []byte(name)); err != nil {
 			shm.Unlink(name)
 			seg.Close()
-			return nil, err
+			return nil, fault.New(op, me, -1, err, "publishing the segment name")
 		}
 	} else {
 		v, err := st.Get(ctx, base)
 		if err != nil {
-			return nil, waitErr(err, "segment name from local rank 0")
+			return nil, fault.New(op, me, root, waitErr(err, "the segment name from local rank 0"), "")
 		}
 		name := string(v)
 		if msg, ok := strings.CutPrefix(name, "error: "); ok {
-			return nil, fmt.Errorf("%w: local rank 0 could not create shared memory: %s", fault.ErrPeerLost, msg)
+			return nil, fault.New(op, me, root, fault.ErrPeerLost, "local rank 0 could not create shared memory: %s", msg)
 		}
-		if seg, err = shm.Open(name); err != nil {
-			return nil, err
+		if err := shm.CheckName(name, prefix); err != nil {
+			return nil, fault.New(op, me, root, fmt.Errorf("%w: %w", fault.ErrInvalid, err), "segment name published for local rank 0")
+		}
+		if seg, err = shm.Open(name, size, id.check); err != nil {
+			switch {
+			case errors.Is(err, shm.ErrWrongSize) && id.kind == kindBuffer:
+				err = fmt.Errorf("%w: %w", fault.ErrSizeMismatch, err)
+			case errors.Is(err, shm.ErrBadName) || errors.Is(err, shm.ErrForeign) || errors.Is(err, shm.ErrWrongSize):
+				err = fmt.Errorf("%w: %w", fault.ErrInvalid, err)
+			}
+			return nil, fault.New(op, me, root, err, "segment published for local rank 0")
 		}
 	}
 	n, err := st.Add(ctx, base+"/mapped", 1)
 	if err != nil {
 		seg.Close()
-		return nil, err
+		return nil, fault.New(op, me, -1, err, "counting the ranks that mapped the segment")
 	}
 	if int(n) == g.size {
 		shm.Unlink(seg.Name)

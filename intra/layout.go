@@ -3,6 +3,7 @@ package intra
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"unsafe"
 )
 
@@ -15,8 +16,9 @@ const (
 	InlineBytes = headerBytes - headerFixed
 	headerFixed = 40
 
-	segMagic   = 0x736c696d65676f31 // "slimego1"
-	segVersion = 1
+	segMagic = 0x736c696d65676f31 // "slimego1"
+	// segVersion 2: the identity names the kind, the size and the job.
+	segVersion = 2
 )
 
 // ctrl is a rank's control line.
@@ -95,29 +97,85 @@ func newLayout(L, K, C int) (layout, error) {
 
 func roundUp(n, m int) int { return (n + m - 1) / m * m }
 
-// writeIdentity stamps the segment so that an opener can check it maps what
-// it expects.
-func (l layout) writeIdentity(mem []byte) {
-	binary.LittleEndian.PutUint64(mem[0:], segMagic)
-	binary.LittleEndian.PutUint32(mem[8:], segVersion)
-	binary.LittleEndian.PutUint32(mem[12:], uint32(l.L))
-	binary.LittleEndian.PutUint32(mem[16:], uint32(l.K))
-	binary.LittleEndian.PutUint32(mem[20:], uint32(l.C))
+// identity is the first bytes of every segment: what it is, its geometry,
+// its size, and which group made it (a hash of the group's ShmPrefix, which
+// names the job, the attempt and the communicator). An opener checks it on
+// the first page before it maps the rest, so that a file some other client
+// named in the store, or another job's segment, is refused.
+type identity struct {
+	kind    uint32 // kindGroup or kindBuffer
+	a, b, c uint32 // ranks, slots, slot bytes; or ranks, buffer id, stride in pages
+	job     uint64
+	total   uint64 // bytes of the whole segment
 }
 
-func (l layout) checkIdentity(mem []byte) error {
-	if len(mem) < l.total {
-		return fmt.Errorf("segment holds %d bytes, want %d", len(mem), l.total)
+const (
+	kindGroup  = 1
+	kindBuffer = 2
+)
+
+func (id identity) write(mem []byte) {
+	binary.LittleEndian.PutUint64(mem[0:], segMagic)
+	binary.LittleEndian.PutUint32(mem[8:], segVersion)
+	binary.LittleEndian.PutUint32(mem[12:], id.kind)
+	binary.LittleEndian.PutUint32(mem[16:], id.a)
+	binary.LittleEndian.PutUint32(mem[20:], id.b)
+	binary.LittleEndian.PutUint32(mem[24:], id.c)
+	binary.LittleEndian.PutUint64(mem[32:], id.job)
+	binary.LittleEndian.PutUint64(mem[40:], id.total)
+}
+
+func readIdentity(mem []byte) (id identity, err error) {
+	if len(mem) < identityBytes {
+		return id, fmt.Errorf("segment header holds %d bytes, want %d", len(mem), identityBytes)
 	}
 	if binary.LittleEndian.Uint64(mem[0:]) != segMagic || binary.LittleEndian.Uint32(mem[8:]) != segVersion {
-		return fmt.Errorf("segment is not a slimego v%d segment", segVersion)
+		return id, fmt.Errorf("segment is not a slimego v%d segment", segVersion)
 	}
-	L, K, C := binary.LittleEndian.Uint32(mem[12:]), binary.LittleEndian.Uint32(mem[16:]), binary.LittleEndian.Uint32(mem[20:])
-	if int(L) != l.L || int(K) != l.K || int(C) != l.C {
-		return fmt.Errorf("segment geometry %d ranks × %d slots × %d bytes, want %d × %d × %d", L, K, C, l.L, l.K, l.C)
+	id.kind = binary.LittleEndian.Uint32(mem[12:])
+	id.a = binary.LittleEndian.Uint32(mem[16:])
+	id.b = binary.LittleEndian.Uint32(mem[20:])
+	id.c = binary.LittleEndian.Uint32(mem[24:])
+	id.job = binary.LittleEndian.Uint64(mem[32:])
+	id.total = binary.LittleEndian.Uint64(mem[40:])
+	return id, nil
+}
+
+// check says whether the header in mem is exactly want.
+func (want identity) check(mem []byte) error {
+	got, err := readIdentity(mem)
+	if err != nil {
+		return err
+	}
+	if got.job != want.job {
+		return fmt.Errorf("segment belongs to another job or communicator (identity %#x, want %#x)", got.job, want.job)
+	}
+	if got != want {
+		return fmt.Errorf("segment kind %d geometry %d × %d × %d of %d bytes, want kind %d %d × %d × %d of %d bytes",
+			got.kind, got.a, got.b, got.c, got.total, want.kind, want.a, want.b, want.c, want.total)
 	}
 	return nil
 }
+
+const identityBytes = 48
+
+// jobHash is the 64-bit FNV-1a hash of a group's ShmPrefix.
+func jobHash(prefix string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(prefix))
+	return h.Sum64()
+}
+
+func (l layout) identity(job uint64) identity {
+	return identity{kind: kindGroup, a: uint32(l.L), b: uint32(l.K), c: uint32(l.C), job: job, total: uint64(l.total)}
+}
+
+// writeIdentity stamps the segment so that an opener can check it maps what
+// it expects, made by the group it expects.
+func (l layout) writeIdentity(mem []byte, job uint64) { l.identity(job).write(mem) }
+
+// checkIdentity checks the header (the first page of the segment suffices).
+func (l layout) checkIdentity(mem []byte, job uint64) error { return l.identity(job).check(mem) }
 
 func (l layout) ctrl(mem []byte, r int) *ctrl {
 	return (*ctrl)(unsafe.Pointer(&mem[l.ctrlOff+r*lineBytes]))

@@ -2,6 +2,7 @@ package intra
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"unsafe"
 
@@ -32,16 +33,19 @@ func (g *Group) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	if n < 0 {
 		return nil, fault.New("alloc", g.global(g.rank), -1, fault.ErrInvalid, "negative size %d", n)
 	}
+	if n > (math.MaxInt-2*pageBytes)/g.size {
+		return nil, fault.New("alloc", g.global(g.rank), -1, fault.ErrInvalid, "%d bytes on each of %d ranks do not fit in memory", n, g.size)
+	}
 	id := len(g.bufs)
 	stride := roundUp(max(n, 1), pageBytes)
-	seg, err := g.shareSegment(ctx, "buf"+strconv.Itoa(id), g.size*stride, nil)
+	// One page of identity, then each rank's part.
+	total := pageBytes + g.size*stride
+	ident := identity{kind: kindBuffer, a: uint32(g.size), b: uint32(id), c: uint32(stride / pageBytes), job: g.job, total: uint64(total)}
+	seg, err := g.shareSegment(ctx, "alloc", "buf"+strconv.Itoa(id), total, ident)
 	if err != nil {
-		return nil, fault.New("alloc", g.global(g.rank), -1, err, "")
+		return nil, err
 	}
-	if len(seg.Mem) != g.size*stride {
-		seg.Close()
-		return nil, fault.New("alloc", g.global(g.rank), -1, fault.ErrSizeMismatch, "symmetric buffer %d: ranks asked for different sizes", id)
-	}
+	seg.Skip(pageBytes)
 	b := &Buffer{g: g, id: id, seg: seg, stride: stride}
 	b.bytes = seg.Mem[g.rank*stride : g.rank*stride+n : g.rank*stride+n]
 	g.bufs = append(g.bufs, b)

@@ -23,6 +23,7 @@ type waiter struct {
 	done      <-chan struct{}
 	ctx       context.Context
 	deadline  time.Time
+	budget    time.Duration // how long the waits may take, for errors
 	idleSince time.Time
 	armed     bool
 	bell      uint32
@@ -43,7 +44,11 @@ func (g *Group) newWaiter(ctx context.Context, op string) waiter {
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	return waiter{g: g, op: op, done: ctx.Done(), ctx: ctx, deadline: deadline, round: w0round(g)}
+	budget := g.cfg.Timeout
+	if d := time.Until(deadline); d < budget {
+		budget = d.Round(time.Millisecond)
+	}
+	return waiter{g: g, op: op, done: ctx.Done(), ctx: ctx, deadline: deadline, budget: budget, round: w0round(g)}
 }
 
 // progress says the caller's last poll found work: spin afresh next time.
@@ -109,7 +114,7 @@ func (w *waiter) check(peer int, what string) error {
 	default:
 	}
 	if time.Now().After(w.deadline) {
-		return fault.New(w.op, g.global(g.rank), g.global(peer), fault.ErrTimeout, "no %s after %v", what, g.cfg.Timeout)
+		return fault.New(w.op, g.global(g.rank), g.global(peer), fault.ErrTimeout, "waited %v for %s", w.budget, what)
 	}
 	return nil
 }

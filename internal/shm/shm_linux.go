@@ -1,8 +1,19 @@
 // Package shm maps POSIX shared-memory segments (files under /dev/shm) so
 // that ranks on one node can address each other's memory.
+//
+// Names that come from elsewhere (a rendezvous store) are not trusted:
+// Open refuses anything but a plain file name in Dir, does not follow links,
+// and checks the file's type, owner, size and header before it maps the
+// whole file. Create refuses a size that /dev/shm, the node's memory or the
+// cgroup's memory limit cannot hold, before anything is allocated. Names
+// made by NewName carry their creator's pid and start time, so that
+// SweepOrphans can remove what a killed job left.
 package shm
 
 import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,18 +25,95 @@ import (
 // Dir is where POSIX shared memory lives on Linux.
 const Dir = "/dev/shm"
 
+// Prefix starts the name of every segment slimego creates (see JobPrefix);
+// SweepOrphans looks only at names that start with it.
+const Prefix = "slimego-"
+
+// MaxName is the longest segment name (NAME_MAX).
+const MaxName = 255
+
+var (
+	// ErrNoSpace: a segment is larger than /dev/shm's free space, the
+	// memory available, or the cgroup's memory limit allows.
+	ErrNoSpace = errors.New("shm: not enough shared memory")
+	// ErrBadName: a segment name is not a plain name of this group's.
+	ErrBadName = errors.New("shm: unacceptable segment name")
+	// ErrForeign: the file under the name is not a segment this caller
+	// expects (a link, not a regular file, another user's, another
+	// header).
+	ErrForeign = errors.New("shm: not the expected segment")
+	// ErrWrongSize: the file has another size than the caller expects.
+	ErrWrongSize = errors.New("shm: segment has the wrong size")
+)
+
 // Segment is one mapping of a shared-memory file.
 type Segment struct {
 	Name string // file name under Dir
-	Mem  []byte
+	// Mem is the mapped memory, less the first bytes that Skip hid.
+	Mem   []byte
+	whole []byte // the whole mapping, for Close
+}
+
+// CheckName says whether name is acceptable as the name of a segment that
+// starts with prefix: it must start with prefix, be at most MaxName bytes,
+// and hold only ASCII letters, digits, '.', '_' and '-', with no "..". So it
+// is one plain file name inside Dir, never a path.
+func CheckName(name, prefix string) error {
+	switch {
+	case prefix == "" || !strings.HasPrefix(name, prefix):
+		return fmt.Errorf("%w: %q does not start with %q", ErrBadName, name, prefix)
+	case len(name) > MaxName:
+		return fmt.Errorf("%w: %q is %d bytes, longer than %d", ErrBadName, name[:32]+"...", len(name), MaxName)
+	case strings.Contains(name, ".."):
+		return fmt.Errorf("%w: %q holds \"..\"", ErrBadName, name)
+	}
+	for i := 0; i < len(name); i++ {
+		if !nameByte(name[i]) {
+			return fmt.Errorf("%w: %q holds the byte %#02x", ErrBadName, name, name[i])
+		}
+	}
+	return nil
+}
+
+func nameByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+}
+
+// NewName returns prefix, this process's owner tag and a random nonce:
+// prefix + "o<pid>.<start time>-" + 12 hex digits. SweepOrphans reads the
+// tag back to tell whether the creator still runs.
+func NewName(prefix string) (string, error) {
+	tag, err := ownerTag()
+	if err != nil {
+		return "", err
+	}
+	var nonce [6]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		return "", fmt.Errorf("shm: nonce: %w", err)
+	}
+	name := prefix + tag + "-" + hex.EncodeToString(nonce[:])
+	if err := CheckName(name, prefix); err != nil {
+		return "", err
+	}
+	return name, nil
 }
 
 // Create makes a new segment of size bytes (failing if the name exists) and
 // maps it, faulting every page in now so that the hot path never pays for a
-// first touch.
+// first touch. A size that the free space of Dir, the memory available or
+// the cgroup's limit cannot hold is ErrNoSpace, before any file exists.
 func Create(name string, size int) (*Segment, error) {
+	if err := plainName(name); err != nil {
+		return nil, err
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("shm: create %s of %d bytes: %w", name, size, unix.EINVAL)
+	}
+	if err := CheckSpace(int64(size)); err != nil {
+		return nil, fmt.Errorf("shm: create %s: %w", name, err)
+	}
 	path := filepath.Join(Dir, name)
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("shm: create %s: %w", path, err)
 	}
@@ -45,14 +133,29 @@ func Create(name string, size int) (*Segment, error) {
 		unix.Unlink(path)
 		return nil, fmt.Errorf("shm: map %s: %w", path, err)
 	}
-	return &Segment{Name: name, Mem: mem}, nil
+	return &Segment{Name: name, Mem: mem, whole: mem}, nil
 }
 
-// Open maps an existing segment in full.
-func Open(name string) (*Segment, error) {
+// Open maps an existing segment, which must be a regular file (not a link:
+// O_NOFOLLOW) owned by this user, of exactly size bytes. check is given the
+// first page (or the whole file, if smaller), mapped read-only, before
+// anything else is mapped; its error refuses the segment. A name that is
+// not one plain file name in Dir is ErrBadName, a file of another kind or
+// owner ErrForeign, another size ErrWrongSize.
+func Open(name string, size int, check func(head []byte) error) (*Segment, error) {
+	if err := plainName(name); err != nil {
+		return nil, err
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("shm: open %s of %d bytes: %w", name, size, unix.EINVAL)
+	}
 	path := filepath.Join(Dir, name)
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	// O_NONBLOCK: a FIFO planted under the name must not block the open.
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
+		if err == unix.ELOOP {
+			return nil, fmt.Errorf("%w: %s is a symbolic link", ErrForeign, path)
+		}
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
 	}
 	defer unix.Close(fd)
@@ -60,11 +163,40 @@ func Open(name string) (*Segment, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("shm: stat %s: %w", path, err)
 	}
-	mem, err := mapFD(fd, int(st.Size))
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("%w: %s is not a regular file (mode %#o)", ErrForeign, path, st.Mode)
+	}
+	if uid := uint32(os.Geteuid()); st.Uid != uid {
+		return nil, fmt.Errorf("%w: %s belongs to uid %d, not %d", ErrForeign, path, st.Uid, uid)
+	}
+	if st.Size != int64(size) {
+		return nil, fmt.Errorf("%w: %s holds %d bytes, want %d", ErrWrongSize, path, st.Size, size)
+	}
+	if check != nil {
+		head, err := unix.Mmap(fd, 0, min(size, os.Getpagesize()), unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			return nil, fmt.Errorf("shm: map the header of %s: %w", path, err)
+		}
+		err = check(head)
+		unix.Munmap(head)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrForeign, path, err)
+		}
+	}
+	mem, err := mapFD(fd, size)
 	if err != nil {
 		return nil, fmt.Errorf("shm: map %s: %w", path, err)
 	}
-	return &Segment{Name: name, Mem: mem}, nil
+	return &Segment{Name: name, Mem: mem, whole: mem}, nil
+}
+
+// plainName refuses what is not one file name inside Dir.
+func plainName(name string) error {
+	if name == "" || len(name) > MaxName || name == "." || name == ".." ||
+		strings.ContainsAny(name, "/\x00") {
+		return fmt.Errorf("%w: %q is not a file name in %s", ErrBadName, name, Dir)
+	}
+	return nil
 }
 
 func mapFD(fd, size int) ([]byte, error) {
@@ -74,19 +206,28 @@ func mapFD(fd, size int) ([]byte, error) {
 	return unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 }
 
+// Skip hides the first n bytes of the mapping (a header) from Mem; Close
+// still unmaps the whole.
+func (s *Segment) Skip(n int) {
+	s.Mem = s.Mem[n:len(s.Mem):len(s.Mem)]
+}
+
 // Close unmaps the segment. The file itself is removed by Unlink.
 func (s *Segment) Close() error {
-	if s == nil || s.Mem == nil {
+	if s == nil || s.whole == nil {
 		return nil
 	}
-	err := unix.Munmap(s.Mem)
-	s.Mem = nil
+	err := unix.Munmap(s.whole)
+	s.Mem, s.whole = nil, nil
 	return err
 }
 
 // Unlink removes the segment's name; mappings stay valid until unmapped.
 // A name already gone is not an error.
 func Unlink(name string) error {
+	if err := plainName(name); err != nil {
+		return err
+	}
 	err := unix.Unlink(filepath.Join(Dir, name))
 	if err == unix.ENOENT {
 		return nil
@@ -117,4 +258,4 @@ func RemovePrefix(prefix string) ([]string, error) {
 
 // JobPrefix starts the name of every segment of the run with this id, so
 // that a launcher can remove what a killed job left (RemovePrefix).
-func JobPrefix(runID string) string { return "slimego-" + runID + "-" }
+func JobPrefix(runID string) string { return Prefix + runID + "-" }

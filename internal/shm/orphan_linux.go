@@ -1,0 +1,113 @@
+package shm
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+var (
+	tagOnce sync.Once
+	tagVal  string
+	tagErr  error
+)
+
+// ownerTag is "o<pid>.<start time>" for this process: the start time (in
+// clock ticks since boot, /proc/<pid>/stat field 22) tells this process
+// from a later one that reuses its pid.
+func ownerTag() (string, error) {
+	tagOnce.Do(func() {
+		var start uint64
+		start, tagErr = startTime("self")
+		tagVal = fmt.Sprintf("o%d.%d", os.Getpid(), start)
+	})
+	return tagVal, tagErr
+}
+
+// startTime reads field 22 of /proc/<pid>/stat. The second field, the
+// command name, may hold spaces and parentheses, so fields are counted
+// from the last ')'.
+func startTime(pid string) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("shm: /proc/%s/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state), so field 22 is f[19].
+	if len(f) < 20 {
+		return 0, fmt.Errorf("shm: /proc/%s/stat: %d fields", pid, len(f)+2)
+	}
+	v, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("shm: /proc/%s/stat: start time: %w", pid, err)
+	}
+	return v, nil
+}
+
+// ownerRE finds the owner tag that NewName puts before the nonce.
+var ownerRE = regexp.MustCompile(`-o([0-9]{1,10})\.([0-9]{1,20})-[0-9a-f]+$`)
+
+// SweepOrphans removes the segments that outlived the process that created
+// them: names that start with Prefix and carry an owner tag (NewName),
+// regular files owned by this user, whose creator no longer runs or whose
+// pid now belongs to a process started at another time. A killed launcher's
+// workers die before the last of them maps (and unlinks) a segment; this is
+// what removes it later. Names without a tag are left alone. A creator in
+// another pid namespace that shares Dir would look gone: slimego assumes
+// the ranks of a node see each other's pids (they already need to, to
+// watch each other).
+func SweepOrphans() (removed []string, err error) {
+	entries, err := os.ReadDir(Dir)
+	if err != nil {
+		return nil, fmt.Errorf("shm: sweep: %w", err)
+	}
+	uid := uint32(os.Geteuid())
+	alive := map[string]uint64{} // pid -> start time, or ^0 when gone
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, Prefix) || !e.Type().IsRegular() {
+			continue
+		}
+		m := ownerRE.FindStringSubmatch(name)
+		if m == nil {
+			continue
+		}
+		pid, start := m[1], m[2]
+		want, err := strconv.ParseUint(start, 10, 64)
+		if err != nil {
+			continue
+		}
+		got, seen := alive[pid]
+		if !seen {
+			got = ^uint64(0)
+			if s, err := startTime(pid); err == nil {
+				got = s
+			} else if !os.IsNotExist(err) && err != syscall.ESRCH {
+				continue // cannot tell: keep it
+			}
+			alive[pid] = got
+		}
+		if got == want {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Lstat(Dir+"/"+name, &st) != nil || st.Uid != uid || st.Mode&unix.S_IFMT != unix.S_IFREG {
+			continue
+		}
+		if err := unix.Unlink(Dir + "/" + name); err == nil {
+			removed = append(removed, name)
+		}
+	}
+	return removed, nil
+}
