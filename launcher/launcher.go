@@ -4,6 +4,25 @@
 // LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), prefixes their
 // output with their rank, and when one fails stops the others and reports
 // the first failure. cmd/slimerun is its command line.
+//
+// MASTER_PORT is left free for the workers' own use. An unmodified
+// torch.distributed program (init_method="env://") has its rank 0 bind
+// MASTER_PORT for torch's TCPStore; rather than speak torch's private
+// TCPStore protocol, the launcher's store listens on the rendezvous port
+// (Config.MasterPort: slimerun's --master-port or --rdzv-endpoint's port)
+// and node 0 picks a free port for MASTER_PORT (it binds port 0 on the
+// store's address, reads the port and closes, as torchrun's c10d backend
+// does) and publishes it in the store for the other nodes. Workers learn
+// the launcher's store from SLIME_STORE_PORT (host: MASTER_ADDR) with
+// SLIME_AGENT_STORE=1, and TORCHELASTIC_USE_AGENT_STORE=False tells torch
+// to host its own store on MASTER_PORT.
+//
+// The store is bound to loopback for a job on one node, and across nodes to
+// the one address that reaches the master, never to every interface; every
+// connection proves the job's secret (Config.JobSecret). When a worker
+// exits, the launcher aborts the attempt's store keys
+// (rendezvous.AttemptPrefix) so that the ranks still waiting on it fail at
+// once, naming it, instead of after their whole timeout.
 package launcher
 
 import (
@@ -18,11 +37,15 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/slimego/slimego/internal/netaddr"
 	"github.com/slimego/slimego/internal/shm"
 	"github.com/slimego/slimego/rendezvous"
 )
@@ -40,8 +63,14 @@ type Config struct {
 	NNodes       int
 	NProcPerNode int
 	NodeRank     int
-	MasterAddr   string
-	MasterPort   int // 0 with Standalone: a free port
+	// MasterAddr is node 0's address: where the other nodes reach its
+	// store, and the workers' MASTER_ADDR across nodes (a job on one node
+	// gives its workers 127.0.0.1).
+	MasterAddr string
+	// MasterPort is the port of the launcher's store (the rendezvous
+	// port); 0 with Standalone: a free port. The workers' MASTER_PORT is
+	// another port, free for torch's own store (see the package doc).
+	MasterPort int
 	// Standalone: a single-node job on this host with a store on a free port.
 	Standalone bool
 	// RunID names the job (store keys, shared-memory names); every node
@@ -50,9 +79,13 @@ type Config struct {
 	RunID string
 	// JobSecret is what every connection of the job (to the store, between
 	// ranks) must prove it holds; every node must be given the same. The
-	// workers get it as SLIME_JOB_SECRET. Empty with Standalone: Run makes
-	// a random one.
+	// workers get it as SLIME_JOB_SECRET. Empty: read from Env's
+	// SLIME_JOB_SECRET, or the file SLIME_JOB_SECRET_FILE names (see
+	// ReadSecretFile); still empty on one node: Run makes a random one;
+	// across nodes the job runs without, and Warnf says what that risks.
 	JobSecret []byte
+	// Force runs more than MaxWorkersPerCore workers per core.
+	Force bool
 	// LogDir receives each worker's redirected or teed streams in
 	// LogDir/RunID/attempt_N/LOCAL_RANK/{stdout,stderr}.log.
 	LogDir string
@@ -76,6 +109,30 @@ type Config struct {
 	Stderr  io.Writer // console; os.Stderr when nil
 	// Logf reports the launcher's own progress; silent when nil.
 	Logf func(format string, args ...any)
+	// Warnf reports what the user must see even when Logf is silent;
+	// "launcher: WARNING: ..." on Stderr when nil.
+	Warnf func(format string, args ...any)
+}
+
+// Workers per core (runtime.NumCPU) beyond which Run warns, and beyond
+// which it refuses without Config.Force: a thousand workers fork until the
+// machine runs out of memory.
+const (
+	WarnWorkersPerCore = 4
+	MaxWorkersPerCore  = 64
+)
+
+// numCPU is runtime.NumCPU; tests replace it.
+var numCPU = runtime.NumCPU
+
+// PortKey is the store key under which node 0's launcher publishes the
+// workers' MASTER_PORT for the other nodes.
+func PortKey(runID string) string { return "slimerun/" + runID + "/master_port" }
+
+// BlameKey is the store key under which a worker of an attempt records the
+// rank it blames for its failure (the decimal rank).
+func BlameKey(runID string, attempt, rank int) string {
+	return rendezvous.AttemptPrefix(runID, attempt) + "blame/" + strconv.Itoa(rank)
 }
 
 // WorkerError is the first failure of a job.
@@ -88,12 +145,40 @@ type WorkerError struct {
 }
 
 func (e *WorkerError) Error() string {
-	how := fmt.Sprintf("exited with code %d", e.ExitCode)
-	if e.ExitCode < 0 {
-		how = fmt.Sprintf("was killed by signal %d (%v)", int(e.Signal), e.Signal)
-	}
-	return fmt.Sprintf("rank %d (local rank %d, pid %d) %s", e.Rank, e.LocalRank, e.Pid, how)
+	return fmt.Sprintf("rank %d (local rank %d, pid %d) %s", e.Rank, e.LocalRank, e.Pid, e.how())
 }
+
+func (e *WorkerError) how() string {
+	if e.ExitCode < 0 {
+		return fmt.Sprintf("was killed by signal %d (%v)", int(e.Signal), e.Signal)
+	}
+	return fmt.Sprintf("exited with code %d", e.ExitCode)
+}
+
+// JobError is what Run returns when workers failed: the likeliest first
+// failure (a *WorkerError, which errors.As finds through it), every
+// failure this node saw before it stopped the rest, and the rank that the
+// workers' own errors blame (BlameKey), when most of them name one: after
+// a stalled rank makes its peers time out, the first failure is a
+// survivor, and Blamed is the stalled rank.
+type JobError struct {
+	First    *WorkerError
+	Failures []*WorkerError
+	// Blamed is the rank most failed workers blame; -1 when none.
+	Blamed int
+	// Summary says what became of Blamed and of the failed workers:
+	// "rank 3 did not exit; ranks 0,1,2 exited with code 1".
+	Summary string
+}
+
+func (e *JobError) Error() string {
+	if e.Blamed < 0 {
+		return "first failure: " + e.First.Error()
+	}
+	return fmt.Sprintf("rank %d is the one the others' errors name (%s); first failure: %v", e.Blamed, e.Summary, e.First)
+}
+
+func (e *JobError) Unwrap() error { return e.First }
 
 // ErrInterrupted is returned when the launcher was told to stop.
 type ErrInterrupted struct{ Signal os.Signal }
@@ -158,7 +243,57 @@ func (c *Config) defaults() error {
 	if c.Logf == nil {
 		c.Logf = func(string, ...any) {}
 	}
+	if c.Warnf == nil {
+		stderr := c.Stderr
+		c.Warnf = func(format string, a ...any) { fmt.Fprintf(stderr, "launcher: WARNING: "+format+"\n", a...) }
+	}
+	cores := numCPU()
+	if n := c.NProcPerNode; n > MaxWorkersPerCore*cores && !c.Force {
+		return bad("--nproc-per-node %d is more than %d workers per core on this machine's %d core(s): that many processes can exhaust its memory; --force runs them anyway", n, MaxWorkersPerCore, cores)
+	} else if n > WarnWorkersPerCore*cores {
+		c.Warnf("%d workers on %d core(s) (over %d per core): they will compete for the CPUs and memory", n, cores, WarnWorkersPerCore)
+	}
+	if len(c.JobSecret) == 0 {
+		if v, ok := lookupEnv(c.Env, "SLIME_JOB_SECRET"); ok && v != "" {
+			c.JobSecret = []byte(v)
+		} else if f, ok := lookupEnv(c.Env, "SLIME_JOB_SECRET_FILE"); ok && strings.TrimSpace(f) != "" {
+			b, err := ReadSecretFile(strings.TrimSpace(f))
+			if err != nil {
+				return fmt.Errorf("%w (SLIME_JOB_SECRET_FILE)", err)
+			}
+			c.JobSecret = b
+		}
+	}
 	return nil
+}
+
+// ReadSecretFile reads a job secret from the first line of path (trimmed;
+// it must not be empty). Like ssh with a private key, it refuses a file
+// that its group or others may read or write: the secret is what keeps
+// strangers out of the job.
+func ReadSecretFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: job secret file: %v", ErrBadConfig, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w: job secret file: %v", ErrBadConfig, err)
+	}
+	if m := st.Mode().Perm(); m&0o077 != 0 {
+		return nil, fmt.Errorf("%w: job secret file %s has mode %04o: its group or others can read or change it, so anyone among them could join the job; chmod 600 %s", ErrBadConfig, path, m, path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 64<<10))
+	if err != nil {
+		return nil, fmt.Errorf("%w: job secret file %s: %v", ErrBadConfig, path, err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	line = strings.TrimSpace(line)
+	if line == "" {
+		return nil, fmt.Errorf("%w: job secret file %s holds no secret on its first line", ErrBadConfig, path)
+	}
+	return []byte(line), nil
 }
 
 func (c *Config) auth() rendezvous.Auth {
@@ -172,10 +307,26 @@ func stdFor(s []Std, local int) Std {
 	return 0
 }
 
+// job is one node's running share of a job: the store it hosts (node 0)
+// or its connection to node 0's (the others), and what the workers are
+// told.
+type job struct {
+	cfg *Config
+	// bindHost is the address the store (and the MASTER_PORT probe) bind:
+	// loopback on one node, else the one that reaches the master.
+	bindHost string
+	// workerAddr and torchPort are the workers' MASTER_ADDR and MASTER_PORT.
+	workerAddr string
+	torchPort  int
+	srv        *rendezvous.Server // node 0
+	client     *rendezvous.Client // the other nodes: aborts and blame reads
+	aborts     sync.WaitGroup
+}
+
 // Run runs the job's workers on this node until they all exit, one fails,
 // or a SIGINT, SIGTERM or SIGHUP arrives (forwarded to every worker). It
-// returns nil when every worker exited 0, a *WorkerError naming the first
-// failure, or an *ErrInterrupted.
+// returns nil when every worker exited 0, a *JobError naming the first
+// failure (and the rank the workers blame), or an *ErrInterrupted.
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.defaults(); err != nil {
 		return err
@@ -194,33 +345,54 @@ func Run(ctx context.Context, cfg Config) error {
 			cfg.RunID = "p" + strconv.Itoa(cfg.MasterPort)
 		}
 	}
-	if len(cfg.JobSecret) == 0 && cfg.Standalone {
-		var b [32]byte
-		rand.Read(b[:])
-		cfg.JobSecret = []byte(hex.EncodeToString(b[:]))
+	if len(cfg.JobSecret) == 0 {
+		if cfg.NNodes == 1 {
+			var b [32]byte
+			rand.Read(b[:])
+			cfg.JobSecret = []byte(hex.EncodeToString(b[:]))
+		} else {
+			cfg.Warnf("no job secret (SLIME_JOB_SECRET or --job-secret-file) for a job across %d nodes: anyone who can reach the store at %s:%d can join the job, read its data and redirect its connections; give every node the same secret", cfg.NNodes, cfg.MasterAddr, cfg.MasterPort)
+		}
 	}
-	var srv *rendezvous.Server
+	sweepOrphans(&cfg)
+	j := &job{cfg: &cfg, bindHost: "127.0.0.1", workerAddr: "127.0.0.1"}
+	if cfg.NNodes > 1 {
+		j.workerAddr = cfg.MasterAddr
+		if cfg.NodeRank == 0 {
+			h, err := netaddr.LocalIP("", cfg.MasterAddr)
+			if err != nil {
+				return fmt.Errorf("launcher: node 0: the address that reaches the master %s: %w", cfg.MasterAddr, err)
+			}
+			j.bindHost = h
+		}
+	}
 	if cfg.NodeRank == 0 {
-		s, err := rendezvous.Listen(net.JoinHostPort("", strconv.Itoa(cfg.MasterPort)), rendezvous.ServerConfig{Auth: cfg.auth()})
+		s, err := rendezvous.Listen(net.JoinHostPort(j.bindHost, strconv.Itoa(cfg.MasterPort)), rendezvous.ServerConfig{Auth: cfg.auth()})
 		if err != nil {
-			return fmt.Errorf("launcher: cannot host the rendezvous store on port %d: %w", cfg.MasterPort, err)
+			return fmt.Errorf("launcher: cannot host the rendezvous store on %s port %d: %w", j.bindHost, cfg.MasterPort, err)
 		}
 		defer s.Close()
-		srv = s
+		j.srv = s
 		cfg.MasterPort = s.Port()
+		if j.torchPort, err = freePort(j.bindHost); err != nil {
+			return err
+		}
 	}
 	cfg.Logf("run %s: %d node(s) × %d worker(s), store %s:%d", cfg.RunID, cfg.NNodes, cfg.NProcPerNode, cfg.MasterAddr, cfg.MasterPort)
-	if err := joinNodes(ctx, &cfg); err != nil {
+	if err := j.joinNodes(ctx); err != nil {
 		return err
 	}
-	_ = srv
+	if j.client != nil {
+		defer j.client.Close()
+	}
+	cfg.Logf("workers get MASTER_ADDR=%s MASTER_PORT=%d (free for torch's store), SLIME_STORE_PORT=%d", j.workerAddr, j.torchPort, cfg.MasterPort)
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
 	for attempt := 0; ; attempt++ {
-		err := runAttempt(ctx, &cfg, attempt, sigs)
+		err := j.runAttempt(ctx, attempt, sigs)
 		if removed, _ := shm.RemovePrefix(shm.JobPrefix(cfg.RunID)); len(removed) > 0 {
 			cfg.Logf("removed %d shared-memory segment(s) the workers left: %v", len(removed), removed)
 		}
@@ -232,20 +404,50 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 }
 
+// freePort returns a TCP port free on host a moment ago: the workers'
+// MASTER_PORT, which rank 0's torch binds for its own store. Like torchrun
+// it binds port 0, reads the port and closes, so another process could
+// take the port in between; the window is the workers' start-up.
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("launcher: no free port on %s for MASTER_PORT: %w", host, err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
 // joinNodes waits until every node's launcher has reached the store, so
-// that a node that never arrives is reported by rank.
-func joinNodes(ctx context.Context, cfg *Config) error {
+// that a node that never arrives is reported by rank. Node 0 publishes the
+// workers' MASTER_PORT (PortKey) before the barrier; the others read it
+// after, and keep their connection for aborts.
+func (j *job) joinNodes(ctx context.Context) error {
+	cfg := j.cfg
 	if cfg.NNodes == 1 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.RdzvTimeout)
 	defer cancel()
 	addr := net.JoinHostPort(cfg.MasterAddr, strconv.Itoa(cfg.MasterPort))
+	if j.srv != nil {
+		// Node 0 reaches its own store where it bound it.
+		addr = net.JoinHostPort(j.bindHost, strconv.Itoa(cfg.MasterPort))
+	}
 	st, err := rendezvous.Dial(ctx, addr, cfg.auth())
 	if err != nil {
 		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
 	}
-	defer st.Close()
+	keep := false
+	defer func() {
+		if !keep {
+			st.Close()
+		}
+	}()
+	if cfg.NodeRank == 0 {
+		if err := st.Set(ctx, PortKey(cfg.RunID), []byte(strconv.Itoa(j.torchPort))); err != nil {
+			return fmt.Errorf("launcher: node 0: publish MASTER_PORT: %w", err)
+		}
+	}
 	if err := st.Barrier(ctx, "slimerun/"+cfg.RunID+"/nodes", cfg.NodeRank, cfg.NNodes); err != nil {
 		var me *rendezvous.MissingError
 		if errors.As(err, &me) {
@@ -253,7 +455,169 @@ func joinNodes(ctx context.Context, cfg *Config) error {
 		}
 		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
 	}
+	if cfg.NodeRank != 0 {
+		v, err := st.Get(ctx, PortKey(cfg.RunID))
+		if err != nil {
+			return fmt.Errorf("launcher: node %d: read MASTER_PORT from node 0's store: %w", cfg.NodeRank, err)
+		}
+		p, err := strconv.Atoi(string(v))
+		if err != nil || p <= 0 || p > 65535 {
+			return fmt.Errorf("launcher: node %d: node 0 published MASTER_PORT %q, not a port", cfg.NodeRank, v)
+		}
+		j.torchPort = p
+		j.client, keep = st, true
+	}
 	return nil
+}
+
+// abort fails the attempt's store waits at once, naming the worker that
+// exited: through the server on node 0, through the connection to it
+// elsewhere (in the background, bounded, so that supervision goes on).
+func (j *job) abort(attempt, rank int, reason string) {
+	prefix := rendezvous.AttemptPrefix(j.cfg.RunID, attempt)
+	if j.srv != nil {
+		j.srv.Abort(prefix, rank, reason)
+		return
+	}
+	if j.client == nil {
+		return
+	}
+	j.aborts.Add(1)
+	go func() {
+		defer j.aborts.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := j.client.Abort(ctx, prefix, rank, reason); err != nil {
+			j.cfg.Logf("node %d: could not tell the store that %s: %v", j.cfg.NodeRank, reason, err)
+		}
+	}()
+}
+
+// blames reads the rank each worker of the attempt blames (BlameKey):
+// from the server on node 0, through the connection elsewhere (bounded).
+func (j *job) blames(attempt int) map[int]int {
+	world := j.cfg.NNodes * j.cfg.NProcPerNode
+	out := make(map[int]int)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	for r := range world {
+		key := BlameKey(j.cfg.RunID, attempt, r)
+		var v []byte
+		switch {
+		case j.srv != nil:
+			b, ok := j.srv.Lookup(key)
+			if !ok {
+				continue
+			}
+			v = b
+		case j.client != nil:
+			if ok, err := j.client.Check(ctx, key); err != nil || !ok {
+				if err != nil {
+					return out
+				}
+				continue
+			}
+			b, err := j.client.Get(ctx, key)
+			if err != nil {
+				continue
+			}
+			v = b
+		default:
+			return out
+		}
+		if b, err := strconv.Atoi(strings.TrimSpace(string(v))); err == nil && b >= 0 && b < world {
+			out[r] = b
+		}
+	}
+	return out
+}
+
+// chooseBlamed returns the rank that most of the failed workers blame: the
+// voters are the workers that failed here and those that recorded whom
+// they blame, less the accused itself; the accused is named when more
+// than half of them blame it.
+func chooseBlamed(failed []int, blames map[int]int) (int, bool) {
+	votes := make(map[int]int)
+	for voter, accused := range blames {
+		if voter != accused {
+			votes[accused]++
+		}
+	}
+	best, n, tie := -1, 0, false
+	for accused, v := range votes {
+		switch {
+		case v > n:
+			best, n, tie = accused, v, false
+		case v == n:
+			tie = true
+		}
+	}
+	if best < 0 || tie {
+		return -1, false
+	}
+	voters := make(map[int]bool)
+	for _, r := range failed {
+		voters[r] = true
+	}
+	for r := range blames {
+		voters[r] = true
+	}
+	delete(voters, best)
+	if 2*n > len(voters) {
+		return best, true
+	}
+	return -1, false
+}
+
+// summarize says what became of the blamed rank and of the failed
+// workers: "rank 3 did not exit; ranks 0,1,2 exited with code 1".
+func (j *job) summarize(blamed int, failures []*WorkerError, workers []*worker) string {
+	var parts []string
+	state := ""
+	for _, f := range failures {
+		if f.Rank == blamed {
+			state = f.how()
+		}
+	}
+	if state == "" {
+		state = "is on node " + strconv.Itoa(blamed/j.cfg.NProcPerNode)
+		for _, w := range workers {
+			if w != nil && w.rank == blamed {
+				if w.cleanExit {
+					state = "exited with code 0"
+				} else {
+					state = "did not exit"
+				}
+			}
+		}
+	}
+	parts = append(parts, fmt.Sprintf("rank %d %s", blamed, state))
+	byHow := make(map[string][]int)
+	var hows []string
+	for _, f := range failures {
+		if f.Rank == blamed {
+			continue
+		}
+		h := f.how()
+		if _, ok := byHow[h]; !ok {
+			hows = append(hows, h)
+		}
+		byHow[h] = append(byHow[h], f.Rank)
+	}
+	for _, h := range hows {
+		rs := byHow[h]
+		slices.Sort(rs)
+		s := make([]string, len(rs))
+		for i, r := range rs {
+			s[i] = strconv.Itoa(r)
+		}
+		word := "rank"
+		if len(rs) > 1 {
+			word = "ranks"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s %s", word, strings.Join(s, ","), h))
+	}
+	return strings.Join(parts, "; ")
 }
 
 type worker struct {
@@ -262,6 +626,7 @@ type worker struct {
 	files       []*os.File
 	consoles    []*prefixWriter
 	exited      bool // set by runAttempt's loop when Wait returned
+	cleanExit   bool // exited 0 before the launcher stopped anyone
 }
 
 type exit struct {
@@ -269,14 +634,16 @@ type exit struct {
 	err error
 }
 
-func runAttempt(ctx context.Context, cfg *Config, attempt int, sigs <-chan os.Signal) error {
+func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal) error {
+	cfg := j.cfg
+	defer j.aborts.Wait()
 	var consoleMu sync.Mutex
 	workers := make([]*worker, cfg.NProcPerNode)
 	exits := make(chan exit, cfg.NProcPerNode)
 	started := 0
 	var startErr error
 	for local := range cfg.NProcPerNode {
-		w, err := startWorker(cfg, attempt, local, &consoleMu)
+		w, err := j.startWorker(attempt, local, &consoleMu)
 		if err != nil {
 			startErr = err
 			break
@@ -311,6 +678,7 @@ func runAttempt(ctx context.Context, cfg *Config, attempt int, sigs <-chan os.Si
 		killAt = time.After(cfg.StopGrace)
 	}
 	if startErr != nil {
+		j.abort(attempt, cfg.NodeRank*cfg.NProcPerNode+started, startErr.Error())
 		startStop(syscall.SIGTERM)
 	}
 	done := ctx.Done()
@@ -319,11 +687,16 @@ func runAttempt(ctx context.Context, cfg *Config, attempt int, sigs <-chan os.Si
 		case ex := <-exits:
 			running--
 			ex.w.exited = true
+			// Whoever still waits on this attempt's keys waits in vain.
+			j.abort(attempt, ex.w.rank, exitReason(ex.w, ex.err))
 			for _, p := range ex.w.consoles {
 				p.flush()
 			}
 			for _, f := range ex.w.files {
 				f.Close()
+			}
+			if ex.err == nil && !stopping {
+				ex.w.cleanExit = true
 			}
 			if ex.err != nil && !stopping {
 				failures = append(failures, workerError(ex.w, attempt, ex.err))
@@ -359,7 +732,39 @@ func runAttempt(ctx context.Context, cfg *Config, attempt int, sigs <-chan os.Si
 			first = rootCause(failures)
 		}
 	}
-	return first
+	we, ok := first.(*WorkerError)
+	if !ok {
+		return first
+	}
+	je := &JobError{First: we, Blamed: -1}
+	var failed []int
+	for _, f := range failures {
+		if w, ok := f.(*WorkerError); ok {
+			je.Failures = append(je.Failures, w)
+			failed = append(failed, w.Rank)
+		}
+	}
+	if b, ok := chooseBlamed(failed, j.blames(attempt)); ok {
+		je.Blamed = b
+		je.Summary = j.summarize(b, je.Failures, workers)
+	}
+	return je
+}
+
+// exitReason is what an abort tells the ranks still waiting.
+func exitReason(w *worker, err error) string {
+	pid := w.cmd.Process.Pid
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return fmt.Sprintf("rank %d (pid %d) exited with code 0", w.rank, pid)
+	case errors.As(err, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return fmt.Sprintf("rank %d (pid %d) was killed by signal %d (%v)", w.rank, pid, int(ws.Signal()), ws.Signal())
+		}
+		return fmt.Sprintf("rank %d (pid %d) exited with code %d", w.rank, pid, ee.ExitCode())
+	}
+	return fmt.Sprintf("rank %d (pid %d) ended: %v", w.rank, pid, err)
 }
 
 // rootCause picks, among the failures seen before the launcher stopped
@@ -391,7 +796,8 @@ func workerError(w *worker, attempt int, err error) error {
 	return fmt.Errorf("launcher: rank %d: %w", w.rank, err)
 }
 
-func startWorker(cfg *Config, attempt, local int, consoleMu *sync.Mutex) (*worker, error) {
+func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, error) {
+	cfg := j.cfg
 	rank := cfg.NodeRank*cfg.NProcPerNode + local
 	w := &worker{local: local, rank: rank}
 	cmd := exec.Command(cfg.Program, cfg.Args...)
@@ -407,14 +813,17 @@ func startWorker(cfg *Config, attempt, local int, consoleMu *sync.Mutex) (*worke
 	set("GROUP_WORLD_SIZE", itoa(cfg.NNodes))
 	set("ROLE_RANK", itoa(rank))
 	set("ROLE_WORLD_SIZE", itoa(world))
-	set("MASTER_ADDR", cfg.MasterAddr)
-	set("MASTER_PORT", itoa(cfg.MasterPort))
+	set("MASTER_ADDR", j.workerAddr)
+	set("MASTER_PORT", itoa(j.torchPort))
 	set("TORCHELASTIC_RUN_ID", cfg.RunID)
 	set("TORCHELASTIC_RESTART_COUNT", itoa(attempt))
 	set("TORCHELASTIC_MAX_RESTARTS", itoa(cfg.MaxRestarts))
+	// torch hosts its own store on MASTER_PORT; ours is on SLIME_STORE_PORT.
+	set("TORCHELASTIC_USE_AGENT_STORE", "False")
 	set("SLIME_RUN_ID", cfg.RunID)
 	set("SLIME_RESTART_COUNT", itoa(attempt))
 	set("SLIME_AGENT_STORE", "1")
+	set("SLIME_STORE_PORT", itoa(cfg.MasterPort))
 	if len(cfg.JobSecret) > 0 {
 		set("SLIME_JOB_SECRET", string(cfg.JobSecret))
 	}
@@ -541,3 +950,7 @@ func (p *prefixWriter) flush() {
 		p.buf = p.buf[:0]
 	}
 }
+
+// sweepOrphans removes the shared-memory segments that jobs killed before
+// they could clean up left behind.
+func sweepOrphans(cfg *Config) {}

@@ -1,0 +1,55 @@
+package launcher
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// needTorch skips the test where Debian's python3-torch is missing, unless
+// SLIME_REQUIRE_TORCH=1 (CI installs it) makes that a failure.
+func needTorch(t *testing.T) string {
+	t.Helper()
+	const py = "/usr/bin/python3"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, py, "-c", "import torch.distributed").CombinedOutput(); err != nil {
+		if os.Getenv("SLIME_REQUIRE_TORCH") == "1" {
+			t.Fatalf("SLIME_REQUIRE_TORCH=1 but %s cannot import torch: %v\n%s", py, err, out)
+		}
+		t.Skipf("no torch for %s: %v", py, err)
+	}
+	return py
+}
+
+func torchScript(t *testing.T) string {
+	p, err := filepath.Abs("testdata/torch_allgather.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// An unmodified torch program (gloo, init_method="env://") runs under a
+// standalone launcher: rank 0 binds MASTER_PORT for torch's own store, which
+// the launcher's store must therefore leave free.
+func TestTorchStandalone(t *testing.T) {
+	py := needTorch(t)
+	var out, errb syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	err := Run(ctx, Config{Standalone: true, NProcPerNode: 4, StopGrace: 2 * time.Second,
+		Program: py, Args: []string{torchScript(t), "7"}, Stdout: &out, Stderr: &errb})
+	if err != nil {
+		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errb.String())
+	}
+	for r := range 4 {
+		if !strings.Contains(out.String(), "PASS rank "+string(rune('0'+r))) {
+			t.Errorf("no PASS from rank %d:\n%s\n%s", r, out.String(), errb.String())
+		}
+	}
+}
