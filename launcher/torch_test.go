@@ -5,9 +5,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/testbin"
 )
 
 // needTorch skips the test where Debian's python3-torch is missing, unless
@@ -51,5 +54,39 @@ func TestTorchStandalone(t *testing.T) {
 		if !strings.Contains(out.String(), "PASS rank "+string(rune('0'+r))) {
 			t.Errorf("no PASS from rank %d:\n%s\n%s", r, out.String(), errb.String())
 		}
+	}
+}
+
+// The same torch program across two launchers on loopback (two nodes of
+// two workers), both given the job's secret: node 1 learns the workers'
+// MASTER_PORT from node 0's store.
+func TestTorchTwoNodes(t *testing.T) {
+	py := needTorch(t)
+	port := testbin.FreePort(t)
+	env := append(os.Environ(), "SLIME_JOB_SECRET=torch-two-nodes")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var outs [2]syncBuffer
+	errs := make(chan error, 2)
+	for node := range 2 {
+		go func() {
+			errs <- Run(ctx, Config{NNodes: 2, NodeRank: node, NProcPerNode: 2, MasterAddr: "127.0.0.1", MasterPort: port,
+				StopGrace: 2 * time.Second, RdzvTimeout: time.Minute, Env: env,
+				Program: py, Args: []string{torchScript(t), "11"}, Stdout: &outs[node], Stderr: &outs[node]})
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("%v", err)
+		}
+	}
+	all := outs[0].String() + outs[1].String()
+	for r := range 4 {
+		if !strings.Contains(all, "PASS rank "+strconv.Itoa(r)) {
+			t.Errorf("no PASS from rank %d", r)
+		}
+	}
+	if t.Failed() {
+		t.Logf("node 0:\n%s\nnode 1:\n%s", outs[0].String(), outs[1].String())
 	}
 }
