@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/internal/auth"
+	"github.com/slimego/slimego/internal/netaddr"
 )
 
 var (
@@ -75,7 +76,9 @@ type Client struct {
 // and job id, retrying until ctx is done (or for DefaultTimeout when ctx
 // has no deadline): a launcher's store may come up after its workers. The
 // error names the address it tried. A store that refuses the proof is
-// [ErrDenied] at once.
+// [ErrDenied] at once, and a host name that does not resolve is
+// [ErrUnreachable] within netaddr.ResolveTimeout (2 s): waiting would not
+// make it resolve.
 func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -83,6 +86,16 @@ func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 		defer cancel()
 	}
 	start := time.Now()
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
+	}
+	// Once, bounded, before the retries: an unknown name fails now. The
+	// loop dials the name itself, so that an address that changes while
+	// the store comes up is followed.
+	if _, err := netaddr.ResolveIP(host); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
+	}
 	backoff := 5 * time.Millisecond
 	var d net.Dialer
 	for {
@@ -98,6 +111,10 @@ func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 				return nil, fmt.Errorf("%w: %s: %v", ErrDenied, addr, err)
 			}
 			return &Client{addr: addr, conn: conn, r: bufio.NewReader(conn)}, nil
+		}
+		if dnsErr, ok := errors.AsType[*net.DNSError](err); ok && dnsErr.IsNotFound {
+			// The name stopped resolving since the check above.
+			return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
 		}
 		t := time.NewTimer(backoff)
 		select {

@@ -278,3 +278,19 @@ func TestShutdownWaitsForClients(t *testing.T) {
 		t.Fatalf("Shutdown returned after %v; the client hung up after 100ms", d)
 	}
 }
+
+// TestDialUnresolvableHostFailsFast: a host name that does not resolve
+// fails Dial with ErrUnreachable naming it within about 2 s, not after the
+// caller's 30 s deadline. Before, Dial retried the name for the whole
+// deadline.
+func TestDialUnresolvableHostFailsFast(t *testing.T) {
+	const addr = "no-such-host.invalid:29500"
+	begin := time.Now()
+	_, err := Dial(ctxT(t, 30*time.Second), addr, Auth{})
+	if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), "no-such-host.invalid") {
+		t.Fatalf("err = %v; want ErrUnreachable naming the host", err)
+	}
+	if d := time.Since(begin); d > 5*time.Second {
+		t.Fatalf("Dial of an unresolvable host took %v", d)
+	}
+}
