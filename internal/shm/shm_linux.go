@@ -110,7 +110,7 @@ func Create(name string, size int) (*Segment, error) {
 		return nil, fmt.Errorf("shm: create %s of %d bytes: %w", name, size, unix.EINVAL)
 	}
 	if err := CheckSpace(int64(size)); err != nil {
-		return nil, fmt.Errorf("shm: create %s: %w", name, err)
+		return nil, fmt.Errorf("%w; segment %s not created", err, name)
 	}
 	path := filepath.Join(Dir, name)
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
