@@ -2,6 +2,8 @@ package collective
 
 import (
 	"fmt"
+	"hash/fnv"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -94,11 +96,46 @@ type Options struct {
 
 // LoadEnv reads the environment that slimerun and torchrun (RANK,
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
-// MASTER_PORT), Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
-// SLURM_NTASKS_PER_NODE, SLURM_NODEID) and OpenMPI's mpirun
-// (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK,
-// OMPI_COMM_WORLD_LOCAL_SIZE) set, in that order of preference, plus the
-// SLIME_* knobs. getenv is os.Getenv in practice; tests pass a map.
+// MASTER_PORT), Slurm's srun and OpenMPI's mpirun set, in that order of
+// preference, plus the SLIME_* knobs. getenv is os.Getenv in practice;
+// tests pass a map.
+//
+// The launcher is the one that gives the world size: WORLD_SIZE (torchrun,
+// slimerun), OMPI_COMM_WORLD_SIZE (mpirun) or SLURM_NTASKS (srun). Where
+// torchrun's variables are unset, that launcher's own fill in, and never
+// another's: under mpirun inside a Slurm allocation the SLURM_* variables
+// describe mpirun's daemons, not the ranks.
+//
+//   - srun: SLURM_PROCID is the rank, SLURM_LOCALID the local rank,
+//     SLURM_NODEID the node rank, and this node's count in
+//     SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE; Slurm's
+//     compressed form "2(x2),1") the local world size, so uneven layouts
+//     run. The counts must add up to SLURM_NTASKS and number
+//     SLURM_STEP_NUM_NODES and SLURM_NNODES where those are set (no more
+//     than SLURM_JOB_NUM_NODES, the allocation's, which a step may use
+//     part of). SLURM_NTASKS_PER_NODE is read only where neither
+//     tasks-per-node list is set: it is the allocation's request, which a
+//     step may not follow. The run id is "slurm<SLURM_JOB_ID>.<SLURM_STEP_ID>".
+//   - mpirun: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK and _LOCAL_SIZE; the
+//     node rank is rank / local size (OpenMPI does not give the node's
+//     index), which is right for the by-slot mapping mpirun uses by
+//     default. The run id is "ompi<job id>", from OMPI_MCA_ess_base_jobid
+//     (OpenMPI 4) or PMIX_NAMESPACE (OpenMPI 5). With no SLIME_JOB_SECRET,
+//     the job secret is OMPI_MCA_orte_precondition_transports: mpirun
+//     hands every process of one job the same random 128-bit value (made
+//     for its transports' own keys), which other users cannot read
+//     (/proc/PID/environ is the owner's), so the job's ranks prove
+//     membership to each other with no setup, and another job on the
+//     host cannot join.
+//
+// Where the launcher says that every rank runs on one host (a local world
+// size equal to the world size, OMPI_MCA_orte_num_nodes=1, SLURM_NNODES=1
+// or one count in SLURM_TASKS_PER_NODE), MASTER_ADDR defaults to
+// 127.0.0.1. Where MASTER_PORT is unset under srun or mpirun, the store's
+// port is derived from the run id, in [20000, 30000) (below Linux's
+// ephemeral range, 32768-60999, where the kernel picks the ports of
+// outgoing connections), so that concurrent jobs on one host do not meet
+// at torchrun's default 29500; elsewhere it is 29500.
 func LoadEnv(getenv func(string) string) (Options, error) {
 	var o Options
 	bad := func(format string, a ...any) (Options, error) {
@@ -145,31 +182,55 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	if o.Rank >= o.WorldSize {
 		return bad("%s=%d is not below %s=%d", rankVar, o.Rank, sizeVar, o.WorldSize)
 	}
-	if o.LocalRank, _, err = first("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"); err != nil {
+	ompi, slurm := sizeVar == "OMPI_COMM_WORLD_SIZE", sizeVar == "SLURM_NTASKS"
+	// own lists torchrun's variable, then the launcher's own.
+	own := func(torch, mpi, srun string) []string {
+		switch {
+		case ompi && mpi != "":
+			return []string{torch, mpi}
+		case slurm && srun != "":
+			return []string{torch, srun}
+		}
+		return []string{torch}
+	}
+	var localVar string
+	if o.LocalRank, localVar, err = first(own("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")...); err != nil {
+		return bad("%v", err)
+	}
+	nodeRank, nodeVar, err := first(own("GROUP_RANK", "", "SLURM_NODEID")...)
+	if err != nil {
 		return bad("%v", err)
 	}
 	var lwsVar string
-	if o.LocalWorldSize, lwsVar, err = first("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"); err != nil {
+	if o.LocalWorldSize, lwsVar, err = first(own("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "")...); err != nil {
 		return bad("%v", err)
 	}
-	if lwsVar == "" {
-		if t := getenv("SLURM_NTASKS_PER_NODE"); t != "" {
-			n, err := strconv.Atoi(strings.TrimSpace(t))
-			if err != nil {
-				return bad("SLURM_NTASKS_PER_NODE=%q is not an integer", t)
-			}
-			o.LocalWorldSize = n
-		} else {
-			o.LocalWorldSize = o.WorldSize // one node
-			o.LocalRank = o.Rank
+	oneHost := false // the launcher says every rank runs on this host
+	if lwsVar == "" && slurm {
+		lws, nodes, err := slurmLocalSize(getenv, o.WorldSize, nodeRank, nodeVar != "")
+		if err != nil {
+			return bad("%v", err)
 		}
+		o.LocalWorldSize = lws
+		if lws > 0 {
+			lwsVar = "SLURM_TASKS_PER_NODE"
+			oneHost = nodes == 1
+		}
+	}
+	if lwsVar == "" && slurm && localVar == "SLURM_LOCALID" {
+		return bad("SLURM_LOCALID is set but not how many tasks run on each node (SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE)")
+	}
+	if lwsVar == "" {
+		o.LocalWorldSize = o.WorldSize // one node
+		o.LocalRank = o.Rank
+	} else if o.LocalWorldSize == o.WorldSize {
+		oneHost = true
+	}
+	if ompi && strings.TrimSpace(getenv("OMPI_MCA_orte_num_nodes")) == "1" {
+		oneHost = true
 	}
 	if o.LocalWorldSize == 0 || o.LocalRank >= o.LocalWorldSize {
 		return bad("local rank %d of local world size %d", o.LocalRank, o.LocalWorldSize)
-	}
-	nodeRank, nodeVar, err := first("GROUP_RANK", "SLURM_NODEID")
-	if err != nil {
-		return bad("%v", err)
 	}
 	if nodeVar == "" {
 		nodeRank = o.Rank / o.LocalWorldSize
@@ -178,8 +239,26 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	// the whole layout from the ranks themselves.
 	o.NodeRank = nodeRank
 	o.MasterAddr = strings.TrimSpace(getenv("MASTER_ADDR"))
+	if o.MasterAddr == "" && oneHost {
+		o.MasterAddr = "127.0.0.1"
+	}
 	if o.MasterAddr == "" && o.WorldSize > 1 {
 		return bad("MASTER_ADDR is not set (the host of rank 0, or of the launcher's store)")
+	}
+	// jobID names the launcher's job: what tells concurrent jobs apart.
+	jobID := ""
+	switch {
+	case ompi:
+		if id := sanitizeID(firstNonEmpty(strings.TrimSpace(getenv("OMPI_MCA_ess_base_jobid")), strings.TrimSpace(getenv("PMIX_NAMESPACE")))); id != "" {
+			jobID = "ompi" + id
+		}
+	case slurm:
+		if id := sanitizeID(firstNonEmpty(strings.TrimSpace(getenv("SLURM_JOB_ID")), strings.TrimSpace(getenv("SLURM_JOBID")))); id != "" {
+			jobID = "slurm" + id
+			if step := sanitizeID(firstNonEmpty(strings.TrimSpace(getenv("SLURM_STEP_ID")), strings.TrimSpace(getenv("SLURM_STEPID")))); step != "" {
+				jobID += "." + step
+			}
+		}
 	}
 	port, ok, err := num("MASTER_PORT")
 	if err != nil {
@@ -187,6 +266,9 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	}
 	if !ok {
 		port = DefaultPort
+		if jobID != "" {
+			port = derivedPort(jobID)
+		}
 	}
 	if port == 0 || port > 65535 {
 		return bad("MASTER_PORT=%d is not a TCP port", port)
@@ -202,7 +284,7 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	} else if ok {
 		o.MasterPort = p
 	}
-	o.RunID = firstNonEmpty(getenv("SLIME_RUN_ID"), getenv("TORCHELASTIC_RUN_ID"), "port"+strconv.Itoa(o.MasterPort))
+	o.RunID = firstNonEmpty(getenv("SLIME_RUN_ID"), getenv("TORCHELASTIC_RUN_ID"), jobID, "port"+strconv.Itoa(o.MasterPort))
 	if rc := strings.TrimSpace(firstNonEmpty(getenv("SLIME_RESTART_COUNT"), getenv("TORCHELASTIC_RESTART_COUNT"))); rc != "" {
 		n, err := strconv.Atoi(rc)
 		if err != nil || n < 0 {
@@ -218,6 +300,8 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 			return bad("SLIME_JOB_SECRET_FILE: %v", err)
 		}
 		o.JobSecret = b
+	} else if ompi {
+		o.JobSecret = ompiSecret(getenv("OMPI_MCA_orte_precondition_transports"))
 	}
 	if t := strings.TrimSpace(getenv("SLIME_TIMEOUT")); t != "" {
 		d, err := parseDuration(t)
@@ -250,7 +334,7 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	}
 	o.SocketIfName = strings.TrimSpace(getenv("SLIME_SOCKET_IFNAME"))
 	if v := strings.TrimSpace(getenv("SLIME_SPIN")); v != "" {
-		d, err := parseDuration(v)
+		d, err := parseNonNegDuration(v)
 		if err != nil {
 			return bad("SLIME_SPIN=%q: %v", v, err)
 		}
@@ -316,16 +400,212 @@ func firstNonEmpty(s ...string) string {
 	return ""
 }
 
-// parseDuration accepts Go durations ("90s", "2m") and plain seconds ("30").
+// parseDuration accepts Go durations ("90s", "2m") and plain seconds
+// ("30", "2.5"), and refuses zero, negative, NaN and overflowing values: a
+// timeout of none would make every wait fail at once, reported as the
+// peer's fault.
 func parseDuration(s string) (time.Duration, error) {
-	if n, err := strconv.ParseFloat(s, 64); err == nil {
-		return time.Duration(n * float64(time.Second)), nil
-	}
-	d, err := time.ParseDuration(s)
-	if err == nil && d <= 0 {
+	d, err := parseNonNegDuration(s)
+	if err == nil && d == 0 {
 		err = fmt.Errorf("not positive")
 	}
 	return d, err
+}
+
+// parseNonNegDuration is parseDuration that also takes zero (a knob's
+// "default").
+func parseNonNegDuration(s string) (time.Duration, error) {
+	if n, err := strconv.ParseFloat(s, 64); err == nil {
+		switch {
+		case n != n || n < 0: // NaN or negative
+			return 0, fmt.Errorf("not positive")
+		case n*float64(time.Second) >= math.MaxInt64:
+			return 0, fmt.Errorf("too long")
+		}
+		return time.Duration(n * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err == nil && d < 0 {
+		err = fmt.Errorf("not positive")
+	}
+	return d, err
+}
+
+// maxSlurmNodes bounds the expansion of a tasks-per-node list, and
+// maxSlurmTasks each node's count: an allocation beyond these is a typo or
+// an attack, and its expansion must not exhaust memory.
+const (
+	maxSlurmNodes = 1 << 16
+	maxSlurmTasks = 1 << 16
+)
+
+// parseTasksPerNode expands Slurm's compressed tasks-per-node list
+// (SLURM_TASKS_PER_NODE): comma-separated positive counts, each optionally
+// followed by "(xN)", N ≥ 1, for N nodes with that count; "3,2(x3),1" is
+// [3 2 2 2 1]. Anything else (spaces, signs, empty items, zero counts,
+// more than maxSlurmNodes nodes) is an error.
+func parseTasksPerNode(s string) ([]int, error) {
+	if s == "" {
+		return nil, fmt.Errorf("empty")
+	}
+	var counts []int
+	for _, item := range strings.Split(s, ",") {
+		count, rep := item, "1"
+		if i := strings.IndexByte(item, '('); i >= 0 {
+			if !strings.HasPrefix(item[i:], "(x") || !strings.HasSuffix(item, ")") {
+				return nil, fmt.Errorf("%q is not COUNT or COUNT(xNODES)", item)
+			}
+			count, rep = item[:i], item[i+2:len(item)-1]
+		}
+		c, err := positive(count, maxSlurmTasks)
+		if err != nil {
+			return nil, fmt.Errorf("%q: count %v", item, err)
+		}
+		n, err := positive(rep, maxSlurmNodes)
+		if err != nil {
+			return nil, fmt.Errorf("%q: repeat %v", item, err)
+		}
+		if len(counts)+n > maxSlurmNodes {
+			return nil, fmt.Errorf("more than %d nodes", maxSlurmNodes)
+		}
+		for range n {
+			counts = append(counts, c)
+		}
+	}
+	return counts, nil
+}
+
+// positive parses a decimal in [1, max], digits only.
+func positive(s string, max int) (int, error) {
+	if s == "" || len(s) > 9 {
+		return 0, fmt.Errorf("%q is not an integer in [1, %d]", s, max)
+	}
+	n := 0
+	for _, c := range []byte(s) {
+		if c < '0' || c > '9' {
+			return 0, fmt.Errorf("%q is not an integer in [1, %d]", s, max)
+		}
+		n = n*10 + int(c-'0')
+	}
+	if n < 1 || n > max {
+		return 0, fmt.Errorf("%q is not an integer in [1, %d]", s, max)
+	}
+	return n, nil
+}
+
+// slurmLocalSize reads how many tasks of the step run on this node (node
+// nodeRank, from SLURM_NODEID where haveNode) and on how many nodes (0
+// when only SLURM_NTASKS_PER_NODE is known), cross-checked against the
+// step's other variables. It returns 0, 0 where Slurm says nothing of it.
+func slurmLocalSize(getenv func(string) string, worldSize, nodeRank int, haveNode bool) (lws, nodes int, err error) {
+	name := "SLURM_STEP_TASKS_PER_NODE"
+	list := strings.TrimSpace(getenv(name))
+	if list == "" {
+		name = "SLURM_TASKS_PER_NODE"
+		list = strings.TrimSpace(getenv(name))
+	}
+	if list == "" {
+		v := strings.TrimSpace(getenv("SLURM_NTASKS_PER_NODE"))
+		if v == "" {
+			return 0, 0, nil
+		}
+		n, err := positive(v, maxSlurmTasks)
+		if err != nil {
+			return 0, 0, fmt.Errorf("SLURM_NTASKS_PER_NODE: %v", err)
+		}
+		return n, 0, nil
+	}
+	counts, err := parseTasksPerNode(list)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%s=%q: %v", name, list, err)
+	}
+	sum := 0
+	for _, c := range counts {
+		sum += c
+	}
+	if sum != worldSize {
+		return 0, 0, fmt.Errorf("SLURM_NTASKS=%d, but %s=%q places %d tasks", worldSize, name, list, sum)
+	}
+	check := func(v string, ok func(n int) bool, want string) error {
+		s := strings.TrimSpace(getenv(v))
+		if s == "" {
+			return nil
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || !ok(n) {
+			return fmt.Errorf("%s=%q, but %s=%q %s", v, s, name, list, want)
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		v    string
+		ok   func(int) bool
+		want string
+	}{
+		{"SLURM_STEP_NUM_TASKS", func(n int) bool { return n == sum }, fmt.Sprintf("places %d tasks", sum)},
+		{"SLURM_STEP_NUM_NODES", func(n int) bool { return n == len(counts) }, fmt.Sprintf("lists %d nodes", len(counts))},
+		{"SLURM_NNODES", func(n int) bool { return n == len(counts) }, fmt.Sprintf("lists %d nodes", len(counts))},
+		// The allocation's nodes: a step may use some of them, not more.
+		{"SLURM_JOB_NUM_NODES", func(n int) bool { return n >= len(counts) }, fmt.Sprintf("lists %d nodes", len(counts))},
+	} {
+		if err := check(c.v, c.ok, c.want); err != nil {
+			return 0, 0, err
+		}
+	}
+	if !haveNode && len(counts) > 1 {
+		return 0, 0, fmt.Errorf("%s=%q lists %d nodes, but SLURM_NODEID is not set", name, list, len(counts))
+	}
+	if nodeRank >= len(counts) {
+		return 0, 0, fmt.Errorf("SLURM_NODEID=%d, but %s=%q lists %d nodes", nodeRank, name, list, len(counts))
+	}
+	return counts[nodeRank], len(counts), nil
+}
+
+// sanitizeID keeps a launcher's job id to what store keys and
+// shared-memory names take (letters, digits, '.', '_', '-'; others become
+// '_'), at most 64 bytes (a longer one is cut and ends with a hash of the
+// whole, so that ids differing only at the end stay apart).
+func sanitizeID(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			b[i] = '_'
+		}
+	}
+	if len(b) > 64 {
+		h := fnv.New64a()
+		h.Write([]byte(s))
+		return string(b[:47]) + "-" + fmt.Sprintf("%016x", h.Sum64())
+	}
+	return string(b)
+}
+
+// derivedPort is the store's port of a launcher's job that names none: a
+// hash of the job id into [20000, 30000), below Linux's ephemeral range
+// (32768-60999) so that no outgoing connection holds it by chance.
+func derivedPort(jobID string) int {
+	h := fnv.New32a()
+	h.Write([]byte(jobID))
+	return 20000 + int(h.Sum32()%10000)
+}
+
+// ompiSecret is mpirun's per-job random value
+// (OMPI_MCA_orte_precondition_transports, two 64-bit halves in hex) as a
+// job secret, or nil where the value is not of that form or is not random:
+// OpenMPI direct-launched by srun derives it from the job id instead
+// (equal halves, or zero), which anyone can guess.
+func ompiSecret(v string) []byte {
+	v = strings.TrimSpace(v)
+	a, b, ok := strings.Cut(v, "-")
+	if !ok || len(a) != 16 || len(b) != 16 || a == b {
+		return nil
+	}
+	x, errA := strconv.ParseUint(a, 16, 64)
+	y, errB := strconv.ParseUint(b, 16, 64)
+	if errA != nil || errB != nil || x == 0 || y == 0 {
+		return nil
+	}
+	return []byte(v)
 }
 
 func envOptions() (Options, error) { return LoadEnv(os.Getenv) }
