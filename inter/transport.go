@@ -7,12 +7,15 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/internal/fault"
 	"github.com/slimego/slimego/internal/netaddr"
 	"github.com/slimego/slimego/rendezvous"
@@ -49,7 +52,42 @@ type Config struct {
 	// rank's own place rides with its first send (SendCopy) where the
 	// algorithm allows it (default DefaultSendCopyMin; negative: never).
 	SendCopyMin int
+	// Auth is the job's key (collective passes auth.NewKey(JobSecret,
+	// RunID)). Every connection proves with it, both ways and before its
+	// hello, that its two ends belong to the job; one that fails is
+	// closed and does not count. The zero Key binds nothing and proves
+	// nothing.
+	Auth auth.Key
+	// HandshakeTimeout bounds one connection's handshake and hello
+	// (default DefaultHandshakeTimeout; never beyond New's deadline).
+	HandshakeTimeout time.Duration
 }
+
+// Connection setup.
+const (
+	// DefaultHandshakeTimeout: a peer that is up answers in a round trip;
+	// a connection that has not proven itself by then is not one.
+	DefaultHandshakeTimeout = 5 * time.Second
+	// MaxPendingHandshakes bounds the accepted connections whose handshake
+	// is under way; New closes those beyond at once (a real peer's dialer
+	// retries).
+	MaxPendingHandshakes = 64
+	// DefaultConnectTimeout bounds New when neither its context nor
+	// Config.Timeout does.
+	DefaultConnectTimeout = 5 * time.Minute
+	// purpose tells transport connections from the store's in the
+	// handshake.
+	purpose = "transport"
+)
+
+var (
+	// ErrDenied: a connection failed the transport's handshake (its other
+	// end does not hold the job's key) or named a rank and channel that
+	// were not expected.
+	ErrDenied = errors.New("inter: the transport handshake failed")
+	// ErrBadAddress: a peer's published address is not a literal ip:port.
+	ErrBadAddress = errors.New("inter: published address is not a literal ip:port")
+)
 
 // DefaultChannels and DefaultSockBuf are measured defaults (README).
 const (
@@ -131,7 +169,11 @@ type job struct {
 var ErrMismatch = fault.ErrSizeMismatch
 
 // New listens, publishes its address through the store, and connects to
-// every peer with cfg.Channels connections (the lower rank dials).
+// every peer with cfg.Channels connections (the lower rank dials). Every
+// connection first proves, both ways, that its two ends hold cfg.Auth
+// (internal/auth, purpose "transport"); one that fails is closed and does
+// not count. New gives up at connectDeadline(ctx, cfg.Timeout), and every
+// goroutine it started has ended when it returns an error.
 func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if cfg.Channels <= 0 {
 		cfg.Channels = DefaultChannels
@@ -145,6 +187,11 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if cfg.SendCopyMin == 0 {
 		cfg.SendCopyMin = DefaultSendCopyMin
 	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	ctx, cancel := context.WithDeadline(ctx, connectDeadline(ctx, cfg.Timeout))
+	defer cancel()
 	ip, err := LocalIP(cfg.IfName, cfg.MasterAddr)
 	if err != nil {
 		return nil, err
@@ -173,12 +220,14 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 			accepts += cfg.Channels
 		}
 	}
+	actx, stopAccepting := context.WithCancel(ctx)
+	defer stopAccepting()
 	acceptErr := make(chan error, 1)
-	go func() { acceptErr <- t.acceptAll(ctx, accepts) }()
+	go func() { acceptErr <- t.acceptAll(actx, accepts) }()
 	for _, p := range cfg.Peers {
 		if p > cfg.Rank {
 			if err := t.dialPeer(ctx, p); err != nil {
-				ln.Close()
+				stopAccepting()
 				<-acceptErr
 				return nil, err
 			}
@@ -215,33 +264,52 @@ func sendBuffer(c *net.TCPConn) int {
 
 func (t *Transport) key(r int) string { return t.cfg.Key + "/addr/" + strconv.Itoa(r) }
 
-// Addr is the address this rank listens on.
+// Addr is the address this rank listened on while it connected.
 func (t *Transport) Addr() string { return t.addr }
 
+// parseAddr checks that s, the address a peer published in the store, is a
+// literal ip:port with a port in 1–65535, and returns it. Nothing else read
+// from the store is dialed: a host name would be looked up (and could point
+// anywhere), and a malformed value would only be retried until the deadline.
+func parseAddr(s string) (string, error) {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		why := "malformed"
+		if ae, ok := err.(*net.AddrError); ok {
+			why = ae.Err // without the address, which may be long
+		}
+		return "", fmt.Errorf("%w: %.64q: %s", ErrBadAddress, s, why)
+	}
+	if net.ParseIP(host) == nil {
+		return "", fmt.Errorf("%w: %.64q: %.64q is not an IP address", ErrBadAddress, s, host)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return "", fmt.Errorf("%w: %.64q: port %.16q is not in 1–65535", ErrBadAddress, s, port)
+	}
+	return s, nil
+}
+
+// dialPeer makes this rank's cfg.Channels connections to the higher peer
+// p, at the address p published: each is dialed, proves the job's key both
+// ways, and says which rank and channel it is (the hello).
 func (t *Transport) dialPeer(ctx context.Context, p int) error {
 	v, err := t.cfg.Store.Get(ctx, t.key(p))
 	if err != nil {
 		return fault.New("connect", t.cfg.Rank, p, fault.ErrTimeout, "rank %d never published its address: %v", p, err)
 	}
-	addr := string(v)
-	var d net.Dialer
+	addr, err := parseAddr(string(v))
+	if err != nil {
+		return fault.New("connect", t.cfg.Rank, p, err, "the address published for rank %d", p)
+	}
 	for ch := range t.cfg.Channels {
-		var c net.Conn
-		for {
-			c, err = d.DialContext(ctx, "tcp", addr)
-			if err == nil || ctx.Err() != nil {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		tc, err := t.dialOne(ctx, p, addr)
 		if err != nil {
-			return fault.New("connect", t.cfg.Rank, p, fault.ErrTimeout, "dial %s: %v", addr, err)
+			return err
 		}
-		tc := c.(*net.TCPConn)
 		hello := Header{Kind: KindHello, Sender: uint32(t.cfg.Rank), Epoch: uint64(ch)}
 		var b [HeaderSize]byte
 		hello.Put(b[:])
-		tc.SetDeadline(deadlineOf(ctx, t.cfg.Timeout))
+		tc.SetDeadline(t.handshakeDeadline(ctx))
 		if _, err := tc.Write(b[:]); err != nil {
 			tc.Close()
 			return fault.New("connect", t.cfg.Rank, p, fault.ErrPeerLost, "hello to %s: %v", addr, err)
@@ -251,37 +319,238 @@ func (t *Transport) dialPeer(ctx context.Context, p int) error {
 	return nil
 }
 
+// dialOne dials peer p at addr and runs the connector's side of the
+// handshake. It retries, until ctx ends, only what a peer that is coming
+// up or shedding load answers: a dial refused or reset, or a connection
+// closed before the acceptor said anything (an acceptor with
+// MaxPendingHandshakes under way closes new connections at once). A
+// listener that answers but fails the handshake is final: it does not hold
+// the job's key, so it is not rank p.
+func (t *Transport) dialOne(ctx context.Context, p int, addr string) (*net.TCPConn, error) {
+	var d net.Dialer
+	wait := 10 * time.Millisecond
+	for {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		switch {
+		case err == nil:
+			tc := c.(*net.TCPConn)
+			w := &watchConn{Conn: tc}
+			err = auth.Connect(w, t.cfg.Auth, purpose, t.handshakeDeadline(ctx))
+			if err == nil {
+				return tc, nil
+			}
+			tc.Close()
+			if w.timedOut() {
+				return nil, fault.New("connect", t.cfg.Rank, p, fault.ErrTimeout, "the listener at %s did not finish the handshake by the deadline (%v): %v", addr, t.cfg.HandshakeTimeout, err)
+			}
+			if !w.dropped() {
+				return nil, fault.New("connect", t.cfg.Rank, p, fmt.Errorf("%w: %w", ErrDenied, err), "the listener at %s, published as rank %d's, does not hold this job's key", addr, p)
+			}
+		case ctx.Err() != nil:
+		case !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ECONNRESET):
+			return nil, fault.New("connect", t.cfg.Rank, p, fault.ErrPeerLost, "dial %s: %v", addr, err)
+		}
+		if ctx.Err() != nil {
+			return nil, fault.New("connect", t.cfg.Rank, p, ctxErr(ctx), "rank %d at %s did not accept a connection: %v", p, addr, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+// watchConn records what a handshake read, so that a dialer can tell a
+// connection closed before the acceptor said anything, and one that ran
+// out of time, from a wrong answer.
+type watchConn struct {
+	net.Conn
+	n   int
+	err error // the first read error
+}
+
+func (w *watchConn) Read(b []byte) (int, error) {
+	n, err := w.Conn.Read(b)
+	w.n += n
+	if err != nil && w.err == nil {
+		w.err = err
+	}
+	return n, err
+}
+
+func (w *watchConn) dropped() bool {
+	return w.n == 0 && (errors.Is(w.err, io.EOF) || errors.Is(w.err, syscall.ECONNRESET))
+}
+
+func (w *watchConn) timedOut() bool { return errors.Is(w.err, os.ErrDeadlineExceeded) }
+
+// handshakeDeadline is when one connection's handshake and hello must be
+// done: HandshakeTimeout from now, or ctx's deadline if that comes first.
+func (t *Transport) handshakeDeadline(ctx context.Context) time.Time {
+	return callDeadline(ctx, t.cfg.HandshakeTimeout)
+}
+
+// acceptAll accepts until n connections from the lower peers have passed
+// the handshake and each named, in its hello, a rank and channel that are
+// expected and not yet connected; any other connection is closed and does
+// not count. Each accepted connection's handshake and hello run in a
+// goroutine of their own bounded by HandshakeTimeout, so that foreign, idle
+// or garbage connections never hold up the real ones; at most
+// MaxPendingHandshakes run at once, and connections beyond are closed at
+// once. When acceptAll returns (done, at ctx's end, or when New stops it)
+// the listener and every connection still in its handshake are closed, and
+// every goroutine it started has ended.
 func (t *Transport) acceptAll(ctx context.Context, n int) error {
-	deadline := deadlineOf(ctx, t.cfg.Timeout)
+	ln := t.ln.(*net.TCPListener)
+	defer ln.Close()
+	if n == 0 {
+		return nil
+	}
+	type greeted struct {
+		c *net.TCPConn
+		h Header
+	}
+	got := make(chan greeted)
+	stop := make(chan struct{})
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		pending  = map[*net.TCPConn]bool{}
+		stopped  bool
+		refused  int
+		lastFail error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		refused++
+		lastFail = err
+		mu.Unlock()
+	}
+	defer func() {
+		mu.Lock()
+		stopped = true
+		for c := range pending {
+			c.Close()
+		}
+		mu.Unlock()
+		close(stop)
+		ln.Close()
+		wg.Wait()
+	}()
+	if dl, ok := ctx.Deadline(); ok {
+		ln.SetDeadline(dl)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
+					return
+				}
+				select { // out of descriptors, say: let the pending ones finish
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				continue
+			}
+			tc := c.(*net.TCPConn)
+			mu.Lock()
+			if stopped || len(pending) >= MaxPendingHandshakes {
+				mu.Unlock()
+				tc.Close()
+				continue
+			}
+			pending[tc] = true
+			wg.Add(1)
+			mu.Unlock()
+			go func() {
+				defer wg.Done()
+				h, err := t.greet(ctx, tc)
+				mu.Lock()
+				delete(pending, tc)
+				mu.Unlock()
+				if err != nil {
+					tc.Close()
+					fail(err)
+					return
+				}
+				select {
+				case got <- greeted{tc, h}:
+				case <-stop:
+					tc.Close()
+				}
+			}()
+		}
+	}()
 	for n > 0 {
-		t.ln.(*net.TCPListener).SetDeadline(deadline)
-		c, err := t.ln.Accept()
-		if err != nil {
+		select {
+		case g := <-got:
+			p, known := t.peers[int(g.h.Sender)]
+			if !known || p.rank >= t.cfg.Rank || g.h.Epoch >= uint64(t.cfg.Channels) || p.conns[g.h.Epoch] != nil {
+				g.c.Close()
+				fail(fmt.Errorf("%w: a connection named rank %d channel %d, which is not expected or already connected", ErrDenied, g.h.Sender, g.h.Epoch))
+				continue
+			}
+			t.attach(g.c, p.rank, int(g.h.Epoch))
+			n--
+		case <-ctx.Done():
 			var missing []int
 			for _, p := range t.peers {
-				if p.rank < t.cfg.Rank && p.conns[t.cfg.Channels-1] == nil {
+				if p.rank < t.cfg.Rank && slices.Contains(p.conns, nil) {
 					missing = append(missing, p.rank)
 				}
 			}
-			return fault.New("connect", t.cfg.Rank, -1, fault.ErrTimeout, "ranks %v did not connect: %v", missing, err)
+			slices.Sort(missing)
+			peer := -1
+			if len(missing) == 1 {
+				peer = missing[0]
+			}
+			mu.Lock()
+			detail := fmt.Sprintf("ranks %v did not connect", missing)
+			if refused > 0 {
+				detail += fmt.Sprintf("; %d other connections were refused, the last: %v", refused, lastFail)
+			}
+			mu.Unlock()
+			return fault.New("connect", t.cfg.Rank, peer, ctxErr(ctx), "%s", detail)
 		}
-		tc := c.(*net.TCPConn)
-		tc.SetDeadline(deadline)
-		var b [HeaderSize]byte
-		if _, err := io.ReadFull(tc, b[:]); err != nil {
-			tc.Close()
-			continue // not one of ours, or it died: keep waiting for the real ones
-		}
-		h, err := Decode(b[:])
-		p, known := t.peers[int(h.Sender)]
-		if err != nil || h.Kind != KindHello || !known || int(h.Sender) > t.cfg.Rank || h.Epoch >= uint64(t.cfg.Channels) || p.conns[h.Epoch] != nil {
-			tc.Close()
-			continue
-		}
-		t.attach(tc, p.rank, int(h.Epoch))
-		n--
 	}
 	return nil
+}
+
+// greet runs the acceptor's side of one connection: the handshake, then
+// the hello that names the peer's rank and channel, both within
+// HandshakeTimeout (or by ctx's deadline, if that comes first).
+func (t *Transport) greet(ctx context.Context, c *net.TCPConn) (Header, error) {
+	deadline := t.handshakeDeadline(ctx)
+	if err := auth.Accept(c, t.cfg.Auth, purpose, deadline); err != nil {
+		return Header{}, fmt.Errorf("%w: %s: %w", ErrDenied, c.RemoteAddr(), err)
+	}
+	c.SetDeadline(deadline)
+	var b [HeaderSize]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return Header{}, fmt.Errorf("%w: %s passed the handshake, then sent no hello: %v", ErrDenied, c.RemoteAddr(), err)
+	}
+	h, err := Decode(b[:])
+	if err == nil && h.Kind != KindHello {
+		err = fmt.Errorf("%w: kind %d, want a hello", ErrFrame, h.Kind)
+	}
+	if err != nil {
+		return Header{}, fmt.Errorf("%w: %s passed the handshake, then sent a bad hello: %w", ErrDenied, c.RemoteAddr(), err)
+	}
+	return h, nil
+}
+
+// ctxErr is the error a wait that ctx ended reports: ErrTimeout at its
+// deadline, else ctx's own error.
+func ctxErr(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fault.ErrTimeout
+	}
+	return ctx.Err()
 }
 
 func (t *Transport) attach(tc *net.TCPConn, p, ch int) {
@@ -303,11 +572,17 @@ func callDeadline(ctx context.Context, timeout time.Duration) time.Time {
 	return deadline
 }
 
-func deadlineOf(ctx context.Context, d time.Duration) time.Time {
-	if dl, ok := ctx.Deadline(); ok {
-		return dl
+// connectDeadline is when New gives up: timeout from now, or at the
+// context's deadline if that comes first; either alone where the other is
+// unset, and DefaultConnectTimeout from now where both are.
+func connectDeadline(ctx context.Context, timeout time.Duration) time.Time {
+	if timeout <= 0 {
+		timeout = DefaultConnectTimeout
+		if dl, ok := ctx.Deadline(); ok {
+			return dl
+		}
 	}
-	return time.Now().Add(d)
+	return callDeadline(ctx, timeout)
 }
 
 // LocalIP is the address to listen on: that of the named interface, or

@@ -8,11 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/rendezvous"
 )
 
+// testKey is the job's key the tests' transports hold.
+var testKey = auth.NewKey([]byte("the job's secret"), "job-1")
+
 // pair connects two transports, ranks 0 and 1, over loopback through a
-// store of this process; sockBuf sizes their send buffers.
+// store of this process, with testKey; sockBuf sizes their send buffers.
 func pair(t *testing.T, sockBuf int) [2]*Transport {
 	t.Helper()
 	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
@@ -36,7 +40,7 @@ func pair(t *testing.T, sockBuf int) [2]*Transport {
 			}
 			t.Cleanup(func() { store.Close() })
 			ts[r], errs[r] = New(ctx, Config{Store: store, Key: "t", Rank: r, Peers: []int{1 - r}, Channels: 4,
-				MasterAddr: "127.0.0.1", Timeout: 10 * time.Second, SockBuf: sockBuf})
+				MasterAddr: "127.0.0.1", Timeout: 10 * time.Second, SockBuf: sockBuf, Auth: testKey})
 		}()
 	}
 	wg.Wait()
@@ -73,40 +77,47 @@ func TestTransportPaths(t *testing.T) {
 			}
 			for _, n := range sizes {
 				for it := range 3 {
-					var bufs [2][2][]byte // [rank][send, recv]
-					for r := range 2 {
-						bufs[r][0], bufs[r][1] = make([]byte, n), make([]byte, n)
-						rng := rand.New(rand.NewPCG(uint64(n), uint64(10*it+r)))
-						for j := range bufs[r][0] {
-							bufs[r][0][j] = byte(rng.Uint32())
-						}
-					}
-					var wg sync.WaitGroup
-					var errs [2]error
-					for r := range 2 {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							tr, p, dl := ts[r], 1-r, time.Now().Add(10*time.Second)
-							tr.Recv(p, uint64(it), 7, bufs[r][1], dl)
-							tr.Send(p, uint64(it), 7, bufs[r][0], dl)
-							errs[r] = tr.WaitRecv(p)
-							if err := tr.WaitSend(p); errs[r] == nil {
-								errs[r] = err
-							}
-						}()
-					}
-					wg.Wait()
-					for r := range 2 {
-						if errs[r] != nil {
-							t.Fatalf("%d bytes, call %d, rank %d: %v", n, it, r, errs[r])
-						}
-						if got, want := bufs[r][1], bufs[1-r][0]; string(got) != string(want) {
-							t.Fatalf("%d bytes, call %d: rank %d received other bytes than rank %d sent", n, it, r, 1-r)
-						}
-					}
+					exchange(t, ts, n, it)
 				}
 			}
 		})
+	}
+}
+
+// exchange sends n random bytes each way at once between the two
+// transports of ts, as call it, and checks them byte for byte.
+func exchange(t *testing.T, ts [2]*Transport, n, it int) {
+	t.Helper()
+	var bufs [2][2][]byte // [rank][send, recv]
+	for r := range 2 {
+		bufs[r][0], bufs[r][1] = make([]byte, n), make([]byte, n)
+		rng := rand.New(rand.NewPCG(uint64(n), uint64(10*it+r)))
+		for j := range bufs[r][0] {
+			bufs[r][0][j] = byte(rng.Uint32())
+		}
+	}
+	var wg sync.WaitGroup
+	var errs [2]error
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tr, p, dl := ts[r], 1-r, time.Now().Add(10*time.Second)
+			tr.Recv(p, uint64(it), 7, bufs[r][1], dl)
+			tr.Send(p, uint64(it), 7, bufs[r][0], dl)
+			errs[r] = tr.WaitRecv(p)
+			if err := tr.WaitSend(p); errs[r] == nil {
+				errs[r] = err
+			}
+		}()
+	}
+	wg.Wait()
+	for r := range 2 {
+		if errs[r] != nil {
+			t.Fatalf("%d bytes, call %d, rank %d: %v", n, it, r, errs[r])
+		}
+		if got, want := bufs[r][1], bufs[1-r][0]; string(got) != string(want) {
+			t.Fatalf("%d bytes, call %d: rank %d received other bytes than rank %d sent", n, it, r, 1-r)
+		}
 	}
 }
