@@ -951,6 +951,15 @@ func (p *prefixWriter) flush() {
 	}
 }
 
-// sweepOrphans removes the shared-memory segments that jobs killed before
-// they could clean up left behind.
-func sweepOrphans(cfg *Config) {}
+// sweepOrphans removes the shared-memory segments whose creators are gone
+// (shm.SweepOrphans): what jobs killed before they could clean up, their
+// launchers included, left in /dev/shm.
+func sweepOrphans(cfg *Config) {
+	removed, err := shm.SweepOrphans()
+	if len(removed) > 0 {
+		cfg.Logf("removed %d shared-memory segment(s) that killed jobs left: %v", len(removed), removed)
+	}
+	if err != nil {
+		cfg.Logf("sweeping orphaned shared memory: %v", err)
+	}
+}

@@ -7,8 +7,21 @@
 // Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR and MASTER_PORT; node 0 hosts the rendezvous store. Output
 // lines carry the rank ("[3]: ..."). When a worker fails, the others are
-// stopped and slimerun names the first failure and exits 1; SIGINT and
-// SIGTERM reach every worker.
+// stopped and slimerun names the first failure (and the rank the workers'
+// errors blame) and exits 1; SIGINT and SIGTERM reach every worker.
+//
+// An unmodified torch.distributed program runs under it: slimerun's store
+// listens on the rendezvous port (--master-port, or --rdzv-endpoint's
+// port) and the workers' MASTER_PORT is another, free port that torch's
+// rank 0 binds for torch's own store; slimerun does not speak torch's
+// private TCPStore protocol (see package launcher). torchrun's
+// --rdzv-backend (static or c10d), --rdzv-endpoint and --rdzv-conf are
+// accepted.
+//
+// Every node of a job across nodes must be given the same secret, in
+// SLIME_JOB_SECRET or a file (--job-secret-file, first line, readable by
+// its owner only); without one slimerun warns that anyone who can reach
+// the store's port can join the job. A standalone job makes its own.
 package main
 
 import (
@@ -16,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime"
 	"strconv"
@@ -54,6 +68,11 @@ func run(args []string) int {
 	fs.DurationVar(&cfg.MonitorInterval, "monitor-interval", 100*time.Millisecond, "how often workers are checked")
 	fs.DurationVar(&cfg.StopGrace, "stop-grace", 5*time.Second, "time between SIGTERM and SIGKILL when stopping workers")
 	fs.DurationVar(&cfg.RdzvTimeout, "rdzv-timeout", 5*time.Minute, "how long to wait for every node to join")
+	backend := fs.String("rdzv-backend", "static", "torchrun's rendezvous backend: static or c10d (both: node 0's slimerun hosts the store)")
+	endpoint := fs.String("rdzv-endpoint", "", "host[:port] of the rendezvous store (as --master-addr and --master-port; port 29400 when left out)")
+	rdzvConf := fs.String("rdzv-conf", "", "torchrun's key=value,... rendezvous settings: timeout (or join_timeout, seconds) sets --rdzv-timeout; the others are ignored")
+	secretFile := fs.String("job-secret-file", "", "file whose first line is the job's secret, the same on every node (mode 600); default: SLIME_JOB_SECRET")
+	fs.BoolVar(&cfg.Force, "force", false, fmt.Sprintf("run more than %d workers per core", launcher.MaxWorkersPerCore))
 	quiet := fs.BoolP("quiet", "q", false, "do not report the launcher's own progress")
 	printTopo := fs.Bool("print-topology", false, "print this machine's CPUs, GPUs (NVML: NVLink, P2P, NUMA) and GPU libraries, then run the program, if any")
 	fs.Usage = func() {
@@ -91,7 +110,29 @@ func run(args []string) int {
 	if cfg.Tee, err = parseStd(*tee, cfg.NProcPerNode); err != nil {
 		return fail("--tee: %v", err)
 	}
-	if cfg.Standalone && !fs.Changed("master-port") {
+	if *backend != "static" && *backend != "c10d" {
+		return fail("--rdzv-backend %q: want static or c10d", *backend)
+	}
+	if *endpoint != "" {
+		if cfg.MasterAddr, cfg.MasterPort, err = parseEndpoint(*endpoint); err != nil {
+			return fail("%v", err)
+		}
+	}
+	if *rdzvConf != "" {
+		t, err := parseRdzvConf(*rdzvConf)
+		if err != nil {
+			return fail("%v", err)
+		}
+		if t > 0 && !fs.Changed("rdzv-timeout") {
+			cfg.RdzvTimeout = t
+		}
+	}
+	if *secretFile != "" {
+		if cfg.JobSecret, err = launcher.ReadSecretFile(*secretFile); err != nil {
+			return fail("--job-secret-file: %v", err)
+		}
+	}
+	if cfg.Standalone && !fs.Changed("master-port") && *endpoint == "" {
 		cfg.MasterPort = 0
 	}
 	if fs.NArg() == 0 {
@@ -102,12 +143,17 @@ func run(args []string) int {
 	if !*quiet {
 		cfg.Logf = func(format string, a ...any) { fmt.Fprintf(os.Stderr, "slimerun: "+format+"\n", a...) }
 	}
+	cfg.Warnf = func(format string, a ...any) { fmt.Fprintf(os.Stderr, "slimerun: WARNING: "+format+"\n", a...) }
 	err = launcher.Run(context.Background(), cfg)
+	var je *launcher.JobError
 	var we *launcher.WorkerError
 	var intr *launcher.ErrInterrupted
 	switch {
 	case err == nil:
 		return 0
+	case errors.As(err, &je):
+		fmt.Fprintf(os.Stderr, "slimerun: job failed: %v\n", je)
+		return 1
 	case errors.As(err, &we):
 		fmt.Fprintf(os.Stderr, "slimerun: job failed: first failure: %v\n", we)
 		return 1
@@ -123,6 +169,56 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "slimerun:", err)
 		return 1
 	}
+}
+
+// parseEndpoint reads torchrun's --rdzv-endpoint: host, host:port or
+// [v6]:port; the port is torchrun's 29400 when left out.
+func parseEndpoint(s string) (string, int, error) {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		host, port = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"), "29400"
+	}
+	p, perr := strconv.Atoi(port)
+	if host == "" || strings.ContainsAny(host, "[]/ ") || perr != nil || p < 1 || p > 65535 {
+		return "", 0, fmt.Errorf("--rdzv-endpoint %q: want host[:port]", s)
+	}
+	return host, p, nil
+}
+
+// rdzvConfKeys are the --rdzv-conf keys torchrun's backends know; slimerun
+// takes timeout (and join_timeout) as --rdzv-timeout and ignores the rest.
+var rdzvConfKeys = map[string]bool{
+	"timeout": true, "join_timeout": true, "read_timeout": true, "last_call_timeout": true,
+	"close_timeout": true, "heartbeat": true, "keep_alive_interval": true, "keep_alive_max_attempt": true,
+	"is_host": true, "store_type": true, "use_libuv": true, "rank": true,
+}
+
+// parseRdzvConf reads --rdzv-conf "k=v,k=v" and returns its timeout (0
+// when it gives none).
+func parseRdzvConf(s string) (time.Duration, error) {
+	var timeout time.Duration
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(part, "=")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if !ok || k == "" {
+			return 0, fmt.Errorf("--rdzv-conf %q: %q is not key=value", s, part)
+		}
+		if !rdzvConfKeys[k] {
+			return 0, fmt.Errorf("--rdzv-conf %q: unknown key %q", s, k)
+		}
+		if k == "timeout" || k == "join_timeout" {
+			sec, err := strconv.ParseFloat(v, 64)
+			if err != nil || sec <= 0 {
+				return 0, fmt.Errorf("--rdzv-conf %s=%q: want seconds", k, v)
+			}
+			timeout = time.Duration(sec * float64(time.Second))
+		}
+	}
+	return timeout, nil
 }
 
 func parseNodes(s string) (int, error) {

@@ -20,6 +20,9 @@ import (
 var slimerun string
 
 func TestMain(m *testing.M) {
+	if os.Getenv("SLIMERUN_TEST_WORKER") == "shm" {
+		os.Exit(shmWorker())
+	}
 	dir, err := testbin.Build()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

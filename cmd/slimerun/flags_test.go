@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/shm"
+	"github.com/slimego/slimego/internal/testbin"
+	"github.com/slimego/slimego/launcher"
+)
+
+func TestParseEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		host string
+		port int
+	}{
+		{"10.0.0.1:29500", "10.0.0.1", 29500},
+		{"node0", "node0", 29400},
+		{"[::1]:1234", "::1", 1234},
+		{"[fd00::2]", "fd00::2", 29400},
+		{":29500", "", 0},
+		{"host:port", "", 0},
+		{"host:70000", "", 0},
+	} {
+		h, p, err := parseEndpoint(tc.in)
+		if tc.host == "" {
+			if err == nil {
+				t.Errorf("%q: %s %d, want an error", tc.in, h, p)
+			}
+			continue
+		}
+		if err != nil || h != tc.host || p != tc.port {
+			t.Errorf("%q: %q %d %v; want %q %d", tc.in, h, p, err, tc.host, tc.port)
+		}
+	}
+}
+
+func TestParseRdzvConf(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+		bad  bool
+	}{
+		{"timeout=90", 90 * time.Second, false},
+		{"read_timeout=60,timeout=1.5", 1500 * time.Millisecond, false},
+		{"join_timeout=600, last_call_timeout=30", 600 * time.Second, false},
+		{"read_timeout=60", 0, false},
+		{"timeout=soon", 0, true},
+		{"timeout", 0, true},
+		{"no_such_key=1", 0, true},
+	} {
+		got, err := parseRdzvConf(tc.in)
+		if (err != nil) != tc.bad || got != tc.want {
+			t.Errorf("%q: %v, %v; want %v (error: %v)", tc.in, got, err, tc.want, tc.bad)
+		}
+	}
+}
+
+// Flags slimerun refuses with exit 2 and a message that says why.
+func TestFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	open := filepath.Join(dir, "secret")
+	if err := os.WriteFile(open, []byte("s3cret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(open, 0o644)
+	tooMany := strconv.Itoa(launcher.MaxWorkersPerCore*runtime.NumCPU() + 1)
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--rdzv-backend", "etcd", "true"}, "want static or c10d"},
+		{[]string{"--rdzv-endpoint", "h:p", "true"}, "want host[:port]"},
+		{[]string{"--rdzv-conf", "bogus=1", "true"}, "unknown key"},
+		{[]string{"--standalone", "--job-secret-file", open, "true"}, "chmod 600"},
+		{[]string{"--standalone", "--nproc-per-node", tooMany, "true"}, "--force"},
+	} {
+		out, err := exec.Command(slimerun, tc.args...).CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.msg) {
+			t.Errorf("%v: err %v, want exit 2 saying %q\n%s", tc.args, err, tc.msg, out)
+		}
+		if strings.Contains(string(out), "[0]:") {
+			t.Errorf("%v: a worker ran:\n%s", tc.args, out)
+		}
+	}
+}
+
+// torchrun's rendezvous flags: the store listens on --rdzv-endpoint's
+// port; the workers' MASTER_PORT is another, free port, and they learn the
+// store's from SLIME_STORE_PORT; a secret file's first line reaches them.
+func TestRdzvEndpointAndSecretFile(t *testing.T) {
+	port := testbin.FreePort(t)
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("from-the-file\nsecond line\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(slimerun, "-q", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:"+strconv.Itoa(port),
+		"--rdzv-conf", "timeout=30,read_timeout=60", "--rdzv_id", "flags", "--job-secret-file", secret, "--nnodes", "1",
+		"sh", "-c", `echo "A=$MASTER_ADDR P=$MASTER_PORT S=$SLIME_STORE_PORT U=$TORCHELASTIC_USE_AGENT_STORE K=$SLIME_JOB_SECRET"`).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := "S=" + strconv.Itoa(port) + " U=False K=from-the-file"
+	if !strings.Contains(string(out), "[0]: A=127.0.0.1 P=") || !strings.Contains(string(out), want) || strings.Contains(string(out), "P="+strconv.Itoa(port)+" ") {
+		t.Fatalf("want MASTER_ADDR 127.0.0.1, MASTER_PORT other than %d and %q:\n%s", port, want, out)
+	}
+}
+
+// Beyond WarnWorkersPerCore workers per core slimerun warns, even -q, and
+// runs them.
+func TestManyWorkersWarn(t *testing.T) {
+	n := launcher.WarnWorkersPerCore*runtime.NumCPU() + 1
+	out, err := exec.Command(slimerun, "-q", "--standalone", "--nproc-per-node", strconv.Itoa(n), "true").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "slimerun: WARNING: "+strconv.Itoa(n)+" workers on") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}
+
+// shmWorker is a worker of TestKilledJobSwept: local rank 0 creates a
+// shared-memory segment of the job, tagged with its pid as Init's are, and
+// every rank records its pid and waits to be killed.
+func shmWorker() int {
+	dir := os.Getenv("SLIMERUN_TEST_DIR")
+	local := os.Getenv("LOCAL_RANK")
+	if local == "0" {
+		name, err := shm.NewName(shm.JobPrefix(os.Getenv("SLIME_RUN_ID")))
+		if err == nil {
+			_, err = shm.Create(name, 4096)
+		}
+		if err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			return 1
+		}
+		os.WriteFile(filepath.Join(dir, "seg"), []byte(name), 0o600)
+	}
+	os.WriteFile(filepath.Join(dir, "pid."+local), []byte(strconv.Itoa(os.Getpid())), 0o600)
+	time.Sleep(10 * time.Minute)
+	return 0
+}
+
+// A job killed with its launcher (SIGKILL: nobody cleans up) leaves its
+// segment in /dev/shm; the next slimerun removes it, and no worker of the
+// killed job remains.
+func TestKilledJobSwept(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	run := "swept" + strconv.Itoa(os.Getpid())
+	cmd := exec.Command(slimerun, "--standalone", "--nproc-per-node", "3", "--rdzv-id", run, exe)
+	cmd.Env = append(os.Environ(), "SLIMERUN_TEST_WORKER=shm", "SLIMERUN_TEST_DIR="+dir)
+	var out syncWriter
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	deadline := time.Now().Add(20 * time.Second)
+	var pids []int
+	for r := 0; r < 3; {
+		if b, err := os.ReadFile(filepath.Join(dir, "pid."+strconv.Itoa(r))); err == nil && len(b) > 0 {
+			pid, _ := strconv.Atoi(string(b))
+			pids = append(pids, pid)
+			r++
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the workers did not start:\n%s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "seg"))
+	if err != nil {
+		t.Fatalf("no segment: %v\n%s", err, out.String())
+	}
+	seg := filepath.Join(shm.Dir, string(b))
+	if _, err := os.Stat(seg); err != nil {
+		t.Fatalf("the worker's segment: %v", err)
+	}
+	t.Cleanup(func() { os.Remove(seg) })
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	waitGone(t, pids)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	next, err := exec.CommandContext(ctx, slimerun, "--standalone", "true").CombinedOutput()
+	if err != nil {
+		t.Fatalf("the next job: %v\n%s", err, next)
+	}
+	if _, err := os.Stat(seg); !os.IsNotExist(err) {
+		t.Fatalf("%s is still there after the next slimerun (%v):\n%s", seg, err, next)
+	}
+}
+
+// syncWriter collects a process's output for messages.
+type syncWriter struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	return len(p), nil
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.buf)
+}
