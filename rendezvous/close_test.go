@@ -75,3 +75,49 @@ func TestCloseUnderStorm(t *testing.T) {
 		}
 	}
 }
+
+// TestHungUpWaiterReleased: a client that hangs up (or cancels) while its
+// Get waits frees its connection on the server at once, not when the wait
+// times out: otherwise closed clients with long waits hold connections
+// (and MaxConns) and goroutines for their whole timeout.
+func TestHungUpWaiterReleased(t *testing.T) {
+	// A short FrameTimeout: the watch must outlast the frame's deadline.
+	const frameTimeout = 50 * time.Millisecond
+	s, dial := startCfg(t, ServerConfig{FrameTimeout: frameTimeout})
+	for _, how := range []string{"close", "cancel"} {
+		c := dial()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		done := make(chan error, 1)
+		go func() { _, err := c.Get(ctx, "never"); done <- err }()
+		// Wait until the server holds the request.
+		waitFor(t, s, "one request waiting", func() bool { return s.waiting == 1 })
+		time.Sleep(3 * frameTimeout) // the hang-up comes after the frame's deadline
+		if how == "close" {
+			// Close waits for the call's lock; drop the socket under it.
+			c.conn.Close()
+		} else {
+			cancel()
+		}
+		<-done
+		cancel()
+		waitFor(t, s, "no connection held", func() bool { return len(s.conns) == 0 && s.waiting == 0 })
+	}
+}
+
+// waitFor polls cond under s.mu, for at most 5 s.
+func waitFor(t *testing.T, s *Server, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s.mu.Lock()
+		ok := cond()
+		s.mu.Unlock()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s after 5 s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

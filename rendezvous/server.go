@@ -28,6 +28,7 @@ type Server struct {
 	changed chan struct{} // closed and replaced on every mutation
 	conns   map[net.Conn]struct{}
 	aborts  []abortRecord // oldest first, at most maxAborts
+	waiting int           // requests blocked in handle
 	closed  bool
 	wg      sync.WaitGroup
 }
@@ -250,7 +251,12 @@ func (s *Server) serve(c net.Conn) {
 		case err != nil:
 			return // closed, stalled mid-frame, or malformed: drop the client
 		default:
-			resp = s.handle(&req)
+			// No frame is being read while the request is handled: the
+			// hang-up watch must not time out.
+			c.SetReadDeadline(time.Time{})
+			w := hangupWatch{c: c, r: r}
+			resp = s.handle(&req, &w)
+			w.stop()
 		}
 		out = resp.encode(out[:0])
 		c.SetWriteDeadline(time.Now().Add(s.cfg.FrameTimeout))
@@ -270,7 +276,11 @@ func (s *Server) serve(c net.Conn) {
 
 // handle executes one request. Blocking requests wait on s.changed, bounded
 // by the request's timeout.
-func (s *Server) handle(req *message) message {
+//
+// A blocked request also ends when its client hangs up (gone, see
+// hangupWatch): a rank that cancelled or died must not hold its connection,
+// its goroutine and a MaxConns slot until its timeout.
+func (s *Server) handle(req *message, w *hangupWatch) message {
 	var deadline <-chan time.Time
 	if req.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
@@ -294,16 +304,71 @@ func (s *Server) handle(req *message) message {
 			return resp
 		}
 		ch := s.changed
-		s.mu.Unlock()
 		if deadline == nil { // zero timeout: do not block at all
+			s.mu.Unlock()
 			return message{Code: statusTimeout}
 		}
+		s.waiting++
+		s.mu.Unlock()
+		var gone <-chan struct{}
+		if w != nil {
+			gone = w.start()
+		}
+		var timedOut bool
 		select {
 		case <-ch:
 		case <-deadline:
+			timedOut = true
+		case <-gone:
+			timedOut = true // nobody reads the answer
+		}
+		s.mu.Lock()
+		s.waiting--
+		s.mu.Unlock()
+		if timedOut {
 			return message{Code: statusTimeout}
 		}
 	}
+}
+
+// hangupWatch notices, while a request of its connection waits, that the
+// client hung up: it peeks at the connection's reader in a goroutine of its
+// own (the serve loop does not read while a request is handled). A client
+// that sends data instead only ends the watch; the data stays buffered for
+// the serve loop.
+type hangupWatch struct {
+	c    net.Conn
+	r    *bufio.Reader
+	gone chan struct{} // closed when the client hung up
+	done chan struct{} // closed when the watching goroutine returned
+}
+
+// start starts the watch, once, and returns the channel closed on hang-up.
+func (w *hangupWatch) start() <-chan struct{} {
+	if w.done == nil {
+		w.gone, w.done = make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(w.done)
+			if _, err := w.r.Peek(1); err != nil {
+				if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+					return // stopped by stop
+				}
+				close(w.gone)
+			}
+		}()
+	}
+	return w.gone
+}
+
+// stop ends a started watch and waits for its goroutine, so that the serve
+// loop has the reader to itself again; the loop resets the read deadline.
+func (w *hangupWatch) stop() {
+	if w.done == nil {
+		return
+	}
+	w.c.SetReadDeadline(time.Unix(1, 0))
+	<-w.done
+	w.done = nil
 }
 
 // apply executes req under s.mu. block reports that the request waits for a
