@@ -347,3 +347,31 @@ func FuzzServer(f *testing.F) {
 		}
 	})
 }
+
+// TestLargeFramesDoNotPinMemory: connections that each sent one large
+// frame and then stay open idle (as ranks do for the whole job) hold no
+// frame-sized buffers. The frames here are refused values, so that the
+// store itself keeps nothing of them.
+func TestLargeFramesDoNotPinMemory(t *testing.T) {
+	s, _ := startCfg(t, ServerConfig{})
+	const conns = 20
+	value := make([]byte, DefaultMaxValueBytes+1) // fits a frame, refused
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	cs := make([]net.Conn, conns)
+	for i := range cs {
+		cs[i] = rawConn(t, s, Auth{})
+		defer cs[i].Close()
+		if resp := roundTrip(t, cs[i], message{Code: uint8(opSet), Keys: []string{"k"}, Value: value}); resp.Code != statusBadRequest {
+			t.Fatalf("oversize value: status %d", resp.Code)
+		}
+	}
+	if d := int64(heap()) - int64(before); d > 5<<20 {
+		t.Fatalf("%d idle connections that each sent a %d-byte frame hold %d bytes", conns, len(value), d)
+	}
+}
