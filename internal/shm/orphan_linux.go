@@ -39,6 +39,11 @@ func startTime(pid string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	return parseStartTime(pid, b)
+}
+
+// parseStartTime reads field 22 of the text of /proc/<pid>/stat.
+func parseStartTime(pid string, b []byte) (uint64, error) {
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
 		return 0, fmt.Errorf("shm: /proc/%s/stat: no command name", pid)
