@@ -375,3 +375,28 @@ func TestLargeFramesDoNotPinMemory(t *testing.T) {
 		t.Fatalf("%d idle connections that each sent a %d-byte frame hold %d bytes", conns, len(value), d)
 	}
 }
+
+// TestSilentConnsDoNotLockOut: connections that never start their
+// handshake, more of them than MaxConns, do not keep a member out: once
+// they are evictAge old, the oldest makes room for a new connection.
+func TestSilentConnsDoNotLockOut(t *testing.T) {
+	s, _ := startCfg(t, ServerConfig{MaxConns: 32, HandshakeTimeout: time.Minute})
+	for range 100 {
+		c, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	// The server has taken all it can once it refuses the next one.
+	waitFor(t, s, "the server full", func() bool { return len(s.conns) == 32 })
+	time.Sleep(s.evictAge()) // the silent handshakes age past evictAge
+	c, err := Dial(ctxT(t, 10*time.Second), s.Addr().String(), Auth{})
+	if err != nil {
+		t.Fatalf("a member locked out by silent connections: %v", err)
+	}
+	defer c.Close()
+	if err := c.Set(ctxT(t, 5*time.Second), "k", nil); err != nil {
+		t.Fatal(err)
+	}
+}

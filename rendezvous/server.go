@@ -27,6 +27,7 @@ type Server struct {
 	bytes   int64         // keys and values of data, summed
 	changed chan struct{} // closed and replaced on every mutation
 	conns   map[net.Conn]struct{}
+	pending []pendingConn // connections in their handshake, oldest first
 	aborts  []abortRecord // oldest first, at most maxAborts
 	waiting int           // requests blocked in handle
 	closed  bool
@@ -67,6 +68,12 @@ type ServerConfig struct {
 	MaxKeys int
 	// MaxConns bounds the connections served at once, handshakes included
 	// (default DefaultMaxConns); a connection beyond it is closed at once.
+	// When all are taken and the oldest connection still in its handshake
+	// has been so for evictAge (half a second, or half HandshakeTimeout),
+	// that one is closed to make room instead: connections that never
+	// prove anything cannot lock the job's ranks out for HandshakeTimeout,
+	// and a burst of members, whose handshakes take a round trip, evicts
+	// no one.
 	MaxConns int
 	// FrameTimeout bounds the arrival of one request frame once its first
 	// byte has come, and the sending of one response (default
@@ -200,12 +207,19 @@ func (s *Server) accept() {
 			c.Close()
 			return
 		}
+		if len(s.conns) >= s.cfg.MaxConns && len(s.pending) > 0 && time.Since(s.pending[0].since) >= s.evictAge() {
+			old := s.pending[0].c
+			s.pending = s.pending[1:]
+			delete(s.conns, old)
+			old.Close()
+		}
 		if len(s.conns) >= s.cfg.MaxConns {
 			s.mu.Unlock()
 			c.Close() // full: the client sees the handshake fail
 			continue
 		}
 		s.conns[c] = struct{}{}
+		s.pending = append(s.pending, pendingConn{c, time.Now()})
 		s.wg.Add(1)
 		s.mu.Unlock()
 		if tc, ok := c.(*net.TCPConn); ok {
@@ -213,6 +227,19 @@ func (s *Server) accept() {
 		}
 		go s.serve(c)
 	}
+}
+
+// pendingConn is a connection in its handshake, since when.
+type pendingConn struct {
+	c     net.Conn
+	since time.Time
+}
+
+// evictAge is how long a handshake must have lasted before a new
+// connection to a full server may close it: far longer than a member's
+// round trip.
+func (s *Server) evictAge() time.Duration {
+	return min(500*time.Millisecond, s.cfg.HandshakeTimeout/2)
 }
 
 func (s *Server) serve(c net.Conn) {
@@ -223,8 +250,17 @@ func (s *Server) serve(c net.Conn) {
 		s.mu.Unlock()
 		c.Close()
 	}()
-	if err := auth.Accept(c, s.key, purpose, time.Now().Add(s.cfg.HandshakeTimeout)); err != nil {
-		return // not a member of this job
+	err := auth.Accept(c, s.key, purpose, time.Now().Add(s.cfg.HandshakeTimeout))
+	s.mu.Lock()
+	for i, p := range s.pending {
+		if p.c == c {
+			s.pending = append(s.pending[:i], s.pending[i+1:]...)
+			break
+		}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return // not a member of this job, silent, or evicted
 	}
 	// A fixed-size reader: it never grows with the frames.
 	r := bufio.NewReaderSize(c, 4<<10)
