@@ -371,7 +371,10 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return fmt.Errorf("launcher: cannot host the rendezvous store on %s port %d: %w", j.bindHost, cfg.MasterPort, err)
 		}
-		defer s.Close()
+		// Across nodes the others' launchers and workers may still be
+		// using the store when this node's workers are done: it serves
+		// them until they hang up, for a while.
+		defer s.Shutdown(storeGrace(&cfg))
 		j.srv = s
 		cfg.MasterPort = s.Port()
 		if j.torchPort, err = freePort(j.bindHost); err != nil {
@@ -404,6 +407,15 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 }
 
+// storeGrace is how long node 0's store outlives its own workers, waiting
+// for the other nodes' launchers and workers to hang up: none on one node.
+func storeGrace(cfg *Config) time.Duration {
+	if cfg.NNodes == 1 {
+		return 0
+	}
+	return 10 * time.Second
+}
+
 // freePort returns a TCP port free on host a moment ago: the workers'
 // MASTER_PORT, which rank 0's torch binds for its own store. Like torchrun
 // it binds port 0, reads the port and closes, so another process could
@@ -419,8 +431,8 @@ func freePort(host string) (int, error) {
 
 // joinNodes waits until every node's launcher has reached the store, so
 // that a node that never arrives is reported by rank. Node 0 publishes the
-// workers' MASTER_PORT (PortKey) before the barrier; the others read it
-// after, and keep their connection for aborts.
+// workers' MASTER_PORT (PortKey) before it joins the barrier; the others
+// read it before they join, and keep their connection for aborts.
 func (j *job) joinNodes(ctx context.Context) error {
 	cfg := j.cfg
 	if cfg.NNodes == 1 {
@@ -448,14 +460,9 @@ func (j *job) joinNodes(ctx context.Context) error {
 			return fmt.Errorf("launcher: node 0: publish MASTER_PORT: %w", err)
 		}
 	}
-	if err := st.Barrier(ctx, "slimerun/"+cfg.RunID+"/nodes", cfg.NodeRank, cfg.NNodes); err != nil {
-		var me *rendezvous.MissingError
-		if errors.As(err, &me) {
-			return fmt.Errorf("launcher: node %d: node rank(s) %v did not join within %v: %w", cfg.NodeRank, me.Missing, cfg.RdzvTimeout, me.Err)
-		}
-		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
-	}
 	if cfg.NodeRank != 0 {
+		// Node 0 published it before it joined the barrier; read it before
+		// joining, while node 0 surely still serves.
 		v, err := st.Get(ctx, PortKey(cfg.RunID))
 		if err != nil {
 			return fmt.Errorf("launcher: node %d: read MASTER_PORT from node 0's store: %w", cfg.NodeRank, err)
@@ -465,6 +472,15 @@ func (j *job) joinNodes(ctx context.Context) error {
 			return fmt.Errorf("launcher: node %d: node 0 published MASTER_PORT %q, not a port", cfg.NodeRank, v)
 		}
 		j.torchPort = p
+	}
+	if err := st.Barrier(ctx, "slimerun/"+cfg.RunID+"/nodes", cfg.NodeRank, cfg.NNodes); err != nil {
+		var me *rendezvous.MissingError
+		if errors.As(err, &me) {
+			return fmt.Errorf("launcher: node %d: node rank(s) %v did not join within %v: %w", cfg.NodeRank, me.Missing, cfg.RdzvTimeout, me.Err)
+		}
+		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
+	}
+	if cfg.NodeRank != 0 {
 		j.client, keep = st, true
 	}
 	return nil

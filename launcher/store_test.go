@@ -234,3 +234,69 @@ func TestChooseBlamed(t *testing.T) {
 		}
 	}
 }
+
+// On a node other than 0, a worker's exit reaches node 0's store through
+// the launcher's connection to it: a waiter fails within 2 s with an
+// *AbortError naming that worker's rank.
+func TestRemoteWorkerExitAborts(t *testing.T) {
+	dir := t.TempDir()
+	port, secret := testbin.FreePort(t), "remote-secret"
+	run := "remote" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Rank 1 (node 1) exits 0 once dir/go exists, rank 0 once dir/end does.
+	script := `f=` + dir + `/end; [ $RANK = 1 ] && f=` + dir + `/go; while [ ! -e $f ]; do sleep 0.01; done`
+	errs := make(chan error, 2)
+	var outs [2]syncBuffer
+	for node := range 2 {
+		go func() {
+			errs <- Run(ctx, Config{NNodes: 2, NodeRank: node, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
+				RunID: run, JobSecret: []byte(secret), RdzvTimeout: 30 * time.Second, StopGrace: time.Second,
+				Program: "sh", Args: []string{"-c", script}, Stdout: &outs[node], Stderr: &outs[node]})
+		}()
+	}
+	defer func() {
+		os.WriteFile(filepath.Join(dir, "go"), nil, 0o600)
+		os.WriteFile(filepath.Join(dir, "end"), nil, 0o600)
+		for node := range 2 {
+			select {
+			case err := <-errs:
+				if err != nil {
+					t.Errorf("a node failed: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("node %d did not end", node)
+			}
+		}
+	}()
+	st, err := dialStore(t, port, secret, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	// Both launchers have joined once the node barrier is complete.
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if err := st.Wait(wctx, "slimerun/"+run+"/nodes/0", "slimerun/"+run+"/nodes/1"); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := st.Get(wctx, rendezvous.AttemptPrefix(run, 0)+"never")
+		got <- err
+	}()
+	exitAt := time.Now()
+	os.WriteFile(filepath.Join(dir, "go"), nil, 0o600)
+	select {
+	case err := <-got:
+		var ae *rendezvous.AbortError
+		if !errors.As(err, &ae) || ae.Rank != 1 || !strings.Contains(ae.Reason, "rank 1 (pid ") {
+			t.Fatalf("the waiter got %v; want an *AbortError naming rank 1", err)
+		}
+		if d := time.Since(exitAt); d > 2*time.Second {
+			t.Errorf("the abort took %v after rank 1 was told to exit", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter still waits 10 s after rank 1 exited")
+	}
+}
