@@ -20,7 +20,8 @@
 // 64 MiB), the connections served at once (1024), and the time a begun
 // frame may take to arrive (10 s). A frame larger than the value limit
 // allows is refused before anything is allocated for it, and one large
-// frame does not pin its memory for the connection's life.
+// frame does not pin its memory for the connection's life. A wait whose
+// client hangs up ends at once, freeing its connection.
 //
 // The wire format is versioned and length-prefixed; see wire.go.
 package rendezvous

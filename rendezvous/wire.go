@@ -20,6 +20,12 @@ import (
 //	u32  second value length + bytes (CompareAndSet's desired value)
 //
 // One layout for all ops keeps the decoder small enough to fuzz exhaustively.
+// Frames follow internal/auth's handshake on every connection.
+//
+// A server reads frames of at most frameLimit(MaxValueBytes) bytes: a frame
+// that announces more is answered statusBadRequest and its body skipped
+// through a small buffer, never allocated. Once a frame's first byte has
+// come, the rest must come within the server's FrameTimeout.
 //
 // Abort (opAbort) carries the aborted key prefix as its one key, the rank
 // that aborted as the integer argument and the reason as the value. A
