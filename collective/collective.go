@@ -12,6 +12,7 @@ import (
 
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/inter"
+	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/internal/fault"
 	"github.com/slimego/slimego/internal/netaddr"
 	"github.com/slimego/slimego/internal/shm"
@@ -290,7 +291,7 @@ func (c *Communicator) connectNodes(ctx context.Context) error {
 	t, err := inter.New(ctx, inter.Config{
 		Store: c.store, Key: c.key("net"), Rank: o.Rank, Peers: peers, Channels: o.Channels,
 		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, Timeout: o.Timeout, Lowat: o.RcvLowat,
-		SendCopyMin: o.SendCopyMin,
+		SendCopyMin: o.SendCopyMin, Auth: auth.NewKey(o.JobSecret, o.RunID),
 	})
 	if err != nil {
 		return err

@@ -189,6 +189,11 @@ func TestSlowRankTimesOut(t *testing.T) {
 			t.Errorf("rank %d did not report a timeout naming rank 1:\n%s", r, j.out)
 		}
 	}
+	// The first to exit is a survivor; the summary names the rank that
+	// every error points at.
+	if !strings.Contains(j.stderr, "rank 1 is the one the others' errors name") {
+		t.Errorf("slimerun did not name rank 1 as the cause:\n%s", j.stderr)
+	}
 }
 
 // worker runs agcheck directly (no launcher) with the given environment.

@@ -89,8 +89,11 @@ const (
 	DefaultMaxValueBytes    = 1 << 20
 	DefaultMaxTotalBytes    = 64 << 20
 	DefaultMaxKeys          = 1 << 16
-	DefaultMaxConns         = 1024
-	DefaultFrameTimeout     = 10 * time.Second
+	// DefaultMaxConns: every rank holds one connection for the whole job,
+	// so the bound must pass the largest job; each costs a goroutine and a
+	// 4 KiB reader.
+	DefaultMaxConns     = 16384
+	DefaultFrameTimeout = 10 * time.Second
 )
 
 // withDefaults fills cfg's zero limits with their defaults.
