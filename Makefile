@@ -82,9 +82,15 @@ test-netns:
 test-short:
 	$(GO) test -count=1 ./...
 
+# Every decoder of bytes from the wire, the store or /proc, 30 s each
+# (FUZZTIME).
+FUZZTIME ?= 30s
+FUZZ := rendezvous:FuzzDecode rendezvous:FuzzServer inter:FuzzDecode inter:FuzzParseAddr \
+  internal/auth:FuzzHandshake internal/shm:FuzzCheckName internal/shm:FuzzParseStartTime \
+  intra:FuzzIdentity collective:FuzzParseTasksPerNode
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./rendezvous
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./inter
+	@for t in $(FUZZ); do \
+	  echo "== $$t"; $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) ./$${t%%:*} || exit 1; done
 
 # slimego beside OpenMPI (where mpicc is installed) and single-core memcpy,
 # P ranks on this machine, REPS interleaved runs of each (A B C A B C ...),
