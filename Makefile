@@ -17,7 +17,7 @@ GOTAGS := -tags openblas
 export CGO_LDFLAGS := -lopenblas
 endif
 
-.PHONY: all build demo test test-netns test-short fuzz bench bench-netns bench-gemm clean kernels device-check
+.PHONY: all build demo test test-netns test-short fuzz bench bench-netns bench-gemm clean kernels kernels-emu device-check
 
 all: build
 
@@ -29,16 +29,19 @@ build:
 # (sm_90: Hopper); CUBLAS_LIB and CUDA_INC point at cuBLAS where it is not
 # in the compiler's own paths; NVSHMEM_HOME, where NVSHMEM is installed,
 # adds libslimenvshmem.so.
+# NVCC_CCBIN: the host compiler nvcc uses; g++-11 where installed, since
+# CUDA 11.8 (Debian's) refuses gcc 12.
 NVCC       ?= nvcc
 CUDA_ARCH  ?= sm_90
-NVCCFLAGS  ?= -O3 -std=c++17 -arch=$(CUDA_ARCH) -Xcompiler -fPIC,-Wall
+NVCC_CCBIN ?= $(shell command -v g++-11 2>/dev/null)
+NVCCFLAGS  ?= -O3 -std=c++17 -arch=$(CUDA_ARCH) $(if $(NVCC_CCBIN),-ccbin $(NVCC_CCBIN)) -Xcompiler -fPIC,-Wall
 CUDA_INC   ?=
 CUBLAS_LIB ?=
 NVSHMEM_HOME ?=
 KLIB := kernels/build
 kernels: $(KLIB)/libslimecuda.so $(if $(NVSHMEM_HOME),$(KLIB)/libslimenvshmem.so)
 
-$(KLIB)/libslimecuda.so: kernels/slime.cu kernels/slime.h kernels/status.h
+$(KLIB)/libslimecuda.so: kernels/slime.cu kernels/slime.h kernels/protocol.h kernels/status.h
 	@mkdir -p $(KLIB)
 	$(NVCC) $(NVCCFLAGS) -shared $(CUDA_INC) -o $@ kernels/slime.cu \
 	  $(if $(CUBLAS_LIB),-L$(CUBLAS_LIB) -Xlinker -rpath=$(CUBLAS_LIB)) -lcublas
@@ -47,6 +50,18 @@ $(KLIB)/libslimenvshmem.so: kernels/nvshmem.cu kernels/slime.h kernels/status.h
 	@mkdir -p $(KLIB)
 	$(NVCC) $(NVCCFLAGS) -rdc=true -shared $(CUDA_INC) -I$(NVSHMEM_HOME)/include -o $@ kernels/nvshmem.cu \
 	  -L$(NVSHMEM_HOME)/lib -Xlinker -rpath=$(NVSHMEM_HOME)/lib -lnvshmem_host -lnvshmem_device
+
+# The emulated libslimecuda (no GPU, no CUDA: the host's g++), which runs
+# the same kernel protocol (kernels/protocol.h) on host threads and is
+# adversarial about CUDA's ordering rules; the tests load it through
+# SLIME_CUDA_LIB. Its GEMM uses OpenBLAS where libopenblas-dev is installed.
+CXX ?= g++
+kernels-emu: $(KLIB)/libslimecuda-emu.so
+
+$(KLIB)/libslimecuda-emu.so: kernels/emu/slime_emu.cc kernels/slime.h kernels/protocol.h kernels/status.h
+	@mkdir -p $(KLIB)
+	$(CXX) -O2 -fPIC -pthread -std=c++20 -Wall -shared $(if $(filter 1,$(OPENBLAS)),-DSLIME_EMU_CBLAS) \
+	  -o $@ kernels/emu/slime_emu.cc $(if $(filter 1,$(OPENBLAS)),-lopenblas)
 
 # On a machine with a GPU, where nvcc and Python are but Go may not be:
 # make device-bins here builds what travels (slimerun, slimebench and the
