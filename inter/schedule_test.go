@@ -63,6 +63,11 @@ func TestRailSchedule(t *testing.T) {
 	}
 }
 
+// TestRingSchedule simulates the ring as Ring describes it: every rank
+// sends to the next that Ring returns, which must name the sender as its
+// previous rank and expect at each step the block the sender forwards; the
+// sender holds that block, and after p−1 steps every rank holds every
+// block.
 func TestRingSchedule(t *testing.T) {
 	for _, P := range []int{1, 2, 3, 8, 13} {
 		have := make([]map[int]bool, P)
@@ -70,12 +75,32 @@ func TestRingSchedule(t *testing.T) {
 			have[r] = map[int]bool{r: true}
 		}
 		steps := make([][]RingStep, P)
+		nexts, prevs := make([]int, P), make([]int, P)
 		for r := range P {
 			next, prev, s := Ring(P, r)
-			if P > 1 && (next == r || prev == r) {
+			if len(s) != P-1 {
+				t.Fatalf("P=%d rank %d: %d steps", P, r, len(s))
+			}
+			if next < 0 || next >= P || prev < 0 || prev >= P || P > 1 && (next == r || prev == r) {
 				t.Fatalf("P=%d rank %d: neighbours %d, %d", P, r, next, prev)
 			}
-			steps[r] = s
+			nexts[r], prevs[r], steps[r] = next, prev, s
+		}
+		for r := range P {
+			if P > 1 && prevs[nexts[r]] != r {
+				t.Fatalf("P=%d: rank %d sends to %d, whose previous rank is %d", P, r, nexts[r], prevs[nexts[r]])
+			}
+		}
+		if P > 1 {
+			// One cycle through every rank.
+			seen, r := map[int]bool{}, 0
+			for range P {
+				seen[r] = true
+				r = nexts[r]
+			}
+			if len(seen) != P || r != 0 {
+				t.Fatalf("P=%d: following next from rank 0 visits %d ranks", P, len(seen))
+			}
 		}
 		for s := 0; s < P-1; s++ {
 			for r := range P {
@@ -83,19 +108,29 @@ func TestRingSchedule(t *testing.T) {
 				if !have[r][st.Send] {
 					t.Fatalf("P=%d step %d: rank %d sends block %d it does not hold", P, s, r, st.Send)
 				}
-				next := (r + 1) % P
+				next := nexts[r]
 				if steps[next][s].Recv != st.Send {
 					t.Fatalf("P=%d step %d: rank %d sends %d, rank %d expects %d", P, s, r, st.Send, next, steps[next][s].Recv)
 				}
 			}
 			for r := range P {
-				have[(r+1)%P][steps[r][s].Send] = true
+				have[nexts[r]][steps[r][s].Send] = true
 			}
 		}
 		for r := range P {
 			if len(have[r]) != P {
 				t.Fatalf("P=%d: rank %d ends with %d blocks", P, r, len(have[r]))
 			}
+		}
+		if want := map[int]bool{}; P > 1 {
+			for _, q := range RingPeers(P, 0) {
+				want[q] = true
+			}
+			if !want[nexts[0]] || !want[prevs[0]] || len(want) > 2 {
+				t.Fatalf("P=%d: RingPeers(0) = %v, want next %d and prev %d", P, RingPeers(P, 0), nexts[0], prevs[0])
+			}
+		} else if len(RingPeers(P, 0)) != 0 {
+			t.Fatalf("P=1: RingPeers = %v", RingPeers(P, 0))
 		}
 	}
 }
