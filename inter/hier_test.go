@@ -1,0 +1,284 @@
+package inter
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/intra"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// allGatherer is what Hier and RingAG have in common for the tests.
+type allGatherer interface {
+	run(ctx context.Context, name string, dst, src []byte, sizes, offs []int) error
+	barrier(ctx context.Context) error
+}
+
+type hierAG struct{ *Hier }
+
+func (h hierAG) run(ctx context.Context, name string, dst, src []byte, sizes, offs []int) error {
+	op, err := h.Plan(name, dst, src, sizes, offs)
+	if err != nil {
+		return err
+	}
+	return op.Run(ctx)
+}
+func (h hierAG) barrier(ctx context.Context) error { return h.Barrier(ctx) }
+
+type ringAG struct{ *RingAG }
+
+func (r ringAG) run(ctx context.Context, name string, dst, src []byte, sizes, offs []int) error {
+	op, err := r.Plan(name, dst, src, sizes, offs)
+	if err != nil {
+		return err
+	}
+	return op.Run(ctx)
+}
+func (r ringAG) barrier(ctx context.Context) error { return r.Barrier(ctx) }
+
+// cluster starts nodes × local ranks in this process, each with its
+// node's intra-node group and a transport to its peers (the rail peers, or
+// the ring's neighbours when ring), and runs body on each with its global
+// rank. Nodes differ only in their groups' store keys and segment names.
+func cluster(t *testing.T, nodes, local int, ring bool, body func(rank int, ag allGatherer) error) []error {
+	t.Helper()
+	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	P := nodes * local
+	prefix := fmt.Sprintf("slimego-intertest-%d-", os.Getpid())
+	errs := make([]error, P)
+	var wg sync.WaitGroup
+	for r := range P {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = func() error {
+				st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
+				if err != nil {
+					return err
+				}
+				defer st.Close()
+				a := r / local
+				ranks := make([]int, local)
+				for i := range ranks {
+					ranks[i] = a*local + i
+				}
+				g, err := intra.New(ctx, intra.Config{Store: st, Key: fmt.Sprintf("node%d", a),
+					ShmPrefix: fmt.Sprintf("%s%d-", prefix, a), Rank: r % local, Size: local, Ranks: ranks,
+					Timeout: 10 * time.Second})
+				if err != nil {
+					return err
+				}
+				defer g.Close()
+				peers := RailPeers(nodes, local, r)
+				if ring {
+					peers = RingPeers(P, r)
+				}
+				tr, err := New(ctx, Config{Store: st, Key: "net", Rank: r, Peers: peers, Channels: 2,
+					MasterAddr: "127.0.0.1", Timeout: 10 * time.Second, Auth: testKey})
+				if err != nil {
+					return err
+				}
+				defer tr.Close()
+				if ring {
+					return body(r, ringAG{NewRing(tr, P, r, 10*time.Second)})
+				}
+				return body(r, hierAG{NewHier(g, tr, nodes, local, r, 10*time.Second)})
+			}()
+		}()
+	}
+	wg.Wait()
+	if left, _ := os.ReadDir("/dev/shm"); left != nil {
+		for _, e := range left {
+			if strings.HasPrefix(e.Name(), prefix) {
+				t.Errorf("/dev/shm/%s left behind", e.Name())
+			}
+		}
+	}
+	return errs
+}
+
+func fillBlock(b []byte, rank, it int) {
+	rng := rand.New(rand.NewPCG(uint64(rank), uint64(it)))
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+}
+
+// layoutOf is the offsets of blocks of the given sizes packed in order.
+func layoutOf(sizes []int) (offs []int, total int) {
+	offs = make([]int, len(sizes))
+	for r, n := range sizes {
+		offs[r] = total
+		total += n
+	}
+	return offs, total
+}
+
+// TestHierAndRing: the hierarchical all-gather with one, two and three
+// ranks per node, and the flat ring, deliver every rank's block to every
+// rank, out of place and in place (src the rank's own block of dst), with
+// blocks of different sizes (AllGatherV), three calls each.
+func TestHierAndRing(t *testing.T) {
+	cases := []struct {
+		nodes, local int
+		ring         bool
+	}{
+		{2, 1, false}, {2, 2, false}, {3, 2, false}, {2, 3, false},
+		{1, 2, false}, {3, 1, true}, {4, 1, true}, {2, 1, true},
+	}
+	for _, c := range cases {
+		for _, n := range []int{0, 5, 70_001, 1<<20 + 7} {
+			name := fmt.Sprintf("%dx%d/ring=%v/n%d", c.nodes, c.local, c.ring, n)
+			t.Run(name, func(t *testing.T) {
+				P := c.nodes * c.local
+				sizes := make([]int, P)
+				for r := range P {
+					sizes[r] = n + r%3 // unequal blocks
+					if n == 0 {
+						sizes[r] = 0
+					}
+				}
+				offs, total := layoutOf(sizes)
+				errs := cluster(t, c.nodes, c.local, c.ring, func(rank int, ag allGatherer) error {
+					ctx := context.Background()
+					want := make([]byte, total)
+					for it := range 3 {
+						for q := range P {
+							fillBlock(want[offs[q]:offs[q]+sizes[q]], q, it)
+						}
+						dst := make([]byte, total)
+						fillBlock(dst, 999, it) // stale bytes everywhere
+						inPlace := it == 1
+						src := make([]byte, sizes[rank])
+						if inPlace {
+							src = dst[offs[rank] : offs[rank]+sizes[rank]]
+						}
+						fillBlock(src, rank, it)
+						if err := ag.run(ctx, "allgather", dst, src, sizes, offs); err != nil {
+							return fmt.Errorf("call %d: %w", it, err)
+						}
+						if !bytes.Equal(dst, want) {
+							for q := range P {
+								if !bytes.Equal(dst[offs[q]:offs[q]+sizes[q]], want[offs[q]:offs[q]+sizes[q]]) {
+									return fmt.Errorf("call %d (in place %v): block of rank %d wrong", it, inPlace, q)
+								}
+							}
+						}
+					}
+					return ag.barrier(ctx)
+				})
+				for r, err := range errs {
+					if err != nil {
+						t.Errorf("rank %d: %v", r, err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestHierRingMismatch: one rank that passes other sizes than the rest
+// makes every rank of every node return ErrSizeMismatch, and the
+// communicator stays usable: the next call, which agrees, delivers.
+func TestHierRingMismatch(t *testing.T) {
+	cases := []struct {
+		nodes, local int
+		ring         bool
+		odd, n       int
+	}{
+		{2, 2, false, 3, 100}, {2, 2, false, 1, 600_000}, {2, 2, false, 0, 100},
+		{3, 1, true, 1, 100}, {3, 1, true, 2, 1<<20 + 1},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%dx%d/ring=%v/odd%d/n%d", c.nodes, c.local, c.ring, c.odd, c.n), func(t *testing.T) {
+			P := c.nodes * c.local
+			errs := cluster(t, c.nodes, c.local, c.ring, func(rank int, ag allGatherer) error {
+				ctx := context.Background()
+				m := c.n
+				if rank == c.odd {
+					m++
+				}
+				sizes := make([]int, P)
+				for q := range sizes {
+					sizes[q] = m
+				}
+				offs, total := layoutOf(sizes)
+				err := ag.run(ctx, "allgather", make([]byte, total), make([]byte, m), sizes, offs)
+				if !errors.Is(err, fault.ErrSizeMismatch) {
+					return fmt.Errorf("want ErrSizeMismatch, got %v", err)
+				}
+				var oe *fault.OpError
+				if !errors.As(err, &oe) || oe.Rank != rank || oe.Peer < 0 || oe.Peer >= P || oe.Peer == rank {
+					return fmt.Errorf("the error names rank %d peer %d: %v", oe.Rank, oe.Peer, err)
+				}
+				// Usable afterwards.
+				for q := range sizes {
+					sizes[q] = 64
+				}
+				offs, total = layoutOf(sizes)
+				dst, src := make([]byte, total), make([]byte, 64)
+				fillBlock(src, rank, 7)
+				if err := ag.run(ctx, "allgather", dst, src, sizes, offs); err != nil {
+					return fmt.Errorf("after the mismatch: %w", err)
+				}
+				for q := range P {
+					want := make([]byte, 64)
+					fillBlock(want, q, 7)
+					if !bytes.Equal(dst[offs[q]:offs[q]+64], want) {
+						return fmt.Errorf("after the mismatch: block of rank %d wrong", q)
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+		})
+	}
+}
+
+// TestHierInvalid: calls that do not fit are ErrInvalid on the calling
+// rank alone, before anything moves.
+func TestHierInvalid(t *testing.T) {
+	errs := cluster(t, 2, 1, false, func(rank int, ag allGatherer) error {
+		ctx := context.Background()
+		bad := []struct {
+			dst, src    []byte
+			sizes, offs []int
+		}{
+			{make([]byte, 16), make([]byte, 8), []int{8}, []int{0}},        // one size for two ranks
+			{make([]byte, 15), make([]byte, 8), []int{8, 8}, []int{0, 8}},  // destination too short
+			{make([]byte, 16), make([]byte, 7), []int{8, 8}, []int{0, 8}},  // source of another size
+			{make([]byte, 16), make([]byte, 8), []int{8, -1}, []int{0, 8}}, // negative size
+			{make([]byte, 16), make([]byte, 8), []int{8, 8}, []int{-1, 8}}, // negative offset
+		}
+		for i, b := range bad {
+			if err := ag.run(ctx, "allgather", b.dst, b.src, b.sizes, b.offs); !errors.Is(err, fault.ErrInvalid) {
+				return fmt.Errorf("case %d: want ErrInvalid, got %v", i, err)
+			}
+		}
+		return ag.barrier(ctx)
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
