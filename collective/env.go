@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/internal/bytesize"
 	"github.com/slimego/slimego/internal/fault"
 )
@@ -295,7 +296,7 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	if v := getenv("SLIME_JOB_SECRET"); v != "" {
 		o.JobSecret = []byte(v)
 	} else if f := strings.TrimSpace(getenv("SLIME_JOB_SECRET_FILE")); f != "" {
-		b, err := readSecretFile(f)
+		b, err := auth.ReadSecretFile(f)
 		if err != nil {
 			return bad("SLIME_JOB_SECRET_FILE: %v", err)
 		}
@@ -374,21 +375,6 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 		}
 	}
 	return o, nil
-}
-
-// readSecretFile reads a job secret: the file's first line, which must
-// not be empty.
-func readSecretFile(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	line = strings.TrimSpace(line)
-	if line == "" {
-		return nil, fmt.Errorf("%s holds no secret", path)
-	}
-	return []byte(line), nil
 }
 
 func firstNonEmpty(s ...string) string {

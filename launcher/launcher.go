@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/internal/netaddr"
+	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/internal/shm"
 	"github.com/slimego/slimego/rendezvous"
 )
@@ -272,28 +273,11 @@ func (c *Config) defaults() error {
 // that its group or others may read or write: the secret is what keeps
 // strangers out of the job.
 func ReadSecretFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	b, err := auth.ReadSecretFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: job secret file: %v", ErrBadConfig, err)
+		return nil, fmt.Errorf("%w: %v", ErrBadConfig, err)
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("%w: job secret file: %v", ErrBadConfig, err)
-	}
-	if m := st.Mode().Perm(); m&0o077 != 0 {
-		return nil, fmt.Errorf("%w: job secret file %s has mode %04o: its group or others can read or change it, so anyone among them could join the job; chmod 600 %s", ErrBadConfig, path, m, path)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, 64<<10))
-	if err != nil {
-		return nil, fmt.Errorf("%w: job secret file %s: %v", ErrBadConfig, path, err)
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	line = strings.TrimSpace(line)
-	if line == "" {
-		return nil, fmt.Errorf("%w: job secret file %s holds no secret on its first line", ErrBadConfig, path)
-	}
-	return []byte(line), nil
+	return b, nil
 }
 
 func (c *Config) auth() rendezvous.Auth {
