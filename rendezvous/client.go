@@ -76,7 +76,8 @@ type Client struct {
 // and job id, retrying until ctx is done (or for DefaultTimeout when ctx
 // has no deadline): a launcher's store may come up after its workers. The
 // error names the address it tried. A store that refuses the proof is
-// [ErrDenied] at once, and a host name that does not resolve is
+// [ErrDenied] at once (a connection closed before the verdict, by a store
+// at its connection limit for instance, is retried), and a host name that does not resolve is
 // [ErrUnreachable] within netaddr.ResolveTimeout (2 s): waiting would not
 // make it resolve.
 func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
@@ -106,11 +107,18 @@ func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 			if dl, ok := ctx.Deadline(); ok && dl.Before(hs) {
 				hs = dl
 			}
-			if err := auth.Connect(conn, a.key(), purpose, hs); err != nil {
-				conn.Close()
-				return nil, fmt.Errorf("%w: %s: %v", ErrDenied, addr, err)
+			herr := auth.Connect(conn, a.key(), purpose, hs)
+			if herr == nil {
+				return &Client{addr: addr, conn: conn, r: bufio.NewReader(conn)}, nil
 			}
-			return &Client{addr: addr, conn: conn, r: bufio.NewReader(conn)}, nil
+			conn.Close()
+			if errors.Is(herr, auth.ErrRefused) {
+				return nil, fmt.Errorf("%w: %s: %v", ErrDenied, addr, herr)
+			}
+			// The connection failed before a verdict: a store at its
+			// connection limit, a handshake it evicted, or one that ran
+			// out of time on a loaded host. Those pass; try again.
+			err = herr
 		}
 		if dnsErr, ok := errors.AsType[*net.DNSError](err); ok && dnsErr.IsNotFound {
 			// The name stopped resolving since the check above.

@@ -264,9 +264,10 @@ func TestStoreLimits(t *testing.T) {
 	})
 }
 
-// TestMaxConns: beyond MaxConns a new connection is closed at once (its
-// Dial fails without waiting out its deadline); once a client hangs up,
-// a new one gets in.
+// TestMaxConns: beyond MaxConns a new connection is closed at once; its
+// Dial keeps trying (a full store is no verdict on its secret) until its
+// deadline, and is never ErrDenied; once a client hangs up, a new one gets
+// in.
 func TestMaxConns(t *testing.T) {
 	s, dial := startCfg(t, ServerConfig{MaxConns: 2})
 	a, b := dial(), dial()
@@ -277,9 +278,13 @@ func TestMaxConns(t *testing.T) {
 		}
 	}
 	begin := time.Now()
-	if c, err := Dial(ctxT(t, 30*time.Second), s.Addr().String(), Auth{}); err == nil {
+	c, err := Dial(ctxT(t, time.Second), s.Addr().String(), Auth{})
+	if err == nil {
 		c.Close()
 		t.Fatal("a third client got in with MaxConns 2")
+	}
+	if errors.Is(err, ErrDenied) || !errors.Is(err, ErrUnreachable) {
+		t.Fatalf("a full store: %v, want ErrUnreachable at the deadline, not ErrDenied", err)
 	}
 	if d := time.Since(begin); d > 10*time.Second {
 		t.Fatalf("the refused Dial took %v", d)

@@ -30,9 +30,16 @@ import (
 	"time"
 )
 
-// ErrDenied: the peer does not hold the same secret, or belongs to another
-// job or purpose, or does not speak this protocol.
+// ErrDenied: the handshake failed. Every error of Accept and Connect wraps
+// it; those that are a verdict (the peer holds another secret, belongs to
+// another job or purpose, or does not speak this protocol) wrap ErrRefused
+// too, and those where the connection failed first wrap the I/O error, so
+// that a caller can retry those and only those.
 var ErrDenied = errors.New("auth: handshake failed")
+
+// ErrRefused: the peer answered, and its answer proves it is not a member of
+// this job (or it judged this side not to be one). Retrying cannot help.
+var ErrRefused = errors.New("auth: refused")
 
 // Key is what both ends of a connection must share.
 type Key struct {
@@ -85,10 +92,10 @@ func hello(nonce []byte) []byte {
 
 func parseHello(b []byte) ([]byte, error) {
 	if string(b[:len(magic)]) != magic {
-		return nil, fmt.Errorf("%w: the peer does not speak slimego's handshake", ErrDenied)
+		return nil, fmt.Errorf("%w: %w: the peer does not speak slimego's handshake", ErrDenied, ErrRefused)
 	}
 	if b[len(magic)] != version {
-		return nil, fmt.Errorf("%w: handshake version %d, want %d", ErrDenied, b[len(magic)], version)
+		return nil, fmt.Errorf("%w: %w: handshake version %d, want %d", ErrDenied, ErrRefused, b[len(magic)], version)
 	}
 	return b[len(magic)+1 : helloSize], nil
 }
@@ -105,11 +112,11 @@ func Accept(c net.Conn, k Key, purpose string, deadline time.Time) error {
 	c.SetDeadline(deadline)
 	na := nonce()
 	if _, err := c.Write(hello(na)); err != nil {
-		return fmt.Errorf("%w: %v", ErrDenied, err)
+		return fmt.Errorf("%w: %w", ErrDenied, err)
 	}
 	var in [proofSize]byte
 	if _, err := io.ReadFull(c, in[:]); err != nil {
-		return fmt.Errorf("%w: reading the peer's proof: %v", ErrDenied, err)
+		return fmt.Errorf("%w: reading the peer's proof: %w", ErrDenied, err)
 	}
 	nc, err := parseHello(in[:])
 	if err != nil {
@@ -117,11 +124,11 @@ func Accept(c net.Conn, k Key, purpose string, deadline time.Time) error {
 	}
 	if !hmac.Equal(in[helloSize:], k.mac("connector", purpose, na, nc)) {
 		c.Write([]byte{statusDenied})
-		return fmt.Errorf("%w: the peer does not hold this job's secret, or belongs to another job (%q) or purpose (%s)", ErrDenied, k.job, purpose)
+		return fmt.Errorf("%w: %w: the peer does not hold this job's secret, or belongs to another job (%q) or purpose (%s)", ErrDenied, ErrRefused, k.job, purpose)
 	}
 	out := append([]byte{statusAccepted}, k.mac("acceptor", purpose, nc, na)...)
 	if _, err := c.Write(out); err != nil {
-		return fmt.Errorf("%w: %v", ErrDenied, err)
+		return fmt.Errorf("%w: %w", ErrDenied, err)
 	}
 	c.SetDeadline(time.Time{})
 	return nil
@@ -133,7 +140,7 @@ func Connect(c net.Conn, k Key, purpose string, deadline time.Time) error {
 	c.SetDeadline(deadline)
 	var in [helloSize]byte
 	if _, err := io.ReadFull(c, in[:]); err != nil {
-		return fmt.Errorf("%w: reading the acceptor's hello: %v", ErrDenied, err)
+		return fmt.Errorf("%w: reading the acceptor's hello: %w", ErrDenied, err)
 	}
 	na, err := parseHello(in[:])
 	if err != nil {
@@ -142,21 +149,21 @@ func Connect(c net.Conn, k Key, purpose string, deadline time.Time) error {
 	nc := nonce()
 	out := append(hello(nc), k.mac("connector", purpose, na, nc)...)
 	if _, err := c.Write(out); err != nil {
-		return fmt.Errorf("%w: %v", ErrDenied, err)
+		return fmt.Errorf("%w: %w", ErrDenied, err)
 	}
 	var st [1]byte
 	if _, err := io.ReadFull(c, st[:]); err != nil {
-		return fmt.Errorf("%w: reading the acceptor's answer: %v", ErrDenied, err)
+		return fmt.Errorf("%w: reading the acceptor's answer: %w", ErrDenied, err)
 	}
 	if st[0] != statusAccepted {
-		return fmt.Errorf("%w: the acceptor refused this job's secret or job id (%q, %s): the secret (SLIME_JOB_SECRET) or the run id differs", ErrDenied, k.job, purpose)
+		return fmt.Errorf("%w: %w: the acceptor refused this job's secret or job id (%q, %s): the secret (SLIME_JOB_SECRET) or the run id differs", ErrDenied, ErrRefused, k.job, purpose)
 	}
 	var proof [macSize]byte
 	if _, err := io.ReadFull(c, proof[:]); err != nil {
-		return fmt.Errorf("%w: reading the acceptor's proof: %v", ErrDenied, err)
+		return fmt.Errorf("%w: reading the acceptor's proof: %w", ErrDenied, err)
 	}
 	if !hmac.Equal(proof[:], k.mac("acceptor", purpose, nc, na)) {
-		return fmt.Errorf("%w: the acceptor does not hold this job's secret", ErrDenied)
+		return fmt.Errorf("%w: %w: the acceptor does not hold this job's secret", ErrDenied, ErrRefused)
 	}
 	c.SetDeadline(time.Time{})
 	return nil
