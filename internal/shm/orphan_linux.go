@@ -65,13 +65,17 @@ var ownerRE = regexp.MustCompile(`-o([0-9]{1,10})\.([0-9]{1,20})-[0-9a-f]+$`)
 
 // SweepOrphans removes the segments that outlived the process that created
 // them: names that start with Prefix and carry an owner tag (NewName),
-// regular files owned by this user, whose creator no longer runs or whose
-// pid now belongs to a process started at another time. A killed launcher's
-// workers die before the last of them maps (and unlinks) a segment; this is
-// what removes it later. Names without a tag are left alone. A creator in
-// another pid namespace that shares Dir would look gone: slimego assumes
-// the ranks of a node see each other's pids (they already need to, to
-// watch each other).
+// regular files owned by this user, that no process holds (no Segment has
+// it open: the sweep takes the file's exclusive lock without waiting) and
+// whose creator no longer runs or whose pid now belongs to a process
+// started at another time. A killed launcher's workers die before the last
+// of them maps (and unlinks) a segment; this is what removes it later.
+// Names without a tag are left alone.
+//
+// Both tests are needed. The lock is what protects a segment across pid
+// namespaces (containers sharing /dev/shm see each other's pids as gone or
+// reused). The pid tag covers the moment between the creator's open and
+// its lock, within one namespace.
 func SweepOrphans() (removed []string, err error) {
 	entries, err := os.ReadDir(Dir)
 	if err != nil {
@@ -79,6 +83,19 @@ func SweepOrphans() (removed []string, err error) {
 	}
 	uid := uint32(os.Geteuid())
 	alive := map[string]uint64{} // pid -> start time, or ^0 when gone
+	known := func(pid string) (start uint64, ok bool) {
+		got, seen := alive[pid]
+		if !seen {
+			got = ^uint64(0)
+			if s, err := startTime(pid); err == nil {
+				got = s
+			} else if !os.IsNotExist(err) && err != syscall.ESRCH {
+				return 0, false // cannot tell
+			}
+			alive[pid] = got
+		}
+		return got, true
+	}
 	for _, e := range entries {
 		name := e.Name()
 		if !strings.HasPrefix(name, Prefix) || !e.Type().IsRegular() {
@@ -93,24 +110,24 @@ func SweepOrphans() (removed []string, err error) {
 		if err != nil {
 			continue
 		}
-		got, seen := alive[pid]
-		if !seen {
-			got = ^uint64(0)
-			if s, err := startTime(pid); err == nil {
-				got = s
-			} else if !os.IsNotExist(err) && err != syscall.ESRCH {
-				continue // cannot tell: keep it
-			}
-			alive[pid] = got
-		}
-		if got == want {
+		// The pid, first without the lock (most names are live, and a
+		// cheap look keeps the sweep from taking their locks), then again
+		// under it.
+		if got, ok := known(pid); !ok || got == want {
 			continue
+		}
+		gone := func() bool { // under the lock, afresh
+			got, err := startTime(pid)
+			if err != nil {
+				return os.IsNotExist(err) || err == syscall.ESRCH
+			}
+			return got != want
 		}
 		var st unix.Stat_t
 		if unix.Lstat(Dir+"/"+name, &st) != nil || st.Uid != uid || st.Mode&unix.S_IFMT != unix.S_IFREG {
 			continue
 		}
-		if err := unix.Unlink(Dir + "/" + name); err == nil {
+		if removeUnheld(name, gone) {
 			removed = append(removed, name)
 		}
 	}

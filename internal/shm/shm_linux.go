@@ -8,6 +8,14 @@
 // cgroup's memory limit cannot hold, before anything is allocated. Names
 // made by NewName carry their creator's pid and start time, so that
 // SweepOrphans can remove what a killed job left.
+//
+// Every Segment holds a shared flock on its file from Create or Open until
+// Close. A sweep (SweepOrphans, RemovePrefix) removes a file only if it can
+// take the exclusive lock without waiting: a segment that some process
+// still holds is never removed, whatever its name says, even by a sweeper
+// in another pid namespace that shares /dev/shm (where pids mean nothing).
+// The kernel drops the lock when the holder dies, so a killed job's
+// segments become removable at once.
 package shm
 
 import (
@@ -52,6 +60,7 @@ type Segment struct {
 	// Mem is the mapped memory, less the first bytes that Skip hid.
 	Mem   []byte
 	whole []byte // the whole mapping, for Close
+	fd    int    // holds the shared flock until Close; -1 once closed
 }
 
 // CheckName says whether name is acceptable as the name of a segment that
@@ -117,23 +126,39 @@ func Create(name string, size int) (*Segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: create %s: %w", path, err)
 	}
-	defer unix.Close(fd)
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+	fail := func(err error) (*Segment, error) {
 		unix.Unlink(path)
-		return nil, fmt.Errorf("shm: size %s to %d bytes: %w", path, size, err)
+		unix.Close(fd)
+		return nil, err
+	}
+	// Lock before the file has a size: from here on no sweep removes it.
+	// A sweeper that opened the new (empty) file first holds the exclusive
+	// lock for a moment and may unlink it; the creator then sees the lock
+	// refused, or the file unlinked, and fails instead of publishing a
+	// name that nobody can open.
+	if err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		return fail(fmt.Errorf("shm: lock %s: %w (a sweep is looking at it)", path, err))
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fail(fmt.Errorf("shm: stat %s: %w", path, err))
+	}
+	if st.Nlink == 0 {
+		return fail(fmt.Errorf("shm: create %s: %w (a sweep removed it as it was made)", path, unix.ENOENT))
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return fail(fmt.Errorf("shm: size %s to %d bytes: %w", path, size, err))
 	}
 	// Allocate the pages now: tmpfs reports a full /dev/shm here as an
 	// error instead of a SIGBUS on first touch later.
 	if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil {
-		unix.Unlink(path)
-		return nil, fmt.Errorf("shm: allocate %d bytes in %s: %w", size, path, err)
+		return fail(fmt.Errorf("shm: allocate %d bytes in %s: %w", size, path, err))
 	}
 	mem, err := mapFD(fd, size)
 	if err != nil {
-		unix.Unlink(path)
-		return nil, fmt.Errorf("shm: map %s: %w", path, err)
+		return fail(fmt.Errorf("shm: map %s: %w", path, err))
 	}
-	return &Segment{Name: name, Mem: mem, whole: mem}, nil
+	return &Segment{Name: name, Mem: mem, whole: mem, fd: fd}, nil
 }
 
 // Open maps an existing segment, which must be a regular file (not a link:
@@ -141,7 +166,8 @@ func Create(name string, size int) (*Segment, error) {
 // first page (or the whole file, if smaller), mapped read-only, before
 // anything else is mapped; its error refuses the segment. A name that is
 // not one plain file name in Dir is ErrBadName, a file of another kind or
-// owner ErrForeign, another size ErrWrongSize.
+// owner ErrForeign, another size ErrWrongSize. The segment holds a shared
+// lock on the file until Close, so that no sweep removes it meanwhile.
 func Open(name string, size int, check func(head []byte) error) (*Segment, error) {
 	if err := plainName(name); err != nil {
 		return nil, err
@@ -158,7 +184,12 @@ func Open(name string, size int, check func(head []byte) error) (*Segment, error
 		}
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
 	}
-	defer unix.Close(fd)
+	keep := false
+	defer func() {
+		if !keep {
+			unix.Close(fd)
+		}
+	}()
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("shm: stat %s: %w", path, err)
@@ -183,11 +214,17 @@ func Open(name string, size int, check func(head []byte) error) (*Segment, error
 			return nil, fmt.Errorf("%w: %s: %w", ErrForeign, path, err)
 		}
 	}
+	// Shared, and without waiting: only a sweep takes the exclusive lock,
+	// and it holds it only while it decides to remove the file.
+	if err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		return nil, fmt.Errorf("shm: lock %s: %w (a sweep is removing it)", path, err)
+	}
 	mem, err := mapFD(fd, size)
 	if err != nil {
 		return nil, fmt.Errorf("shm: map %s: %w", path, err)
 	}
-	return &Segment{Name: name, Mem: mem, whole: mem}, nil
+	keep = true
+	return &Segment{Name: name, Mem: mem, whole: mem, fd: fd}, nil
 }
 
 // plainName refuses what is not one file name inside Dir.
@@ -212,13 +249,19 @@ func (s *Segment) Skip(n int) {
 	s.Mem = s.Mem[n:len(s.Mem):len(s.Mem)]
 }
 
-// Close unmaps the segment. The file itself is removed by Unlink.
+// Close unmaps the segment and releases its lock (a sweep may then remove
+// the file if its creator is gone). The file itself is removed by Unlink.
 func (s *Segment) Close() error {
 	if s == nil || s.whole == nil {
 		return nil
 	}
 	err := unix.Munmap(s.whole)
-	s.Mem, s.whole = nil, nil
+	if s.fd >= 0 {
+		if e := unix.Close(s.fd); err == nil {
+			err = e
+		}
+	}
+	s.Mem, s.whole, s.fd = nil, nil, -1
 	return err
 }
 
@@ -236,7 +279,10 @@ func Unlink(name string) error {
 }
 
 // RemovePrefix unlinks every segment whose name starts with prefix and
-// returns the names it removed: the launcher's sweep after a job.
+// that no process holds (see removeUnheld), and returns the names it
+// removed: the launcher's sweep after a job. A segment still held is kept:
+// it belongs to a live job whose run id starts with this one's (job "abc"'s
+// prefix "slimego-abc-" also starts job "abc-def"'s names).
 func RemovePrefix(prefix string) ([]string, error) {
 	if prefix == "" || strings.ContainsRune(prefix, '/') {
 		return nil, fmt.Errorf("shm: refusing to sweep prefix %q", prefix)
@@ -248,7 +294,7 @@ func RemovePrefix(prefix string) ([]string, error) {
 	var removed []string
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), prefix) {
-			if Unlink(e.Name()) == nil {
+			if removeUnheld(e.Name(), nil) {
 				removed = append(removed, e.Name())
 			}
 		}
@@ -259,3 +305,38 @@ func RemovePrefix(prefix string) ([]string, error) {
 // JobPrefix starts the name of every segment of the run with this id, so
 // that a launcher can remove what a killed job left (RemovePrefix).
 func JobPrefix(runID string) string { return Prefix + runID + "-" }
+
+// removeUnheld unlinks Dir/name if no process holds a lock on it and gone
+// (when not nil) says its creator no longer runs; it reports whether it
+// removed the name. It opens the file without following links and without
+// blocking (a FIFO), and decides under the exclusive lock, taken without
+// waiting: a Segment's holder keeps a shared lock from Create or Open
+// until Close, so a held segment is refused, in any pid namespace. What it
+// cannot open as a regular file of this user's (a link, another user's
+// file) it unlinks without a lock when gone is nil, as RemovePrefix
+// always did, and leaves otherwise.
+func removeUnheld(name string, gone func() bool) bool {
+	path := filepath.Join(Dir, name)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return gone == nil && err != unix.ENOENT && Unlink(name) == nil
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) {
+		return gone == nil && Unlink(name) == nil
+	}
+	if unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return false // held: a live segment
+	}
+	if gone != nil && !gone() {
+		return false
+	}
+	// Still the file this fd has open? (A name is never reused in
+	// practice: it holds a random nonce.)
+	var now unix.Stat_t
+	if unix.Lstat(path, &now) != nil || now.Ino != st.Ino || now.Dev != st.Dev {
+		return false
+	}
+	return unix.Unlink(path) == nil
+}

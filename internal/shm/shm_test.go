@@ -28,9 +28,14 @@ func exists(name string) bool {
 
 // TestMain lets the test binary play a process that creates a segment and
 // then waits to be killed (SHM_TEST_CHILD=<prefix>): it prints the name.
+// With SHM_TEST_CHILD_NAME it creates the segment under that name, as it
+// is (a forged owner tag), instead of one NewName makes.
 func TestMain(m *testing.M) {
 	if prefix := os.Getenv("SHM_TEST_CHILD"); prefix != "" {
 		name, err := NewName(prefix)
+		if forged := os.Getenv("SHM_TEST_CHILD_NAME"); forged != "" {
+			name = forged
+		}
 		if err == nil {
 			_, err = Create(name, 1<<16)
 		}
