@@ -184,9 +184,18 @@ func merge(opts, env Options) Options {
 		o.MasterPort = env.MasterPort
 		o.AgentStore = o.AgentStore || env.AgentStore
 	}
-	if o.RunID == "" {
-		o.RunID, o.Attempt = env.RunID, env.Attempt
+	if opts.MasterPort == 0 {
+		// The environment's store: its launcher's job and attempt, whatever
+		// the program calls its keys.
+		if o.JobID == "" {
+			o.JobID = env.JobID
+		}
+		if o.Attempt == 0 {
+			o.Attempt = env.Attempt
+		}
 	}
+	o.RunID = pick(o.RunID, env.RunID)
+	o.JobID = pick(o.JobID, o.RunID)
 	if o.JobSecret == nil {
 		o.JobSecret = env.JobSecret
 	}
@@ -291,7 +300,7 @@ func (c *Communicator) connectNodes(ctx context.Context) error {
 	t, err := inter.New(ctx, inter.Config{
 		Store: c.store, Key: c.key("net"), Rank: o.Rank, Peers: peers, Channels: o.Channels,
 		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, Timeout: o.Timeout, Lowat: o.RcvLowat,
-		SendCopyMin: o.SendCopyMin, Auth: auth.NewKey(o.JobSecret, o.RunID),
+		SendCopyMin: o.SendCopyMin, Auth: auth.NewKey(o.JobSecret, o.JobID),
 	})
 	if err != nil {
 		return err
@@ -325,7 +334,14 @@ func (c *Communicator) storeAddr() string {
 }
 
 func (c *Communicator) key(s string) string {
-	return rendezvous.AttemptPrefix(c.opts.RunID, c.opts.Attempt) + c.opts.Name + "/" + s
+	o := c.opts
+	// Under the launcher's attempt prefix, which its aborts reach; a run id
+	// of the program's own choosing nests below it.
+	p := rendezvous.AttemptPrefix(o.JobID, o.Attempt)
+	if o.RunID != o.JobID {
+		p += "run/" + o.RunID + "/"
+	}
+	return p + o.Name + "/" + s
 }
 
 // attemptID names this attempt of the job in shared-memory names.
@@ -338,7 +354,7 @@ func (o Options) attemptID() string {
 
 // auth is what the job's connections prove they hold.
 func (o Options) auth() rendezvous.Auth {
-	return rendezvous.Auth{Secret: o.JobSecret, Job: o.RunID}
+	return rendezvous.Auth{Secret: o.JobSecret, Job: o.JobID}
 }
 
 // Rank is this rank's index in the job, Size the number of ranks.

@@ -39,6 +39,13 @@ type Options struct {
 	// RunID names the job in store keys and shared-memory names, and binds
 	// every connection of the job (see JobSecret).
 	RunID string
+	// JobID is the job every connection proves it belongs to, with
+	// JobSecret: the launcher's run id (SLIME_RUN_ID, TORCHELASTIC_RUN_ID,
+	// Slurm's or OpenMPI's job id). Empty: from the environment when the
+	// store is the environment's (MasterPort zero), else RunID. A program
+	// may name its communicators' keys (RunID) as it likes and still join
+	// its launcher's store.
+	JobID string
 	// Attempt counts the launcher's restarts of the job's workers
 	// (SLIME_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT): each attempt has
 	// store keys and shared-memory names of its own.
@@ -286,6 +293,7 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 		o.MasterPort = p
 	}
 	o.RunID = firstNonEmpty(getenv("SLIME_RUN_ID"), getenv("TORCHELASTIC_RUN_ID"), jobID, "port"+strconv.Itoa(o.MasterPort))
+	o.JobID = o.RunID
 	if rc := strings.TrimSpace(firstNonEmpty(getenv("SLIME_RESTART_COUNT"), getenv("TORCHELASTIC_RESTART_COUNT"))); rc != "" {
 		n, err := strconv.Atoi(rc)
 		if err != nil || n < 0 {

@@ -48,6 +48,9 @@ func TestLoadEnv(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if tc.want.JobID == "" {
+				tc.want.JobID = tc.want.RunID // the launcher's job: its run id
+			}
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got  %+v\nwant %+v", got, tc.want)
 			}

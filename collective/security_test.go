@@ -224,7 +224,18 @@ func TestStoreHostDeathNamed(t *testing.T) {
 	host, hostOut := start(0)
 	waitListening(t, "127.0.0.1:"+port)
 	other, out := start(1)
-	time.Sleep(500 * time.Millisecond) // rank 1 reaches its wait in the store
+	// Rank 1 has published its layout: it is in the store, waiting for
+	// rank 2's.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := rendezvous.Dial(ctx, "127.0.0.1:"+port, rendezvous.Auth{Job: runID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Get(ctx, rendezvous.AttemptPrefix(runID, 0)+"world/layout/1"); err != nil {
+		t.Fatal(err)
+	}
 	killed := time.Now()
 	host.Process.Kill()
 	waitExit(t, host, 10*time.Second, hostOut)
@@ -248,4 +259,15 @@ func waitListening(t *testing.T, addr string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("nothing listens on %s", addr)
+}
+
+// TestOwnRunIDUnderSlimerun: a program that names its keys itself
+// (Options.RunID) still joins its launcher's store, and a restarted
+// attempt is not failed by the abort of the attempt before it.
+func TestOwnRunIDUnderSlimerun(t *testing.T) {
+	j := slimerun(t, []string{"SLIME_TIMEOUT=60"}, "--nproc-per-node", "2", "--max-restarts", "1", "agcheck", "--run-id", "mine",
+		"--sizes", "0,4096", "--iters", "1", "--plan-runs", "10", "--fault-rank", "1", "--fail-first-attempt")
+	if j.code != 0 || strings.Count(j.out, "PASS rank") != 2 {
+		t.Fatalf("exit %d, %d ranks passed:\n%s\n%s", j.code, strings.Count(j.out, "PASS rank"), j.out, j.stderr)
+	}
 }

@@ -98,7 +98,7 @@ func (c *Communicator) failed(err error) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), blameTimeout)
 	defer cancel()
-	key := rendezvous.AttemptPrefix(c.opts.RunID, c.opts.Attempt) + "blame/" + strconv.Itoa(c.opts.Rank)
+	key := rendezvous.AttemptPrefix(c.opts.JobID, c.opts.Attempt) + "blame/" + strconv.Itoa(c.opts.Rank)
 	c.store.Set(ctx, key, []byte(strconv.Itoa(oe.Peer))) // best effort: the store may be what failed
 	return err
 }

@@ -34,6 +34,8 @@ func main() {
 	faultRank := pflag.Int("fault-rank", 1, "rank that causes the fault")
 	faultSize := pflag.String("fault-size", "64M", "message size while a peer is killed")
 	initDelay := pflag.Duration("init-delay", 0, "how long the fault rank waits before Init")
+	runID := pflag.String("run-id", "", "Options.RunID: the program's own name for its keys")
+	failFirst := pflag.Bool("fail-first-attempt", false, "the fault rank exits 7 before Init in the launcher's first attempt")
 	pflag.Parse()
 
 	ctx := context.Background()
@@ -43,8 +45,11 @@ func main() {
 		if *fault == "exit-before-init" {
 			os.Exit(0) // a rank that leaves cleanly before ever joining
 		}
+		if rc := os.Getenv("SLIME_RESTART_COUNT"); *failFirst && (rc == "" || rc == "0") {
+			os.Exit(7)
+		}
 	}
-	c, err := collective.Init(ctx, collective.Options{})
+	c, err := collective.Init(ctx, collective.Options{RunID: *runID})
 	if err != nil {
 		if *fault == "exit-before-init" {
 			var oe *collective.OpError
