@@ -128,7 +128,24 @@ type NVSHMEMAllGatherArgs struct {
 const (
 	CUDALib    = "libslimecuda.so"
 	NVSHMEMLib = "libslimenvshmem.so"
+	// EmuLib is the emulated libslimecuda (make kernels-emu), which
+	// SLIME_CUDA_LIB can name.
+	EmuLib = "libslimecuda-emu.so"
 )
+
+// MaxConnections is what CUDA_DEVICE_MAX_CONNECTIONS is set to, when it is
+// unset, before the CUDA library loads: CUDA's default of 8 hardware
+// queues per device lets in-process ranks' dependent work queue in front of
+// the kernel another rank waits for.
+const MaxConnections = "32"
+
+// setMaxConnections sets CUDA_DEVICE_MAX_CONNECTIONS (unless set) before
+// the library makes its first CUDA call, which reads it.
+func setMaxConnections() {
+	if _, ok := os.LookupEnv("CUDA_DEVICE_MAX_CONNECTIONS"); !ok {
+		os.Setenv("CUDA_DEVICE_MAX_CONNECTIONS", MaxConnections)
+	}
+}
 
 // candidates lists where to look for a library, in order: the variable
 // that names it (SLIME_CUDA_LIB, SLIME_NVSHMEM_LIB), beside the executable,

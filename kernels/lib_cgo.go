@@ -9,8 +9,8 @@ package kernels
 #include "slime.h"
 
 #define CUDA_FNS(X) \
-  X(slime_last_error) X(slime_abi_version) X(slime_device_count) X(slime_device_name) \
-  X(slime_device_pci_bus_id) X(slime_device_can_access_peer) X(slime_driver_version) \
+  X(slime_last_error) X(slime_abi_version) X(slime_emulated) X(slime_device_count) X(slime_device_name) \
+  X(slime_device_pci_bus_id) X(slime_device_can_access_peer) X(slime_enable_peer_access) X(slime_driver_version) \
   X(slime_runtime_version) X(slime_malloc) X(slime_free) X(slime_host_alloc) X(slime_host_free) \
   X(slime_memcpy) X(slime_memcpy_async) X(slime_memset) X(slime_memset_async) \
   X(slime_ipc_get_handle) X(slime_ipc_open) X(slime_ipc_close) X(slime_stream_create) \
@@ -24,74 +24,85 @@ package kernels
   X(slime_nvshmem_uid_bytes) X(slime_nvshmem_get_uid) X(slime_nvshmem_init) \
   X(slime_nvshmem_finalize) X(slime_nvshmem_malloc) X(slime_nvshmem_free) X(slime_nvshmem_allgather)
 
-#define DECL(n) static __typeof__(n) *p_##n;
-CUDA_FNS(DECL)
-NVSHMEM_FNS(DECL)
-static const char *(*p_nvshmem_last_error)(void);
+// The live tables: what the wrappers below call. open_lib resolves a
+// library into a table of its own and copies it here only once every
+// symbol is found, so that a wrong library leaves the loaded one working.
+#define DECL(n) __typeof__(n) *p_##n;
+struct cuda_fns { CUDA_FNS(DECL) };
+struct nvshmem_fns { NVSHMEM_FNS(DECL) const char *(*p_nvshmem_last_error)(void); };
+static struct cuda_fns cuda_live;
+static struct nvshmem_fns nvshmem_live;
 
-// open_lib loads path and resolves every symbol; on failure *err says why.
+// open_lib loads path and resolves every symbol; on failure *err says why
+// and the live tables are untouched.
 static void *open_lib(const char *path, int nvshmem, const char **err) {
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!h) { *err = dlerror(); return NULL; }
-#define LOAD(n) if (!(p_##n = (__typeof__(n) *)dlsym(h, #n))) { *err = "missing symbol " #n; dlclose(h); return NULL; }
+#define LOAD(n) if (!(t.p_##n = (__typeof__(n) *)dlsym(h, #n))) { *err = "missing symbol " #n; dlclose(h); return NULL; }
 	if (nvshmem) {
+		struct nvshmem_fns t;
 		NVSHMEM_FNS(LOAD)
-		p_nvshmem_last_error = (const char *(*)(void))dlsym(h, "slime_last_error");
-		if (!p_nvshmem_last_error) { *err = "missing symbol slime_last_error"; dlclose(h); return NULL; }
+		t.p_nvshmem_last_error = (const char *(*)(void))dlsym(h, "slime_last_error");
+		if (!t.p_nvshmem_last_error) { *err = "missing symbol slime_last_error"; dlclose(h); return NULL; }
+		nvshmem_live = t;
 	} else {
+		struct cuda_fns t;
 		CUDA_FNS(LOAD)
+		cuda_live = t;
 	}
 	return h;
 }
 
-static const char *w_last_error(void) { return p_slime_last_error(); }
-static const char *w_nvshmem_last_error(void) { return p_nvshmem_last_error(); }
-static int w_abi_version(void) { return p_slime_abi_version(); }
-static int w_device_count(int *c) { return p_slime_device_count(c); }
-static int w_device_name(int d, char *b, int n) { return p_slime_device_name(d, b, n); }
-static int w_device_pci_bus_id(int d, char *b, int n) { return p_slime_device_pci_bus_id(d, b, n); }
-static int w_can_access_peer(int d, int p, int *ok) { return p_slime_device_can_access_peer(d, p, ok); }
-static int w_driver_version(int *v) { return p_slime_driver_version(v); }
-static int w_runtime_version(int *v) { return p_slime_runtime_version(v); }
-static int w_malloc(int d, uint64_t n, uint64_t *p) { return p_slime_malloc(d, n, p); }
-static int w_free(int d, uint64_t p) { return p_slime_free(d, p); }
-static int w_host_alloc(int d, uint64_t n, void **h, uint64_t *p) { return p_slime_host_alloc(d, n, h, p); }
-static int w_host_free(int d, void *h) { return p_slime_host_free(d, h); }
-static int w_memcpy(int d, uint64_t dst, uint64_t src, uint64_t n) { return p_slime_memcpy(d, dst, src, n); }
-static int w_memcpy_from_host(int d, uint64_t dst, void *src, uint64_t n) { return p_slime_memcpy(d, dst, (uint64_t)(uintptr_t)src, n); }
-static int w_memcpy_to_host(int d, void *dst, uint64_t src, uint64_t n) { return p_slime_memcpy(d, (uint64_t)(uintptr_t)dst, src, n); }
-static int w_memcpy_async(int d, uint64_t dst, uint64_t src, uint64_t n, uint64_t s) { return p_slime_memcpy_async(d, dst, src, n, s); }
-static int w_memset(int d, uint64_t dst, int v, uint64_t n) { return p_slime_memset(d, dst, v, n); }
-static int w_memset_async(int d, uint64_t dst, int v, uint64_t n, uint64_t s) { return p_slime_memset_async(d, dst, v, n, s); }
-static int w_ipc_get_handle(int d, uint64_t p, void *h) { return p_slime_ipc_get_handle(d, p, (uint8_t *)h); }
-static int w_ipc_open(int d, void *h, uint64_t *p) { return p_slime_ipc_open(d, (const uint8_t *)h, p); }
-static int w_ipc_close(int d, uint64_t p) { return p_slime_ipc_close(d, p); }
-static int w_stream_create(int d, uint64_t *s) { return p_slime_stream_create(d, s); }
-static int w_stream_destroy(int d, uint64_t s) { return p_slime_stream_destroy(d, s); }
-static int w_stream_query(int d, uint64_t s) { return p_slime_stream_query(d, s); }
-static int w_stream_wait_event(int d, uint64_t s, uint64_t e) { return p_slime_stream_wait_event(d, s, e); }
-static int w_event_create(int d, int t, uint64_t *e) { return p_slime_event_create(d, t, e); }
-static int w_event_destroy(int d, uint64_t e) { return p_slime_event_destroy(d, e); }
-static int w_event_record(int d, uint64_t e, uint64_t s) { return p_slime_event_record(d, e, s); }
-static int w_event_query(int d, uint64_t e) { return p_slime_event_query(d, e); }
-static int w_event_elapsed_ms(int d, uint64_t a, uint64_t b, float *ms) { return p_slime_event_elapsed_ms(d, a, b, ms); }
-static int w_graph_begin(int d, uint64_t s) { return p_slime_graph_begin(d, s); }
-static int w_graph_end(int d, uint64_t s, uint64_t *x) { return p_slime_graph_end(d, s, x); }
-static int w_graph_launch(int d, uint64_t x, uint64_t s) { return p_slime_graph_launch(d, x, s); }
-static int w_graph_destroy(int d, uint64_t x) { return p_slime_graph_destroy(d, x); }
-static int w_allgather_ll(int d, void *a, int blocks, uint64_t s) { return p_slime_allgather_ll(d, (const slime_ag_args *)a, blocks, s); }
-static int w_barrier(int d, void *a, uint64_t s) { return p_slime_barrier(d, (const slime_barrier_args *)a, s); }
-static int w_blas_create(int d, uint64_t *h) { return p_slime_blas_create(d, h); }
-static int w_blas_destroy(int d, uint64_t h) { return p_slime_blas_destroy(d, h); }
-static int w_gemm_f32(int d, uint64_t h, uint64_t s, int m, int n, int k, uint64_t a, int lda, uint64_t b, int ldb, uint64_t c, int ldc) { return p_slime_gemm_f32(d, h, s, m, n, k, a, lda, b, ldb, c, ldc); }
-static int w_gemm_f64(int d, uint64_t h, uint64_t s, int m, int n, int k, uint64_t a, int lda, uint64_t b, int ldb, uint64_t c, int ldc) { return p_slime_gemm_f64(d, h, s, m, n, k, a, lda, b, ldb, c, ldc); }
-static int w_nvshmem_uid_bytes(void) { return p_slime_nvshmem_uid_bytes(); }
-static int w_nvshmem_get_uid(void *u) { return p_slime_nvshmem_get_uid((uint8_t *)u); }
-static int w_nvshmem_init(int d, void *u, int r, int n) { return p_slime_nvshmem_init(d, (const uint8_t *)u, r, n); }
-static int w_nvshmem_finalize(void) { return p_slime_nvshmem_finalize(); }
-static int w_nvshmem_malloc(uint64_t n, uint64_t *p) { return p_slime_nvshmem_malloc(n, p); }
-static int w_nvshmem_free(uint64_t p) { return p_slime_nvshmem_free(p); }
-static int w_nvshmem_allgather(int d, void *a, uint64_t s) { return p_slime_nvshmem_allgather(d, (const slime_nvshmem_ag_args *)a, s); }
+static const char *w_last_error(void) { return cuda_live.p_slime_last_error(); }
+static const char *w_nvshmem_last_error(void) { return nvshmem_live.p_nvshmem_last_error(); }
+static int w_abi_version(void) { return cuda_live.p_slime_abi_version(); }
+static int w_emulated(void) { return cuda_live.p_slime_emulated(); }
+static int w_enable_peer_access(int d, int p) { return cuda_live.p_slime_enable_peer_access(d, p); }
+static int w_device_count(int *c) { return cuda_live.p_slime_device_count(c); }
+static int w_device_name(int d, char *b, int n) { return cuda_live.p_slime_device_name(d, b, n); }
+static int w_device_pci_bus_id(int d, char *b, int n) { return cuda_live.p_slime_device_pci_bus_id(d, b, n); }
+static int w_can_access_peer(int d, int p, int *ok) { return cuda_live.p_slime_device_can_access_peer(d, p, ok); }
+static int w_driver_version(int *v) { return cuda_live.p_slime_driver_version(v); }
+static int w_runtime_version(int *v) { return cuda_live.p_slime_runtime_version(v); }
+static int w_malloc(int d, uint64_t n, uint64_t *p) { return cuda_live.p_slime_malloc(d, n, p); }
+static int w_free(int d, uint64_t p) { return cuda_live.p_slime_free(d, p); }
+static int w_host_alloc(int d, uint64_t n, void **h, uint64_t *p) { return cuda_live.p_slime_host_alloc(d, n, h, p); }
+static int w_host_free(int d, void *h) { return cuda_live.p_slime_host_free(d, h); }
+static int w_memcpy(int d, uint64_t dst, uint64_t src, uint64_t n) { return cuda_live.p_slime_memcpy(d, dst, src, n); }
+static int w_memcpy_from_host(int d, uint64_t dst, void *src, uint64_t n) { return cuda_live.p_slime_memcpy(d, dst, (uint64_t)(uintptr_t)src, n); }
+static int w_memcpy_to_host(int d, void *dst, uint64_t src, uint64_t n) { return cuda_live.p_slime_memcpy(d, (uint64_t)(uintptr_t)dst, src, n); }
+static int w_memcpy_async(int d, uint64_t dst, uint64_t src, uint64_t n, uint64_t s) { return cuda_live.p_slime_memcpy_async(d, dst, src, n, s); }
+static int w_memset(int d, uint64_t dst, int v, uint64_t n) { return cuda_live.p_slime_memset(d, dst, v, n); }
+static int w_memset_async(int d, uint64_t dst, int v, uint64_t n, uint64_t s) { return cuda_live.p_slime_memset_async(d, dst, v, n, s); }
+static int w_ipc_get_handle(int d, uint64_t p, void *h) { return cuda_live.p_slime_ipc_get_handle(d, p, (uint8_t *)h); }
+static int w_ipc_open(int d, void *h, uint64_t *p) { return cuda_live.p_slime_ipc_open(d, (const uint8_t *)h, p); }
+static int w_ipc_close(int d, uint64_t p) { return cuda_live.p_slime_ipc_close(d, p); }
+static int w_stream_create(int d, uint64_t *s) { return cuda_live.p_slime_stream_create(d, s); }
+static int w_stream_destroy(int d, uint64_t s) { return cuda_live.p_slime_stream_destroy(d, s); }
+static int w_stream_query(int d, uint64_t s) { return cuda_live.p_slime_stream_query(d, s); }
+static int w_stream_wait_event(int d, uint64_t s, uint64_t e) { return cuda_live.p_slime_stream_wait_event(d, s, e); }
+static int w_event_create(int d, int t, uint64_t *e) { return cuda_live.p_slime_event_create(d, t, e); }
+static int w_event_destroy(int d, uint64_t e) { return cuda_live.p_slime_event_destroy(d, e); }
+static int w_event_record(int d, uint64_t e, uint64_t s) { return cuda_live.p_slime_event_record(d, e, s); }
+static int w_event_query(int d, uint64_t e) { return cuda_live.p_slime_event_query(d, e); }
+static int w_event_elapsed_ms(int d, uint64_t a, uint64_t b, float *ms) { return cuda_live.p_slime_event_elapsed_ms(d, a, b, ms); }
+static int w_graph_begin(int d, uint64_t s) { return cuda_live.p_slime_graph_begin(d, s); }
+static int w_graph_end(int d, uint64_t s, uint64_t *x) { return cuda_live.p_slime_graph_end(d, s, x); }
+static int w_graph_launch(int d, uint64_t x, uint64_t s) { return cuda_live.p_slime_graph_launch(d, x, s); }
+static int w_graph_destroy(int d, uint64_t x) { return cuda_live.p_slime_graph_destroy(d, x); }
+static int w_allgather_ll(int d, void *a, int blocks, uint64_t s) { return cuda_live.p_slime_allgather_ll(d, (const slime_ag_args *)a, blocks, s); }
+static int w_barrier(int d, void *a, uint64_t s) { return cuda_live.p_slime_barrier(d, (const slime_barrier_args *)a, s); }
+static int w_blas_create(int d, uint64_t *h) { return cuda_live.p_slime_blas_create(d, h); }
+static int w_blas_destroy(int d, uint64_t h) { return cuda_live.p_slime_blas_destroy(d, h); }
+static int w_gemm_f32(int d, uint64_t h, uint64_t s, int m, int n, int k, uint64_t a, int lda, uint64_t b, int ldb, uint64_t c, int ldc) { return cuda_live.p_slime_gemm_f32(d, h, s, m, n, k, a, lda, b, ldb, c, ldc); }
+static int w_gemm_f64(int d, uint64_t h, uint64_t s, int m, int n, int k, uint64_t a, int lda, uint64_t b, int ldb, uint64_t c, int ldc) { return cuda_live.p_slime_gemm_f64(d, h, s, m, n, k, a, lda, b, ldb, c, ldc); }
+static int w_nvshmem_uid_bytes(void) { return nvshmem_live.p_slime_nvshmem_uid_bytes(); }
+static int w_nvshmem_get_uid(void *u) { return nvshmem_live.p_slime_nvshmem_get_uid((uint8_t *)u); }
+static int w_nvshmem_init(int d, void *u, int r, int n) { return nvshmem_live.p_slime_nvshmem_init(d, (const uint8_t *)u, r, n); }
+static int w_nvshmem_finalize(void) { return nvshmem_live.p_slime_nvshmem_finalize(); }
+static int w_nvshmem_malloc(uint64_t n, uint64_t *p) { return nvshmem_live.p_slime_nvshmem_malloc(n, p); }
+static int w_nvshmem_free(uint64_t p) { return nvshmem_live.p_slime_nvshmem_free(p); }
+static int w_nvshmem_allgather(int d, void *a, uint64_t s) { return nvshmem_live.p_slime_nvshmem_allgather(d, (const slime_nvshmem_ag_args *)a, s); }
 */
 import "C"
 
@@ -118,7 +129,8 @@ var (
 
 // Lib is libslimecuda.so, loaded. Its methods are safe for concurrent use.
 type Lib struct {
-	path string
+	path     string
+	emulated bool
 }
 
 var (
@@ -138,6 +150,9 @@ func load(name, envVar string, nvshmem bool) (string, error) {
 	flag := C.int(0)
 	if nvshmem {
 		flag = 1
+	}
+	if !nvshmem {
+		setMaxConnections()
 	}
 	for _, p := range candidates(name, envVar) {
 		cp := C.CString(p)
@@ -166,13 +181,26 @@ func Open() (*Lib, error) {
 			cudaErr = fmt.Errorf("%w: %s has ABI version %d, this program wants %d: rebuild it (make kernels)", ErrNotFound, path, v, C.SLIME_ABI_VERSION)
 			return
 		}
-		cudaLib = &Lib{path: path}
+		cudaLib = &Lib{path: path, emulated: C.w_emulated() != 0}
 	})
 	return cudaLib, cudaErr
 }
 
 // Path is the file the library was loaded from.
 func (l *Lib) Path() string { return l.path }
+
+// Emulated says whether the library is the emulator (libslimecuda-emu.so:
+// host threads, no GPU), whose figures are no GPU's.
+func (l *Lib) Emulated() bool { return l.emulated }
+
+// EnablePeerAccess lets kernels on dev touch peer's memory: in-process
+// ranks on different GPUs need it (memory mapped with IPC does not).
+// Enabling it twice is no error.
+func (l *Lib) EnablePeerAccess(dev, peer int) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return check(C.w_enable_peer_access(C.int(dev), C.int(peer)), "slime_enable_peer_access")
+}
 
 // check turns a return code into an error. The caller holds its OS thread
 // locked since the call, so that slime_last_error is the call's.

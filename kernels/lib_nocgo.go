@@ -30,6 +30,11 @@ func OpenNVSHMEM() (*NVSHMEM, error) { return nil, errNoCgo }
 
 func (l *Lib) DeviceCount() (int, error) { return 0, errNoCgo }
 
+// Emulated says whether the library is the emulator; without cgo there is none.
+func (l *Lib) Emulated() bool { return false }
+
+func (l *Lib) EnablePeerAccess(dev, peer int) error { return errNoCgo }
+
 func (l *Lib) DeviceName(dev int) (string, error) { return "", errNoCgo }
 
 func (l *Lib) PCIBusID(dev int) (string, error) { return "", errNoCgo }

@@ -19,6 +19,16 @@
             return fail(SLIME_ERR_CUDA, "%s: %s (%s)", #call, cudaGetErrorString(e_), cudaGetErrorName(e_)); \
     } while (0)
 
+// The device NVSHMEM was initialized on: its host calls select it first,
+// since the calling thread may have another current device (or none).
+static int nv_dev = -1;
+
+#define USE_NV()                                                                     \
+    do {                                                                             \
+        if (nv_dev < 0) return fail(SLIME_ERR_NVSHMEM, "NVSHMEM is not initialized"); \
+        CK(cudaSetDevice(nv_dev));                                                   \
+    } while (0)
+
 extern "C" {
 
 const char *slime_last_error(void) { return last_error; }
@@ -45,15 +55,19 @@ int slime_nvshmem_init(int dev, const uint8_t *uid, int rank, int nranks) {
     if (nvshmem_my_pe() != rank || nvshmem_n_pes() != nranks)
         return fail(SLIME_ERR_NVSHMEM, "NVSHMEM says PE %d of %d, the job says rank %d of %d",
                     nvshmem_my_pe(), nvshmem_n_pes(), rank, nranks);
+    nv_dev = dev;
     return SLIME_OK;
 }
 
 int slime_nvshmem_finalize(void) {
+    USE_NV();
     nvshmem_finalize();
+    nv_dev = -1;
     return SLIME_OK;
 }
 
 int slime_nvshmem_malloc(uint64_t bytes, uint64_t *ptr) {
+    USE_NV();
     void *p = nvshmem_malloc(bytes ? bytes : 1);
     if (!p) return fail(SLIME_ERR_NVSHMEM, "nvshmem_malloc(%llu): the symmetric heap is full (NVSHMEM_SYMMETRIC_SIZE)", (unsigned long long)bytes);
     *ptr = (uint64_t)(uintptr_t)p;
@@ -61,6 +75,7 @@ int slime_nvshmem_malloc(uint64_t bytes, uint64_t *ptr) {
 }
 
 int slime_nvshmem_free(uint64_t ptr) {
+    USE_NV();
     nvshmem_free(PTR(ptr));
     return SLIME_OK;
 }
@@ -101,19 +116,27 @@ __global__ void nvshmem_allgather_kernel(slime_nvshmem_ag_args a) {
     // every block waits for every PE, then copies its share of the slot out
     for (int s = threadIdx.x; s < a.nranks; s += blockDim.x) {
         uint64_t start = now_ns();
+        bool arrived = true;
         for (unsigned polls = 1; nvshmem_signal_fetch(sig + s) != e; polls++) {
             if (polls % 256 != 0) continue;
             if (*(volatile int *)PTR(a.status) != 0) {
                 go = 0;
+                arrived = false;
                 break;
             }
             if (now_ns() - start > a.timeout_ns) {
                 set_status(a.status, SLIME_AG_TIMEOUT, s);
                 go = 0;
+                arrived = false;
                 break;
             }
         }
+        // nvshmem_signal_fetch is a plain load: the data that came with the
+        // signal is ordered before the reads below only by a wait (which
+        // returns at once, the signal being there) and a fence.
+        if (arrived) nvshmem_signal_wait_until(sig + s, NVSHMEM_CMP_EQ, e);
     }
+    __threadfence();
     __syncthreads();
     if (go) {
         uint64_t n = (uint64_t)a.nranks * a.bytes;

@@ -1,6 +1,7 @@
 // libslimecuda.so: the CUDA runtime calls, IPC, streams, events, graphs,
 // the intra-node all-gather kernels and cuBLAS GEMM behind slime.h.
 #include "slime.h"
+#include "protocol.h"
 #include "status.h"
 
 #include <cublas_v2.h>
@@ -9,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <mutex>
 
 static int cuda_fail(cudaError_t e, const char *what) {
     int code = SLIME_ERR_CUDA;
@@ -32,6 +35,7 @@ extern "C" {
 
 const char *slime_last_error(void) { return last_error; }
 int slime_abi_version(void) { return SLIME_ABI_VERSION; }
+int slime_emulated(void) { return 0; }
 
 int slime_device_count(int *count) {
     *count = 0;
@@ -58,6 +62,17 @@ int slime_device_can_access_peer(int dev, int peer, int *ok) {
         return SLIME_OK;
     }
     CK(cudaDeviceCanAccessPeer(ok, dev, peer));
+    return SLIME_OK;
+}
+
+int slime_enable_peer_access(int dev, int peer) {
+    USE(dev);
+    cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();  // not sticky, but clear it
+        return SLIME_OK;
+    }
+    if (e != cudaSuccess) return cuda_fail(e, "cudaDeviceEnablePeerAccess(peer, 0)");
     return SLIME_OK;
 }
 
@@ -106,9 +121,31 @@ int slime_host_free(int dev, void *host) {
     return SLIME_OK;
 }
 
+// The synchronous copies run on a non-blocking stream of the library's
+// own per device, then synchronize it, so that they are done when they
+// return. cudaMemcpy from pageable memory would return once the source is
+// staged, its DMA landing later on the legacy stream, which orders none of
+// slimego's (non-blocking) streams: their next work could read stale bytes.
+// cudaMemset on device memory does not even wait for the host.
+#define COPIER_DEVICES 64
+static std::mutex copier_mu;
+static cudaStream_t copier[COPIER_DEVICES];
+
+static int copier_of(int dev, cudaStream_t *s) {
+    if (dev < 0 || dev >= COPIER_DEVICES) return fail(SLIME_ERR_INVALID, "device %d (at most %d)", dev, COPIER_DEVICES);
+    std::lock_guard<std::mutex> lk(copier_mu);
+    if (!copier[dev]) CK(cudaStreamCreateWithFlags(&copier[dev], cudaStreamNonBlocking));
+    *s = copier[dev];
+    return SLIME_OK;
+}
+
 int slime_memcpy(int dev, uint64_t dst, uint64_t src, uint64_t bytes) {
+    cudaStream_t s;
     USE(dev);
-    CK(cudaMemcpy(PTR(dst), PTR(src), bytes, cudaMemcpyDefault));
+    int rc = copier_of(dev, &s);
+    if (rc != SLIME_OK) return rc;
+    CK(cudaMemcpyAsync(PTR(dst), PTR(src), bytes, cudaMemcpyDefault, s));
+    CK(cudaStreamSynchronize(s));
     return SLIME_OK;
 }
 
@@ -119,8 +156,12 @@ int slime_memcpy_async(int dev, uint64_t dst, uint64_t src, uint64_t bytes, uint
 }
 
 int slime_memset(int dev, uint64_t dst, int value, uint64_t bytes) {
+    cudaStream_t s;
     USE(dev);
-    CK(cudaMemset(PTR(dst), value, bytes));
+    int rc = copier_of(dev, &s);
+    if (rc != SLIME_OK) return rc;
+    CK(cudaMemsetAsync(PTR(dst), value, bytes, s));
+    CK(cudaStreamSynchronize(s));
     return SLIME_OK;
 }
 
@@ -250,179 +291,12 @@ int slime_graph_destroy(int dev, uint64_t exec) {
 
 }  // extern "C"
 
-// ---- device side ----------------------------------------------------------
+// ---- device side: the protocol's bodies live in protocol.h, which the
+// emulator compiles too -------------------------------------------------
 
-__device__ __forceinline__ void st_release_sys(uint64_t *p, uint64_t v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
+__global__ void allgather_ll_kernel(slime_ag_args a) { slime_proto::allgather_ll(slime_proto::DevBlock(), a); }
 
-__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t *p) {
-    uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ uint64_t now_ns() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-// copy n bytes with the whole grid (thread t of nth): 16-byte vectors where
-// source and destination share their alignment, 4-byte words or bytes
-// otherwise. Fresh (data other GPUs or ranks wrote during this kernel) is
-// loaded around L1, which is not coherent.
-template <bool Fresh>
-__device__ void grid_copy(char *dst, const char *src, uint64_t n, uint64_t t, uint64_t nth) {
-    if (n == 0 || dst == src) return;
-    if ((((uintptr_t)dst ^ (uintptr_t)src) & 15) == 0) {
-        uint64_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-        if (head > n) head = n;
-        for (uint64_t i = t; i < head; i += nth) dst[i] = Fresh ? __ldcg(src + i) : src[i];
-        uint64_t vecs = (n - head) / 16;
-        int4 *d4 = (int4 *)(dst + head);
-        const int4 *s4 = (const int4 *)(src + head);
-        for (uint64_t i = t; i < vecs; i += nth) d4[i] = Fresh ? __ldcg(s4 + i) : s4[i];
-        for (uint64_t i = head + vecs * 16 + t; i < n; i += nth) dst[i] = Fresh ? __ldcg(src + i) : src[i];
-    } else if ((((uintptr_t)dst ^ (uintptr_t)src) & 3) == 0) {
-        uint64_t head = (4 - ((uintptr_t)dst & 3)) & 3;
-        if (head > n) head = n;
-        for (uint64_t i = t; i < head; i += nth) dst[i] = Fresh ? __ldcg(src + i) : src[i];
-        uint64_t words = (n - head) / 4;
-        uint32_t *d = (uint32_t *)(dst + head);
-        const uint32_t *s = (const uint32_t *)(src + head);
-        for (uint64_t i = t; i < words; i += nth) d[i] = Fresh ? __ldcg(s + i) : s[i];
-        for (uint64_t i = head + words * 4 + t; i < n; i += nth) dst[i] = Fresh ? __ldcg(src + i) : src[i];
-    } else {
-        for (uint64_t i = t; i < n; i += nth) dst[i] = Fresh ? __ldcg(src + i) : src[i];
-    }
-}
-
-// Record a failure. The word is mapped host memory, where atomics need
-// PCIe atomics that not every host has: a plain store, the first writer
-// usually winning, any code being a correct report.
-__device__ void set_status(uint64_t status, int code, int src) {
-    volatile int *w = (volatile int *)PTR(status);
-    if (*w == 0) *w = code | (src << 8);
-    __threadfence_system();
-}
-
-__device__ bool failed(uint64_t status) { return *(volatile int *)PTR(status) != 0; }
-
-// Thread 0 of a block waits until *flag satisfies the test against e; the
-// whole block learns whether to go on.
-template <bool Exact>
-__device__ bool block_wait(const uint64_t *flag, uint64_t e, uint64_t status, int src, uint64_t timeout_ns) {
-    __shared__ int go;
-    if (threadIdx.x == 0) {
-        go = 1;
-        uint64_t start = now_ns();
-        for (unsigned polls = 1;; polls++) {
-            uint64_t v = ld_acquire_sys(flag);
-            if (Exact ? v == e : v >= e) break;
-            // The status word is host memory: read it, and the clock,
-            // only now and then.
-            if (polls % 256 != 0) continue;
-            if (failed(status)) {
-                go = 0;
-                break;
-            }
-            if (now_ns() - start > timeout_ns) {
-                set_status(status, SLIME_AG_TIMEOUT, src);
-                go = 0;
-                break;
-            }
-        }
-    }
-    __syncthreads();
-    return go != 0;
-}
-
-// The last block to arrive at counter (thread 0 of each block calls it)
-// gets true, and resets the counter for the next launch.
-__device__ bool last_block(unsigned *counter) {
-    __threadfence_system();
-    unsigned prev = atomicAdd(counter, 1u);
-    if (prev == gridDim.x - 1) {
-        *counter = 0;
-        __threadfence_system();
-        return true;
-    }
-    return false;
-}
-
-__global__ void allgather_ll_kernel(slime_ag_args a) {
-    __shared__ uint64_t epoch;
-    unsigned *sync = (unsigned *)PTR(a.sync);
-    if (threadIdx.x == 0) epoch = *(volatile uint64_t *)PTR(a.epoch) + 1;
-    __syncthreads();
-    const uint64_t e = epoch;
-    const uint64_t slot = e & 1;
-    const uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const uint64_t nth = (uint64_t)gridDim.x * blockDim.x;
-    const uint64_t n = a.bytes < a.cap ? a.bytes : a.cap;
-    const char *src = (const char *)PTR(a.src);
-
-    // 1. push to every peer, the next rank first
-    for (int i = 1; i < a.nranks; i++) {
-        int p = (a.rank + i) % a.nranks;
-        char *d = (char *)PTR(a.scratch[p]) + (slot * a.nranks + a.rank) * a.cap;
-        grid_copy<false>(d, src, n, t, nth);
-    }
-    __threadfence_system();
-    __syncthreads();
-    if (threadIdx.x == 0 && last_block(&sync[0])) {
-        for (int i = 1; i < a.nranks; i++) {
-            int p = (a.rank + i) % a.nranks;
-            uint64_t *f = (uint64_t *)PTR(a.flags[p]) + (slot * a.nranks + a.rank) * 2;
-            *(volatile uint64_t *)(f + 1) = a.total;
-            st_release_sys(f, e);
-        }
-    }
-    // 2. own block
-    grid_copy<false>((char *)PTR(a.dst) + a.off[a.rank], src, a.expect[a.rank], t, nth);
-
-    // 3. every other block, from this rank's scratch
-    const uint64_t *myflags = (const uint64_t *)PTR(a.flags[a.rank]);
-    const char *mine = (const char *)PTR(a.scratch[a.rank]);
-    for (int i = 1; i < a.nranks; i++) {
-        int s = (a.rank - i + a.nranks) % a.nranks;
-        const uint64_t *f = myflags + (slot * a.nranks + s) * 2;
-        if (!block_wait<true>(f, e, a.status, s, a.timeout_ns)) break;
-        if (*(volatile const uint64_t *)(f + 1) != a.totals[s]) {
-            if (threadIdx.x == 0) set_status(a.status, SLIME_AG_SIZE, s);
-            break;
-        }
-        uint64_t m = a.expect[s] < a.cap ? a.expect[s] : a.cap;
-        grid_copy<true>((char *)PTR(a.dst) + a.off[s], mine + (slot * a.nranks + s) * a.cap, m, t, nth);
-    }
-    __syncthreads();
-    // 4. the last block out advances the epoch
-    if (threadIdx.x == 0 && last_block(&sync[1])) *(volatile uint64_t *)PTR(a.epoch) = e;
-}
-
-__global__ void barrier_kernel(slime_barrier_args a) {
-    __shared__ uint64_t epoch;
-    if (threadIdx.x == 0) epoch = *(volatile uint64_t *)PTR(a.epoch) + 1;
-    __syncthreads();
-    const uint64_t e = epoch;
-    for (int p = threadIdx.x; p < a.nranks; p += blockDim.x)
-        st_release_sys((uint64_t *)PTR(a.flags[p]) + a.rank, e);
-    const uint64_t *mine = (const uint64_t *)PTR(a.flags[a.rank]);
-    for (int s = threadIdx.x; s < a.nranks; s += blockDim.x) {
-        uint64_t start = now_ns();
-        for (unsigned polls = 1; ld_acquire_sys(mine + s) < e; polls++) {
-            if (polls % 256 != 0) continue;
-            if (failed(a.status)) break;
-            if (now_ns() - start > a.timeout_ns) {
-                set_status(a.status, SLIME_AG_TIMEOUT, s);
-                break;
-            }
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) *(volatile uint64_t *)PTR(a.epoch) = e;
-}
+__global__ void barrier_kernel(slime_barrier_args a) { slime_proto::barrier(slime_proto::DevBlock(), a); }
 
 extern "C" {
 
@@ -518,9 +392,14 @@ static cublasStatus_t gemm_call(cublasHandle_t h, int m, int n, int k, const dou
 template <typename T>
 static int gemm(int dev, uint64_t handle, uint64_t stream, int m, int n, int k, uint64_t a, int lda, uint64_t b,
                 int ldb, uint64_t c, int ldc) {
-    cublasHandle_t h = ((struct blas *)(uintptr_t)handle)->h;
+    struct blas *bl = (struct blas *)(uintptr_t)handle;
+    cublasHandle_t h = bl->h;
     USE(dev);
     BK(cublasSetStream(h, STREAM(stream)));
+    // cublasSetStream drops the workspace set by cublasSetWorkspace (cuBLAS
+    // would then allocate its own, which a captured graph must not, and
+    // captured GEMMs could pick other kernels than eager ones): set it again.
+    BK(cublasSetWorkspace(h, bl->ws, BLAS_WORKSPACE));
     BK(gemm_call(h, m, n, k, (const T *)PTR(a), (const T *)PTR(b), lda, ldb, (T *)PTR(c), ldc));
     return SLIME_OK;
 }

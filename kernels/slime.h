@@ -44,6 +44,9 @@ enum slime_status {
 /* Text of the last failure on this thread ("" if none). */
 const char *slime_last_error(void);
 int slime_abi_version(void);
+/* 1 in the emulated library (libslimecuda-emu.so: host threads, no GPU),
+ * 0 in the CUDA one: figures measured on the former are no GPU's. */
+int slime_emulated(void);
 
 /* Devices. */
 int slime_device_count(int *count);
@@ -51,6 +54,10 @@ int slime_device_name(int dev, char *buf, int len);
 /* PCI bus id ("0000:3b:00.0"), to match a GPU with NVML's view. */
 int slime_device_pci_bus_id(int dev, char *buf, int len);
 int slime_device_can_access_peer(int dev, int peer, int *ok);
+/* Lets kernels on dev touch peer's memory (in-process ranks on different
+ * GPUs; memory mapped through IPC needs none). Enabling it again is no
+ * error. */
+int slime_enable_peer_access(int dev, int peer);
 int slime_driver_version(int *version);
 int slime_runtime_version(int *version);
 
@@ -62,7 +69,11 @@ int slime_free(int dev, uint64_t ptr);
 int slime_host_alloc(int dev, uint64_t bytes, void **host, uint64_t *dptr);
 int slime_host_free(int dev, void *host);
 /* Copies with cudaMemcpyDefault (unified addressing): either side may be
- * host or device. The synchronous ones return when the copy is done. */
+ * host or device. The synchronous ones (slime_memcpy, slime_memset) run on
+ * the library's own non-blocking stream of dev and return when the bytes
+ * are in place, whatever memory either side is: any stream's later work
+ * sees them. They order nothing else: work already enqueued on other
+ * streams that touches the same memory must be waited for first. */
 int slime_memcpy(int dev, uint64_t dst, uint64_t src, uint64_t bytes);
 int slime_memcpy_async(int dev, uint64_t dst, uint64_t src, uint64_t bytes, uint64_t stream);
 int slime_memset(int dev, uint64_t dst, int value, uint64_t bytes);
