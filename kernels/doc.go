@@ -16,5 +16,13 @@
 // (see package device), and the kernels that wait for peers give up after
 // their timeout and leave a status word that the host reads.
 //
+// libslimecuda-emu.so (`make kernels-emu`, or [BuildEmulator]) is the same
+// ABI built by the host's g++ with no GPU: device memory in shared host
+// memory, streams as host queues, the kernels' protocol (protocol.h, which
+// slime.cu compiles too) on host threads, and an adversarial schedule
+// (SLIME_EMU_SEED) that is never kinder than CUDA's guarantees. Pointing
+// SLIME_CUDA_LIB at it runs the whole GPU path on any Linux host; [Lib.Emulated]
+// tells callers so, since nothing measured on it is a GPU figure.
+//
 // Without cgo, or off Linux, Open always reports ErrNotFound.
 package kernels

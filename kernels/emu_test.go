@@ -92,7 +92,10 @@ func TestEmuEveryCall(t *testing.T) {
 	ok(t, err)
 	drv, rt, err := lib.Versions()
 	ok(t, err)
-	t.Logf("%d device(s): %s %s, peer %v, driver %d runtime %d, emulated %v", n, name, bus, peer, drv, rt, lib.Emulated())
+	t.Logf("%d device(s): %s %s, peer %v, driver %d runtime %d, emulated %v (seed %d)", n, name, bus, peer, drv, rt, lib.Emulated(), lib.EmuSeed())
+	if lib.Emulated() && os.Getenv("SLIME_EMU_SEED") == "13" && lib.EmuSeed() != 13 {
+		t.Errorf("SLIME_EMU_SEED=13, the emulator says %d", lib.EmuSeed())
+	}
 	if _, err := lib.DeviceName(n); !errors.Is(err, ErrCUDA) || !strings.Contains(err.Error(), "invalid device ordinal") {
 		t.Errorf("device %d of %d: %v", n, n, err)
 	}

@@ -31,6 +31,8 @@ package kernels
 struct cuda_fns { CUDA_FNS(DECL) };
 struct nvshmem_fns { NVSHMEM_FNS(DECL) const char *(*p_nvshmem_last_error)(void); };
 static struct cuda_fns cuda_live;
+// Only the emulator has it (not in slime.h): the seed of its schedule.
+static uint64_t (*p_emu_seed)(void);
 static struct nvshmem_fns nvshmem_live;
 
 // open_lib loads path and resolves every symbol; on failure *err says why
@@ -49,6 +51,7 @@ static void *open_lib(const char *path, int nvshmem, const char **err) {
 		struct cuda_fns t;
 		CUDA_FNS(LOAD)
 		cuda_live = t;
+		p_emu_seed = (uint64_t (*)(void))dlsym(h, "slime_emu_seed");
 	}
 	return h;
 }
@@ -57,6 +60,7 @@ static const char *w_last_error(void) { return cuda_live.p_slime_last_error(); }
 static const char *w_nvshmem_last_error(void) { return nvshmem_live.p_nvshmem_last_error(); }
 static int w_abi_version(void) { return cuda_live.p_slime_abi_version(); }
 static int w_emulated(void) { return cuda_live.p_slime_emulated(); }
+static uint64_t w_emu_seed(void) { return p_emu_seed ? p_emu_seed() : 0; }
 static int w_enable_peer_access(int d, int p) { return cuda_live.p_slime_enable_peer_access(d, p); }
 static int w_device_count(int *c) { return cuda_live.p_slime_device_count(c); }
 static int w_device_name(int d, char *b, int n) { return cuda_live.p_slime_device_name(d, b, n); }
@@ -192,6 +196,10 @@ func (l *Lib) Path() string { return l.path }
 // Emulated says whether the library is the emulator (libslimecuda-emu.so:
 // host threads, no GPU), whose figures are no GPU's.
 func (l *Lib) Emulated() bool { return l.emulated }
+
+// EmuSeed is the emulator's SLIME_EMU_SEED (or the random seed it drew),
+// which replays a failing schedule; 0 for a GPU library.
+func (l *Lib) EmuSeed() uint64 { return uint64(C.w_emu_seed()) }
 
 // EnablePeerAccess lets kernels on dev touch peer's memory: in-process
 // ranks on different GPUs need it (memory mapped with IPC does not).

@@ -35,6 +35,9 @@ func (l *Lib) Emulated() bool { return false }
 
 func (l *Lib) EnablePeerAccess(dev, peer int) error { return errNoCgo }
 
+// EmuSeed is the emulator's seed; without cgo there is none.
+func (l *Lib) EmuSeed() uint64 { return 0 }
+
 func (l *Lib) DeviceName(dev int) (string, error) { return "", errNoCgo }
 
 func (l *Lib) PCIBusID(dev int) (string, error) { return "", errNoCgo }
