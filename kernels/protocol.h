@@ -125,7 +125,13 @@ inline void fence_system() { std::atomic_thread_fence(std::memory_order_seq_cst)
 // A host has far fewer cores than a GPU has blocks: waiting threads let
 // the others run.
 inline void poll_pause(unsigned polls) {
-    if (polls % 16 == 0) sched_yield();
+    if (polls % 16 != 0) return;
+    if (polls < 4096) {
+        sched_yield();
+    } else {  // a long wait: leave the cores to the threads it waits for
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, nullptr);
+    }
 }
 
 inline uint64_t now_ns() {
