@@ -160,6 +160,18 @@ func TestSizeMismatchEveryRank(t *testing.T) {
 		if !strings.Contains(j.out, "size mismatch") {
 			t.Errorf("no size mismatch reported:\n%s", j.out)
 		}
+		// Each rank names the peer it disagrees with: rank 2 for the
+		// others; for rank 2, whom every peer disagrees with, the first
+		// it checks, rank 0.
+		for r := range 4 {
+			peer := 2
+			if r == 2 {
+				peer = 0
+			}
+			if !regexp.MustCompile(fmt.Sprintf(`(?m)^\[%d\]: EXPECTED rank %d: \w+ rank %d peer %d: slimego: size mismatch`, r, r, r, peer)).MatchString(j.out) {
+				t.Errorf("n=%s: rank %d did not name peer %d:\n%s", n, r, peer, j.out)
+			}
+		}
 	}
 }
 

@@ -166,6 +166,20 @@ func TestSizeMismatchEveryRank(t *testing.T) {
 		if !errors.Is(err, fault.ErrSizeMismatch) {
 			return fmt.Errorf("want ErrSizeMismatch, got %v", err)
 		}
+		// The error names the peer whose header disagrees: rank 2 for the
+		// others, and for rank 2, whom every peer disagrees with, the
+		// first it checked, rank 0.
+		want := 2
+		if g.Rank() == 2 {
+			want = 0
+		}
+		var oe *fault.OpError
+		if !errors.As(err, &oe) || oe.Rank != g.Rank() || oe.Peer != want {
+			return fmt.Errorf("want the error of rank %d to name peer %d: %v", g.Rank(), want, err)
+		}
+		if wantText := fmt.Sprintf("rank %d peer %d:", g.Rank(), want); !strings.Contains(err.Error(), wantText) {
+			return fmt.Errorf("want %q in %q", wantText, err)
+		}
 		// The group stays usable after a mismatch.
 		return g.Barrier(context.Background())
 	})
