@@ -54,14 +54,15 @@ func (c *Communicator) storeHost() (string, int) {
 }
 
 // storeListenAddr is where a rank that hosts the store binds it: the
-// address of this host that reaches MASTER_ADDR (loopback when the master
-// is this host's loopback), never every interface; a world of one binds a
-// free loopback port.
+// address of SLIME_SOCKET_IFNAME's interface, or of this host that reaches
+// MASTER_ADDR (loopback when the master is this host's loopback and the job
+// stays on it), never every interface (netaddr.ListenIP); a world of one
+// binds a free loopback port.
 func storeListenAddr(o Options) (string, error) {
 	if o.WorldSize == 1 {
 		return "127.0.0.1:0", nil
 	}
-	ip, err := netaddr.LocalIP("", o.MasterAddr)
+	ip, err := netaddr.ListenIP(o.SocketIfName, o.MasterAddr, o.WorldSize > o.LocalWorldSize)
 	if err != nil {
 		return "", err
 	}

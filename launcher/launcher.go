@@ -343,7 +343,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.NNodes > 1 {
 		j.workerAddr = cfg.MasterAddr
 		if cfg.NodeRank == 0 {
-			h, err := netaddr.LocalIP("", cfg.MasterAddr)
+			ifname, _ := lookupEnv(cfg.Env, "SLIME_SOCKET_IFNAME")
+			h, err := netaddr.ListenIP(strings.TrimSpace(ifname), cfg.MasterAddr, true)
 			if err != nil {
 				return fmt.Errorf("launcher: node 0: the address that reaches the master %s: %w", cfg.MasterAddr, err)
 			}

@@ -80,3 +80,54 @@ func LocalIP(ifname, master string) (string, error) {
 	defer c.Close()
 	return c.LocalAddr().(*net.UDPAddr).IP.String(), nil
 }
+
+// ListenIP is the address a job's store or transport binds on this host:
+// that of the interface named ifname (SLIME_SOCKET_IFNAME) when given, else
+// the one that reaches master. When the job spans hosts and master is a
+// name that resolves to loopback here (Debian maps a host's own name to
+// 127.0.1.1), the other hosts could never reach that: the host's one non-loopback IPv4 address is
+// used instead, and with several the caller must choose (an error naming
+// them).
+func ListenIP(ifname, master string, spansHosts bool) (string, error) {
+	ip, err := LocalIP(ifname, master)
+	// A master given as a loopback address is meant: jobs of several
+	// "hosts" on one machine (launchers side by side, tests) bind it.
+	if err != nil || ifname != "" || !spansHosts || !net.ParseIP(ip).IsLoopback() || net.ParseIP(master) != nil {
+		return ip, err
+	}
+	var found []string
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "", fmt.Errorf("netaddr: %w", err)
+	}
+	for _, ifi := range ifs {
+		if ifi.Flags&net.FlagUp == 0 || ifi.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifi.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() {
+				found = append(found, ifi.Name+"="+ipn.IP.String())
+			}
+		}
+	}
+	if len(found) == 1 {
+		_, addr, _ := cutEq(found[0])
+		return addr, nil
+	}
+	return "", fmt.Errorf("%w: the master %s is loopback (%s) on this host, but the job spans hosts, which cannot reach that; this host has %d other IPv4 addresses %v: set SLIME_SOCKET_IFNAME, or give the master as an address the other hosts reach",
+		ErrNoListenAddr, master, ip, len(found), found)
+}
+
+// ErrNoListenAddr: no address of this host can be chosen for a job that
+// spans hosts.
+var ErrNoListenAddr = errors.New("netaddr: no address to listen on")
+
+func cutEq(s string) (string, string, bool) {
+	for i := range len(s) {
+		if s[i] == '=' {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return s, "", false
+}
