@@ -103,6 +103,7 @@ type Group struct {
 	rounds     uint64
 
 	bufs    []*Buffer
+	allocs  uint64 // Alloc calls so far: each one's store keys are its own
 	barrier *Op
 	broken  error
 	closed  bool
@@ -239,63 +240,101 @@ func (g *Group) bind() {
 // regular file of ours, of exactly size bytes, whose first page holds id
 // (written by rank 0 before it publishes the name); otherwise the rank
 // fails with ErrInvalid, naming rank 0, and neither maps nor unlinks the
-// file. A segment that ranks cannot agree on (an Alloc of another size) is
-// left for the last rank to map, or for shm.SweepOrphans and the launcher.
+// file.
+//
+// Every rank that read what rank 0 published (a name, or rank 0's error)
+// counts itself under key/mapped, whether it could map the segment or not.
+// The rank whose count reaches the group's size knows that no rank reads
+// the two keys again: it deletes them, so that the store, whose keys are
+// limited, does not fill up over a long job's allocations; and, if it
+// mapped the segment, it unlinks the file's name (the segment then lives
+// as long as some rank maps it). A segment that the last rank could not
+// map (an Alloc of another size there) is left to the sweeps, which remove
+// it once nobody holds it (see shm).
+//
+// Rank 0 tells the others of its failures at once: it publishes its error
+// in place of the name, and where the store refuses even that (it is
+// full), it aborts the waits on key, so that no rank waits out its
+// timeout. A ctx without a deadline gets the group's Timeout.
 func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id identity) (*shm.Segment, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.cfg.Timeout)
+		defer cancel()
+	}
 	st, base := g.cfg.Store, g.cfg.Key+"/"+key
 	prefix := g.cfg.ShmPrefix + key + "-"
 	me, root := g.global(g.rank), g.global(0)
 	var seg *shm.Segment
+	var failed error // this rank's error, once it has read the name
 	if g.rank == 0 {
 		name, err := shm.NewName(prefix)
-		var s *shm.Segment
 		if err == nil {
-			s, err = shm.Create(name, size)
+			seg, err = shm.Create(name, size)
 		}
 		if err != nil {
 			// Tell the others at once rather than letting them time out.
-			st.Set(ctx, base, []byte("error: "+err.Error()))
+			if e := st.Set(ctx, base, []byte("error: "+err.Error())); e != nil {
+				st.Abort(ctx, base, root, "local rank 0 could not create shared memory: "+err.Error())
+				return nil, fault.New(op, me, -1, err, "")
+			}
 			if errors.Is(err, shm.ErrNoSpace) || errors.Is(err, shm.ErrBadName) {
 				err = fmt.Errorf("%w: %w", fault.ErrInvalid, err)
 			}
-			return nil, fault.New(op, me, -1, err, "")
-		}
-		id.write(s.Mem)
-		seg = s
-		if err := st.Set(ctx, base, []byte(name)); err != nil {
-			shm.Unlink(name)
-			seg.Close()
-			return nil, fault.New(op, me, -1, err, "publishing the segment name")
+			failed = fault.New(op, me, -1, err, "")
+		} else {
+			id.write(seg.Mem)
+			if err := st.Set(ctx, base, []byte(name)); err != nil {
+				shm.Unlink(name)
+				seg.Close()
+				st.Abort(ctx, base, root, "local rank 0 could not publish its segment's name: "+err.Error())
+				return nil, fault.New(op, me, -1, err, "publishing the segment name")
+			}
 		}
 	} else {
 		v, err := st.Get(ctx, base)
 		if err != nil {
+			var ae *rendezvous.AbortError
+			if errors.As(err, &ae) {
+				return nil, fault.New(op, me, ae.Rank, fault.ErrPeerLost, "waiting for the segment name from local rank 0: %s", ae.Reason)
+			}
 			return nil, fault.New(op, me, root, waitErr(err, "the segment name from local rank 0"), "")
 		}
 		name := string(v)
 		if msg, ok := strings.CutPrefix(name, "error: "); ok {
-			return nil, fault.New(op, me, root, fault.ErrPeerLost, "local rank 0 could not create shared memory: %s", msg)
-		}
-		if err := shm.CheckName(name, prefix); err != nil {
-			return nil, fault.New(op, me, root, fmt.Errorf("%w: %w", fault.ErrInvalid, err), "segment name published for local rank 0")
-		}
-		if seg, err = shm.Open(name, size, id.check); err != nil {
+			failed = fault.New(op, me, root, fault.ErrPeerLost, "local rank 0 could not create shared memory: %s", msg)
+		} else if err := shm.CheckName(name, prefix); err != nil {
+			failed = fault.New(op, me, root, fmt.Errorf("%w: %w", fault.ErrInvalid, err), "segment name published for local rank 0")
+		} else if seg, err = shm.Open(name, size, id.check); err != nil {
 			switch {
 			case errors.Is(err, shm.ErrWrongSize) && id.kind == kindBuffer:
 				err = fmt.Errorf("%w: %w", fault.ErrSizeMismatch, err)
 			case errors.Is(err, shm.ErrBadName) || errors.Is(err, shm.ErrForeign) || errors.Is(err, shm.ErrWrongSize):
 				err = fmt.Errorf("%w: %w", fault.ErrInvalid, err)
 			}
-			return nil, fault.New(op, me, root, err, "segment published for local rank 0")
+			failed = fault.New(op, me, root, err, "segment published for local rank 0")
 		}
 	}
 	n, err := st.Add(ctx, base+"/mapped", 1)
 	if err != nil {
 		seg.Close()
+		if failed != nil {
+			return nil, failed
+		}
 		return nil, fault.New(op, me, -1, err, "counting the ranks that mapped the segment")
 	}
 	if int(n) == g.size {
-		shm.Unlink(seg.Name)
+		if seg != nil {
+			shm.Unlink(seg.Name)
+		}
+		// Every rank has read base and counted itself: nobody reads
+		// either key again.
+		st.Delete(ctx, base)
+		st.Delete(ctx, base+"/mapped")
+	}
+	if failed != nil {
+		seg.Close()
+		return nil, failed
 	}
 	return seg, nil
 }

@@ -40,8 +40,14 @@ func (g *Group) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	stride := roundUp(max(n, 1), pageBytes)
 	// One page of identity, then each rank's part.
 	total := pageBytes + g.size*stride
-	ident := identity{kind: kindBuffer, a: uint32(g.size), b: uint32(id), c: uint32(stride / pageBytes), job: g.job, total: uint64(total)}
-	seg, err := g.shareSegment(ctx, "alloc", "buf"+strconv.Itoa(id), total, ident)
+	// Every Alloc call, failed or not, has keys of its own (every rank
+	// counts the calls alike): a failed one's value never answers a later
+	// one. The '.' ends the number, so that no call's key starts another's
+	// (an abort of "buf1." spares "buf10.").
+	seq := g.allocs
+	g.allocs++
+	ident := identity{kind: kindBuffer, a: uint32(g.size), b: uint32(seq), c: uint32(stride / pageBytes), job: g.job, total: uint64(total)}
+	seg, err := g.shareSegment(ctx, "alloc", "buf"+strconv.FormatUint(seq, 10)+".", total, ident)
 	if err != nil {
 		return nil, err
 	}
