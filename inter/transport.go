@@ -192,7 +192,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	}
 	ctx, cancel := context.WithDeadline(ctx, connectDeadline(ctx, cfg.Timeout))
 	defer cancel()
-	ip, err := LocalIP(cfg.IfName, cfg.MasterAddr)
+	ip, err := netaddr.ListenIP(cfg.IfName, cfg.MasterAddr, true)
 	if err != nil {
 		return nil, err
 	}
@@ -327,7 +327,10 @@ func (t *Transport) dialPeer(ctx context.Context, p int) error {
 // listener that answers but fails the handshake is final: it does not hold
 // the job's key, so it is not rank p.
 func (t *Transport) dialOne(ctx context.Context, p int, addr string) (*net.TCPConn, error) {
-	var d net.Dialer
+	// Each attempt is short: a SYN lost to a full accept queue (a flood of
+	// foreign connections, say) is retried by the kernel only after 1, 3,
+	// 7 s, so a fresh attempt gets in sooner.
+	d := net.Dialer{Timeout: time.Second}
 	wait := 10 * time.Millisecond
 	for {
 		c, err := d.DialContext(ctx, "tcp", addr)
@@ -347,7 +350,7 @@ func (t *Transport) dialOne(ctx context.Context, p int, addr string) (*net.TCPCo
 				return nil, fault.New("connect", t.cfg.Rank, p, fmt.Errorf("%w: %w", ErrDenied, err), "the listener at %s, published as rank %d's, does not hold this job's key", addr, p)
 			}
 		case ctx.Err() != nil:
-		case !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ECONNRESET):
+		case !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, os.ErrDeadlineExceeded):
 			return nil, fault.New("connect", t.cfg.Rank, p, fault.ErrPeerLost, "dial %s: %v", addr, err)
 		}
 		if ctx.Err() != nil {
@@ -401,6 +404,28 @@ func (t *Transport) handshakeDeadline(ctx context.Context) time.Time {
 // once. When acceptAll returns (done, at ctx's end, or when New stops it)
 // the listener and every connection still in its handshake are closed, and
 // every goroutine it started has ended.
+// EvictAfter is how long a handshake must have lasted before a new
+// connection may take its place when MaxPendingHandshakes are under way: a
+// real peer answers within a round trip, so a flood of silent connections
+// cannot hold the real peers out for the handshake's whole deadline.
+const EvictAfter = 500 * time.Millisecond
+
+// evictOldest closes the oldest of pending if it has lasted EvictAfter
+// (its handshake then fails, and its goroutine removes it).
+func evictOldest(pending map[*net.TCPConn]time.Time) {
+	var oldest *net.TCPConn
+	var at time.Time
+	for c, t := range pending {
+		if oldest == nil || t.Before(at) {
+			oldest, at = c, t
+		}
+	}
+	if oldest != nil && time.Since(at) >= EvictAfter {
+		oldest.Close()
+		delete(pending, oldest)
+	}
+}
+
 func (t *Transport) acceptAll(ctx context.Context, n int) error {
 	ln := t.ln.(*net.TCPListener)
 	defer ln.Close()
@@ -416,7 +441,7 @@ func (t *Transport) acceptAll(ctx context.Context, n int) error {
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
-		pending  = map[*net.TCPConn]bool{}
+		pending  = map[*net.TCPConn]time.Time{} // when each was accepted
 		stopped  bool
 		refused  int
 		lastFail error
@@ -459,12 +484,15 @@ func (t *Transport) acceptAll(ctx context.Context, n int) error {
 			}
 			tc := c.(*net.TCPConn)
 			mu.Lock()
+			if !stopped && len(pending) >= MaxPendingHandshakes {
+				evictOldest(pending)
+			}
 			if stopped || len(pending) >= MaxPendingHandshakes {
 				mu.Unlock()
 				tc.Close()
 				continue
 			}
-			pending[tc] = true
+			pending[tc] = time.Now()
 			wg.Add(1)
 			mu.Unlock()
 			go func() {
