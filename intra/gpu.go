@@ -188,7 +188,31 @@ func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (pe
 	if err := cfg.Store.Barrier(ctx, cfg.Key+"/gpu/"+name+"/mapped", cfg.Rank, cfg.Size); err != nil {
 		return nil, nil, fault.New("init", me, -1, fault.ErrTimeout, "waiting for the node's ranks to map GPU memory: %v", err)
 	}
+	// Every rank has read every record before it reached the barrier: this
+	// rank's record is read no more. (The barrier's own keys go later, in
+	// doneWith: a rank may still be waiting on them.)
+	cfg.Store.Delete(ctx, key(cfg.Rank))
 	return peers, opened, nil
+}
+
+// doneWith deletes the keys of barriers (each named as for
+// Client.Barrier) once every rank is past them all: each rank counts
+// itself under count after its last barrier of the set, and the rank whose
+// count reaches the group's size, knowing that no rank waits on those keys
+// any more, deletes them and the count. So the store, whose keys are
+// limited, does not fill up over a long job's allocations.
+func (g *GPUGroup) doneWith(ctx context.Context, count string, barriers ...string) {
+	st := g.cfg.Store
+	n, err := st.Add(ctx, count, 1)
+	if err != nil || int(n) != g.cfg.Size {
+		return
+	}
+	for _, b := range barriers {
+		for r := range g.cfg.Size {
+			st.Delete(ctx, b+"/"+strconv.Itoa(r))
+		}
+	}
+	st.Delete(ctx, count)
 }
 
 func (g *GPUGroup) recordKey(name string, r int) string {
@@ -233,6 +257,10 @@ func (s *GPUSymmetric) Free(ctx context.Context) error {
 	}
 	g := s.g
 	err := g.cfg.Store.Barrier(ctx, g.cfg.Key+"/gpu/"+s.name+"/freed", g.cfg.Rank, g.cfg.Size)
+	if err == nil {
+		b := g.cfg.Key + "/gpu/" + s.name
+		g.doneWith(ctx, b+"/done", b+"/mapped", b+"/freed")
+	}
 	for r, ok := range s.opened {
 		if ok {
 			g.lib.IPCClose(g.dev, s.Peers[r])
@@ -355,6 +383,9 @@ func (g *GPUGroup) Close(ctx context.Context) error {
 	if g.cfg.Store != nil {
 		if e := g.cfg.Store.Barrier(ctx, g.cfg.Key+"/gpu/closed", g.cfg.Rank, g.cfg.Size); e != nil && !errors.Is(e, context.Canceled) {
 			err = fmt.Errorf("intra: closing the GPU group: %w", e)
+		} else if e == nil {
+			b := g.cfg.Key + "/gpu/"
+			g.doneWith(ctx, b+"region/done", b+"region/mapped", b+"closed")
 		}
 	}
 	g.release()
