@@ -76,17 +76,63 @@ func TestErrorPropagates(t *testing.T) {
 	}
 }
 
+// TestSynchronizeDeadline: Synchronize of a stream and of an event whose
+// work never finishes returns the context's error once the context ends,
+// by deadline or by cancellation. Each call runs in a goroutine under a 5 s
+// bound, so that a Synchronize that ignores its context fails the test in
+// seconds instead of hanging the binary until its timeout.
 func TestSynchronizeDeadline(t *testing.T) {
-	s := NewStream()
-	defer s.Close()
-	release := make(chan struct{})
-	s.Launch(func() error { <-release; return nil })
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-	defer cancel()
-	if err := s.Synchronize(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("err = %v", err)
+	cases := []struct {
+		name  string
+		event bool
+		want  error
+		ctx   func() (context.Context, context.CancelFunc)
+	}{
+		{"stream/deadline", false, context.DeadlineExceeded, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 30*time.Millisecond)
+		}},
+		{"stream/cancel", false, context.Canceled, cancelSoon},
+		{"event/deadline", true, context.DeadlineExceeded, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 30*time.Millisecond)
+		}},
+		{"event/cancel", true, context.Canceled, cancelSoon},
 	}
-	close(release)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := NewStream()
+			defer s.Close()
+			release := make(chan struct{})
+			defer close(release)
+			s.Launch(func() error { <-release; return nil })
+			ev := new(Event)
+			s.Record(ev)
+			ctx, cancel := c.ctx()
+			defer cancel()
+			got := make(chan error, 1)
+			go func() {
+				if c.event {
+					got <- ev.Synchronize(ctx)
+				} else {
+					got <- s.Synchronize(ctx)
+				}
+			}()
+			select {
+			case err := <-got:
+				if !errors.Is(err, c.want) {
+					t.Fatalf("err = %v, want %v", err, c.want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("Synchronize still waits 5 s after its context ended")
+			}
+		})
+	}
+}
+
+// cancelSoon is a context cancelled 30 ms from now.
+func cancelSoon() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(30*time.Millisecond, cancel)
+	return ctx, cancel
 }
 
 func TestWaitTimesOut(t *testing.T) {
