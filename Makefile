@@ -17,7 +17,7 @@ GOTAGS := -tags openblas
 export CGO_LDFLAGS := -lopenblas
 endif
 
-.PHONY: all build demo test test-netns test-short fuzz bench bench-netns bench-gemm clean kernels kernels-emu device-check
+.PHONY: all build demo test test-netns test-short fuzz bench bench-netns bench-gemm clean kernels kernels-emu device-check mutate
 
 all: build
 
@@ -106,6 +106,24 @@ FUZZ := rendezvous:FuzzDecode rendezvous:FuzzServer inter:FuzzDecode inter:FuzzP
 fuzz:
 	@for t in $(FUZZ); do \
 	  echo "== $$t"; $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) ./$${t%%:*} || exit 1; done
+
+# Mutation testing, not in CI (minutes per package): gremlins, installed
+# through the Go proxy into $(BIN), over each package of MUTATE against its
+# own tests only; one mutant at a time (the tests start processes and
+# sockets of their own, and two at once on two cores time out), each test
+# run bounded by MUTATE_TIMEOUT times the package's coverage run. Efficacy
+# per package in $(OUT)/mutate/<pkg>.txt (and .json); docs/MUTATION.md
+# says what survives and why.
+GREMLINS       ?= github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0
+MUTATE         ?= intra inter rendezvous launcher device
+MUTATE_TIMEOUT ?= 4
+mutate:
+	GOBIN=$(abspath $(BIN)) $(GO) install $(GREMLINS)
+	@mkdir -p $(OUT)/mutate
+	@for p in $(MUTATE); do echo "== $$p $$(date +%T)"; \
+	  GOFLAGS=-count=1 $(BIN)/gremlins unleash --workers 1 --timeout-coefficient $(MUTATE_TIMEOUT) \
+	    -o $(OUT)/mutate/$$p.json ./$$p > $(OUT)/mutate/$$p.txt 2>&1 || { tail -20 $(OUT)/mutate/$$p.txt; exit 1; }; \
+	  grep -E 'LIVED|TIMED OUT' $(OUT)/mutate/$$p.txt; tail -5 $(OUT)/mutate/$$p.txt; done
 
 # slimego beside OpenMPI (where mpicc is installed) and single-core memcpy,
 # P ranks on this machine, REPS interleaved runs of each (A B C A B C ...),
