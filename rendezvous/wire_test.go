@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"bytes"
 	"errors"
+	"io"
 	"reflect"
 	"testing"
 )
@@ -71,4 +72,50 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("decode/encode not inverse:\n in %x\nout %x", body, again)
 		}
 	})
+}
+
+// TestFrameLimitExact: the largest frame a value limit allows (a key list
+// of maxKeyListBytes, prefixes included, and two values of the limit, as a
+// CompareAndSet) is exactly frameLimit long and is read; one byte more is
+// refused before its body is read; a frame that ends after its length
+// prefix, or inside its body, is io.ErrUnexpectedEOF.
+func TestFrameLimitExact(t *testing.T) {
+	const maxValue = 10
+	keys := make([]string, maxKeyListBytes/MaxKeyBytes)
+	for i := range keys {
+		keys[i] = string(bytes.Repeat([]byte{'k'}, MaxKeyBytes-4))
+	}
+	m := message{Code: uint8(opCompareAndSet), Keys: keys, Value: bytes.Repeat([]byte{1}, maxValue), Value2: bytes.Repeat([]byte{2}, maxValue)}
+	frame := m.encode(nil)
+	limit := frameLimit(maxValue)
+	if body := len(frame) - lengthPrefix; body != int(limit) {
+		t.Fatalf("the largest frame's body is %d bytes, frameLimit(%d) = %d", body, maxValue, limit)
+	}
+	got, err := readFrame(bytes.NewReader(frame), new([]byte), limit)
+	if err != nil || len(got.Keys) != len(keys) || !bytes.Equal(got.Value2, m.Value2) {
+		t.Fatalf("the largest frame: %v", err)
+	}
+	var tooLarge *frameTooLargeError
+	if _, err := readFrame(bytes.NewReader(frame), new([]byte), limit-1); !errors.As(err, &tooLarge) || tooLarge.N != limit {
+		t.Fatalf("a frame one byte over the limit: %v", err)
+	}
+	for _, n := range []int{lengthPrefix, len(frame) - 1} {
+		if _, err := readFrame(bytes.NewReader(frame[:n]), new([]byte), limit); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("a frame cut after %d bytes: %v, want io.ErrUnexpectedEOF", n, err)
+		}
+	}
+}
+
+// TestMaxValueBytesLimit: a server takes MaxValueBytes up to the limit a
+// client accepts, and refuses one byte more.
+func TestMaxValueBytesLimit(t *testing.T) {
+	s, err := Listen("127.0.0.1:0", ServerConfig{MaxValueBytes: maxValueLimit})
+	if err != nil {
+		t.Fatalf("MaxValueBytes at the limit: %v", err)
+	}
+	s.Close()
+	if s, err := Listen("127.0.0.1:0", ServerConfig{MaxValueBytes: maxValueLimit + 1}); err == nil {
+		s.Close()
+		t.Fatal("MaxValueBytes over the limit accepted")
+	}
 }

@@ -1,0 +1,73 @@
+package device
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestSynchronizeDoneWithLiveContext: once the work is done, Synchronize
+// and an event's Synchronize return at once with a context that has not
+// ended, and the stream's error when the work failed; they neither wait for
+// the context nor report it.
+func TestSynchronizeDoneWithLiveContext(t *testing.T) {
+	boom := errors.New("boom")
+	for _, fail := range []bool{false, true} {
+		s := NewStream()
+		s.Launch(func() error { return nil })
+		if fail {
+			s.Launch(func() error { return boom })
+		}
+		ev := new(Event)
+		s.Record(ev)
+		if err := s.Synchronize(context.Background()); (err != nil) != fail {
+			t.Fatalf("fail=%v: %v", fail, err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		got := make(chan error, 2)
+		go func() {
+			got <- s.Synchronize(ctx)
+			got <- ev.Synchronize(ctx)
+		}()
+		for i := range 2 {
+			select {
+			case err := <-got:
+				if fail && !errors.Is(err, boom) || !fail && err != nil {
+					t.Fatalf("fail=%v, call %d: %v", fail, i, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("fail=%v: Synchronize of finished work waits on its context", fail)
+			}
+		}
+		cancel()
+		s.Close()
+	}
+}
+
+// TestSynchronizeReturnsWhenWorkEnds: a Synchronize that waits, with a
+// context that has not ended, returns nil as soon as the work finishes.
+func TestSynchronizeReturnsWhenWorkEnds(t *testing.T) {
+	s := NewStream()
+	defer s.Close()
+	release := make(chan struct{})
+	s.Launch(func() error { <-release; return nil })
+	ev := new(Event)
+	s.Record(ev)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	got := make(chan error, 2)
+	go func() { got <- s.Synchronize(ctx) }()
+	go func() { got <- ev.Synchronize(ctx) }()
+	close(release)
+	for range 2 {
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Synchronize still waits 5 s after the work finished")
+		}
+	}
+}
