@@ -3,6 +3,7 @@ package cudagraph_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 // give the same bytes, and only graph mode captures.
 func TestReplayFollowsData(t *testing.T) {
 	if err := device.CUDAAvailable(); err != nil {
-		t.Skipf("skipped: no GPU here (%v); runs where libslimecuda.so and a GPU are present (make device-check)", err)
+		t.Fatalf("no CUDA library (%v): TestMain points SLIME_CUDA_LIB at the emulator unless it names a library already", err)
 	}
 	g, err := device.OpenGPU(0)
 	if err != nil {
@@ -72,5 +73,107 @@ func TestEagerFromEnv(t *testing.T) {
 		if got := cudagraph.Eager(); got != want {
 			t.Errorf("SLIME_EAGER=%q: Eager() = %v", v, got)
 		}
+	}
+}
+
+// A launcher that fails, or makes a call CUDA forbids during capture
+// (querying the capturing stream, waiting on work outside the capture),
+// makes Run fail with ErrCapture, whether the launcher passes the call's
+// error on or not (the end of the capture fails then); the
+// capture is ended all the same, so the stream takes ordinary work again
+// and a Runner whose launcher then behaves captures on its next Run.
+func TestCaptureFails(t *testing.T) {
+	g, err := device.OpenGPU(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 4097
+	a, err := g.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Free()
+	b, err := g.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free()
+	s, err := g.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	lib := g.Lib()
+	bad := errors.New("the launcher's own error")
+	for _, tc := range []struct {
+		name   string
+		launch cudagraph.Launcher
+	}{
+		{"launcher error", func(*device.CUDAStream) error { return bad }},
+		// Relaxed capture (slime_graph_begin's mode) allows allocations and
+		// synchronous copies; these CUDA refuses, and ends the capture as
+		// invalidated.
+		{"stream query", func(s *device.CUDAStream) error { return lib.StreamQuery(g.Ordinal, s.H) }},
+		{"ignored stream query", func(s *device.CUDAStream) error {
+			lib.StreamQuery(g.Ordinal, s.H) // the launcher misses it: GraphEnd does not
+			return nil
+		}},
+		{"wait on uncaptured work", func(s *device.CUDAStream) error {
+			other, err := g.NewStream()
+			if err != nil {
+				return err
+			}
+			defer other.Close()
+			e, err := g.NewEvent(false)
+			if err != nil {
+				return err
+			}
+			defer e.Close()
+			if err := e.Record(other); err != nil {
+				return err
+			}
+			return s.Wait(e)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fail := true
+			r := cudagraph.New(s, false, func(s *device.CUDAStream) error {
+				if fail {
+					return tc.launch(s)
+				}
+				return lib.MemcpyAsync(g.Ordinal, b.Ptr, a.Ptr, n, s.H)
+			})
+			defer r.Close()
+			if err := r.Run(); !errors.Is(err, cudagraph.ErrCapture) {
+				t.Fatalf("Run: %v, want ErrCapture", err)
+			}
+			if r.Captured() {
+				t.Fatal("a failed capture left a graph")
+			}
+			// The stream left capture mode: ordinary work runs on it.
+			in, out := make([]byte, n), make([]byte, n)
+			pattern.Fill(in, 7)
+			if err := a.CopyFromHost(in); err != nil {
+				t.Fatal(err)
+			}
+			fail = false
+			if err := r.Run(); err != nil {
+				t.Fatalf("Run after the failure: %v", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := s.Synchronize(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.CopyToHost(out); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(in, out) || !r.Captured() {
+				t.Fatalf("after a failed capture: bytes equal %v, captured %v", bytes.Equal(in, out), r.Captured())
+			}
+			if err := r.Close(); err != nil || r.Close() != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
 	}
 }

@@ -49,6 +49,15 @@ func CUDADeviceCount() (int, error) {
 	return cudaCount, cudaErr
 }
 
+// CUDAEmulated says whether the CUDA library that loads is the emulator
+// (libslimecuda-emu.so: host threads standing in for a GPU, for tests). No
+// figure measured on it is a GPU's, and it is no reason for the automatic
+// backend choice to leave the CPU.
+func CUDAEmulated() bool {
+	lib, err := kernels.Open()
+	return err == nil && lib.Emulated()
+}
+
 // GPU is one CUDA device. Its methods are safe for concurrent use; every call
 // selects the device itself, so goroutines may move between threads.
 type GPU struct {
@@ -77,6 +86,9 @@ func OpenGPU(ordinal int) (*GPU, error) {
 	}
 	return d, nil
 }
+
+// Emulated says whether d is the emulator's stand-in for a GPU.
+func (d *GPU) Emulated() bool { return d.lib.Emulated() }
 
 // Lib is the loaded library, for the kernels' own calls.
 func (d *GPU) Lib() *kernels.Lib { return d.lib }

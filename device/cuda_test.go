@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,7 +18,7 @@ import (
 func openGPU(t *testing.T) *device.GPU {
 	t.Helper()
 	if err := device.CUDAAvailable(); err != nil {
-		t.Skipf("skipped: no GPU here (%v); runs where libslimecuda.so and a GPU are present (make device-check)", err)
+		t.Fatalf("no CUDA library (%v): TestMain points SLIME_CUDA_LIB at the emulator unless it names a library already", err)
 	}
 	g, err := device.OpenGPU(0)
 	if err != nil {
@@ -23,21 +27,57 @@ func openGPU(t *testing.T) *device.GPU {
 	return g
 }
 
-// Without a GPU, asking for CUDA is a clear error and auto is the CPU.
+// TestResolveWithoutGPU: without a CUDA library, asking for CUDA is a
+// clear error and auto is the CPU; with one (the emulator under make test,
+// libslimecuda.so on a GPU machine), CUDA resolves and device 0 opens. The
+// no-library case runs in a child process of this test binary whose
+// SLIME_CUDA_LIB names a file that does not exist (the loader, once it has
+// tried a library, does not try again), so neither case is skipped.
 func TestResolveWithoutGPU(t *testing.T) {
-	if device.CUDAAvailable() == nil {
-		t.Skip("a GPU is present")
+	if os.Getenv("SLIME_DEVICE_TEST_NOLIB") == "1" {
+		if err := device.CUDAAvailable(); err == nil {
+			t.Fatalf("CUDA is available with SLIME_CUDA_LIB=%s", os.Getenv("SLIME_CUDA_LIB"))
+		}
+		if device.CUDAEmulated() {
+			t.Error("CUDAEmulated() with no library")
+		}
+		if k, err := device.Resolve(device.Auto); err != nil || k != device.CPU {
+			t.Errorf("Resolve(auto) = %v, %v; want cpu", k, err)
+		}
+		k, err := device.Resolve(device.CUDA)
+		if !errors.Is(err, device.ErrUnavailable) || k != device.CPU {
+			t.Errorf("Resolve(cuda) = %v, %v; want ErrUnavailable", k, err)
+		}
+		if err == nil || !strings.Contains(err.Error(), "SLIME_CUDA_LIB") {
+			t.Errorf("Resolve(cuda): %v; want the error to say how to name the library", err)
+		}
+		if _, err := device.OpenGPU(0); !errors.Is(err, device.ErrUnavailable) {
+			t.Errorf("OpenGPU(0): %v, want ErrUnavailable", err)
+		}
+		return
 	}
-	if k, err := device.Resolve(device.Auto); err != nil || k != device.CPU {
-		t.Errorf("Resolve(auto) = %v, %v; want cpu", k, err)
-	}
-	k, err := device.Resolve(device.CUDA)
-	if !errors.Is(err, device.ErrUnavailable) || k != device.CPU {
-		t.Errorf("Resolve(cuda) = %v, %v; want ErrUnavailable", k, err)
-	}
-	if _, err := device.OpenGPU(0); !errors.Is(err, device.ErrUnavailable) {
-		t.Errorf("OpenGPU(0): %v, want ErrUnavailable", err)
-	}
+	t.Run("library", func(t *testing.T) {
+		g := openGPU(t)
+		if k, err := device.Resolve(device.CUDA); err != nil || k != device.CUDA {
+			t.Errorf("Resolve(cuda) = %v, %v; want cuda", k, err)
+		}
+		if g.Emulated() != device.CUDAEmulated() {
+			t.Errorf("GPU.Emulated() = %v, CUDAEmulated() = %v", g.Emulated(), device.CUDAEmulated())
+		}
+		if _, err := device.OpenGPU(-1); !errors.Is(err, device.ErrUnavailable) {
+			t.Errorf("OpenGPU(-1): %v, want ErrUnavailable", err)
+		}
+		t.Logf("%s, emulated %v", g, g.Emulated())
+	})
+	t.Run("no library", func(t *testing.T) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestResolveWithoutGPU$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "SLIME_DEVICE_TEST_NOLIB=1",
+			"SLIME_CUDA_LIB="+filepath.Join(t.TempDir(), "libslimecuda.so"))
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestResolveWithoutGPU") {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+	})
 }
 
 func TestGPUMemoryStreamsEvents(t *testing.T) {
