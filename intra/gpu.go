@@ -75,8 +75,8 @@ func (g *GPUGroup) regionBytes() uint64 {
 
 func align256(n uint64) uint64 { return (n + 255) &^ 255 }
 
-// exchange record: pid, region address, IPC handle
-const gpuRecord = 8 + 8 + kernels.IPCHandleBytes
+// exchange record: pid, device ordinal, region address, IPC handle
+const gpuRecord = 8 + 8 + 8 + kernels.IPCHandleBytes
 
 // NewGPU allocates this rank's region, exchanges it with the node's other
 // ranks through the store and maps theirs.
@@ -131,8 +131,11 @@ func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
 
 // exchange publishes this rank's allocation p under name and maps every
 // peer's: directly for ranks in this process, with CUDA IPC for the others.
-// It returns once every local rank has mapped everyone's, so that no kernel
-// writes into memory a peer has not mapped yet.
+// An in-process peer on another GPU needs peer access from this rank's
+// device to its own (memory mapped with IPC has it already): exchange
+// enables it, since a kernel touching the peer's memory would fault
+// otherwise. It returns once every local rank has mapped everyone's, so
+// that no kernel writes into memory a peer has not mapped yet.
 func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (peers []kernels.Ptr, opened []bool, err error) {
 	cfg := g.cfg
 	peers, opened = make([]kernels.Ptr, cfg.Size), make([]bool, cfg.Size)
@@ -151,8 +154,9 @@ func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (pe
 	}
 	rec := make([]byte, gpuRecord)
 	binary.LittleEndian.PutUint64(rec, uint64(os.Getpid()))
-	binary.LittleEndian.PutUint64(rec[8:], uint64(p))
-	copy(rec[16:], h[:])
+	binary.LittleEndian.PutUint64(rec[8:], uint64(g.dev))
+	binary.LittleEndian.PutUint64(rec[16:], uint64(p))
+	copy(rec[24:], h[:])
 	key := func(r int) string { return g.recordKey(name, r) }
 	if err := cfg.Store.Set(ctx, key(cfg.Rank), rec); err != nil {
 		return nil, nil, g.fail("init", err)
@@ -174,11 +178,18 @@ func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (pe
 			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrInvalid, "GPU memory record of %d bytes", len(v))
 		}
 		if int(binary.LittleEndian.Uint64(v)) == os.Getpid() {
-			peers[r] = kernels.Ptr(binary.LittleEndian.Uint64(v[8:])) // same address space
+			// Same address space: the pointer as it is, reachable from
+			// this rank's GPU once peer access is on.
+			if pd := int(binary.LittleEndian.Uint64(v[8:])); pd != g.dev {
+				if err := g.lib.EnablePeerAccess(g.dev, pd); err != nil {
+					return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrInvalid, "enabling peer access from GPU %d to the peer's GPU %d: %v", g.dev, pd, err)
+				}
+			}
+			peers[r] = kernels.Ptr(binary.LittleEndian.Uint64(v[16:]))
 			continue
 		}
 		var ph [kernels.IPCHandleBytes]byte
-		copy(ph[:], v[16:])
+		copy(ph[:], v[24:])
 		q, err := g.lib.IPCOpen(g.dev, ph)
 		if err != nil {
 			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrPeerLost, "mapping the peer's GPU memory with CUDA IPC: %v", err)
