@@ -1,0 +1,117 @@
+package inter
+
+import (
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestHeaderLimits: counts and stripes at their limits decode; one over
+// does not.
+func TestHeaderLimits(t *testing.T) {
+	for _, c := range []struct {
+		h  Header
+		ok bool
+	}{
+		{Header{Kind: KindData, Count: MaxCount, Total: MaxCount, Stripes: MaxStripes}, true},
+		{Header{Kind: KindData, Count: 1, Total: MaxCount + 1, Stripes: 1}, false},
+		{Header{Kind: KindData, Count: MaxCount + 1, Total: MaxCount + 1, Stripes: 1}, false},
+		{Header{Kind: KindData, Count: 1, Total: 1, Stripes: MaxStripes + 1}, false},
+		{Header{Kind: KindData, Count: 2, Total: 1, Stripes: 1}, false},
+	} {
+		var b [HeaderSize]byte
+		c.h.Put(b[:])
+		got, err := Decode(b[:])
+		if (err == nil) != c.ok || c.ok && got != c.h {
+			t.Errorf("%+v: got %+v, %v; want ok=%v", c.h, got, err, c.ok)
+		}
+	}
+}
+
+// tcpPair is a connected pair of loopback TCP connections.
+func tcpPair(t *testing.T) (a, b *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dialed := make(chan net.Conn, 1)
+	go func() {
+		c, _ := net.Dial("tcp", ln.Addr().String())
+		dialed <- c
+	}()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := <-dialed
+	if d == nil {
+		t.Fatal("dial failed")
+	}
+	t.Cleanup(func() { c.Close(); d.Close() })
+	return c.(*net.TCPConn), d.(*net.TCPConn)
+}
+
+func rcvlowat(t *testing.T, c *net.TCPConn) int {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := -1
+	rc.Control(func(fd uintptr) { v, err = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestReaderSetsLowat: the socket's low-water mark is the smaller of what
+// is asked and Lowat, at least 1; a Lowat of 0 or less leaves the kernel's
+// mark alone; ReadFull sets the mark to what is left of a block from
+// lowatMin up, and to 1 below.
+func TestReaderSetsLowat(t *testing.T) {
+	c, d := tcpPair(t)
+	const L = 512 << 10
+	r := NewReader(c, L)
+	for _, s := range []struct{ ask, want int }{
+		{100 << 10, 100 << 10}, {L + 1, L}, {0, 1}, {-5, 1}, {L, L}, {7, 7},
+	} {
+		r.SetLowat(s.ask)
+		if got := rcvlowat(t, c); got != s.want {
+			t.Errorf("SetLowat(%d) with Lowat %d: mark %d, want %d", s.ask, L, got, s.want)
+		}
+	}
+	for _, lowat := range []int{0, -1} {
+		off := NewReader(c, lowat)
+		off.SetLowat(1000)
+		if got := rcvlowat(t, c); got != 7 {
+			t.Errorf("Lowat %d changed the mark to %d", lowat, got)
+		}
+	}
+	// ReadFull of a block of exactly lowatMin, then of a small one.
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	go d.Write(make([]byte, lowatMin+10))
+	if err := r.ReadFull(make([]byte, lowatMin)); err != nil {
+		t.Fatal(err)
+	}
+	if got := rcvlowat(t, c); got > lowatMin || got < 2 {
+		t.Errorf("after a block of lowatMin bytes: mark %d, want up to %d set for it", got, lowatMin)
+	}
+	if err := r.ReadFull(make([]byte, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if got := rcvlowat(t, c); got != 1 {
+		t.Errorf("after a small block: mark %d, want 1", got)
+	}
+	// A stream that ends inside a block.
+	go func() { d.Write(make([]byte, 5)); d.CloseWrite() }()
+	if err := r.ReadFull(make([]byte, 10)); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("a stream cut inside a block: %v, want io.ErrUnexpectedEOF", err)
+	}
+}
