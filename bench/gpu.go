@@ -10,6 +10,26 @@ import (
 	"github.com/slimego/slimego/internal/pattern"
 )
 
+// EmulatedBackend is the backend column of figures measured on the
+// emulated CUDA library (libslimecuda-emu.so: host threads, no GPU). They
+// say whether the GPU path is right, and nothing of a GPU's speed: the
+// tables that hold them say "emulated", and no report treats them as a
+// GPU's figures.
+const EmulatedBackend = "cuda-emu"
+
+// BackendName is the backend column for c's figures: "cpu", "cuda", or
+// EmulatedBackend where the CUDA library is the emulator.
+func BackendName(c *collective.Communicator) string {
+	if g := c.GPU(); g != nil && g.Emulated() {
+		return EmulatedBackend
+	}
+	return c.Backend().String()
+}
+
+// EmulatedNote is the line a table of emulated figures carries under its
+// title.
+const EmulatedNote = "EMULATED: the CUDA library is libslimecuda-emu.so (host threads, no GPU); these figures check the GPU path and measure no GPU"
+
 // oneSizeGPU is oneSize on device memory of the communicator's GPU: the
 // buffers are filled from the host, gathered by a GPU plan (graph or eager,
 // as the communicator says), copied back and checked, then timed.
@@ -18,6 +38,9 @@ func oneSizeGPU(ctx context.Context, c *collective.Communicator, cfg Config, n i
 	res = Result{Impl: "slimego", Backend: cfg.Backend, Mode: cfg.Mode, P: P, Nodes: c.Nodes(), S: int64(n), InPlace: inPlace}
 	if gpu == nil {
 		return res, errors.New("bench: the communicator has no GPU")
+	}
+	if gpu.Emulated() {
+		res.Backend = EmulatedBackend
 	}
 	dst, err := gpu.Alloc(P * n)
 	if err != nil {
@@ -57,6 +80,15 @@ func oneSizeGPU(ctx context.Context, c *collective.Communicator, cfg Config, n i
 	}
 	res.Mode = cfg.Mode + "/" + plan.Mode()
 	return res, timeRuns(ctx, c, cfg, &res, countWrong(host, P, n), plan.Run)
+}
+
+// D2DBackend is the backend column of gpu's copy figures: "cuda", or
+// EmulatedBackend.
+func D2DBackend(gpu *device.GPU) string {
+	if gpu.Emulated() {
+		return EmulatedBackend
+	}
+	return "cuda"
 }
 
 // D2D measures a device-to-device copy of n bytes on gpu, the ceiling of

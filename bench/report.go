@@ -89,9 +89,14 @@ func WriteJSON(w io.Writer, rs []Result) error {
 }
 
 // WriteTable writes nccl-tests' layout: one line per size, out-of-place
-// then in-place columns (size count type time algbw busbw #wrong).
+// then in-place columns (size count type time algbw busbw #wrong). A table
+// with any emulated figure (backend EmulatedBackend) says so under its
+// title, whatever the title says.
 func WriteTable(w io.Writer, rs []Result, title string) {
 	fmt.Fprintf(w, "# %s\n", title)
+	if slices.ContainsFunc(rs, func(r Result) bool { return r.Backend == EmulatedBackend }) {
+		fmt.Fprintf(w, "# %s\n", EmulatedNote)
+	}
 	fmt.Fprintf(w, "# size: bytes each rank contributes; time: median over iterations of the slowest rank, µs\n")
 	fmt.Fprintf(w, "#%43s%s%s\n", "", center("out-of-place", 34), center("in-place", 34))
 	fmt.Fprintf(w, "#%12s %12s %8s   %9s %7s %7s %6s   %9s %7s %7s %6s\n", "size", "count", "type", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong")

@@ -196,7 +196,7 @@ func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffer
 		}
 		launch += " on " + c.GPU().String()
 	}
-	bench.WriteTable(os.Stdout, rs, fmt.Sprintf("slimego allgather: P=%d nodes=%d backend=%s mode=%s buffers=%s launch=%s%s", c.Size(), c.Nodes(), c.Backend(), m, bufs, launch, c.Describe()))
+	bench.WriteTable(os.Stdout, rs, fmt.Sprintf("slimego allgather: P=%d nodes=%d backend=%s mode=%s buffers=%s launch=%s%s", c.Size(), c.Nodes(), backendLabel(c), m, bufs, launch, c.Describe()))
 	for _, r := range rs {
 		if r.Wrong != 0 {
 			return fmt.Errorf("%d wrong bytes", r.Wrong)
@@ -271,12 +271,16 @@ func d2d(args []string) error {
 		if err != nil {
 			return err
 		}
-		rs = append(rs, bench.Result{Impl: "d2d", Backend: "cuda", Mode: "copy", P: 1, Nodes: 1, S: n, Median: us, AlgBW: gbps, BusBW: gbps})
+		rs = append(rs, bench.Result{Impl: "d2d", Backend: bench.D2DBackend(gpu), Mode: "copy", P: 1, Nodes: 1, S: n, Median: us, AlgBW: gbps, BusBW: gbps})
 	}
 	if *asCSV {
 		return bench.WriteCSV(os.Stdout, rs)
 	}
-	fmt.Printf("# device-to-device copy on %s (cudaMemcpyAsync, back to back, CUDA events)\n#%12s %10s %9s\n", gpu, "size (B)", "time (us)", "GB/s")
+	fmt.Printf("# device-to-device copy on %s (cudaMemcpyAsync, back to back, CUDA events)\n", gpu)
+	if gpu.Emulated() {
+		fmt.Printf("# %s\n", bench.EmulatedNote)
+	}
+	fmt.Printf("#%12s %10s %9s\n", "size (B)", "time (us)", "GB/s")
 	for _, r := range rs {
 		fmt.Printf(" %12d %10.2f %9.3f\n", r.S, r.Median, r.BusBW)
 	}
@@ -540,7 +544,7 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 				if err != nil {
 					return err
 				}
-				r := bench.OverlapResult{Impl: "slimego", Backend: c.Backend().String(), Mode: m, P: c.Size(), M: rows, N: n, K: nk, Dtype: dt, Pieces: cut,
+				r := bench.OverlapResult{Impl: "slimego", Backend: bench.BackendName(c), Mode: m, P: c.Size(), M: rows, N: n, K: nk, Dtype: dt, Pieces: cut,
 					Comm: t.Comm, GEMM: t.GEMM, Seq: t.Seq, Overlap: t.Overlap, Efficiency: t.Efficiency()}
 				r.CommCPU, r.GEMMCPU = t.CommCPU, t.GEMMCPU
 				rs = append(rs, r)
@@ -561,7 +565,7 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 	if c.Rank() != 0 {
 		return nil
 	}
-	title := fmt.Sprintf("slimego allgather+gemm: P=%d nodes=%d backend=%s mode=%s pieces=%d", c.Size(), c.Nodes(), c.Backend(), m, piecing.Pieces)
+	title := fmt.Sprintf("slimego allgather+gemm: P=%d nodes=%d backend=%s mode=%s pieces=%d", c.Size(), c.Nodes(), backendLabel(c), m, piecing.Pieces)
 	if piecing.MinPieceBytes != 0 && c.Backend() != device.CUDA {
 		title += " min-piece=" + bytesize.Format(int64(max(piecing.MinPieceBytes, 0)))
 	}
@@ -575,6 +579,9 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 	}
 	if asCSV {
 		return bench.WriteOverlapCSV(os.Stdout, rs)
+	}
+	if bench.BackendName(c) == bench.EmulatedBackend {
+		title += "\n# " + bench.EmulatedNote // the table's second title line
 	}
 	bench.WriteOverlapTable(os.Stdout, rs, title)
 	return nil
@@ -609,8 +616,16 @@ func gflops[T overlap.Float](n int) float64 {
 	return 2 * float64(n) * float64(n) * float64(n) * float64(runs) / time.Since(start).Seconds() / 1e9
 }
 
-// resolveMode checks --mode against where the ranks run; auto picks intra
-// on one node and inter across several.
+// backendLabel is the backend a table's title names: "cuda-emu (emulated)"
+// where the CUDA library is the emulator, so that no emulated figure reads
+// as a GPU's.
+func backendLabel(c *collective.Communicator) string {
+	if b := bench.BackendName(c); b == bench.EmulatedBackend {
+		return b + " (emulated)"
+	}
+	return c.Backend().String()
+}
+
 // resolveBackend reads --backend and says which backend will run.
 func resolveBackend(name string) (device.Kind, error) {
 	kind, err := device.Parse(name)
@@ -620,6 +635,8 @@ func resolveBackend(name string) (device.Kind, error) {
 	return device.Resolve(kind)
 }
 
+// resolveMode checks --mode against where the ranks run; auto picks intra
+// on one node and inter across several.
 func resolveMode(mode string, c *collective.Communicator) (string, error) {
 	switch mode {
 	case "auto":
