@@ -71,3 +71,19 @@ func TestSynchronizeReturnsWhenWorkEnds(t *testing.T) {
 		}
 	}
 }
+
+// TestSynchronizeDoneAllocatesNothing: waiting for finished work with a
+// context that can end allocates nothing (no context.AfterFunc).
+func TestSynchronizeDoneAllocatesNothing(t *testing.T) {
+	s := NewStream()
+	defer s.Close()
+	s.Launch(func() error { return nil })
+	if err := s.Synchronize(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if n := testing.AllocsPerRun(100, func() { s.Synchronize(ctx) }); n != 0 {
+		t.Errorf("Synchronize of finished work allocates %v times", n)
+	}
+}
