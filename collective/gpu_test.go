@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,18 +16,51 @@ import (
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/pattern"
 	"github.com/slimego/slimego/internal/testranks"
+	"github.com/slimego/slimego/kernels"
 )
 
-// needGPU skips a test of the CUDA backend where it cannot run, saying why.
+// useEmulator (TestMain) builds the emulated CUDA library (make
+// kernels-emu) and points SLIME_CUDA_LIB at it, unless the variable names a
+// library already (a GPU machine's libslimecuda.so): the CUDA tests then
+// run on every machine, none skipped. Jobs the tests launch get
+// SLIME_BACKEND=cpu unless it is set: auto would choose the emulator.
+func useEmulator() error {
+	if os.Getenv("SLIME_CUDA_LIB") == "" {
+		path, err := kernels.BuildEmulator(".")
+		if err != nil {
+			return err
+		}
+		os.Setenv("SLIME_CUDA_LIB", path)
+	}
+	if os.Getenv("SLIME_BACKEND") == "" {
+		os.Setenv("SLIME_BACKEND", "cpu")
+	}
+	return nil
+}
+
+// needGPU fails a test of the CUDA backend where the library does not
+// load (TestMain points SLIME_CUDA_LIB at the emulator), and logs the
+// emulator's seed, which replays a failing schedule (SLIME_EMU_SEED).
 func needGPU(t *testing.T) {
 	t.Helper()
 	if err := device.CUDAAvailable(); err != nil {
-		t.Skipf("skipped: no GPU here (%v); the CUDA tests run where make kernels built libslimecuda.so and a GPU is present (make device-check)", err)
+		t.Fatalf("no CUDA library (%v): TestMain points SLIME_CUDA_LIB at the emulator unless it names one already", err)
+	}
+	if lib, err := kernels.Open(); err == nil && lib.Emulated() {
+		t.Logf("emulated CUDA (%s), SLIME_EMU_SEED=%d", lib.Path(), lib.EmuSeed())
 	}
 }
 
+// gpuScratch is the tests' GPU scratch block: every emulated allocation is
+// shared host memory, and the default 16 MiB would cost 8 in-process
+// ranks about 2 GiB. Blocks above it go in rounds.
+const gpuScratch = 64 << 10
+
 func gpuRanks(t *testing.T, P int, eager bool, scratch int, body func(c *collective.Communicator) error) {
 	t.Helper()
+	if scratch == 0 {
+		scratch = gpuScratch
+	}
 	testranks.Run(t, 1, P, func(o *collective.Options) {
 		o.Backend, o.Eager, o.GPUScratch = device.CUDA, eager, scratch
 		o.Timeout = 30 * time.Second
@@ -87,7 +123,7 @@ func gatherGPU(ctx context.Context, c *collective.Communicator, counts []int, in
 
 func TestGPUAllGather(t *testing.T) {
 	needGPU(t)
-	for _, P := range []int{1, 2, 4, 8} {
+	for P := 1; P <= 8; P++ {
 		for _, eager := range []bool{false, true} {
 			t.Run(fmt.Sprintf("P=%d/eager=%v", P, eager), func(t *testing.T) {
 				// A 64 KiB scratch block makes the larger sizes go in rounds.
@@ -117,14 +153,20 @@ func TestGPUAllGather(t *testing.T) {
 	}
 }
 
-// One plan run many times back to back: the epochs and parity slots cycle.
+// One plan run 1,000 times back to back, with fresh data each time (the
+// graph replays with the buffers' new contents): the epochs and parity
+// slots cycle, graph and eager.
 func TestGPUPlanReplays(t *testing.T) {
 	needGPU(t)
-	gpuRanks(t, 4, false, 0, func(c *collective.Communicator) error {
-		counts := []int{4099, 4099, 4099, 4099}
-		_, err := gatherGPU(context.Background(), c, counts, false, 1000)
-		return err
-	})
+	for _, eager := range []bool{false, true} {
+		t.Run(fmt.Sprintf("eager=%v", eager), func(t *testing.T) {
+			gpuRanks(t, 4, eager, 0, func(c *collective.Communicator) error {
+				counts := []int{4099, 4099, 4099, 4099}
+				_, err := gatherGPU(context.Background(), c, counts, false, 1000)
+				return err
+			})
+		})
+	}
 }
 
 // Graph and eager modes give the same bytes.
@@ -134,7 +176,8 @@ func TestGPUGraphEagerIdentical(t *testing.T) {
 	var mu sync.Mutex
 	got := map[bool][][]byte{}
 	for _, eager := range []bool{false, true} {
-		gpuRanks(t, P, eager, 0, func(c *collective.Communicator) error {
+		// A 4 KiB block: the 100,000-byte block goes in 25 rounds.
+		gpuRanks(t, P, eager, 4096, func(c *collective.Communicator) error {
 			counts := []int{1, 100_000, 33, 4096}
 			out, err := gatherGPU(context.Background(), c, counts, false, 5)
 			if err != nil {
@@ -175,24 +218,125 @@ func TestGPUSizeMismatch(t *testing.T) {
 	})
 }
 
-// A rank that never calls makes the others time out naming it.
+// A rank that takes part in everything on the host (Init, the buffers, the
+// plan and its barrier) but never launches its kernel makes the others'
+// kernels give up at the timeout: every other rank's Run is ErrTimeout
+// naming it, from the kernel's own report (its status word), not the host
+// barrier's nor a lost peer's. The missing rank keeps its memory until the
+// others have returned, as a live but stuck rank would.
 func TestGPUPeerMissing(t *testing.T) {
 	needGPU(t)
-	testranks.Run(t, 1, 3, func(o *collective.Options) {
-		o.Backend, o.Timeout = device.CUDA, 2*time.Second
+	const P, missing = 3, 2
+	var others sync.WaitGroup
+	others.Add(P - 1)
+	testranks.Run(t, 1, P, func(o *collective.Options) {
+		o.Backend, o.Timeout, o.GPUScratch = device.CUDA, 2*time.Second, gpuScratch
 	}, func(c *collective.Communicator) error {
-		if c.Rank() == 2 {
-			return nil
+		ctx := context.Background()
+		counts := []int{64, 64, 64}
+		if c.Rank() == missing {
+			dst, err := c.GPU().Alloc(3 * 64)
+			if err != nil {
+				return err
+			}
+			defer dst.Free()
+			src, err := dst.Slice(missing*64, 64)
+			if err != nil {
+				return err
+			}
+			plan, err := c.PlanGPUV(ctx, dst, src, counts)
+			if err != nil {
+				return err
+			}
+			defer plan.Close() // its barrier finds no one: its error is of no interest
+			done := make(chan struct{})
+			go func() { others.Wait(); close(done) }()
+			select {
+			case <-done:
+				return nil
+			case <-time.After(time.Minute):
+				return errors.New("the other ranks did not return within a minute")
+			}
 		}
+		defer others.Done()
 		start := time.Now()
-		_, err := gatherGPU(context.Background(), c, []int{64, 64, 64}, false, 1)
+		_, err := gatherGPU(ctx, c, counts, false, 1)
 		var oe *collective.OpError
-		if !errors.Is(err, collective.ErrTimeout) || !errors.As(err, &oe) || oe.Peer != 2 {
-			return fmt.Errorf("err = %v, want ErrTimeout naming rank 2", err)
+		if !errors.Is(err, collective.ErrTimeout) || !errors.As(err, &oe) || oe.Peer != missing {
+			return fmt.Errorf("err = %v, want ErrTimeout naming rank %d", err, missing)
+		}
+		if !strings.Contains(err.Error(), "GPU kernel waited") {
+			return fmt.Errorf("err = %v, want the kernel's own timeout (its status word), not the host's", err)
 		}
 		if el := time.Since(start); el > 20*time.Second {
 			return fmt.Errorf("the timeout took %v", el)
 		}
 		return nil
 	})
+}
+
+// The CUDA backend as processes, through slimerun: slimebench allgather
+// --backend cuda on 1 to 8 ranks, odd sizes, blocks of several rounds
+// (a 64 KiB scratch block), graph and eager modes, every gathered byte
+// checked (0 wrong), and the table says emulated where the library is the
+// emulator; slimebench overlap --backend cuda checks its GEMMs' shapes run.
+func TestGPUSlimebenchProcesses(t *testing.T) {
+	needGPU(t)
+	emulated := device.CUDAEmulated()
+	env := []string{"SLIME_GPU_SCRATCH=64K", "SLIME_TIMEOUT=60s", "SLIME_BACKEND=cuda"}
+	for P := 1; P <= 8; P++ {
+		for _, eager := range []bool{false, true} {
+			if eager && P%3 != 2 {
+				continue // eager on 2, 5 and 8 ranks: the graph is the common case
+			}
+			t.Run(fmt.Sprintf("allgather/P=%d/eager=%v", P, eager), func(t *testing.T) {
+				args := []string{"--nproc-per-node", strconv.Itoa(P), "slimebench", "allgather", "--backend", "cuda",
+					"-b", "7", "-e", "200K", "-f", "13", "-n", "2", "-w", "1", "--quiet"}
+				if eager {
+					args = append(args, "--eager-mode")
+				}
+				j := slimerun(t, env, args...)
+				if j.code != 0 {
+					t.Fatalf("exit %d\n%s\n%s", j.code, j.out, j.stderr)
+				}
+				checkGPUTable(t, j.out, emulated, 5, map[bool]string{false: "launch=graph", true: "launch=eager"}[eager])
+			})
+		}
+	}
+	t.Run("overlap/P=3", func(t *testing.T) {
+		j := slimerun(t, env, "--nproc-per-node", "3", "slimebench", "overlap", "--backend", "cuda",
+			"--m-min", "16", "--m-max", "32", "--nk", "48", "--iters", "1", "--quiet")
+		if j.code != 0 {
+			t.Fatalf("exit %d\n%s\n%s", j.code, j.out, j.stderr)
+		}
+		if !strings.Contains(j.out, "allgather+gemm: P=3") || strings.Count(j.out, " float32 ") != 2 {
+			t.Errorf("want a table of two float32 shapes:\n%s", j.out)
+		}
+		if got := strings.Contains(j.out, "emulated") && strings.Contains(j.out, "EMULATED"); got != emulated {
+			t.Errorf("the table says emulated: %v, the library is the emulator: %v\n%s", got, emulated, j.out)
+		}
+	})
+}
+
+// checkGPUTable checks an allgather table of rows sizes: 0 wrong bytes,
+// the launch mode, and "emulated" in its header exactly when the library
+// is the emulator.
+func checkGPUTable(t *testing.T, out string, emulated bool, rows int, launch string) {
+	t.Helper()
+	if !strings.Contains(out, "# Out of bounds values : 0 OK") {
+		t.Errorf("wrong bytes, or no table:\n%s", out)
+	}
+	if !strings.Contains(out, launch) {
+		t.Errorf("the header does not say %s:\n%s", launch, out)
+	}
+	if n := strings.Count(out, " uint8 "); n != rows {
+		t.Errorf("%d rows, want %d:\n%s", n, rows, out)
+	}
+	header := out
+	if i := strings.Index(out, "# size:"); i >= 0 {
+		header = out[:i]
+	}
+	if got := strings.Contains(header, "backend=cuda-emu (emulated)") && strings.Contains(header, "EMULATED"); got != emulated {
+		t.Errorf("the header says emulated: %v, the library is the emulator: %v\n%s", got, emulated, header)
+	}
 }

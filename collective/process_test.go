@@ -28,7 +28,16 @@ func binDir(t *testing.T) string {
 	return dir
 }
 
+// TestMain builds the emulated CUDA library and points SLIME_CUDA_LIB at
+// it unless the variable names a library already (gpu_test.go's setup), so
+// that the CUDA tests run here; jobs it launches get SLIME_BACKEND=cpu
+// unless set, since under auto they would run on the emulator (the GPU
+// jobs ask for cuda themselves).
 func TestMain(m *testing.M) {
+	if err := useEmulator(); err != nil {
+		fmt.Fprintln(os.Stderr, "collective tests:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	testbin.Cleanup()
 	os.Exit(code)

@@ -626,11 +626,16 @@ func backendLabel(c *collective.Communicator) string {
 	return c.Backend().String()
 }
 
-// resolveBackend reads --backend and says which backend will run.
+// resolveBackend reads --backend and says which backend will run. Auto
+// never picks the emulated CUDA library (a test harness that SLIME_CUDA_LIB
+// may name): only --backend cuda runs on it.
 func resolveBackend(name string) (device.Kind, error) {
 	kind, err := device.Parse(name)
 	if err != nil {
 		return kind, err
+	}
+	if kind == device.Auto && device.CUDAEmulated() {
+		return device.CPU, nil
 	}
 	return device.Resolve(kind)
 }
