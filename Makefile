@@ -67,12 +67,16 @@ $(KLIB)/libslimecuda-emu.so: kernels/emu/slime_emu.cc kernels/slime.h kernels/pr
 # make device-bins here builds what travels (slimerun, slimebench and the
 # test binaries of the CUDA path, stripped, pure-Go GEMM) into bin/device;
 # make device-check there builds the kernels with its nvcc, runs the CUDA
-# tests and benchmarks, and writes the tables under $(OUT).
+# tests and benchmarks, and writes the tables under $(OUT). bin/ is ignored
+# by git: bin/device travels only when the device run carries it (the run
+# tool's carry ["bin/device"], command make device-check OUT=$OUT).
+# SLIME_DEVICE_CHECK_EMU=1 make device-check rehearses every step here, on
+# the emulated library.
 DBIN := $(BIN)/device
 device-bins:
 	@mkdir -p $(DBIN)/tests
 	$(GO) build -ldflags='-s -w' -o $(DBIN)/ ./cmd/slimerun ./cmd/slimebench
-	for p in kernels device cudagraph collective overlap; do \
+	for p in kernels device cudagraph intra collective overlap; do \
 	  $(GO) test -ldflags='-s -w' -c -o $(DBIN)/tests/$$p.test ./$$p || exit 1; done
 	@du -sh $(DBIN)
 
