@@ -340,3 +340,120 @@ func checkGPUTable(t *testing.T, out string, emulated bool, rows int, launch str
 		t.Errorf("the header says emulated: %v, the library is the emulator: %v\n%s", got, emulated, header)
 	}
 }
+
+// Across nodes without NVSHMEM (in-process nodes share a process, which
+// NVSHMEM cannot take), GPU plans stage through host memory and the TCP
+// transport: 2 nodes of 2 ranks, equal and uneven blocks, graph-less
+// host-staged mode, every byte checked.
+func TestGPUAcrossNodesHostStaged(t *testing.T) {
+	needGPU(t)
+	testranks.Run(t, 2, 2, func(o *collective.Options) {
+		o.Backend, o.GPUScratch, o.Timeout = device.CUDA, gpuScratch, 30*time.Second
+	}, func(c *collective.Communicator) error {
+		ctx := context.Background()
+		if c.Backend() != device.CUDA || c.GPUStream() == nil {
+			return fmt.Errorf("backend %v, stream %v", c.Backend(), c.GPUStream())
+		}
+		for _, counts := range [][]int{{4097, 4097, 4097, 4097}, {0, 70_001, 5, 64 << 10}} {
+			if _, err := gatherGPU(ctx, c, counts, false, 2); err != nil {
+				return err
+			}
+		}
+		// PlanGPU, equal blocks, in place.
+		const n = 1001
+		dst, err := c.GPU().Alloc(c.Size() * n)
+		if err != nil {
+			return err
+		}
+		defer dst.Free()
+		src, err := dst.Slice(c.Rank()*n, n)
+		if err != nil {
+			return err
+		}
+		plan, err := c.PlanGPU(ctx, dst, src)
+		if err != nil {
+			return err
+		}
+		defer plan.Close()
+		if plan.Mode() != "host-staged" || !strings.Contains(plan.String(), "across nodes: host-staged tcp") {
+			return fmt.Errorf("plan %q, mode %s: want host-staged across nodes", plan, plan.Mode())
+		}
+		host := make([]byte, c.Size()*n)
+		pattern.Fill(host[c.Rank()*n:(c.Rank()+1)*n], pattern.Seed(c.Rank(), 9, n))
+		if err := src.CopyFromHost(host[c.Rank()*n : (c.Rank()+1)*n]); err != nil {
+			return err
+		}
+		if err := plan.Run(ctx); err != nil {
+			return err
+		}
+		if err := dst.CopyToHost(host); err != nil {
+			return err
+		}
+		for r := range c.Size() {
+			if i := pattern.Check(host[r*n:(r+1)*n], pattern.Seed(r, 9, n)); i >= 0 {
+				return fmt.Errorf("PlanGPU across nodes: block of rank %d wrong at byte %d", r, i)
+			}
+		}
+		// Node-local GPU memory needs one node.
+		if _, err := c.AllocGPUSymmetric(ctx, 64); !errors.Is(err, collective.ErrInvalid) {
+			return fmt.Errorf("AllocGPUSymmetric across nodes: %v, want ErrInvalid", err)
+		}
+		if _, err := c.GPUBarrierArgs(); !errors.Is(err, collective.ErrInvalid) {
+			return fmt.Errorf("GPUBarrierArgs across nodes: %v, want ErrInvalid", err)
+		}
+		return nil
+	})
+}
+
+// Plans that cannot be made are ErrInvalid at once, on the rank that asks,
+// with no collective call begun: a dst too small, counts of the wrong
+// length, a negative count, a src that disagrees with its count, and any
+// GPU call on a communicator of the CPU backend.
+func TestGPUInvalidPlans(t *testing.T) {
+	needGPU(t)
+	for _, backend := range []device.Kind{device.CUDA, device.CPU} {
+		t.Run(backend.String(), func(t *testing.T) {
+			testranks.Run(t, 1, 2, func(o *collective.Options) {
+				o.Backend, o.GPUScratch = backend, gpuScratch
+			}, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				if backend == device.CPU {
+					if c.GPU() != nil || c.GPUStream() != nil {
+						return errors.New("a CPU communicator has a GPU")
+					}
+					var buf device.CUDABuffer
+					_, e1 := c.PlanGPU(ctx, &buf, &buf)
+					_, e2 := c.PlanGPUV(ctx, &buf, &buf, []int{0, 0})
+					_, e3 := c.AllocGPUSymmetric(ctx, 8)
+					_, e4 := c.GPUBarrierArgs()
+					for i, err := range []error{e1, e2, e3, e4} {
+						if !errors.Is(err, collective.ErrInvalid) {
+							return fmt.Errorf("call %d on the CPU backend: %v, want ErrInvalid", i+1, err)
+						}
+					}
+					return nil
+				}
+				dst, err := c.GPU().Alloc(100)
+				if err != nil {
+					return err
+				}
+				defer dst.Free()
+				src, err := dst.Slice(0, 60)
+				if err != nil {
+					return err
+				}
+				_, e1 := c.PlanGPU(ctx, dst, src) // 2 × 60 > 100
+				_, e2 := c.PlanGPUV(ctx, dst, src, []int{60})
+				_, e3 := c.PlanGPUV(ctx, dst, src, []int{60, -1})
+				_, e4 := c.PlanGPUV(ctx, dst, src, []int{59, 30})
+				_, e5 := c.PlanGPUV(ctx, dst, src, []int{60, 50})
+				for i, err := range []error{e1, e2, e3, e4, e5} {
+					if !errors.Is(err, collective.ErrInvalid) {
+						return fmt.Errorf("bad plan %d: %v, want ErrInvalid", i+1, err)
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
