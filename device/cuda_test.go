@@ -64,6 +64,14 @@ func TestResolveWithoutGPU(t *testing.T) {
 		if g.Emulated() != device.CUDAEmulated() {
 			t.Errorf("GPU.Emulated() = %v, CUDAEmulated() = %v", g.Emulated(), device.CUDAEmulated())
 		}
+		// Auto takes a real GPU, never the emulator: a test harness.
+		want := device.CUDA
+		if g.Emulated() {
+			want = device.CPU
+		}
+		if k, err := device.Resolve(device.Auto); err != nil || k != want {
+			t.Errorf("Resolve(auto) = %v, %v with emulated %v; want %v", k, err, g.Emulated(), want)
+		}
 		if _, err := device.OpenGPU(-1); !errors.Is(err, device.ErrUnavailable) {
 			t.Errorf("OpenGPU(-1): %v, want ErrUnavailable", err)
 		}

@@ -59,14 +59,16 @@ func Parse(s string) (Kind, error) {
 }
 
 // Resolve turns a requested kind into the one that will run: Auto is CUDA
-// where libslimecuda.so loads and sees a GPU, the CPU otherwise; CUDA that
-// cannot run is an error (wrapping ErrUnavailable) naming what is missing.
+// where libslimecuda.so loads and sees a GPU, the CPU otherwise (the
+// emulated library is a test harness: only an explicit CUDA runs on it);
+// CUDA that cannot run is an error (wrapping ErrUnavailable) naming what is
+// missing.
 func Resolve(k Kind) (Kind, error) {
 	switch k {
 	case CPU:
 		return CPU, nil
 	case Auto:
-		if CUDAAvailable() == nil {
+		if CUDAAvailable() == nil && !CUDAEmulated() {
 			return CUDA, nil
 		}
 		return CPU, nil
