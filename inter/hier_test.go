@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,6 +51,11 @@ func (r ringAG) barrier(ctx context.Context) error { return r.Barrier(ctx) }
 // the ring's neighbours when ring), and runs body on each with its global
 // rank. Nodes differ only in their groups' store keys and segment names.
 func cluster(t *testing.T, nodes, local int, ring bool, body func(rank int, ag allGatherer) error) []error {
+	return clusterWith(t, nodes, local, ring, 0, body)
+}
+
+// clusterWith is cluster with the transports' SendCopyMin (0: the default).
+func clusterWith(t *testing.T, nodes, local int, ring bool, sendCopyMin int, body func(rank int, ag allGatherer) error) []error {
 	t.Helper()
 	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
 	if err != nil {
@@ -89,7 +95,7 @@ func cluster(t *testing.T, nodes, local int, ring bool, body func(rank int, ag a
 					peers = RingPeers(P, r)
 				}
 				tr, err := New(ctx, Config{Store: st, Key: "net", Rank: r, Peers: peers, Channels: 2,
-					MasterAddr: "127.0.0.1", Timeout: 10 * time.Second, Auth: testKey})
+					MasterAddr: "127.0.0.1", Timeout: 10 * time.Second, Auth: testKey, SendCopyMin: sendCopyMin})
 				if err != nil {
 					return err
 				}
@@ -134,16 +140,19 @@ func layoutOf(sizes []int) (offs []int, total int) {
 // rank, out of place and in place (src the rank's own block of dst), with
 // blocks of different sizes (AllGatherV), three calls each.
 func TestHierAndRing(t *testing.T) {
+	// ride: every out-of-place block's own copy rides with its first
+	// send (SendCopyMin 1) where the algorithm allows it.
 	cases := []struct {
 		nodes, local int
-		ring         bool
+		ring, ride   bool
 	}{
-		{2, 1, false}, {2, 2, false}, {3, 2, false}, {2, 3, false},
-		{1, 2, false}, {3, 1, true}, {4, 1, true}, {2, 1, true},
+		{2, 1, false, false}, {2, 2, false, false}, {3, 2, false, false}, {2, 3, false, false},
+		{1, 2, false, false}, {3, 1, true, false}, {4, 1, true, false}, {2, 1, true, false},
+		{2, 1, false, true}, {3, 1, false, true}, {2, 2, false, true}, {3, 1, true, true},
 	}
 	for _, c := range cases {
 		for _, n := range []int{0, 5, 70_001, 1<<20 + 7} {
-			name := fmt.Sprintf("%dx%d/ring=%v/n%d", c.nodes, c.local, c.ring, n)
+			name := fmt.Sprintf("%dx%d/ring=%v/ride=%v/n%d", c.nodes, c.local, c.ring, c.ride, n)
 			t.Run(name, func(t *testing.T) {
 				P := c.nodes * c.local
 				sizes := make([]int, P)
@@ -154,7 +163,11 @@ func TestHierAndRing(t *testing.T) {
 					}
 				}
 				offs, total := layoutOf(sizes)
-				errs := cluster(t, c.nodes, c.local, c.ring, func(rank int, ag allGatherer) error {
+				sendCopyMin := 0
+				if c.ride {
+					sendCopyMin = 1
+				}
+				errs := clusterWith(t, c.nodes, c.local, c.ring, sendCopyMin, func(rank int, ag allGatherer) error {
 					ctx := context.Background()
 					want := make([]byte, total)
 					for it := range 3 {
@@ -270,8 +283,10 @@ func TestHierInvalid(t *testing.T) {
 			{make([]byte, 16), make([]byte, 8), []int{8, 8}, []int{-1, 8}}, // negative offset
 		}
 		for i, b := range bad {
-			if err := ag.run(ctx, "allgather", b.dst, b.src, b.sizes, b.offs); !errors.Is(err, fault.ErrInvalid) {
-				return fmt.Errorf("case %d: want ErrInvalid, got %v", i, err)
+			err := ag.run(ctx, "allgather", b.dst, b.src, b.sizes, b.offs)
+			var oe *fault.OpError
+			if !errors.Is(err, fault.ErrInvalid) || !errors.As(err, &oe) || oe.Rank != rank || oe.Peer != -1 {
+				return fmt.Errorf("case %d: want ErrInvalid of this rank naming no peer, got %v", i, err)
 			}
 		}
 		return ag.barrier(ctx)
@@ -280,5 +295,41 @@ func TestHierInvalid(t *testing.T) {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)
 		}
+	}
+}
+
+// TestBarrierWaitsForEveryRank: neither algorithm's Barrier returns on a
+// rank before every other rank has entered it; the last rank enters 100 ms
+// after the others.
+func TestBarrierWaitsForEveryRank(t *testing.T) {
+	for _, ring := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ring=%v", ring), func(t *testing.T) {
+			nodes, local := 2, 2
+			if ring {
+				nodes, local = 3, 1
+			}
+			P := nodes * local
+			var entered atomic.Bool
+			errs := cluster(t, nodes, local, ring, func(rank int, ag allGatherer) error {
+				ctx := context.Background()
+				if rank == P-1 {
+					time.Sleep(100 * time.Millisecond) // the others wait in the barrier meanwhile
+					entered.Store(true)
+					return ag.barrier(ctx)
+				}
+				if err := ag.barrier(ctx); err != nil {
+					return err
+				}
+				if !entered.Load() {
+					return fmt.Errorf("the barrier returned before rank %d entered it", P-1)
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+		})
 	}
 }
