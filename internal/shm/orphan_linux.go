@@ -98,7 +98,7 @@ func SweepOrphans() (removed []string, err error) {
 	}
 	for _, e := range entries {
 		name := e.Name()
-		if !strings.HasPrefix(name, Prefix) || !e.Type().IsRegular() {
+		if !strings.HasPrefix(name, sweepPrefix) || !e.Type().IsRegular() {
 			continue
 		}
 		m := ownerRE.FindStringSubmatch(name)
@@ -133,3 +133,8 @@ func SweepOrphans() (removed []string, err error) {
 	}
 	return removed, nil
 }
+
+// sweepPrefix is what SweepOrphans looks at: Prefix, except in this
+// package's tests, whose forged segments other test binaries' sweeps must
+// not see (and whose sweeps must not see theirs).
+var sweepPrefix = Prefix

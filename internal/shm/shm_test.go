@@ -17,9 +17,14 @@ import (
 
 // testPrefix starts every name these tests make, so that leftovers are
 // recognisable (and swept: the test process is their owner).
+// testPrefix starts the names a test makes: under testSweepPrefix, which
+// only this package's sweeps look at, so that tests of other packages
+// running at the same time (whose Init sweeps /dev/shm) leave them alone.
 func testPrefix(t *testing.T) string {
-	return fmt.Sprintf("%stest-%d-%s-", Prefix, os.Getpid(), strings.ReplaceAll(t.Name(), "/", "."))
+	return fmt.Sprintf("%s%d-%s-", testSweepPrefix, os.Getpid(), strings.ReplaceAll(t.Name(), "/", "."))
 }
+
+const testSweepPrefix = "slimegotest-"
 
 func exists(name string) bool {
 	_, err := os.Lstat(filepath.Join(Dir, name))
@@ -31,6 +36,7 @@ func exists(name string) bool {
 // With SHM_TEST_CHILD_NAME it creates the segment under that name, as it
 // is (a forged owner tag), instead of one NewName makes.
 func TestMain(m *testing.M) {
+	sweepPrefix = testSweepPrefix
 	if prefix := os.Getenv("SHM_TEST_CHILD"); prefix != "" {
 		name, err := NewName(prefix)
 		if forged := os.Getenv("SHM_TEST_CHILD_NAME"); forged != "" {
