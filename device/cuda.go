@@ -178,9 +178,14 @@ func (s *CUDAStream) SynchronizeBy(ctx context.Context, deadline time.Time) erro
 	return poll(ctx, deadline, func() error { return s.Dev.lib.StreamQuery(s.Dev.Ordinal, s.H) })
 }
 
-// Wait makes the stream's later work wait until e is reached.
-func (s *CUDAStream) Wait(e *CUDAEvent) error {
-	return s.Dev.lib.StreamWaitEvent(s.Dev.Ordinal, s.H, e.H)
+// Wait makes the stream's later work wait until e, a CUDA event, is
+// reached.
+func (s *CUDAStream) Wait(e AnyEvent) error {
+	ce, ok := e.(*CUDAEvent)
+	if !ok {
+		return fmt.Errorf("%w: %T on a cuda stream", ErrMixedBackends, e)
+	}
+	return s.Dev.lib.StreamWaitEvent(s.Dev.Ordinal, s.H, ce.H)
 }
 
 // Close destroys the stream.
@@ -208,9 +213,13 @@ func (d *GPU) NewEvent(timing bool) (*CUDAEvent, error) {
 	return &CUDAEvent{Dev: d, H: h}, nil
 }
 
-// Record marks the point in s that e stands for.
-func (e *CUDAEvent) Record(s *CUDAStream) error {
-	return e.Dev.lib.EventRecord(e.Dev.Ordinal, e.H, s.H)
+// Record marks the point in s, a CUDA stream, that e stands for.
+func (e *CUDAEvent) Record(s AnyStream) error {
+	cs, ok := s.(*CUDAStream)
+	if !ok {
+		return fmt.Errorf("%w: cuda event on %T", ErrMixedBackends, s)
+	}
+	return e.Dev.lib.EventRecord(e.Dev.Ordinal, e.H, cs.H)
 }
 
 // Synchronize polls until e is reached, or ctx ends.

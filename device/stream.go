@@ -111,10 +111,11 @@ func (s *Stream) Record(e *Event) {
 	e.mu.Unlock()
 }
 
-// Wait makes the work enqueued after it wait until e is reached; if the
-// stream e was recorded on failed, this stream fails with the same error.
-// It allocates nothing.
-func (s *Stream) Wait(e *Event) {
+// WaitEvent makes the work enqueued after it wait until e is reached; if
+// the stream e was recorded on failed, this stream fails with the same
+// error. It allocates nothing. (Wait is the same behind the AnyStream
+// interface.)
+func (s *Stream) WaitEvent(e *Event) {
 	e.mu.Lock()
 	src, target := e.stream, e.target
 	e.mu.Unlock()
@@ -202,14 +203,16 @@ func (s *Stream) Reset() {
 	s.mu.Unlock()
 }
 
-// Close ends the stream's goroutine after the enqueued work.
-func (s *Stream) Close() {
+// Close ends the stream's goroutine after the enqueued work. It returns
+// nil: the error is there for the AnyStream interface.
+func (s *Stream) Close() error {
 	s.mu.Lock()
 	if !s.closed {
 		s.closed = true
 		close(s.q)
 	}
 	s.mu.Unlock()
+	return nil
 }
 
 // Event marks a point in a stream's work, for another stream to wait on.
