@@ -148,7 +148,7 @@ func TestHierAndRing(t *testing.T) {
 	}{
 		{2, 1, false, false}, {2, 2, false, false}, {3, 2, false, false}, {2, 3, false, false},
 		{1, 2, false, false}, {3, 1, true, false}, {4, 1, true, false}, {2, 1, true, false},
-		{2, 1, false, true}, {3, 1, false, true}, {2, 2, false, true}, {3, 1, true, true},
+		{2, 1, false, true}, {3, 1, false, true}, {2, 2, false, true}, {3, 1, true, true}, {1, 1, true, true},
 	}
 	for _, c := range cases {
 		for _, n := range []int{0, 5, 70_001, 1<<20 + 7} {
