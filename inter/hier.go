@@ -11,11 +11,19 @@ import (
 	"github.com/slimego/slimego/intra"
 )
 
-// Hier runs the rail-aligned hierarchical all-gather for one rank: nodes ×
-// local ranks, global rank = node·local + local rank.
-type Hier struct {
-	g       *intra.Group
-	t       *Transport
+// Hier is the hierarchical all-gather over shared memory and TCP.
+type Hier = HierOver[[]byte]
+
+// HierOp is a planned Hier all-gather.
+type HierOp = HierOpOver[[]byte]
+
+// HierOver runs the rail-aligned hierarchical all-gather for one rank:
+// nodes × local ranks, global rank = node·local + local rank, over a
+// node-local gather and an inter-node link of one memory M (host bytes or
+// device spans): the algorithm is written once for every backend.
+type HierOver[M any] struct {
+	g       intra.NodeGather[M]
+	t       Link[M]
 	nodes   int
 	local   int
 	node    int
@@ -26,27 +34,35 @@ type Hier struct {
 	epoch   uint64
 	timeout time.Duration
 	broken  error
-	barrier *HierOp
+	barrier *HierOpOver[M]
 }
 
 // NewHier joins an intra-node group and a transport to the rank's rail
 // peers (which must be RailPeers) into one all-gather.
 func NewHier(g *intra.Group, t *Transport, nodes, local, rank int, timeout time.Duration) *Hier {
+	return NewHierOver(g.Node(), t.Link(), nodes, local, rank, timeout)
+}
+
+// NewHierOver joins a node-local gather (whose local rank must be
+// rank mod local) and a link to the rank's rail peers (which must be
+// RailPeers) into one all-gather.
+func NewHierOver[M any](g intra.NodeGather[M], t Link[M], nodes, local, rank int, timeout time.Duration) *HierOver[M] {
 	node := rank / local
-	return &Hier{g: g, t: t, nodes: nodes, local: local, node: node, lrank: rank % local, rank: rank,
+	return &HierOver[M]{g: g, t: t, nodes: nodes, local: local, node: node, lrank: rank % local, rank: rank,
 		order: NodeOrder(nodes, node), peers: RailPeers(nodes, local, rank), timeout: timeout}
 }
 
-// HierOp is a planned hierarchical all-gather; Run allocates nothing.
-type HierOp struct {
-	h     *Hier
+// HierOpOver is a planned hierarchical all-gather; Run allocates nothing
+// (on host memory; a GPU node's gathers re-plan on Set).
+type HierOpOver[M any] struct {
+	h     *HierOver[M]
 	name  string
-	dst   []byte
-	src   []byte
+	dst   M
+	src   M
 	sizes []int // global
 	offs  []int
 	hash  uint64
-	ops   []*intra.Op // one per node, in h.order
+	ops   []intra.NodeOp[M] // one per node, in h.order
 	// ownRides: the rank is alone on its node, the call is out of place
 	// and the block large enough (Transport.CopyRides), so the own block's
 	// copy rides with the first send (Transport.SendCopy) instead of
@@ -60,19 +76,19 @@ type HierOp struct {
 
 // Plan prepares an all-gather in which global rank r's sizes[r] bytes land
 // at offs[r] of dst on every rank.
-func (h *Hier) Plan(name string, dst, src []byte, sizes, offs []int) (*HierOp, error) {
-	o := &HierOp{h: h, name: name, sizes: make([]int, len(sizes)), offs: make([]int, len(offs)),
+func (h *HierOver[M]) Plan(name string, dst, src M, sizes, offs []int) (*HierOpOver[M], error) {
+	o := &HierOpOver[M]{h: h, name: name, sizes: make([]int, len(sizes)), offs: make([]int, len(offs)),
 		sb: make([]int, h.local), ob: make([]int, h.local)}
 	return o, o.Set(dst, src, sizes, offs)
 }
 
 // Set re-plans o for other buffers; once o has run it allocates nothing.
-func (o *HierOp) Set(dst, src []byte, sizes, offs []int) error {
+func (o *HierOpOver[M]) Set(dst, src M, sizes, offs []int) error {
 	h := o.h
 	if h.broken != nil {
 		return h.broken
 	}
-	if err := checkCall(o.name, h.rank, h.nodes*h.local, dst, src, sizes, offs); err != nil {
+	if err := checkCall(o.name, h.rank, h.nodes*h.local, h.g.Len(dst), h.g.Len(src), sizes, offs); err != nil {
 		return err
 	}
 	copy(o.sizes, sizes)
@@ -80,7 +96,8 @@ func (o *HierOp) Set(dst, src []byte, sizes, offs []int) error {
 	o.dst, o.src = dst, src
 	o.hash = callhash.Sum(o.name, sizes)
 	own := o.own()
-	o.ownRides = h.local == 1 && len(h.peers) > 0 && len(src) > 0 && &own[0] != &src[0] && h.t.CopyRides(len(src))
+	n := h.g.Len(src)
+	o.ownRides = h.local == 1 && len(h.peers) > 0 && n > 0 && !h.g.Same(own, src) && h.t.CopyRides(n) && h.g.CanLeaveOwn()
 	for k, b := range h.order {
 		for j := range h.local {
 			o.sb[j], o.ob[j] = sizes[b*h.local+j], offs[b*h.local+j]
@@ -88,7 +105,7 @@ func (o *HierOp) Set(dst, src []byte, sizes, offs []int) error {
 		mine := b*h.local + h.lrank
 		blk := src
 		if b != h.node {
-			blk = dst[offs[mine] : offs[mine]+sizes[mine]]
+			blk = h.g.Slice(dst, offs[mine], sizes[mine])
 		}
 		if k < len(o.ops) {
 			if err := o.ops[k].Set(dst, blk, o.sb, o.ob); err != nil {
@@ -109,7 +126,7 @@ func (o *HierOp) Set(dst, src []byte, sizes, offs []int) error {
 // Run executes the all-gather once. A mismatch anywhere is ErrSizeMismatch
 // on every rank, after every rank has completed the schedule, so that the
 // communicator stays usable; any other error breaks it.
-func (o *HierOp) Run(ctx context.Context) error {
+func (o *HierOpOver[M]) Run(ctx context.Context) error {
 	h := o.h
 	if h.broken != nil {
 		return h.broken
@@ -118,7 +135,7 @@ func (o *HierOp) Run(ctx context.Context) error {
 	h.epoch = e
 	deadline := callDeadline(ctx, h.timeout)
 	for k, p := range h.peers {
-		h.t.Recv(p, e, o.hash, o.dst[o.offs[p]:o.offs[p]+o.sizes[p]], deadline)
+		h.t.Recv(p, e, o.hash, h.g.Slice(o.dst, o.offs[p], o.sizes[p]), deadline)
 		if k == 0 && o.ownRides {
 			h.t.SendCopy(p, e, o.hash, o.src, o.own(), deadline)
 		} else {
@@ -144,7 +161,7 @@ func (o *HierOp) Run(ctx context.Context) error {
 	// namespaces, 2 × 1 ranks, eight interleaved runs each, out-of-place
 	// busbw went from 77–79% of the link to 79–82% at 1 MiB and from
 	// 84–91% to 89–96% at 4 MiB; at 16 MiB 81–93% against 83–90%.
-	if !h.t.Direct(len(o.src)) && !o.ownRides {
+	if !h.t.Direct(h.g.Len(o.src)) && !o.ownRides {
 		runtime.Gosched()
 	}
 	if err := note(o.ops[0].Run(ctx)); err != nil {
@@ -176,13 +193,13 @@ func (o *HierOp) Run(ctx context.Context) error {
 }
 
 // own is this rank's block of dst.
-func (o *HierOp) own() []byte {
+func (o *HierOpOver[M]) own() M {
 	r := o.h.rank
-	return o.dst[o.offs[r] : o.offs[r]+o.sizes[r]]
+	return o.h.g.Slice(o.dst, o.offs[r], o.sizes[r])
 }
 
 // fail breaks the communicator and tells the node's other ranks.
-func (o *HierOp) fail(err error, peer int) error {
+func (o *HierOpOver[M]) fail(err error, peer int) error {
 	h := o.h
 	var oe *fault.OpError
 	if !errors.As(err, &oe) {
@@ -194,10 +211,11 @@ func (o *HierOp) fail(err error, peer int) error {
 }
 
 // Barrier returns once every rank of every node has entered it.
-func (h *Hier) Barrier(ctx context.Context) error {
+func (h *HierOver[M]) Barrier(ctx context.Context) error {
 	if h.barrier == nil {
 		z := make([]int, h.nodes*h.local)
-		op, err := h.Plan("barrier", nil, nil, z, z)
+		var none M
+		op, err := h.Plan("barrier", none, none, z, z)
 		if err != nil {
 			return err
 		}
@@ -207,17 +225,17 @@ func (h *Hier) Barrier(ctx context.Context) error {
 }
 
 // checkCall validates one rank's arguments to an all-gather over P ranks.
-func checkCall(op string, rank, P int, dst, src []byte, sizes, offs []int) error {
+func checkCall(op string, rank, P int, dstLen, srcLen int, sizes, offs []int) error {
 	if len(sizes) != P || len(offs) != P {
 		return fault.New(op, rank, -1, fault.ErrInvalid, "%d sizes and %d offsets for %d ranks", len(sizes), len(offs), P)
 	}
 	for r := range P {
-		if sizes[r] < 0 || offs[r] < 0 || offs[r]+sizes[r] > len(dst) {
-			return fault.New(op, rank, -1, fault.ErrInvalid, "block of rank %d (%d bytes at %d) does not fit the %d-byte destination", r, sizes[r], offs[r], len(dst))
+		if sizes[r] < 0 || offs[r] < 0 || offs[r]+sizes[r] > dstLen {
+			return fault.New(op, rank, -1, fault.ErrInvalid, "block of rank %d (%d bytes at %d) does not fit the %d-byte destination", r, sizes[r], offs[r], dstLen)
 		}
 	}
-	if len(src) != sizes[rank] {
-		return fault.New(op, rank, -1, fault.ErrInvalid, "source holds %d bytes, this rank's block is %d", len(src), sizes[rank])
+	if srcLen != sizes[rank] {
+		return fault.New(op, rank, -1, fault.ErrInvalid, "source holds %d bytes, this rank's block is %d", srcLen, sizes[rank])
 	}
 	return nil
 }

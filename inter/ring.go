@@ -9,24 +9,36 @@ import (
 	"github.com/slimego/slimego/internal/fault"
 )
 
-// RingAG is a flat ring all-gather over the transport: every step crosses
-// TCP, whatever the nodes. It serves layouts the hierarchical schedule does
-// not, and as the baseline the hierarchical one is measured against.
-type RingAG struct {
-	t          *Transport
+// RingAG is the ring all-gather over TCP and host memory.
+type RingAG = RingOver[[]byte]
+
+// RingOp is a planned RingAG all-gather.
+type RingOp = RingOpOver[[]byte]
+
+// RingOver is a flat ring all-gather over a link of memory M (host bytes
+// or device spans): every step crosses the link, whatever the nodes. It
+// serves layouts the hierarchical schedule does not, and as the baseline
+// the hierarchical one is measured against.
+type RingOver[M any] struct {
+	t          Link[M]
 	p, rank    int
 	next, prev int
 	steps      []RingStep
 	epoch      uint64
 	timeout    time.Duration
 	broken     error
-	barrier    *RingOp
+	barrier    *RingOpOver[M]
 }
 
 // NewRing uses a transport whose peers are Ring's neighbours.
 func NewRing(t *Transport, p, rank int, timeout time.Duration) *RingAG {
+	return NewRingOver(t.Link(), p, rank, timeout)
+}
+
+// NewRingOver uses a link whose peers are Ring's neighbours.
+func NewRingOver[M any](t Link[M], p, rank int, timeout time.Duration) *RingOver[M] {
 	next, prev, steps := Ring(p, rank)
-	return &RingAG{t: t, p: p, rank: rank, next: next, prev: prev, steps: steps, timeout: timeout}
+	return &RingOver[M]{t: t, p: p, rank: rank, next: next, prev: prev, steps: steps, timeout: timeout}
 }
 
 // RingPeers are the ranks a ring member connects to.
@@ -41,28 +53,28 @@ func RingPeers(p, rank int) []int {
 	return []int{next, prev}
 }
 
-// RingOp is a planned ring all-gather.
-type RingOp struct {
-	r           *RingAG
+// RingOpOver is a planned ring all-gather.
+type RingOpOver[M any] struct {
+	r           *RingOver[M]
 	name        string
-	dst, src    []byte
+	dst, src    M
 	sizes, offs []int
 	hash        uint64
 }
 
 // Plan prepares a ring all-gather (same arguments as Hier.Plan).
-func (r *RingAG) Plan(name string, dst, src []byte, sizes, offs []int) (*RingOp, error) {
-	o := &RingOp{r: r, name: name, sizes: make([]int, r.p), offs: make([]int, r.p)}
+func (r *RingOver[M]) Plan(name string, dst, src M, sizes, offs []int) (*RingOpOver[M], error) {
+	o := &RingOpOver[M]{r: r, name: name, sizes: make([]int, r.p), offs: make([]int, r.p)}
 	return o, o.Set(dst, src, sizes, offs)
 }
 
 // Set re-plans o without allocating.
-func (o *RingOp) Set(dst, src []byte, sizes, offs []int) error {
+func (o *RingOpOver[M]) Set(dst, src M, sizes, offs []int) error {
 	r := o.r
 	if r.broken != nil {
 		return r.broken
 	}
-	if err := checkCall(o.name, r.rank, r.p, dst, src, sizes, offs); err != nil {
+	if err := checkCall(o.name, r.rank, r.p, r.t.Len(dst), r.t.Len(src), sizes, offs); err != nil {
 		return err
 	}
 	copy(o.sizes, sizes)
@@ -72,11 +84,11 @@ func (o *RingOp) Set(dst, src []byte, sizes, offs []int) error {
 	return nil
 }
 
-func (o *RingOp) block(q int) []byte { return o.dst[o.offs[q] : o.offs[q]+o.sizes[q]] }
+func (o *RingOpOver[M]) block(q int) M { return o.r.t.Slice(o.dst, o.offs[q], o.sizes[q]) }
 
 // Run executes the ring once. A mismatch travels round the ring as a
 // poisoned hash, so that every rank returns ErrSizeMismatch.
-func (o *RingOp) Run(ctx context.Context) error {
+func (o *RingOpOver[M]) Run(ctx context.Context) error {
 	r := o.r
 	if r.broken != nil {
 		return r.broken
@@ -91,12 +103,12 @@ func (o *RingOp) Run(ctx context.Context) error {
 	// 179–256 ms at 64 MiB against 172–214 (nine runs each, medians 199
 	// and 197).
 	own := o.block(r.rank)
-	var also []byte
-	if len(own) > 0 && &own[0] != &o.src[0] {
-		if len(r.steps) > 0 && r.t.CopyRides(len(own)) {
+	var also M
+	if n := r.t.Len(own); n > 0 && !r.t.Same(own, o.src) {
+		if len(r.steps) > 0 && r.t.CopyRides(n) {
 			also = own
-		} else {
-			copy(own, o.src)
+		} else if err := r.t.Copy(own, o.src, deadline); err != nil {
+			return o.fail(err, -1)
 		}
 	}
 	hash := o.hash
@@ -124,17 +136,18 @@ func (o *RingOp) Run(ctx context.Context) error {
 	return mismatch
 }
 
-func (o *RingOp) fail(err error, peer int) error {
+func (o *RingOpOver[M]) fail(err error, peer int) error {
 	err = &fault.OpError{Op: o.name, Rank: o.r.rank, Peer: peer, Err: err}
 	o.r.broken = fault.New("communicator", o.r.rank, -1, fault.ErrClosed, "broken by an earlier error: %v", err)
 	return err
 }
 
 // Barrier returns once every rank has entered it.
-func (r *RingAG) Barrier(ctx context.Context) error {
+func (r *RingOver[M]) Barrier(ctx context.Context) error {
 	if r.barrier == nil {
 		z := make([]int, r.p)
-		op, err := r.Plan("barrier", nil, nil, z, z)
+		var none M
+		op, err := r.Plan("barrier", none, none, z, z)
 		if err != nil {
 			return err
 		}
