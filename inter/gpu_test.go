@@ -1,0 +1,254 @@
+package inter
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/intra"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// gpuAG is Hier or the ring over device spans.
+type gpuAG interface {
+	run(ctx context.Context, name string, dst, src intra.DevSpan, sizes, offs []int) error
+	barrier(ctx context.Context) error
+}
+
+type gpuHier struct{ *HierOver[intra.DevSpan] }
+
+func (h gpuHier) run(ctx context.Context, name string, dst, src intra.DevSpan, sizes, offs []int) error {
+	op, err := h.Plan(name, dst, src, sizes, offs)
+	if err != nil {
+		return err
+	}
+	return op.Run(ctx)
+}
+func (h gpuHier) barrier(ctx context.Context) error { return h.Barrier(ctx) }
+
+type gpuRing struct{ *RingOver[intra.DevSpan] }
+
+func (r gpuRing) run(ctx context.Context, name string, dst, src intra.DevSpan, sizes, offs []int) error {
+	op, err := r.Plan(name, dst, src, sizes, offs)
+	if err != nil {
+		return err
+	}
+	return op.Run(ctx)
+}
+func (r gpuRing) barrier(ctx context.Context) error { return r.Barrier(ctx) }
+
+// gpuRank is one in-process rank of a GPU job across nodes: its device,
+// the memory model it copies with, and the algorithm.
+type gpuRank struct {
+	rank int
+	dev  *device.GPU
+	mem  intra.GPUMem
+	ag   gpuAG
+}
+
+// gpuCluster starts nodes × local ranks in this process, as a GPU job
+// across nodes: each rank has a CUDA LL group of its node (the node-local
+// gather), a TCP transport over loopback to its rail peers or ring
+// neighbours, carried by the host-staged GPU link, and Hier or the ring
+// built over those two by NewHierOver and NewRingOver. Rank r runs on GPU
+// r mod the emulator's devices. body runs on each rank.
+func gpuCluster(t *testing.T, nodes, local int, ring bool, body func(r gpuRank) error) []error {
+	t.Helper()
+	ndev, err := device.CUDADeviceCount()
+	if err != nil {
+		t.Fatalf("no CUDA library (%v): TestMain points SLIME_CUDA_LIB at the emulator", err)
+	}
+	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	P := nodes * local
+	errs := make([]error, P)
+	var wg sync.WaitGroup
+	for r := range P {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = func() error {
+				st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
+				if err != nil {
+					return err
+				}
+				defer st.Close()
+				dev, err := device.OpenGPU(r % ndev)
+				if err != nil {
+					return err
+				}
+				a := r / local
+				ranks := make([]int, local)
+				for i := range ranks {
+					ranks[i] = a*local + i
+				}
+				// A small scratch block: the larger blocks take several
+				// kernel rounds.
+				g, err := intra.NewGPU(ctx, intra.GPUConfig{Store: st, Key: fmt.Sprintf("gnode%d", a), Rank: r % local,
+					Size: local, Ranks: ranks, Dev: dev, Cap: 4096, Timeout: 20 * time.Second})
+				if err != nil {
+					return err
+				}
+				defer g.Close(ctx)
+				node, err := g.Node()
+				if err != nil {
+					return err
+				}
+				defer node.Close()
+				peers := RailPeers(nodes, local, r)
+				if ring {
+					peers = RingPeers(P, r)
+				}
+				tr, err := New(ctx, Config{Store: st, Key: "gnet", Rank: r, Peers: peers, Channels: 2,
+					MasterAddr: "127.0.0.1", Timeout: 20 * time.Second, Auth: testKey})
+				if err != nil {
+					return err
+				}
+				link, err := NewStaged(tr, dev)
+				if err != nil {
+					tr.Close()
+					return err
+				}
+				defer link.Close()
+				var ag gpuAG = gpuHier{NewHierOver(intra.NodeGather[intra.DevSpan](node), Link[intra.DevSpan](link), nodes, local, r, 20*time.Second)}
+				if ring {
+					ag = gpuRing{NewRingOver(Link[intra.DevSpan](link), P, r, 20*time.Second)}
+				}
+				// The test copies on a stream of its own: what Run leaves
+				// must be complete when it returns, whatever stream reads it.
+				mem, err := intra.NewGPUMem(dev)
+				if err != nil {
+					return err
+				}
+				defer mem.S.Close()
+				return body(gpuRank{rank: r, dev: dev, mem: mem, ag: ag})
+			}()
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// TestGPUAcrossNodes: a GPU job of 2 nodes × 2 ranks (and 3 × 2, and 2 × 1)
+// in one process, on the emulated CUDA library over loopback TCP, runs the
+// rail-aligned hierarchical all-gather and the ring by construction: the
+// CUDA LL group is the node-local gather and the host-staged link the
+// transport. Every rank's block is random, of an odd size (one empty, some
+// of several kernel rounds and larger than a TCP stripe), and every rank's
+// destination must equal the concatenation byte for byte, out of place and
+// in place, over several calls (epochs) with new data each time; the
+// barrier runs between calls. The emulator delays every stream operation
+// at random, so a staging copy not waited for shows up as stale bytes.
+func TestGPUAcrossNodes(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		nodes, local int
+		ring         bool
+	}{
+		{"hier/2x2", 2, 2, false},
+		{"ring/2x2", 2, 2, true},
+		{"hier/3x2", 3, 2, false},
+		{"hier/2x1", 2, 1, false},
+		{"ring/3x1", 3, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			P := tc.nodes * tc.local
+			sizes := make([]int, P)
+			for r := range sizes {
+				sizes[r] = []int{5003, 1, 700001, 0, 12345, 77}[r%6]
+			}
+			offs := make([]int, P)
+			total := 0
+			for r, n := range sizes {
+				offs[r], total = total, total+n+3 // gaps between blocks stay untouched
+			}
+			total += 5
+			const iters = 3
+			blocks := make([][][]byte, iters) // [iteration][rank]
+			for it := range blocks {
+				blocks[it] = make([][]byte, P)
+				for r := range P {
+					rng := rand.New(rand.NewPCG(uint64(it), uint64(r)))
+					b := make([]byte, sizes[r])
+					for i := range b {
+						b[i] = byte(rng.Uint32())
+					}
+					blocks[it][r] = b
+				}
+			}
+			errs := gpuCluster(t, tc.nodes, tc.local, tc.ring, func(g gpuRank) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				deadline := time.Now().Add(30 * time.Second)
+				dstB, err := g.dev.Alloc(total)
+				if err != nil {
+					return err
+				}
+				defer dstB.Free()
+				srcB, err := g.dev.Alloc(max(sizes[g.rank], 1))
+				if err != nil {
+					return err
+				}
+				defer srcB.Free()
+				dst := intra.Span(dstB)
+				src := intra.DevSpan{Ptr: srcB.Ptr, N: sizes[g.rank]}
+				const fill = 0xA5
+				host := make([]byte, total)
+				for it := range iters {
+					for _, inPlace := range []bool{false, true} {
+						for i := range host {
+							host[i] = fill
+						}
+						s := src
+						if inPlace {
+							s = g.mem.Slice(dst, offs[g.rank], sizes[g.rank])
+							copy(host[offs[g.rank]:], blocks[it][g.rank])
+						} else if err := g.mem.CopyIn(src, blocks[it][g.rank], deadline); err != nil {
+							return err
+						}
+						if err := g.mem.CopyIn(dst, host, deadline); err != nil {
+							return err
+						}
+						if err := g.ag.run(ctx, "allgather", dst, s, sizes, offs); err != nil {
+							return fmt.Errorf("iteration %d (in place %v): %w", it, inPlace, err)
+						}
+						got := make([]byte, total)
+						if err := g.mem.CopyOut(got, dst, deadline); err != nil {
+							return err
+						}
+						want := bytes.Repeat([]byte{fill}, total)
+						for q := range P {
+							copy(want[offs[q]:], blocks[it][q])
+						}
+						if !bytes.Equal(got, want) {
+							i := 0
+							for got[i] == want[i] {
+								i++
+							}
+							return fmt.Errorf("iteration %d (in place %v): destination differs first at byte %d (%#x, want %#x)", it, inPlace, i, got[i], want[i])
+						}
+						if err := g.ag.barrier(ctx); err != nil {
+							return fmt.Errorf("barrier after iteration %d: %w", it, err)
+						}
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+		})
+	}
+}
