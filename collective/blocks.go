@@ -16,6 +16,5 @@ func (c *Communicator) PlanBlocks(dst, src []byte, sizes, offs []int) (*Plan, er
 	}
 	copy(c.sizes, sizes)
 	copy(c.offs, offs)
-	op, err := c.plan("allgatherv", dst, src)
-	return &Plan{op: op, c: c}, err
+	return c.hostPlan("allgatherv", dst, src)
 }

@@ -509,11 +509,43 @@ func (c *Communicator) runOneShot(ctx context.Context, name string, dst, src []b
 	return nil
 }
 
-// Plan is an AllGather or AllGatherV prepared once for fixed buffers; each
-// Run moves the buffers' current contents and allocates nothing.
+// Plan is an all-gather prepared once for fixed buffers, whatever the
+// backend: [Communicator.Plan], PlanV and PlanBlocks plan one of host
+// memory, [Communicator.PlanGPU], PlanGPUV and PlanGPUBlocks one of the
+// GPU's memory (on the CUDA backend).
+// Each Run moves the buffers' current contents and allocates nothing. Run
+// it from one goroutine.
 type Plan struct {
-	op op
-	c  *Communicator
+	c   *Communicator
+	eng planEngine
+}
+
+// planEngine is what runs a Plan: the host all-gather of the
+// communicator's engine (shared memory, TCP), or a device-memory one
+// (gpuPlan).
+type planEngine interface {
+	// launch starts one all-gather; on the host it runs to completion.
+	launch(ctx context.Context) error
+	// wait waits for what launch started and reports what it saw.
+	wait(ctx context.Context) error
+	mode() string
+	close() error
+}
+
+// hostPlan is a planned all-gather of host memory.
+type hostPlan struct{ op op }
+
+func (h hostPlan) launch(ctx context.Context) error { return h.op.Run(ctx) }
+func (hostPlan) wait(context.Context) error         { return nil }
+func (hostPlan) mode() string                       { return "host" }
+func (hostPlan) close() error                       { return nil }
+
+func (c *Communicator) hostPlan(name string, dst, src []byte) (*Plan, error) {
+	op, err := c.plan(name, dst, src)
+	if err != nil {
+		return nil, err
+	}
+	return &Plan{c: c, eng: hostPlan{op}}, nil
 }
 
 // Plan prepares AllGather(dst, src) for repeated runs.
@@ -528,8 +560,7 @@ func (c *Communicator) Plan(dst, src []byte) (*Plan, error) {
 	for r := range c.sizes {
 		c.sizes[r], c.offs[r] = n, r*n
 	}
-	op, err := c.plan("allgather", dst, src)
-	return &Plan{op: op, c: c}, err
+	return c.hostPlan("allgather", dst, src)
 }
 
 // PlanV prepares AllGatherV(dst, src, counts) for repeated runs.
@@ -540,20 +571,71 @@ func (c *Communicator) PlanV(dst, src []byte, counts []int) (*Plan, error) {
 	if err := c.layoutV(counts, len(dst)); err != nil {
 		return nil, err
 	}
-	op, err := c.plan("allgatherv", dst, src)
-	return &Plan{op: op, c: c}, err
+	return c.hostPlan("allgatherv", dst, src)
 }
 
-// Run executes the plan once.
+// Run performs one all-gather and waits for it, within the communicator's
+// timeout: a peer that does not arrive, or that announces another size, is
+// an *OpError naming it on every rank.
 func (p *Plan) Run(ctx context.Context) error {
-	if err := p.op.Run(ctx); err != nil {
+	if err := p.eng.launch(ctx); err != nil {
+		return p.c.failed(err)
+	}
+	if err := p.eng.wait(ctx); err != nil {
 		return p.c.failed(err)
 	}
 	return nil
 }
 
-// Buffer is symmetric memory from [Communicator.Alloc].
-type Buffer = intra.Buffer
+// Launch starts one all-gather without waiting for it where the backend
+// can: a plan of GPU memory enqueues its kernels on GPUStream(), and a
+// later Check (or Run) collects the outcome; work ordered after them on
+// that stream sees the gathered data. A plan of host memory runs to
+// completion here.
+func (p *Plan) Launch(ctx context.Context) error {
+	if err := p.eng.launch(ctx); err != nil {
+		return p.c.failed(err)
+	}
+	return nil
+}
+
+// Check waits for what Launch started and reports what the kernels saw;
+// on host memory there is nothing to wait for.
+func (p *Plan) Check(ctx context.Context) error {
+	if err := p.eng.wait(ctx); err != nil {
+		return p.c.failed(err)
+	}
+	return nil
+}
+
+// Mode says how the plan runs: "host" for host memory; for GPU memory
+// "graph" (its launches captured into a CUDA graph), "eager" or
+// "host-staged" (through host memory and the CPU backend's transports).
+func (p *Plan) Mode() string { return p.eng.mode() }
+
+// String says where and how the plan runs.
+func (p *Plan) String() string {
+	return fmt.Sprintf("allgather on %s, %s mode", p.c.describeBackend(), p.Mode())
+}
+
+// Close releases the plan. It is a collective call: every rank closes its
+// plans in the same order. A plan of GPU memory returns once every rank
+// has closed it (or the timeout passed), so that the buffers freed after
+// it are in no rank's kernel any more; one of host memory holds nothing to
+// release.
+func (p *Plan) Close() error { return p.eng.close() }
+
+// Buffer is symmetric memory from [Communicator.Alloc]: every rank of the
+// node holds one of the same size, and the peers read this rank's in
+// place.
+type Buffer struct{ b *intra.Buffer }
+
+// Bytes is this rank's part of the buffer (nil once freed).
+func (b *Buffer) Bytes() []byte { return b.b.Bytes() }
+
+// Free unmaps the buffer on this rank. Every rank frees it, between
+// operations that use it.
+func (b *Buffer) Free() error { return b.b.Free() }
 
 // Alloc returns n bytes of symmetric memory: every rank calls it with the
 // same n, and an AllGather whose source lies in such a buffer is read by
@@ -562,7 +644,11 @@ func (c *Communicator) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	if c.node == nil {
 		return nil, c.closedErr("alloc")
 	}
-	return c.node.Alloc(ctx, n)
+	b, err := c.node.Alloc(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	return &Buffer{b}, nil
 }
 
 // Elem is the element types the typed forms take.

@@ -19,8 +19,15 @@
 // wait is bounded by [Options].Timeout and the context's deadline.
 //
 // For repeated calls on the same buffers, [Communicator.Plan] prepares the
-// call once and [Plan.Run] allocates nothing. Memory from
+// call once and [Plan.Run] allocates nothing. A [Plan] is one type whatever
+// the backend: Plan, PlanV and PlanBlocks plan host memory,
+// [Communicator.PlanGPU], PlanGPUV and PlanGPUBlocks device memory of the
+// communicator's GPU (on the CUDA backend). Memory from
 // [Communicator.Alloc] is symmetric: peers on the node read it in place.
+//
+// The backend (cpu or cuda, [Options].Backend) is chosen at Init; after it,
+// only where memory lives tells them apart. The engine packages underneath
+// (intra, inter, nvshmem, cudagraph, kernels) are not part of the API.
 //
 // Several ranks can live in one process, one goroutine each, by passing
 // Rank, WorldSize and a shared store address in [Options].

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -203,17 +204,23 @@ func (c *Communicator) GPUStream() *device.CUDAStream {
 	return c.gpu.stream
 }
 
-// GPUPlan is a planned all-gather of device memory. Run it from one
-// goroutine; it allocates nothing per run.
-type GPUPlan struct {
+// gpuPlan is a Plan's engine for device memory: the node's LL kernel, the
+// NVSHMEM kernel across nodes, or host staging through a host Plan.
+type gpuPlan struct {
 	c      *Communicator
 	runner *cudagraph.Runner
 	node   *intra.GPUPlan
 	nv     *nvshmem.AllGather
-	// host-staged across nodes
-	host           *Plan
-	hostSrc, hostD []byte
-	src, dst       *device.CUDABuffer
+	// host-staged: src to hostSrc, the host plan gathers into hostD
+	// (blocks packed in rank order), and each piece of hostD goes back to
+	// its place in dst.
+	host    *Plan
+	hostSrc []byte
+	hostD   []byte
+	src     *device.CUDABuffer
+	back    []*device.CUDABuffer // where hostD's pieces go
+	backOff []int                // and where each starts in hostD
+	closed  bool
 }
 
 // PlanGPU prepares an all-gather of equal blocks of device memory (a
@@ -225,9 +232,9 @@ type GPUPlan struct {
 // Options.Eager; across nodes it runs the NVSHMEM kernel where
 // libslimenvshmem.so is present, otherwise it stages through host memory
 // and the TCP transport.
-func (c *Communicator) PlanGPU(ctx context.Context, dst, src *device.CUDABuffer) (*GPUPlan, error) {
-	if c.gpu == nil {
-		return nil, fault.New("allgather", c.Rank(), -1, ErrInvalid, "the communicator runs on the CPU backend (Backend() is cpu)")
+func (c *Communicator) PlanGPU(ctx context.Context, dst, src *device.CUDABuffer) (*Plan, error) {
+	if err := c.gpuOnly("allgather"); err != nil {
+		return nil, err
 	}
 	if dst.Len < c.Size()*src.Len {
 		return nil, fault.New("allgather", c.Rank(), -1, ErrInvalid, "dst holds %d bytes, %d ranks × %d need %d", dst.Len, c.Size(), src.Len, c.Size()*src.Len)
@@ -236,14 +243,14 @@ func (c *Communicator) PlanGPU(ctx context.Context, dst, src *device.CUDABuffer)
 	for i := range counts {
 		counts[i] = src.Len
 	}
-	return c.planGPU(ctx, dst, src, counts)
+	return c.planGPU(ctx, dst, src, counts, packed(counts))
 }
 
 // PlanGPUV is PlanGPU with counts[r] bytes from rank r, packed in rank
 // order; every rank passes the same counts.
-func (c *Communicator) PlanGPUV(ctx context.Context, dst, src *device.CUDABuffer, counts []int) (*GPUPlan, error) {
-	if c.gpu == nil {
-		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "the communicator runs on the CPU backend (Backend() is cpu)")
+func (c *Communicator) PlanGPUV(ctx context.Context, dst, src *device.CUDABuffer, counts []int) (*Plan, error) {
+	if err := c.gpuOnly("allgatherv"); err != nil {
+		return nil, err
 	}
 	if len(counts) != c.Size() {
 		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "%d counts for %d ranks", len(counts), c.Size())
@@ -258,16 +265,50 @@ func (c *Communicator) PlanGPUV(ctx context.Context, dst, src *device.CUDABuffer
 	if counts[c.Rank()] != src.Len || dst.Len < total {
 		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "src holds %d bytes (counts say %d), dst %d of %d needed", src.Len, counts[c.Rank()], dst.Len, total)
 	}
-	return c.planGPU(ctx, dst, src, counts)
+	return c.planGPU(ctx, dst, src, counts, packed(counts))
 }
 
-func (c *Communicator) planGPU(ctx context.Context, dst, src *device.CUDABuffer, counts []int) (*GPUPlan, error) {
-	g := c.gpu
-	p := &GPUPlan{c: c, src: src, dst: dst}
+// PlanGPUBlocks is PlanBlocks on device memory: rank r's sizes[r] bytes
+// land at offs[r] of dst on every rank, src being this rank's block. Every
+// rank passes the same sizes. Package overlap gathers a matrix's rows
+// piece by piece with it.
+func (c *Communicator) PlanGPUBlocks(ctx context.Context, dst, src *device.CUDABuffer, sizes, offs []int) (*Plan, error) {
+	if err := c.gpuOnly("allgatherv"); err != nil {
+		return nil, err
+	}
+	if len(sizes) != c.Size() || len(offs) != c.Size() {
+		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "%d sizes and %d offsets for %d ranks", len(sizes), len(offs), c.Size())
+	}
+	for r := range sizes {
+		if sizes[r] < 0 || offs[r] < 0 || offs[r]+sizes[r] > dst.Len {
+			return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "rank %d's block [%d, +%d) is not in dst's %d bytes", r, offs[r], sizes[r], dst.Len)
+		}
+	}
+	if sizes[c.Rank()] != src.Len {
+		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "src holds %d bytes, sizes say %d", src.Len, sizes[c.Rank()])
+	}
+	return c.planGPU(ctx, dst, src, slices.Clone(sizes), slices.Clone(offs))
+}
+
+// packed is the offsets of blocks of counts bytes one after another.
+func packed(counts []int) []int {
 	offs := make([]int, len(counts))
 	for r := 1; r < len(counts); r++ {
 		offs[r] = offs[r-1] + counts[r-1]
 	}
+	return offs
+}
+
+func (c *Communicator) gpuOnly(op string) error {
+	if c.gpu == nil {
+		return fault.New(op, c.Rank(), -1, ErrInvalid, "the communicator runs on the CPU backend (Backend() is cpu)")
+	}
+	return nil
+}
+
+func (c *Communicator) planGPU(ctx context.Context, dst, src *device.CUDABuffer, counts, offs []int) (*Plan, error) {
+	g := c.gpu
+	p := &gpuPlan{c: c, src: src}
 	uniform := true
 	for _, n := range counts {
 		uniform = uniform && n == counts[0]
@@ -280,24 +321,17 @@ func (c *Communicator) planGPU(ctx context.Context, dst, src *device.CUDABuffer,
 			return nil, err
 		}
 		p.node, launch = np, np.Launch
-	case g.team != nil && uniform:
+	case g.team != nil && uniform && slices.Equal(offs, packed(counts)):
 		nv, err := g.team.Plan(ctx, src.Ptr, dst.Ptr, counts[0])
 		if err != nil {
 			return nil, err
 		}
 		p.nv, launch = nv, nv.Launch
 	default:
-		// Host-staged: the GPU block to host memory, the CPU backend's
-		// all-gather across nodes, the result back to the GPU.
-		p.hostSrc = make([]byte, src.Len)
-		total := offs[len(offs)-1] + counts[len(counts)-1]
-		p.hostD = make([]byte, total)
-		hp, err := c.PlanV(p.hostD, p.hostSrc, counts)
-		if err != nil {
+		if err := p.stageThroughHost(dst, counts, offs); err != nil {
 			return nil, err
 		}
-		p.host = hp
-		return p, nil
+		return &Plan{c: c, eng: p}, nil
 	}
 	p.runner = cudagraph.New(g.stream, c.opts.Eager || cudagraph.Eager(), launch)
 	// cudaMalloc and cudaFree may wait for the whole device: a rank still
@@ -306,22 +340,54 @@ func (c *Communicator) planGPU(ctx context.Context, dst, src *device.CUDABuffer,
 	if err := c.Barrier(ctx); err != nil {
 		return nil, err
 	}
-	return p, nil
+	return &Plan{c: c, eng: p}, nil
 }
 
-// Mode is "graph", "eager" or "host-staged".
-func (p *GPUPlan) Mode() string {
+// stageThroughHost plans the GPU block to host memory, the CPU backend's
+// all-gather (across nodes, or within a node whose GPUs cannot reach each
+// other), and the result back to dst: in one copy where the blocks are
+// packed, block by block otherwise.
+func (p *gpuPlan) stageThroughHost(dst *device.CUDABuffer, counts, offs []int) error {
+	c := p.c
+	pk := packed(counts)
+	total := pk[len(pk)-1] + counts[len(counts)-1]
+	p.hostSrc = make([]byte, p.src.Len)
+	p.hostD = make([]byte, total)
+	hp, err := c.PlanV(p.hostD, p.hostSrc, counts)
+	if err != nil {
+		return err
+	}
+	p.host = hp
+	if slices.Equal(offs, pk) {
+		whole, err := dst.Slice(0, total)
+		if err != nil {
+			return fault.New("allgather", c.Rank(), -1, ErrInvalid, "%v", err)
+		}
+		p.back, p.backOff = []*device.CUDABuffer{whole}, []int{0}
+		return nil
+	}
+	for r := range counts {
+		if counts[r] == 0 {
+			continue
+		}
+		b, err := dst.Slice(offs[r], counts[r])
+		if err != nil {
+			return fault.New("allgather", c.Rank(), -1, ErrInvalid, "%v", err)
+		}
+		p.back, p.backOff = append(p.back, b), append(p.backOff, pk[r])
+	}
+	return nil
+}
+
+func (p *gpuPlan) mode() string {
 	if p.runner == nil {
 		return "host-staged"
 	}
 	return p.runner.Mode()
 }
 
-// Launch enqueues one all-gather on GPUStream() without waiting for it; a
-// later Run, or GPUStream().Synchronize and Check, collects the outcome.
-// Host-staged plans run to completion here.
-func (p *GPUPlan) Launch(ctx context.Context) error {
-	if p.c.gpu == nil {
+func (p *gpuPlan) launch(ctx context.Context) error {
+	if p.c.gpu == nil || p.closed {
 		return p.c.closedErr("allgather")
 	}
 	if p.runner == nil {
@@ -336,21 +402,13 @@ func (p *GPUPlan) Launch(ctx context.Context) error {
 	return nil
 }
 
-// Run performs one all-gather and waits for it, within the communicator's
-// timeout: a peer that does not arrive, or that announces another size, is
-// an *OpError naming it on every rank.
-func (p *GPUPlan) Run(ctx context.Context) error {
-	if err := p.Launch(ctx); err != nil || p.runner == nil {
-		return err
-	}
-	return p.Check(ctx)
-}
-
-// Check waits for the launched work and reports what the kernels saw.
-func (p *GPUPlan) Check(ctx context.Context) error {
+func (p *gpuPlan) wait(ctx context.Context) error {
 	g := p.c.gpu
-	if g == nil {
+	if g == nil || p.closed {
 		return p.c.closedErr("allgather")
+	}
+	if p.runner == nil {
+		return nil // host-staged: launch ran to completion
 	}
 	if err := p.c.syncStream(ctx, "allgather", g.stream); err != nil {
 		return err
@@ -375,25 +433,26 @@ func (g *gpuState) check() error {
 	return nil
 }
 
-func (p *GPUPlan) runHost(ctx context.Context) error {
+func (p *gpuPlan) runHost(ctx context.Context) error {
 	if err := p.src.CopyToHost(p.hostSrc); err != nil {
 		return fault.New("allgather", p.c.Rank(), -1, err, "staging to the host")
 	}
 	if err := p.host.Run(ctx); err != nil {
 		return err
 	}
-	if err := p.dst.CopyFromHost(p.hostD); err != nil {
-		return fault.New("allgather", p.c.Rank(), -1, err, "staging from the host")
+	for i, b := range p.back {
+		if err := b.CopyFromHost(p.hostD[p.backOff[i] : p.backOff[i]+b.Len]); err != nil {
+			return fault.New("allgather", p.c.Rank(), -1, err, "staging from the host")
+		}
 	}
 	return nil
 }
 
-// Close releases the plan's graph and memory. It is collective: it returns
-// once every rank has closed the plan (or the timeout passed), so that
-// buffers freed after it are no longer in any rank's kernel; cudaFree
-// waits for the whole device, and would otherwise wait for a peer's kernel
-// that waits for this rank.
-func (p *GPUPlan) Close() error {
+func (p *gpuPlan) close() error {
+	if p.closed {
+		return nil
+	}
+	p.closed = true
 	var errs []error
 	if g := p.c.gpu; g != nil && g.broken == nil && p.runner != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), p.c.opts.Timeout)
@@ -409,37 +468,10 @@ func (p *GPUPlan) Close() error {
 	return errors.Join(errs...)
 }
 
-// String says where and how the plan runs.
-func (p *GPUPlan) String() string {
-	return fmt.Sprintf("allgather on %s, %s mode", p.c.describeBackend(), p.Mode())
-}
-
-// For operators that build their own GPU schedules on the communicator
-// (package overlap): node-local symmetric device memory, the node's flag
-// barrier kernel, and the wait that reports what the kernels saw.
-
-// AllocGPUSymmetric allocates n bytes of device memory on every rank of
-// the node and maps every rank's (a collective call); Peers[r] is local
-// rank r's. Only within one node, on GPUs that reach each other.
-func (c *Communicator) AllocGPUSymmetric(ctx context.Context, n int) (*intra.GPUSymmetric, error) {
-	if err := c.gpuNodeOnly("alloc"); err != nil {
-		return nil, err
-	}
-	return c.gpu.node.AllocSymmetric(ctx, n)
-}
-
-// GPUBarrierArgs are the arguments of the node's flag barrier kernel
-// (kernels.Lib.Barrier), graph-capturable.
-func (c *Communicator) GPUBarrierArgs() (*kernels.BarrierArgs, error) {
-	if err := c.gpuNodeOnly("barrier"); err != nil {
-		return nil, err
-	}
-	return c.gpu.node.BarrierArgs(), nil
-}
-
 // SyncGPU waits, within the communicator's timeout, for the work enqueued
 // on s, then reports what the node's kernels saw (a peer that did not
-// arrive is an *OpError naming it).
+// arrive is an *OpError naming it): for operators that order their own
+// GPU work after the communicator's plans (package overlap).
 func (c *Communicator) SyncGPU(ctx context.Context, op string, s *device.CUDAStream) error {
 	g := c.gpu
 	if g == nil {
@@ -462,16 +494,6 @@ func (c *Communicator) syncStream(ctx context.Context, op string, s *device.CUDA
 	if err := s.SynchronizeBy(ctx, time.Now().Add(c.opts.Timeout+5*time.Second)); err != nil {
 		c.gpu.broken = fault.New(op, c.Rank(), -1, ErrTimeout, "%v", err)
 		return c.gpu.broken
-	}
-	return nil
-}
-
-func (c *Communicator) gpuNodeOnly(op string) error {
-	switch {
-	case c.gpu == nil:
-		return fault.New(op, c.Rank(), -1, ErrInvalid, "the communicator runs on the CPU backend")
-	case c.nodes > 1 || c.gpu.node == nil:
-		return fault.New(op, c.Rank(), -1, ErrInvalid, "node-local GPU memory needs one node whose GPUs reach each other (P2P)")
 	}
 	return nil
 }

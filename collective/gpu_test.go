@@ -394,13 +394,6 @@ func TestGPUAcrossNodesHostStaged(t *testing.T) {
 				return fmt.Errorf("PlanGPU across nodes: block of rank %d wrong at byte %d", r, i)
 			}
 		}
-		// Node-local GPU memory needs one node.
-		if _, err := c.AllocGPUSymmetric(ctx, 64); !errors.Is(err, collective.ErrInvalid) {
-			return fmt.Errorf("AllocGPUSymmetric across nodes: %v, want ErrInvalid", err)
-		}
-		if _, err := c.GPUBarrierArgs(); !errors.Is(err, collective.ErrInvalid) {
-			return fmt.Errorf("GPUBarrierArgs across nodes: %v, want ErrInvalid", err)
-		}
 		return nil
 	})
 }
@@ -424,9 +417,8 @@ func TestGPUInvalidPlans(t *testing.T) {
 					var buf device.CUDABuffer
 					_, e1 := c.PlanGPU(ctx, &buf, &buf)
 					_, e2 := c.PlanGPUV(ctx, &buf, &buf, []int{0, 0})
-					_, e3 := c.AllocGPUSymmetric(ctx, 8)
-					_, e4 := c.GPUBarrierArgs()
-					for i, err := range []error{e1, e2, e3, e4} {
+					_, e3 := c.PlanGPUBlocks(ctx, &buf, &buf, []int{0, 0}, []int{0, 0})
+					for i, err := range []error{e1, e2, e3} {
 						if !errors.Is(err, collective.ErrInvalid) {
 							return fmt.Errorf("call %d on the CPU backend: %v, want ErrInvalid", i+1, err)
 						}
@@ -447,10 +439,104 @@ func TestGPUInvalidPlans(t *testing.T) {
 				_, e3 := c.PlanGPUV(ctx, dst, src, []int{60, -1})
 				_, e4 := c.PlanGPUV(ctx, dst, src, []int{59, 30})
 				_, e5 := c.PlanGPUV(ctx, dst, src, []int{60, 50})
-				for i, err := range []error{e1, e2, e3, e4, e5} {
+				_, e6 := c.PlanGPUBlocks(ctx, dst, src, []int{60, 60}, []int{0, 50}) // rank 1's block ends at 110
+				_, e7 := c.PlanGPUBlocks(ctx, dst, src, []int{60}, []int{0})
+				_, e8 := c.PlanGPUBlocks(ctx, dst, src, []int{59, 1}, []int{0, 60})
+				for i, err := range []error{e1, e2, e3, e4, e5, e6, e7, e8} {
 					if !errors.Is(err, collective.ErrInvalid) {
 						return fmt.Errorf("bad plan %d: %v, want ErrInvalid", i+1, err)
 					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// PlanGPUBlocks places every rank's block where offs says (gaps, rank
+// order reversed), on one node (the LL kernel, graph and eager) and across
+// two (host-staged, block by block): the blocks arrive byte for byte and
+// the gaps keep what they held. A planned Run allocates nothing.
+func TestGPUPlanBlocks(t *testing.T) {
+	needGPU(t)
+	for _, tc := range []struct {
+		name           string
+		nodes, perNode int
+		eager          bool
+		mode           string
+	}{
+		{"node/graph", 1, 3, false, "graph"},
+		{"node/eager", 1, 3, true, "eager"},
+		{"2x2/host-staged", 2, 2, false, "host-staged"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testranks.Run(t, tc.nodes, tc.perNode, func(o *collective.Options) {
+				o.Backend, o.Eager, o.GPUScratch = device.CUDA, tc.eager, gpuScratch
+				o.Timeout = 30 * time.Second
+			}, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				P, me := c.Size(), c.Rank()
+				sizes, offs := make([]int, P), make([]int, P)
+				total := 7 // a gap before the first block
+				for r := P - 1; r >= 0; r-- {
+					sizes[r] = 1000 + 37*r
+					offs[r] = total
+					total += sizes[r] + 13 // and one after each
+				}
+				dst, err := c.GPU().Alloc(total)
+				if err != nil {
+					return err
+				}
+				defer dst.Free()
+				src, err := c.GPU().Alloc(sizes[me])
+				if err != nil {
+					return err
+				}
+				defer src.Free()
+				plan, err := c.PlanGPUBlocks(ctx, dst, src, sizes, offs)
+				if err != nil {
+					return err
+				}
+				defer plan.Close()
+				if plan.Mode() != tc.mode {
+					return fmt.Errorf("mode %s, want %s", plan.Mode(), tc.mode)
+				}
+				host := make([]byte, total)
+				for iter := range 2 {
+					pattern.Fill(host, 0xfeed)
+					if err := dst.CopyFromHost(host); err != nil {
+						return err
+					}
+					own := make([]byte, sizes[me])
+					pattern.Fill(own, pattern.Seed(me, iter, uint64(sizes[me])))
+					if err := src.CopyFromHost(own); err != nil {
+						return err
+					}
+					if err := plan.Run(ctx); err != nil {
+						return err
+					}
+					if err := dst.CopyToHost(host); err != nil {
+						return err
+					}
+					want := make([]byte, total)
+					pattern.Fill(want, 0xfeed)
+					for r := range P {
+						pattern.Fill(want[offs[r]:offs[r]+sizes[r]], pattern.Seed(r, iter, uint64(sizes[r])))
+					}
+					if !bytes.Equal(host, want) {
+						for j := range host {
+							if host[j] != want[j] {
+								return fmt.Errorf("iteration %d: byte %d of dst is %#x, want %#x", iter, j, host[j], want[j])
+							}
+						}
+					}
+				}
+				allocs, err := testranks.AllocsPerRun(c, func() error { return plan.Run(ctx) })
+				if err != nil {
+					return err
+				}
+				if allocs >= 1 {
+					return fmt.Errorf("%.1f allocations per planned run", allocs)
 				}
 				return nil
 			})

@@ -10,6 +10,11 @@
 // kernels and copies with their final arguments. Everything else (memory
 // allocation, the IPC exchange of handles through the rendezvous store,
 // waiting for the host) happens before the first run, never during capture.
+//
+// This is an engine package, not slimego's API: programs import
+// collective, overlap, launcher and rendezvous, which choose the engine at
+// Init and whose exported identifiers name no type of this package (a
+// test, internal/depcheck, checks that).
 package cudagraph
 
 import (

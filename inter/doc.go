@@ -13,4 +13,9 @@
 //
 // Who sends which block when is a pure function of the layout (schedule.go),
 // tested without a network.
+//
+// This is an engine package, not slimego's API: programs import
+// collective, overlap, launcher and rendezvous, which choose the engine at
+// Init and whose exported identifiers name no type of this package (a
+// test, internal/depcheck, checks that).
 package inter

@@ -28,4 +28,9 @@
 // Every wait has a deadline, and while it sleeps a rank checks its peers'
 // processes (pidfds) and states, so a dead or failed peer is an error within
 // milliseconds and a slow one within the timeout.
+//
+// This is an engine package, not slimego's API: programs import
+// collective, overlap, launcher and rendezvous, which choose the engine at
+// Init and whose exported identifiers name no type of this package (a
+// test, internal/depcheck, checks that).
 package intra

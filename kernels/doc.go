@@ -25,4 +25,9 @@
 // tells callers so, since nothing measured on it is a GPU figure.
 //
 // Without cgo, or off Linux, Open always reports ErrNotFound.
+//
+// This is an engine package, not slimego's API: programs import
+// collective, overlap, launcher and rendezvous, which choose the engine at
+// Init and whose exported identifiers name no type of this package (a
+// test, internal/depcheck, checks that).
 package kernels

@@ -8,6 +8,11 @@
 // It needs libslimenvshmem.so (make kernels NVSHMEM_HOME=...); where it is
 // absent [Bootstrap] reports kernels.ErrNotFound and the communicator moves
 // GPU data across nodes through host memory and the TCP transport instead.
+//
+// This is an engine package, not slimego's API: programs import
+// collective, overlap, launcher and rendezvous, which choose the engine at
+// Init and whose exported identifiers name no type of this package (a
+// test, internal/depcheck, checks that).
 package nvshmem
 
 import (

@@ -3,13 +3,15 @@
 // block, where each of P ranks holds m rows of A (m × k), B (k × n) is
 // replicated, and every rank wants the whole (P·m) × n product.
 //
-// An [Op] cuts the gather into pieces (row ranges of every rank's block)
-// that run on a communication stream, each followed by an event; the GEMM
-// runs on a compute stream, its own rows first (they need no
-// communication), then each piece's rows once the piece's event is reached.
-// The schedule is a pure function of the shape ([Pieces], [Tasks]). The
-// streams are device.Streams, so the same schedule runs on the CPU now and
-// on CUDA streams later. GEMMs are gonum's (blas32, blas64). [NewWith]
-// sets how finely the gather is cut ([Options]); once planned, an Op runs
-// as often as needed and allocates nothing per run.
+// An [Op] cuts the gather into pieces (row ranges of every rank's block);
+// each piece is one of the communicator's own planned all-gathers, so the
+// Op runs wherever the communicator does: on the CPU or a GPU, within a
+// node or across nodes. The GEMM runs on a compute stream, its own rows
+// first (they need no communication), then each piece's rows once the
+// piece is gathered. The schedule is a pure function of the shape
+// ([Pieces], [Tasks]). [New] and [NewWith] pick the executor from the
+// communicator's backend: gonum (blas32, blas64) on host memory, cuBLAS on
+// the GPU's. [NewWith] sets how finely the gather is cut ([Options]); once
+// planned, an Op runs as often as needed and allocates nothing per run.
+// Every method that waits takes its context; the Op keeps none.
 package overlap

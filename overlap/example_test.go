@@ -14,7 +14,7 @@ func ExampleNewWith() {
 	ctx := context.Background()
 	errs := collective.RunInProcess(ctx, 1, 2, nil, func(c *collective.Communicator) error {
 		const m, n, k = 2, 2, 3
-		op, err := overlap.NewWith[float64](c, m, n, k, overlap.Options{Pieces: 2})
+		op, err := overlap.NewWith[float64](ctx, c, m, n, k, overlap.Options{Pieces: 2})
 		if err != nil {
 			return err
 		}

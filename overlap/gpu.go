@@ -1,278 +1,232 @@
 package overlap
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"unsafe"
 
-	"github.com/slimego/slimego/collective"
-	"github.com/slimego/slimego/cudagraph"
 	"github.com/slimego/slimego/device"
-	"github.com/slimego/slimego/intra"
 	"github.com/slimego/slimego/kernels"
 )
 
-// GPUOp is the overlapped C = AllGather(A)·B on the CUDA backend, with the
-// schedule of Op (Pieces, Tasks): each rank's A lives in node-symmetric
-// device memory; the comm stream waits at a flag barrier until every rank's
-// A is written, then pulls the other ranks' rows piece by piece with the
-// copy engines (cudaMemcpyAsync from the peers' mapped memory), recording
-// an event per copy; the compute stream runs cuBLAS on this rank's own rows
-// at once and on each other piece once its event is reached; a second
-// barrier keeps every rank's A unchanged until all have read it. Each of
-// the four ways (Run, RunSequential, Gather, GEMM) is captured into a CUDA
-// graph on its first run unless the communicator is in eager mode.
-//
-// Write A (m × k, row-major) and B (k × n) with CopyFromHost before Run; C
-// ((P·m) × n) and G (the gathered A) are device buffers too. One node only.
-type GPUOp[T Float] struct {
-	A    *device.CUDABuffer // this rank's rows: the node-symmetric allocation
-	B, C *device.CUDABuffer
-	G    *device.CUDABuffer // gathered A, (P·m) × k
-
-	c             *collective.Communicator
+// gpuEngine runs an Op on the communicator's GPU. The gather is the
+// communicator's: one device-memory plan per piece (PlanGPUBlocks), each
+// launched on the communicator's stream (its LL kernel on one node, or
+// NVSHMEM or host staging across nodes) and followed by an event; cuBLAS
+// runs on a compute stream, this rank's own rows at once and each piece's
+// rows once its event is reached. The compute stream forks off the
+// communicator's stream at the start of a run and joins it at the end, so
+// that waiting for that stream waits for the whole run.
+type gpuEngine[T Float] struct {
+	o             *Op[T]
 	gpu           *device.GPU
 	lib           *kernels.Lib
-	sym           *intra.GPUSymmetric
-	P, me         int
-	m, n, k, esz  int
-	tasks         []Task
-	comm, compute *device.CUDAStream
+	comm, compute *device.CUDAStream // comm is the communicator's
 	fork, join    *device.CUDAEvent
-	events        []*device.CUDAEvent // one per task
+	events        []*device.CUDAEvent // one per piece
 	blas          kernels.Blas
-	barrier       *kernels.BarrierArgs
-	run, seq      *cudagraph.Runner
-	gather, gemm  *cudagraph.Runner
 }
 
-// NewGPU plans a GPUOp on c's GPU (a collective call): m × k rows of A per
-// rank, B of k × n, the gather cut into the given number of pieces.
-func NewGPU[T Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces int) (o *GPUOp[T], err error) {
-	if m < 0 || n < 0 || k < 0 {
-		return nil, fmt.Errorf("overlap: negative shape %d×%d×%d: %w", m, n, k, collective.ErrInvalid)
-	}
+func newGPUEngine[T Float](ctx context.Context, o *Op[T]) (_ *gpuEngine[T], err error) {
+	c := o.c
 	gpu := c.GPU()
-	if gpu == nil {
-		return nil, fmt.Errorf("overlap: the communicator has no GPU: %w", collective.ErrInvalid)
-	}
-	var z T
-	o = &GPUOp[T]{c: c, gpu: gpu, lib: gpu.Lib(), P: c.Size(), me: c.Rank(), m: m, n: n, k: k, esz: int(unsafe.Sizeof(z))}
+	e := &gpuEngine[T]{o: o, gpu: gpu, lib: gpu.Lib(), comm: c.GPUStream()}
 	defer func() {
 		if err != nil {
-			o.Close()
+			e.close()
 		}
 	}()
-	if o.barrier, err = c.GPUBarrierArgs(); err != nil {
-		return nil, err
-	}
-	if o.sym, err = c.AllocGPUSymmetric(ctx, max(m*k*o.esz, 1)); err != nil {
-		return nil, err
-	}
-	o.A = &device.CUDABuffer{Dev: gpu, Ptr: o.sym.Local(), Len: m * k * o.esz}
+	P, m, n, k, esz := o.P, o.m, o.n, o.k, o.esz()
 	for _, b := range []struct {
 		dst   **device.CUDABuffer
 		bytes int
-	}{{&o.B, k * n * o.esz}, {&o.C, o.P * m * n * o.esz}, {&o.G, o.P * m * k * o.esz}} {
+	}{{&o.DevA, m * k * esz}, {&o.DevB, k * n * esz}, {&o.DevC, P * m * n * esz}, {&o.DevG, P * m * k * esz}} {
 		if *b.dst, err = gpu.Alloc(b.bytes); err != nil {
 			return nil, err
 		}
 	}
-	if o.comm, err = gpu.NewStream(); err != nil {
+	if e.compute, err = gpu.NewStream(); err != nil {
 		return nil, err
 	}
-	if o.compute, err = gpu.NewStream(); err != nil {
+	if e.blas, err = e.lib.BlasCreate(gpu.Ordinal); err != nil {
 		return nil, err
 	}
-	if o.blas, err = o.lib.BlasCreate(gpu.Ordinal); err != nil {
-		return nil, err
-	}
-	ps := Pieces(m, max(pieces, 1))
-	o.tasks = Tasks(o.P, o.me, m, ps)
-	for _, ev := range []**device.CUDAEvent{&o.fork, &o.join} {
+	for _, ev := range []**device.CUDAEvent{&e.fork, &e.join} {
 		if *ev, err = gpu.NewEvent(false); err != nil {
 			return nil, err
 		}
 	}
-	o.events = make([]*device.CUDAEvent, len(o.tasks))
-	for i := range o.events {
-		if o.events[i], err = gpu.NewEvent(false); err != nil {
+	for _, p := range o.pieces {
+		ev, err := gpu.NewEvent(false)
+		if err != nil {
 			return nil, err
 		}
+		e.events = append(e.events, ev)
+		src, err := o.DevA.Slice(p.Lo*k*esz, (p.Hi-p.Lo)*k*esz)
+		if err != nil {
+			return nil, fmt.Errorf("overlap: rank %d: %w", o.me, err)
+		}
+		sizes, offs := o.blocks(p)
+		plan, err := c.PlanGPUBlocks(ctx, o.DevG, src, sizes, offs)
+		if err != nil {
+			return nil, err
+		}
+		o.plans = append(o.plans, plan)
 	}
-	eager := c.Options().Eager || cudagraph.Eager()
-	o.run = cudagraph.New(o.comm, eager, o.launchOverlap)
-	o.seq = cudagraph.New(o.comm, eager, o.launchSequential)
-	o.gather = cudagraph.New(o.comm, eager, o.launchGather)
-	o.gemm = cudagraph.New(o.comm, eager, o.launchGEMMs)
-	// No rank runs before every rank has mapped the others' A.
-	if err := c.Barrier(ctx); err != nil {
-		return nil, err
-	}
-	return o, nil
+	return e, nil
 }
 
-// Mode is "graph" or "eager".
-func (o *GPUOp[T]) Mode() string { return o.run.Mode() }
-
-// copyTask pulls task t's rows of another rank's A into G on s.
-func (o *GPUOp[T]) copyTask(t Task, s *device.CUDAStream) error {
-	rows := t.Hi - t.Lo
-	if rows == 0 || o.k == 0 {
-		return nil
+func (e *gpuEngine[T]) mode() string {
+	if len(e.o.plans) > 0 {
+		return e.o.plans[0].Mode()
 	}
-	src := o.sym.Peers[t.Rank] + kernels.Ptr(t.Lo*o.k*o.esz)
-	dst := o.G.Ptr + kernels.Ptr((t.Rank*o.m+t.Lo)*o.k*o.esz)
-	return o.lib.MemcpyAsync(o.gpu.Ordinal, dst, src, uint64(rows*o.k*o.esz), s.H)
+	if e.o.c.Options().Eager {
+		return "eager"
+	}
+	return "graph"
 }
 
-// gemmTask computes task t's rows of C on s: from A for this rank's rows,
-// from G for the others'.
-func (o *GPUOp[T]) gemmTask(t Task, s *device.CUDAStream, fromG bool) error {
-	rows := t.Hi - t.Lo
+// gemmTask enqueues task t's rows of C on the compute stream: from A for
+// this rank's rows (unless fromG), from G for the others'.
+func (e *gpuEngine[T]) gemmTask(t Task, fromG bool) error {
+	o, s := e.o, e.compute
+	rows, esz := t.Hi-t.Lo, o.esz()
 	if rows == 0 || o.n == 0 {
 		return nil
 	}
-	cRows := o.C.Ptr + kernels.Ptr((t.Rank*o.m+t.Lo)*o.n*o.esz)
+	cRows := o.DevC.Ptr + kernels.Ptr((t.Rank*o.m+t.Lo)*o.n*esz)
 	if o.k == 0 {
-		return o.lib.MemsetAsync(o.gpu.Ordinal, cRows, 0, uint64(rows*o.n*o.esz), s.H)
+		return e.lib.MemsetAsync(e.gpu.Ordinal, cRows, 0, uint64(rows*o.n*esz), s.H)
 	}
-	a := o.G.Ptr + kernels.Ptr((t.Rank*o.m+t.Lo)*o.k*o.esz)
+	a := o.DevG.Ptr + kernels.Ptr((t.Rank*o.m+t.Lo)*o.k*esz)
 	if t.Rank == o.me && !fromG {
-		a = o.A.Ptr + kernels.Ptr(t.Lo*o.k*o.esz)
+		a = o.DevA.Ptr + kernels.Ptr(t.Lo*o.k*esz)
 	}
-	if o.esz == 4 {
-		return o.lib.GemmF32(o.gpu.Ordinal, o.blas, s.H, rows, o.n, o.k, a, o.k, o.B.Ptr, o.n, cRows, o.n)
+	if esz == 4 {
+		return e.lib.GemmF32(e.gpu.Ordinal, e.blas, s.H, rows, o.n, o.k, a, o.k, o.DevB.Ptr, o.n, cRows, o.n)
 	}
-	return o.lib.GemmF64(o.gpu.Ordinal, o.blas, s.H, rows, o.n, o.k, a, o.k, o.B.Ptr, o.n, cRows, o.n)
+	return e.lib.GemmF64(e.gpu.Ordinal, e.blas, s.H, rows, o.n, o.k, a, o.k, o.DevB.Ptr, o.n, cRows, o.n)
 }
 
-// launchGather enqueues the whole gather on s: barrier, the own rows and
-// every other rank's rows into G, barrier.
-func (o *GPUOp[T]) launchGather(s *device.CUDAStream) error {
-	if err := o.lib.Barrier(o.gpu.Ordinal, o.barrier, s.H); err != nil {
+// forkCompute orders the compute stream's next work after what the
+// communicator's stream holds now.
+func (e *gpuEngine[T]) forkCompute() error {
+	if err := e.fork.Record(e.comm); err != nil {
 		return err
 	}
-	own := Task{Rank: o.me, Lo: 0, Hi: o.m}
-	if err := o.copyTask(own, s); err != nil {
-		return err
-	}
-	for _, t := range o.tasks {
-		if t.Rank != o.me {
-			if err := o.copyTask(t, s); err != nil {
-				return err
-			}
-		}
-	}
-	return o.lib.Barrier(o.gpu.Ordinal, o.barrier, s.H)
+	return e.compute.Wait(e.fork)
 }
 
-// launchGEMMs enqueues every GEMM on s, all rows from G.
-func (o *GPUOp[T]) launchGEMMs(s *device.CUDAStream) error {
-	for _, t := range o.tasks {
-		if err := o.gemmTask(t, s, true); err != nil {
+// finish joins the compute stream into the communicator's stream, waits
+// for both within the communicator's timeout, and reports what the
+// kernels saw; err, an error of the launches, comes first.
+func (e *gpuEngine[T]) finish(ctx context.Context, err error) error {
+	if jerr := e.join.Record(e.compute); jerr != nil {
+		err = cmp.Or(err, jerr)
+	} else if jerr := e.comm.Wait(e.join); jerr != nil {
+		err = cmp.Or(err, jerr)
+	}
+	if serr := e.o.c.SyncGPU(ctx, "allgather-gemm", e.comm); serr != nil || err != nil {
+		return cmp.Or(err, serr)
+	}
+	for _, p := range e.o.plans {
+		if err := p.Check(ctx); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (o *GPUOp[T]) launchSequential(s *device.CUDAStream) error {
-	if err := o.launchGather(s); err != nil {
-		return err
+func (e *gpuEngine[T]) run(ctx context.Context) error {
+	if err := e.forkCompute(); err != nil {
+		return e.finish(ctx, err)
 	}
-	return o.launchGEMMs(s)
+	tasks, i := e.o.tasks, 0
+	for ; i < len(tasks) && tasks[i].Piece < 0; i++ {
+		if err := e.gemmTask(tasks[i], false); err != nil {
+			return e.finish(ctx, err)
+		}
+	}
+	for p, plan := range e.o.plans {
+		if err := plan.Launch(ctx); err != nil {
+			return e.finish(ctx, err)
+		}
+		if err := e.events[p].Record(e.comm); err != nil {
+			return e.finish(ctx, err)
+		}
+		if err := e.compute.Wait(e.events[p]); err != nil {
+			return e.finish(ctx, err)
+		}
+		for ; i < len(tasks) && tasks[i].Piece == p; i++ {
+			if err := e.gemmTask(tasks[i], false); err != nil {
+				return e.finish(ctx, err)
+			}
+		}
+	}
+	return e.finish(ctx, nil)
 }
 
-// launchOverlap forks the compute stream off s, pulls piece by piece on s
-// with an event per copy, runs each GEMM on the compute stream after its
-// copy's event, and joins the compute stream back into s.
-func (o *GPUOp[T]) launchOverlap(s *device.CUDAStream) error {
-	dev := o.gpu.Ordinal
-	steps := []func() error{
-		func() error { return o.fork.Record(s) },
-		func() error { return o.compute.Wait(o.fork) },
-		func() error { return o.lib.Barrier(dev, o.barrier, s.H) },
-	}
-	for _, step := range steps {
-		if err := step(); err != nil {
+func (e *gpuEngine[T]) launchGather(ctx context.Context) error {
+	for _, plan := range e.o.plans {
+		if err := plan.Launch(ctx); err != nil {
 			return err
 		}
 	}
-	for i, t := range o.tasks {
-		if t.Rank != o.me {
-			if err := o.copyTask(t, s); err != nil {
-				return err
-			}
-			if err := o.events[i].Record(s); err != nil {
-				return err
-			}
-			if err := o.compute.Wait(o.events[i]); err != nil {
-				return err
-			}
-		}
-		if err := o.gemmTask(t, o.compute, false); err != nil {
+	return nil
+}
+
+// launchGEMMs enqueues every GEMM on the compute stream, all rows from G,
+// after what the communicator's stream holds.
+func (e *gpuEngine[T]) launchGEMMs() error {
+	if err := e.forkCompute(); err != nil {
+		return err
+	}
+	for _, t := range e.o.tasks {
+		if err := e.gemmTask(t, true); err != nil {
 			return err
 		}
 	}
-	// G's own rows, for completeness, and the barrier that frees A.
-	if err := o.copyTask(Task{Rank: o.me, Lo: 0, Hi: o.m}, s); err != nil {
-		return err
-	}
-	if err := o.lib.Barrier(dev, o.barrier, s.H); err != nil {
-		return err
-	}
-	if err := o.join.Record(o.compute); err != nil {
-		return err
-	}
-	return s.Wait(o.join)
+	return nil
 }
 
-func (o *GPUOp[T]) do(ctx context.Context, r *cudagraph.Runner) error {
-	if err := r.Run(); err != nil {
-		return fmt.Errorf("overlap: rank %d: %w", o.me, err)
+func (e *gpuEngine[T]) sequential(ctx context.Context) error {
+	err := e.launchGather(ctx)
+	if err == nil {
+		err = e.launchGEMMs()
 	}
-	return o.c.SyncGPU(ctx, "allgather-gemm", o.comm)
+	return e.finish(ctx, err)
 }
 
-// Run computes C, overlapped.
-func (o *GPUOp[T]) Run(ctx context.Context) error { return o.do(ctx, o.run) }
+func (e *gpuEngine[T]) gather(ctx context.Context) error {
+	return e.finish(ctx, e.launchGather(ctx))
+}
 
-// RunSequential gathers all of A, then computes C (t_seq).
-func (o *GPUOp[T]) RunSequential(ctx context.Context) error { return o.do(ctx, o.seq) }
+func (e *gpuEngine[T]) gemm(ctx context.Context) error {
+	return e.finish(ctx, e.launchGEMMs())
+}
 
-// Gather runs only the gather (t_comm).
-func (o *GPUOp[T]) Gather(ctx context.Context) error { return o.do(ctx, o.gather) }
-
-// GEMM runs only the GEMMs, on whatever G holds (t_gemm).
-func (o *GPUOp[T]) GEMM(ctx context.Context) error { return o.do(ctx, o.gemm) }
-
-// Close releases the graphs, streams, events and memory (collective: the
-// symmetric A is freed once every rank has closed).
-func (o *GPUOp[T]) Close() error {
+func (e *gpuEngine[T]) close() error {
+	o := e.o
 	var errs []error
-	for _, r := range []*cudagraph.Runner{o.run, o.seq, o.gather, o.gemm} {
-		if r != nil {
-			errs = append(errs, r.Close())
+	for _, p := range o.plans {
+		errs = append(errs, p.Close())
+	}
+	o.plans = nil
+	for _, ev := range append([]*device.CUDAEvent{e.fork, e.join}, e.events...) {
+		if ev != nil {
+			errs = append(errs, ev.Close())
 		}
 	}
-	for _, e := range append([]*device.CUDAEvent{o.fork, o.join}, o.events...) {
-		errs = append(errs, e.Close())
+	if e.blas != 0 {
+		errs = append(errs, e.lib.BlasDestroy(e.gpu.Ordinal, e.blas))
+		e.blas = 0
 	}
-	if o.blas != 0 {
-		errs = append(errs, o.lib.BlasDestroy(o.gpu.Ordinal, o.blas))
-		o.blas = 0
+	if e.compute != nil {
+		errs = append(errs, e.compute.Close())
 	}
-	errs = append(errs, o.comm.Close(), o.compute.Close())
-	for _, b := range []*device.CUDABuffer{o.B, o.C, o.G} {
+	for _, b := range []*device.CUDABuffer{o.DevA, o.DevB, o.DevC, o.DevG} {
 		errs = append(errs, b.Free())
-	}
-	if o.sym != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), o.c.Timeout())
-		errs = append(errs, o.sym.Free(ctx))
-		cancel()
-		o.sym = nil
 	}
 	return errors.Join(errs...)
 }

@@ -87,8 +87,8 @@ func MeasureCPU(ctx context.Context, c *collective.Communicator, o Ways, t Times
 // OpenBLAS's idle threads spin for about 0.1 s (2^28 cycles) after a GEMM.
 const CPUSettle = 200 * time.Millisecond
 
-// Ways are the four ways an operator computes C, timed by Measure: the
-// CPU's Op and the GPU's GPUOp.
+// Ways are the four ways an operator computes C, timed by Measure: an Op
+// on either backend.
 type Ways interface {
 	Gather(ctx context.Context) error        // the gather alone (t_comm)
 	GEMM(ctx context.Context) error          // the GEMMs alone (t_gemm)

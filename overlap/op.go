@@ -3,7 +3,6 @@ package overlap
 import (
 	"context"
 	"fmt"
-	"time"
 	"unsafe"
 
 	"gonum.org/v1/gonum/blas"
@@ -18,25 +17,44 @@ import (
 // Float is the element types an Op computes in.
 type Float interface{ float32 | float64 }
 
-// Op is a planned, overlapped C = AllGather(A)·B on one rank. Fill A (this
-// rank's m × k rows) and B (k × n), then Run; C holds the (P·m) × n result,
-// row-major. Run it as often as needed.
+// Op is a planned, overlapped C = AllGather(A)·B on one rank, on the
+// communicator's backend. Write A (this rank's m × k rows) and B (k × n),
+// then Run; C holds the (P·m) × n result, row-major, and G the gathered A.
+// Run it as often as needed; once planned, a run allocates nothing.
+//
+// Where the memory lives is the one thing that depends on the backend: on
+// the CPU, A, B, C and G are host slices that the caller reads and writes
+// in place; on CUDA they are device buffers (DevA, DevB, DevC, DevG) and
+// the host slices are nil. WriteA, WriteB, ReadC and ReadG copy on either.
+//
+// The gather is the communicator's own: one planned all-gather
+// ([collective.Communicator.PlanBlocks], or PlanGPUBlocks on a GPU) per
+// piece, within a node and across nodes alike.
 type Op[T Float] struct {
-	A, B, C []T
-	// G is the gathered A, (P·m) × k; this rank's own rows are copied in too.
-	G []T
+	// A (m × k), B (k × n), C ((P·m) × n) and G ((P·m) × k, this rank's own
+	// rows included) in host memory: nil on the CUDA backend.
+	A, B, C, G []T
+	// The same on the GPU: nil on the CPU backend.
+	DevA, DevB, DevC, DevG *device.CUDABuffer
 
-	c             *collective.Communicator
-	P, me         int
-	m, n, k       int
-	pieces        []Piece
-	tasks         []Task
-	plans         []*collective.Plan
-	comm, compute *device.Stream
-	events        []*device.Event
-	gatherFns     []func() error
-	taskFns       []func() error
-	ctx           context.Context
+	c       *collective.Communicator
+	P, me   int
+	m, n, k int
+	pieces  []Piece
+	tasks   []Task
+	plans   []*collective.Plan // one per piece
+	eng     engine
+}
+
+// engine is an Op's executor: gonum on host memory, or cuBLAS on the GPU.
+// Each call runs the Op's plans and tasks to completion.
+type engine interface {
+	run(ctx context.Context) error
+	sequential(ctx context.Context) error
+	gather(ctx context.Context) error
+	gemm(ctx context.Context) error
+	mode() string
+	close() error
 }
 
 // Options are NewWith's settings; the zero value asks for the defaults.
@@ -54,12 +72,13 @@ type Options struct {
 // New plans an Op for m × k blocks of A on each rank of c, B of k × n, and
 // the gather cut into the given number of pieces (at least 1; across nodes
 // fewer where a piece would carry less than MinPieceBytes(c) per rank).
-func New[T Float](c *collective.Communicator, m, n, k, pieces int) (*Op[T], error) {
-	return NewWith[T](c, m, n, k, Options{Pieces: max(pieces, 1)})
+// It is a collective call: every rank plans the same shape.
+func New[T Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces int) (*Op[T], error) {
+	return NewWith[T](ctx, c, m, n, k, Options{Pieces: max(pieces, 1)})
 }
 
 // NewWith is New with its settings in opts.
-func NewWith[T Float](c *collective.Communicator, m, n, k int, opts Options) (*Op[T], error) {
+func NewWith[T Float](ctx context.Context, c *collective.Communicator, m, n, k int, opts Options) (o *Op[T], err error) {
 	if m < 0 || n < 0 || k < 0 {
 		return nil, fmt.Errorf("overlap: negative shape %d×%d×%d: %w", m, n, k, collective.ErrInvalid)
 	}
@@ -70,36 +89,41 @@ func NewWith[T Float](c *collective.Communicator, m, n, k int, opts Options) (*O
 		opts.MinPieceBytes = MinPieceBytes(c)
 	}
 	P, me := c.Size(), c.Rank()
-	o := &Op[T]{c: c, P: P, me: me, m: m, n: n, k: k,
-		A: make([]T, m*k), B: make([]T, k*n), C: make([]T, P*m*n), G: make([]T, P*m*k),
-		comm: device.NewStream(), compute: device.NewStream()}
-	// The gather's own waits end at the communicator's timeout; the compute
-	// stream gives its events a little longer.
-	o.compute.WaitTimeout = c.Timeout() + 10*time.Second
-	var z T
-	esz := int(unsafe.Sizeof(z))
+	o = &Op[T]{c: c, P: P, me: me, m: m, n: n, k: k}
+	esz := o.esz()
 	o.pieces = Pieces(m, PieceCount(opts.Pieces, m*k*esz, opts.MinPieceBytes))
 	o.tasks = Tasks(P, me, m, o.pieces)
-	gBytes, aBytes := asBytes(o.G), asBytes(o.A)
-	sizes, offs := make([]int, P), make([]int, P)
-	for _, p := range o.pieces {
-		for r := range P {
-			sizes[r] = (p.Hi - p.Lo) * k * esz
-			offs[r] = (r*m + p.Lo) * k * esz
-		}
-		plan, err := c.PlanBlocks(gBytes, aBytes[p.Lo*k*esz:p.Hi*k*esz], sizes, offs)
+	defer func() {
 		if err != nil {
 			o.Close()
-			return nil, err
 		}
-		o.plans = append(o.plans, plan)
-		o.events = append(o.events, new(device.Event))
-		o.gatherFns = append(o.gatherFns, func() error { return plan.Run(o.ctx) })
+	}()
+	if c.Backend() == device.CUDA {
+		o.eng, err = newGPUEngine(ctx, o)
+	} else {
+		o.eng, err = newHostEngine(o)
 	}
-	for _, t := range o.tasks {
-		o.taskFns = append(o.taskFns, func() error { o.gemm(t); return nil })
+	if err != nil {
+		return nil, err
 	}
 	return o, nil
+}
+
+// blocks is the placement of piece p in G: rank r's rows of the piece, at
+// their place in r's block.
+func (o *Op[T]) blocks(p Piece) (sizes, offs []int) {
+	esz := o.esz()
+	sizes, offs = make([]int, o.P), make([]int, o.P)
+	for r := range o.P {
+		sizes[r] = (p.Hi - p.Lo) * o.k * esz
+		offs[r] = (r*o.m + p.Lo) * o.k * esz
+	}
+	return sizes, offs
+}
+
+func (o *Op[T]) esz() int {
+	var z T
+	return int(unsafe.Sizeof(z))
 }
 
 // DefaultPieces is how many pieces NewWith cuts the gather into unless told.
@@ -108,13 +132,14 @@ const DefaultPieces = 4
 // Pieces is the number of pieces the gather is cut into.
 func (o *Op[T]) Pieces() int { return len(o.pieces) }
 
+// Mode says how the Op's gather runs: "host" on the CPU backend; on the
+// GPU, its plans' mode ("graph", "eager" or "host-staged").
+func (o *Op[T]) Mode() string { return o.eng.mode() }
+
 // MinPieceBytes is the least a gather piece should carry per rank on c:
 // across nodes, the smallest message that the transport stripes over every
-// connection of a peer pair (inter.Stripes); a smaller one moves slower,
-// which costs more than a finer overlap gains: across two namespaces, with
-// 4 connections (2 MiB), pieces of 2 MiB gave the shortest overlapped runs
-// or ran even with the best, smaller ones up to 2.3 times as long (README). 0
-// on one node.
+// connection of a peer pair; a smaller one moves slower, which costs more
+// than a finer overlap gains (docs/PERFORMANCE.md). 0 on one node.
 func MinPieceBytes(c *collective.Communicator) int {
 	return inter.StripeMin * c.Channels()
 }
@@ -140,9 +165,102 @@ func asBytes[T Float](s []T) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(z)))
 }
 
-// gemm computes C rows of task t: rows of this rank's A for its own block,
-// of the gathered G for the others'.
-func (o *Op[T]) gemm(t Task) {
+// WriteA copies a (m × k) into A, WriteB b (k × n) into B, wherever they
+// live. Not ordered after a run in flight: write between runs.
+func (o *Op[T]) WriteA(a []T) error { return o.write("A", o.A, o.DevA, a, o.m*o.k) }
+func (o *Op[T]) WriteB(b []T) error { return o.write("B", o.B, o.DevB, b, o.k*o.n) }
+
+// ReadC copies C ((P·m) × n) into c, ReadG the gathered A ((P·m) × k) into
+// g, wherever they live.
+func (o *Op[T]) ReadC(c []T) error { return o.read("C", c, o.C, o.DevC, o.P*o.m*o.n) }
+func (o *Op[T]) ReadG(g []T) error { return o.read("G", g, o.G, o.DevG, o.P*o.m*o.k) }
+
+func (o *Op[T]) write(name string, host []T, dev *device.CUDABuffer, src []T, want int) error {
+	if len(src) != want {
+		return fmt.Errorf("overlap: %s takes %d elements, not %d: %w", name, want, len(src), collective.ErrInvalid)
+	}
+	if dev != nil {
+		return dev.CopyFromHost(asBytes(src))
+	}
+	copy(host, src)
+	return nil
+}
+
+func (o *Op[T]) read(name string, dst, host []T, dev *device.CUDABuffer, want int) error {
+	if len(dst) != want {
+		return fmt.Errorf("overlap: %s holds %d elements, not %d: %w", name, want, len(dst), collective.ErrInvalid)
+	}
+	if dev != nil {
+		return dev.CopyToHost(asBytes(dst))
+	}
+	copy(dst, host)
+	return nil
+}
+
+// Run computes C, overlapping each gather piece with the GEMMs that do not
+// need it: this rank's own rows first, then each piece's rows once the
+// piece is gathered. An error of the gather (a lost peer, a timeout) ends
+// the run and is returned.
+func (o *Op[T]) Run(ctx context.Context) error { return o.eng.run(ctx) }
+
+// RunSequential gathers all of A, then computes all of C: the baseline the
+// overlap is measured against (t_seq).
+func (o *Op[T]) RunSequential(ctx context.Context) error { return o.eng.sequential(ctx) }
+
+// Gather runs only the gather (t_comm).
+func (o *Op[T]) Gather(ctx context.Context) error { return o.eng.gather(ctx) }
+
+// GEMM runs only the GEMMs, on whatever G holds (t_gemm).
+func (o *Op[T]) GEMM(ctx context.Context) error { return o.eng.gemm(ctx) }
+
+// Close releases the Op's streams, plans and memory. It is a collective
+// call on the GPU (its plans' Close is).
+func (o *Op[T]) Close() error {
+	var err error
+	if o.eng != nil {
+		err = o.eng.close()
+		o.eng = nil
+	}
+	return err
+}
+
+// hostEngine runs an Op on host memory. The calling goroutine runs the
+// gather, piece by piece (the communicator's plans, with the call's
+// context); a device.Stream runs the GEMMs, each piece's once that piece
+// is gathered, so that they overlap the pieces that follow.
+type hostEngine[T Float] struct {
+	o       *Op[T]
+	compute *device.Stream
+	taskFns []func() error // made once: a run allocates nothing
+}
+
+func newHostEngine[T Float](o *Op[T]) (*hostEngine[T], error) {
+	P, m, n, k := o.P, o.m, o.n, o.k
+	o.A, o.B, o.C, o.G = make([]T, m*k), make([]T, k*n), make([]T, P*m*n), make([]T, P*m*k)
+	e := &hostEngine[T]{o: o, compute: device.NewStream()}
+	esz := o.esz()
+	gBytes, aBytes := asBytes(o.G), asBytes(o.A)
+	for _, p := range o.pieces {
+		sizes, offs := o.blocks(p)
+		plan, err := o.c.PlanBlocks(gBytes, aBytes[p.Lo*k*esz:p.Hi*k*esz], sizes, offs)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		o.plans = append(o.plans, plan)
+	}
+	for _, t := range o.tasks {
+		e.taskFns = append(e.taskFns, func() error { e.gemmTask(t); return nil })
+	}
+	return e, nil
+}
+
+func (e *hostEngine[T]) mode() string { return "host" }
+
+// gemmTask computes C rows of task t: rows of this rank's A for its own
+// block, of the gathered G for the others'.
+func (e *hostEngine[T]) gemmTask(t Task) {
+	o := e.o
 	rows := t.Hi - t.Lo
 	if rows == 0 || o.n == 0 {
 		return
@@ -175,74 +293,55 @@ func gemmRows[T Float](a, b, c []T, rows, n, k int) {
 	}
 }
 
-// Run computes C, overlapping each gather piece with the GEMMs that do not
-// need it. An error of the gather (a lost peer, a timeout) ends the run on
-// both streams and is returned.
-func (o *Op[T]) Run(ctx context.Context) error {
-	o.ctx = ctx
-	for i, fn := range o.gatherFns {
-		o.comm.Launch(fn)
-		o.comm.Record(o.events[i])
+func (e *hostEngine[T]) run(ctx context.Context) error {
+	tasks, i := e.o.tasks, 0
+	for ; i < len(tasks) && tasks[i].Piece < 0; i++ {
+		e.compute.Launch(e.taskFns[i]) // own rows: no gather needed
 	}
-	for i, t := range o.tasks {
-		if t.Piece >= 0 && (i == 0 || o.tasks[i-1].Piece != t.Piece) {
-			o.compute.Wait(o.events[t.Piece])
+	for p, plan := range e.o.plans {
+		if err := plan.Run(ctx); err != nil {
+			e.compute.Synchronize(ctx) // the GEMMs launched read A and G
+			return err
 		}
-		o.compute.Launch(o.taskFns[i])
+		for ; i < len(tasks) && tasks[i].Piece == p; i++ {
+			e.compute.Launch(e.taskFns[i])
+		}
 	}
-	return o.sync(ctx)
+	return e.compute.Synchronize(ctx)
 }
 
-// RunSequential gathers all of A, then computes all of C: the baseline the
-// overlap is measured against (t_seq).
-func (o *Op[T]) RunSequential(ctx context.Context) error {
-	o.ctx = ctx
-	for _, fn := range o.gatherFns {
-		o.comm.Launch(fn)
-	}
-	if err := o.sync(ctx); err != nil {
+func (e *hostEngine[T]) sequential(ctx context.Context) error {
+	if err := e.gather(ctx); err != nil {
 		return err
 	}
-	for _, fn := range o.taskFns {
-		o.compute.Launch(fn)
-	}
-	return o.sync(ctx)
+	return e.gemm(ctx)
 }
 
-// Gather runs only the gather (t_comm); GEMM only the GEMMs, on whatever
-// G holds (t_gemm).
-func (o *Op[T]) Gather(ctx context.Context) error {
-	o.ctx = ctx
-	for _, fn := range o.gatherFns {
-		o.comm.Launch(fn)
+func (e *hostEngine[T]) gather(ctx context.Context) error {
+	for _, plan := range e.o.plans {
+		if err := plan.Run(ctx); err != nil {
+			return err
+		}
 	}
-	return o.sync(ctx)
+	return nil
 }
 
-func (o *Op[T]) GEMM(ctx context.Context) error {
-	for _, fn := range o.taskFns {
-		o.compute.Launch(fn)
+func (e *hostEngine[T]) gemm(ctx context.Context) error {
+	for _, fn := range e.taskFns {
+		e.compute.Launch(fn)
 	}
-	return o.sync(ctx)
+	return e.compute.Synchronize(ctx)
 }
 
-func (o *Op[T]) sync(ctx context.Context) error {
-	errComm := o.comm.Synchronize(ctx)
-	errCompute := o.compute.Synchronize(ctx)
-	if errComm != nil {
-		return errComm
+func (e *hostEngine[T]) close() error {
+	for _, p := range e.o.plans {
+		p.Close()
 	}
-	return errCompute
-}
-
-// Close stops the streams.
-func (o *Op[T]) Close() {
-	o.comm.Close()
-	o.compute.Close()
+	return e.compute.Close()
 }
 
 // Multiply returns a (rows × k) · b (k × n), row-major, with the same GEMM
-// an Op uses: the reference its results are checked against.
+// an Op uses on the CPU: the reference its results are checked against.
 func Multiply[T Float](a, b []T, rows, n, k int) []T {
 	c := make([]T, rows*n)
 	if rows > 0 && n > 0 && k > 0 {

@@ -64,7 +64,7 @@ func checkOn[T Float](t *testing.T, nodes, perNode, m, n, k int, opts Options, c
 	P := nodes * perNode
 	testranks.Run(t, nodes, perNode, nil, func(c *collective.Communicator) error {
 		ctx := context.Background()
-		o, err := NewWith[T](c, m, n, k, opts)
+		o, err := NewWith[T](ctx, c, m, n, k, opts)
 		if err != nil {
 			return err
 		}
@@ -118,14 +118,14 @@ func TestRunAllocs(t *testing.T) {
 	for _, nodes := range []int{1, 2} {
 		t.Run(fmt.Sprintf("nodes%d", nodes), func(t *testing.T) {
 			testranks.Run(t, nodes, 2/nodes, nil, func(c *collective.Communicator) error {
-				o, err := NewWith[float32](c, 40, 8, 16, Options{Pieces: 4, MinPieceBytes: -1})
+				ctx := context.Background()
+				o, err := NewWith[float32](ctx, c, 40, 8, 16, Options{Pieces: 4, MinPieceBytes: -1})
 				if err != nil {
 					return err
 				}
 				defer o.Close()
 				fillRand(o.A, uint64(c.Rank()*1000)) // as reference's iteration 0
 				fillRand(o.B, 5)
-				ctx := context.Background()
 				allocs, err := testranks.AllocsPerRun(c, func() error { return o.Run(ctx) })
 				if err != nil {
 					return err
@@ -161,7 +161,7 @@ func TestOverlapCorrect(t *testing.T) {
 func TestOverlapPeerLost(t *testing.T) {
 	ranks(t, 3, func(c *collective.Communicator) error {
 		ctx := context.Background()
-		o, err := New[float32](c, 256, 64, 64, 4)
+		o, err := New[float32](ctx, c, 256, 64, 64, 4)
 		if err != nil {
 			return err
 		}

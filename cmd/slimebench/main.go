@@ -566,7 +566,7 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 		return nil
 	}
 	title := fmt.Sprintf("slimego allgather+gemm: P=%d nodes=%d backend=%s mode=%s pieces=%d", c.Size(), c.Nodes(), backendLabel(c), m, piecing.Pieces)
-	if piecing.MinPieceBytes != 0 && c.Backend() != device.CUDA {
+	if piecing.MinPieceBytes != 0 {
 		title += " min-piece=" + bytesize.Format(int64(max(piecing.MinPieceBytes, 0)))
 	}
 	if c.Backend() == device.CUDA {
@@ -660,36 +660,12 @@ func resolveMode(mode string, c *collective.Communicator) (string, error) {
 	return mode, nil
 }
 
-// measureOverlap times one shape; it returns the pieces the gather was cut
-// into too.
+// measureOverlap times one shape, on the communicator's backend; it
+// returns the pieces the gather was cut into too.
 func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k int, piecing overlap.Options, iters int, cpuWindow time.Duration) (overlap.Times, int, error) {
-	if c.Backend() == device.CUDA {
-		t, err := measureOverlapGPU[T](ctx, c, m, n, k, piecing.Pieces, iters)
-		return t, len(overlap.Pieces(m, piecing.Pieces)), err
-	}
-	o, err := overlap.NewWith[T](c, m, n, k, piecing)
+	o, err := overlap.NewWith[T](ctx, c, m, n, k, piecing)
 	if err != nil {
 		return overlap.Times{}, 0, err
-	}
-	defer o.Close()
-	for i := range o.A {
-		o.A[i] = T(float64((i*7+c.Rank())%13) - 6)
-	}
-	for i := range o.B {
-		o.B[i] = T(float64((i*5)%11) - 5)
-	}
-	t, err := overlap.Measure(ctx, c, o, iters)
-	if err == nil && cpuWindow > 0 {
-		t, err = overlap.MeasureCPU(ctx, c, o, t, cpuWindow)
-	}
-	return t, o.Pieces(), err
-}
-
-// measureOverlapGPU is measureOverlap with cuBLAS on the GPU.
-func measureOverlapGPU[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces, iters int) (overlap.Times, error) {
-	o, err := overlap.NewGPU[T](ctx, c, m, n, k, pieces)
-	if err != nil {
-		return overlap.Times{}, err
 	}
 	defer o.Close()
 	a, b := make([]T, m*k), make([]T, k*n)
@@ -699,13 +675,17 @@ func measureOverlapGPU[T overlap.Float](ctx context.Context, c *collective.Commu
 	for i := range b {
 		b[i] = T(float64((i*5)%11) - 5)
 	}
-	if err := o.A.CopyFromHost(overlap.Bytes(a)); err != nil {
-		return overlap.Times{}, err
+	if err := o.WriteA(a); err != nil {
+		return overlap.Times{}, 0, err
 	}
-	if err := o.B.CopyFromHost(overlap.Bytes(b)); err != nil {
-		return overlap.Times{}, err
+	if err := o.WriteB(b); err != nil {
+		return overlap.Times{}, 0, err
 	}
-	return overlap.Measure(ctx, c, o, iters)
+	t, err := overlap.Measure(ctx, c, o, iters)
+	if err == nil && cpuWindow > 0 && c.Backend() != device.CUDA {
+		t, err = overlap.MeasureCPU(ctx, c, o, t, cpuWindow)
+	}
+	return t, o.Pieces(), err
 }
 
 func compare(args []string) error {

@@ -26,10 +26,10 @@ func main() {
 	k := pflag.Int("k", 1024, "columns of A, rows of B")
 	dtype := pflag.String("dtype", "float32", "float32 or float64")
 	pieces := pflag.Int("pieces", 4, "pieces the gather is cut into")
-	minPiece := pflag.Int("min-piece", 0, "CPU backend: least bytes a piece carries per rank (0: overlap.MinPieceBytes, -1: no least)")
+	minPiece := pflag.Int("min-piece", 0, "least bytes a piece carries per rank (0: overlap.MinPieceBytes, -1: no least)")
 	iters := pflag.Int("iters", 5, "timed iterations")
 	eager := pflag.Bool("eager-mode", false, "launch directly instead of replaying a captured graph (CUDA backend; the CPU backend always runs eagerly)")
-	backend := pflag.String("backend", "auto", "cpu, cuda or auto (cuda: cuBLAS, the gather pulled by the copy engines)")
+	backend := pflag.String("backend", "auto", "cpu, cuda or auto (cuda: cuBLAS, the gather by the communicator's GPU plans)")
 	pflag.Parse()
 	kind, err := device.Parse(*backend)
 	if err != nil {
@@ -66,43 +66,28 @@ func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n,
 	a, b := make([]T, m*k), make([]T, k*n)
 	fill(b, 1)
 	fill(a, uint64(100+c.Rank()))
-	// The operator of the communicator's backend, its result copied back.
-	var ways overlap.Ways
-	var result func() ([]T, error)
-	where, cut := "cpu", 0
-	if c.Backend() == device.CUDA {
-		o, err := overlap.NewGPU[T](ctx, c, m, n, k, opts.Pieces)
-		if err != nil {
-			return err
-		}
-		defer o.Close()
-		if err := o.A.CopyFromHost(overlap.Bytes(a)); err != nil {
-			return err
-		}
-		if err := o.B.CopyFromHost(overlap.Bytes(b)); err != nil {
-			return err
-		}
-		ways, where, cut = o, fmt.Sprintf("%s, %s mode", c.GPU(), o.Mode()), len(overlap.Pieces(m, opts.Pieces))
-		result = func() ([]T, error) {
-			out := make([]T, P*m*n)
-			return out, o.C.CopyToHost(overlap.Bytes(out))
-		}
-	} else {
-		o, err := overlap.NewWith[T](c, m, n, k, opts)
-		if err != nil {
-			return err
-		}
-		defer o.Close()
-		copy(o.A, a)
-		copy(o.B, b)
-		ways, cut = o, o.Pieces()
-		result = func() ([]T, error) { return o.C, nil }
-	}
-	if err := ways.Run(ctx); err != nil {
+	// The operator runs on the communicator's backend: host memory on the
+	// CPU, device memory on a GPU.
+	o, err := overlap.NewWith[T](ctx, c, m, n, k, opts)
+	if err != nil {
 		return err
 	}
-	got, err := result()
-	if err != nil {
+	defer o.Close()
+	if err := o.WriteA(a); err != nil {
+		return err
+	}
+	if err := o.WriteB(b); err != nil {
+		return err
+	}
+	where := "cpu"
+	if c.Backend() == device.CUDA {
+		where = fmt.Sprintf("%s, %s mode", c.GPU(), o.Mode())
+	}
+	if err := o.Run(ctx); err != nil {
+		return err
+	}
+	got := make([]T, P*m*n)
+	if err := o.ReadC(got); err != nil {
 		return err
 	}
 	// Reference: every rank's A regenerated, one GEMM of the whole.
@@ -121,12 +106,12 @@ func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n,
 	if rel > tol {
 		return fmt.Errorf("rank %d: relative Frobenius error %g exceeds %g", c.Rank(), rel, tol)
 	}
-	t, err := overlap.Measure(ctx, c, ways, iters)
+	t, err := overlap.Measure(ctx, c, o, iters)
 	if err != nil {
 		return err
 	}
 	if c.Rank() == 0 {
-		fmt.Printf("all_gather_gemm check passed: %d ranks, A %d×%d per rank, B %d×%d, %T on %s, pieces=%d, relative error %.2g\n", P, m, k, k, n, T(0), where, cut, rel)
+		fmt.Printf("all_gather_gemm check passed: %d ranks, A %d×%d per rank, B %d×%d, %T on %s, pieces=%d, relative error %.2g\n", P, m, k, k, n, T(0), where, o.Pieces(), rel)
 		fmt.Printf("t_comm %.0f µs  t_gemm %.0f µs  t_seq %.0f µs  t_overlap %.0f µs  efficiency %.2f\n",
 			t.Comm, t.GEMM, t.Seq, t.Overlap, t.Efficiency())
 	}

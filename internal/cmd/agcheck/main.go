@@ -299,7 +299,7 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 		}
 	case "kill-overlap":
 		// A rank dies during overlapped AllGather+GEMM runs.
-		o, err := overlap.New[float32](c, 512, 64, 256, 4)
+		o, err := overlap.New[float32](ctx, c, 512, 64, 256, 4)
 		if err != nil {
 			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
 			return 1
