@@ -20,8 +20,29 @@ import (
 const DefaultPort = 29500
 
 // Options configure [Init]. Zero fields are filled from the environment
-// ([LoadEnv]); fields already set win over it.
+// ([LoadEnv]); fields already set win over it. The knobs are grouped by
+// concern: [Job] (where this rank stands and how it meets the others),
+// [Shm] (the shared-memory engine within a node), [TCP] (across nodes) and
+// [CUDA] (the GPU backend); each group is embedded, so that o.Rank or
+// o.Channels name its fields directly. Job's fields come from the
+// launcher's variables, every other knob from its SLIME_* variable.
 type Options struct {
+	Job
+	// Timeout bounds every wait (SLIME_TIMEOUT; default 5 minutes).
+	Timeout time.Duration
+	// Backend is cpu, cuda or auto (SLIME_BACKEND).
+	Backend device.Kind
+	// Debug is "", "INFO" or "TRACE" (SLIME_DEBUG): what Init logs to
+	// stderr.
+	Debug string
+	Shm
+	TCP
+	CUDA
+}
+
+// Job is where this rank stands in the job and how it meets the other
+// ranks.
+type Job struct {
 	// Rank and WorldSize: this rank and the number of ranks. WorldSize 0
 	// means "from the environment".
 	Rank, WorldSize int
@@ -58,13 +79,22 @@ type Options struct {
 	JobSecret []byte
 	// Name tells apart several communicators of one job (default "world").
 	Name string
-	// Timeout bounds every wait (SLIME_TIMEOUT; default 5 minutes).
-	Timeout time.Duration
-	// Backend is cpu, cuda or auto (SLIME_BACKEND).
-	Backend device.Kind
-	// Debug is "", "INFO" or "TRACE" (SLIME_DEBUG): what Init logs to
-	// stderr.
-	Debug string
+}
+
+// Shm tunes the shared-memory engine that gathers within a node.
+type Shm struct {
+	// SpinTime is how long a shared-memory wait polls before it sleeps
+	// (SLIME_SPIN, a Go duration; default by ranks per core).
+	SpinTime time.Duration
+	// SlotBytes, Slots, ZeroCopyMin, CMAMin and BigCopy tune the
+	// shared-memory protocol (SLIME_SLOT_BYTES, SLIME_SLOTS,
+	// SLIME_ZERO_COPY_MIN, SLIME_CMA_MIN, SLIME_BIG_COPY; a negative CMAMin
+	// turns cross-memory attach off).
+	SlotBytes, Slots, ZeroCopyMin, CMAMin, BigCopy int
+}
+
+// TCP chooses how data moves across nodes.
+type TCP struct {
 	// Algo is the algorithm across nodes (SLIME_ALGO): "hier" (rail-aligned
 	// hierarchical; needs the same number of ranks on every node, laid out
 	// node by node), "ring" (a flat ring over TCP, any layout) or "auto"
@@ -85,14 +115,10 @@ type Options struct {
 	// with its first send, chunk by chunk while the chunk is in the cache
 	// (SLIME_SEND_COPY_MIN; default 32M; negative: never).
 	SendCopyMin int
-	// SpinTime is how long a shared-memory wait polls before it sleeps
-	// (SLIME_SPIN, a Go duration; default by ranks per core).
-	SpinTime time.Duration
-	// SlotBytes, Slots, ZeroCopyMin, CMAMin and BigCopy tune the
-	// shared-memory protocol (SLIME_SLOT_BYTES, SLIME_SLOTS,
-	// SLIME_ZERO_COPY_MIN, SLIME_CMA_MIN, SLIME_BIG_COPY; a negative CMAMin
-	// turns cross-memory attach off).
-	SlotBytes, Slots, ZeroCopyMin, CMAMin, BigCopy int
+}
+
+// CUDA tunes the GPU backend.
+type CUDA struct {
 	// Eager launches GPU work directly instead of capturing it into CUDA
 	// graphs (SLIME_EAGER=1; the commands' --eager-mode).
 	Eager bool

@@ -37,10 +37,10 @@ func RunInProcess(ctx context.Context, nodes, perNode int, tune func(*Options), 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := Options{
+			o := Options{Job: Job{
 				Rank: r, WorldSize: P, LocalRank: r % perNode, LocalWorldSize: perNode, NodeRank: r / perNode,
 				MasterAddr: "127.0.0.1", MasterPort: srv.Port(), AgentStore: true, RunID: runID, JobSecret: secret,
-			}
+			}}
 			if tune != nil {
 				tune(&o)
 			}

@@ -147,7 +147,7 @@ func allgather(args []string) error {
 		return fmt.Errorf("--buffers %q: want symmetric or plain", *buffers)
 	}
 	ctx := context.Background()
-	opts := collective.Options{Backend: kind, Channels: *channels, Algo: *algo, Eager: *eager}
+	opts := collective.Options{Backend: kind, TCP: collective.TCP{Channels: *channels, Algo: *algo}, CUDA: collective.CUDA{Eager: *eager}}
 	if *inProcess > 0 {
 		return inProcessRanks(ctx, *inProcess, opts, func(c *collective.Communicator) error {
 			return allgatherRank(ctx, c, *mode, *buffers, *eager, *asCSV, *asJSON, *quiet, bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup})
@@ -385,7 +385,7 @@ func linkCmd(args []string) error {
 			return err
 		}
 	}
-	opts := collective.Options{Channels: *channels}
+	opts := collective.Options{TCP: collective.TCP{Channels: *channels}}
 	if *lowat != "" {
 		n, err := bytesize.Parse(strings.TrimPrefix(*lowat, "-"))
 		if err != nil {
@@ -501,7 +501,7 @@ func overlapCmd(args []string) error {
 		}
 	}
 	ctx := context.Background()
-	opts := collective.Options{Backend: kind, Eager: *eager}
+	opts := collective.Options{Backend: kind, CUDA: collective.CUDA{Eager: *eager}}
 	sweepRank := func(c *collective.Communicator) error {
 		return overlapRank(ctx, c, *mode, *dtypes, *nks, *nFixed, *mMin, *mMax, piecing, *iters, *cpuWindow, *eager, *asCSV, *quiet, *plotFile)
 	}

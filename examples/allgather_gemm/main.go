@@ -36,7 +36,7 @@ func main() {
 		fail("%v", err)
 	}
 	ctx := context.Background()
-	c, err := collective.Init(ctx, collective.Options{Backend: kind, Eager: *eager})
+	c, err := collective.Init(ctx, collective.Options{Backend: kind, CUDA: collective.CUDA{Eager: *eager}})
 	if err != nil {
 		fail("%v", err)
 	}

@@ -49,7 +49,7 @@ func main() {
 			os.Exit(7)
 		}
 	}
-	c, err := collective.Init(ctx, collective.Options{RunID: *runID})
+	c, err := collective.Init(ctx, collective.Options{Job: collective.Job{RunID: *runID}})
 	if err != nil {
 		if *fault == "exit-before-init" {
 			var oe *collective.OpError
