@@ -45,8 +45,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/slimego/slimego/internal/netaddr"
 	"github.com/slimego/slimego/internal/auth"
+	"github.com/slimego/slimego/internal/netaddr"
 	"github.com/slimego/slimego/internal/shm"
 	"github.com/slimego/slimego/rendezvous"
 )
@@ -663,9 +663,12 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	defer tick.Stop()
 	stopping := false
 	var killAt <-chan time.Time
+	// stop signals every worker's process group, also of workers that have
+	// exited: their own children stay in the group and must not outlive
+	// the job. A group's id is not reused while any member lives.
 	stop := func(sig syscall.Signal) {
 		for _, w := range workers {
-			if w != nil && !w.exited {
+			if w != nil {
 				syscall.Kill(-w.cmd.Process.Pid, sig)
 			}
 		}
