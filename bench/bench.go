@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/interleave"
 	"github.com/slimego/slimego/internal/pattern"
 )
@@ -114,29 +115,115 @@ func AllGather(ctx context.Context, c *collective.Communicator, cfg Config) ([]R
 	return out, nil
 }
 
+// oneSize measures one size on the communicator's backend: the buffers
+// live where it keeps memory (host memory, or its GPU's), get fresh data,
+// are gathered once by a planned all-gather and checked byte for byte, then
+// the same plan is timed.
 func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int, inPlace bool) (Result, error) {
-	if cfg.Backend == "cuda" {
-		return oneSizeGPU(ctx, c, cfg, n, inPlace)
-	}
 	P, me := c.Size(), c.Rank()
 	res := Result{Impl: "slimego", Backend: cfg.Backend, Mode: cfg.Mode, P: P, Nodes: c.Nodes(), S: int64(n), InPlace: inPlace}
-	dst, src, free, err := buffers(ctx, c, n, inPlace, cfg.Symmetric)
-	if err != nil {
-		return res, err
+	var b gatherBuffers
+	var err error
+	if c.Backend() == device.CUDA {
+		b, err = deviceBuffers(ctx, c, n, inPlace)
+		if BackendName(c) == EmulatedBackend {
+			res.Backend = EmulatedBackend
+		}
+	} else {
+		b, err = hostBuffers(ctx, c, n, inPlace, cfg.Symmetric)
 	}
-	defer free()
-	plan, err := c.Plan(dst, src)
+	defer b.free()
 	if err != nil {
 		return res, err
 	}
 	// Correctness first: fresh data in, every byte checked.
-	pattern.Fill(dst, 0xdead)
-	pattern.Fill(src, pattern.Seed(me, 1, uint64(n)))
-	if err := plan.Run(ctx); err != nil {
+	pattern.Fill(b.dst, 0xdead)
+	pattern.Fill(b.src, pattern.Seed(me, 1, uint64(n)))
+	if err := b.load(); err != nil {
 		return res, err
 	}
-	wrong := countWrong(dst, P, n)
-	return res, timeRuns(ctx, c, cfg, &res, wrong, plan.Run)
+	if err := b.plan.Run(ctx); err != nil {
+		return res, err
+	}
+	if err := b.unload(); err != nil {
+		return res, err
+	}
+	if m := b.plan.Mode(); m != "host" {
+		res.Mode = cfg.Mode + "/" + m
+	}
+	return res, timeRuns(ctx, c, cfg, &res, countWrong(b.dst, P, n), b.plan.Run)
+}
+
+// gatherBuffers are one size's buffers wherever they live, and the plan
+// that gathers into them. dst and src are host memory to fill and check:
+// the buffers themselves on the host, staging copies of device memory,
+// which load moves in (dst first, then src, which may lie inside it) and
+// unload moves the gathered dst back from. free releases everything, also
+// after a partial setup.
+type gatherBuffers struct {
+	plan         *collective.Plan
+	dst, src     []byte
+	load, unload func() error
+	frees        []func() error
+}
+
+func (b *gatherBuffers) free() {
+	for i := len(b.frees) - 1; i >= 0; i-- {
+		b.frees[i]()
+	}
+}
+
+// hostBuffers are host memory, symmetric or on the Go heap (see buffers).
+func hostBuffers(ctx context.Context, c *collective.Communicator, n int, inPlace, symmetric bool) (gatherBuffers, error) {
+	var b gatherBuffers
+	dst, src, free, err := buffers(ctx, c, n, inPlace, symmetric)
+	b.frees = append(b.frees, func() error { free(); return nil })
+	if err != nil {
+		return b, err
+	}
+	if b.plan, err = c.Plan(dst, src); err != nil {
+		return b, err
+	}
+	b.frees = append(b.frees, b.plan.Close)
+	nothing := func() error { return nil }
+	b.dst, b.src, b.load, b.unload = dst, src, nothing, nothing
+	return b, nil
+}
+
+// deviceBuffers are memory of the communicator's GPU; the plan runs as
+// the communicator says (graph or eager).
+func deviceBuffers(ctx context.Context, c *collective.Communicator, n int, inPlace bool) (gatherBuffers, error) {
+	var b gatherBuffers
+	P, me, gpu := c.Size(), c.Rank(), c.GPU()
+	dst, err := gpu.Alloc(P * n)
+	if err != nil {
+		return b, err
+	}
+	b.frees = append(b.frees, dst.Free)
+	var src *device.CUDABuffer
+	if inPlace {
+		if src, err = dst.Slice(me*n, n); err != nil {
+			return b, err
+		}
+	} else {
+		if src, err = gpu.Alloc(n); err != nil {
+			return b, err
+		}
+		b.frees = append(b.frees, src.Free)
+	}
+	if b.plan, err = c.PlanGPU(ctx, dst, src); err != nil {
+		return b, err
+	}
+	b.frees = append(b.frees, b.plan.Close) // before the buffers it gathers into
+	b.dst, b.src = make([]byte, P*n), make([]byte, n)
+	b.load = func() error {
+		if err := dst.CopyFromHost(b.dst); err != nil {
+			return err
+		}
+		return src.CopyFromHost(b.src)
+	}
+	b.unload = func() error { return dst.CopyToHost(b.dst) }
+	return b, nil
 }
 
 // buffers allocates an all-gather's destination (P·n bytes) and source

@@ -2,12 +2,10 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/device"
-	"github.com/slimego/slimego/internal/pattern"
 )
 
 // EmulatedBackend is the backend column of figures measured on the
@@ -29,58 +27,6 @@ func BackendName(c *collective.Communicator) string {
 // EmulatedNote is the line a table of emulated figures carries under its
 // title.
 const EmulatedNote = "EMULATED: the CUDA library is libslimecuda-emu.so (host threads, no GPU); these figures check the GPU path and measure no GPU"
-
-// oneSizeGPU is oneSize on device memory of the communicator's GPU: the
-// buffers are filled from the host, gathered by a GPU plan (graph or eager,
-// as the communicator says), copied back and checked, then timed.
-func oneSizeGPU(ctx context.Context, c *collective.Communicator, cfg Config, n int, inPlace bool) (res Result, err error) {
-	P, me, gpu := c.Size(), c.Rank(), c.GPU()
-	res = Result{Impl: "slimego", Backend: cfg.Backend, Mode: cfg.Mode, P: P, Nodes: c.Nodes(), S: int64(n), InPlace: inPlace}
-	if gpu == nil {
-		return res, errors.New("bench: the communicator has no GPU")
-	}
-	if gpu.Emulated() {
-		res.Backend = EmulatedBackend
-	}
-	dst, err := gpu.Alloc(P * n)
-	if err != nil {
-		return res, err
-	}
-	defer dst.Free()
-	var src *device.CUDABuffer
-	if inPlace {
-		if src, err = dst.Slice(me*n, n); err != nil {
-			return res, err
-		}
-	} else {
-		if src, err = gpu.Alloc(n); err != nil {
-			return res, err
-		}
-		defer src.Free()
-	}
-	plan, err := c.PlanGPU(ctx, dst, src)
-	if err != nil {
-		return res, err
-	}
-	defer plan.Close()
-	host := make([]byte, P*n)
-	pattern.Fill(host, 0xdead)
-	if err := dst.CopyFromHost(host); err != nil {
-		return res, err
-	}
-	pattern.Fill(host[:n], pattern.Seed(me, 1, uint64(n)))
-	if err := src.CopyFromHost(host[:n]); err != nil {
-		return res, err
-	}
-	if err := plan.Run(ctx); err != nil {
-		return res, err
-	}
-	if err := dst.CopyToHost(host); err != nil {
-		return res, err
-	}
-	res.Mode = cfg.Mode + "/" + plan.Mode()
-	return res, timeRuns(ctx, c, cfg, &res, countWrong(host, P, n), plan.Run)
-}
 
 // D2DBackend is the backend column of gpu's copy figures: "cuda", or
 // EmulatedBackend.

@@ -1,0 +1,65 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/testranks"
+)
+
+// TestAllGatherEveryBackend runs the sweep's one code path on host memory
+// (symmetric and plain) and on the GPU's (graph and eager, on the
+// emulator): every byte arrives right, every size is timed, and the row
+// says where it ran.
+func TestAllGatherEveryBackend(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		backend   device.Kind
+		eager     bool
+		symmetric bool
+		wantBack  string
+		wantMode  string
+	}{
+		{"cpu/symmetric", device.CPU, false, true, "cpu", "intra"},
+		{"cpu/plain", device.CPU, false, false, "cpu", "intra"},
+		{"cuda/graph", device.CUDA, false, false, EmulatedBackend, "intra/graph"},
+		{"cuda/eager", device.CUDA, true, false, EmulatedBackend, "intra/eager"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var rows []Result
+			testranks.Run(t, 1, 2, func(o *collective.Options) {
+				o.Backend, o.Eager, o.GPUScratch, o.Timeout = tc.backend, tc.eager, 64<<10, 30*time.Second
+			}, func(c *collective.Communicator) error {
+				rs, err := AllGather(context.Background(), c, Config{Sizes: []int64{1, 4097, 100_000}, Iters: 3, Warmup: 1,
+					Symmetric: tc.symmetric, Backend: c.Backend().String(), Mode: "intra"})
+				if err != nil {
+					return err
+				}
+				if c.Rank() == 0 {
+					mu.Lock()
+					rows = rs
+					mu.Unlock()
+				}
+				return nil
+			})
+			if len(rows) != 6 {
+				t.Fatalf("%d rows, want 6 (3 sizes, out of and in place)", len(rows))
+			}
+			for _, r := range rows {
+				where := fmt.Sprintf("%d bytes in place %t", r.S, r.InPlace)
+				if r.Wrong != 0 || r.Iters != 3 || r.Median <= 0 {
+					t.Errorf("%s: %d wrong bytes, %d iterations, median %v", where, r.Wrong, r.Iters, r.Median)
+				}
+				if r.Backend != tc.wantBack || r.Mode != tc.wantMode {
+					t.Errorf("%s: backend %q mode %q, want %q %q", where, r.Backend, r.Mode, tc.wantBack, tc.wantMode)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,28 @@
+//go:build linux
+
+package bench
+
+import (
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/slimego/slimego/kernels"
+)
+
+// TestMain builds the emulated CUDA library and points SLIME_CUDA_LIB at
+// it, unless the variable names a library already (a GPU machine's
+// libslimecuda.so), so that the sweep's GPU path runs here too. Tests that
+// leave the backend at auto still get the CPU backend (device.Resolve
+// never picks the emulator).
+func TestMain(m *testing.M) {
+	if os.Getenv("SLIME_CUDA_LIB") == "" {
+		path, err := kernels.BuildEmulator(".")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench tests:", err)
+			os.Exit(1)
+		}
+		os.Setenv("SLIME_CUDA_LIB", path)
+	}
+	os.Exit(m.Run())
+}
