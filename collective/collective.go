@@ -390,6 +390,13 @@ func (c *Communicator) Channels() int {
 	return c.opts.Channels
 }
 
+// StripeBytes is the smallest message that the transport across nodes
+// spreads over every connection of a peer pair: a smaller one moves over
+// fewer connections, and slower. 0 on one node.
+func (c *Communicator) StripeBytes() int {
+	return inter.StripeMin * c.Channels()
+}
+
 // Options are the options the communicator runs with, environment merged.
 func (c *Communicator) Options() Options { return c.opts }
 

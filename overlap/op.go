@@ -11,7 +11,6 @@ import (
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/device"
-	"github.com/slimego/slimego/inter"
 )
 
 // Float is the element types an Op computes in.
@@ -138,10 +137,11 @@ func (o *Op[T]) Mode() string { return o.eng.mode() }
 
 // MinPieceBytes is the least a gather piece should carry per rank on c:
 // across nodes, the smallest message that the transport stripes over every
-// connection of a peer pair; a smaller one moves slower, which costs more
-// than a finer overlap gains (docs/PERFORMANCE.md). 0 on one node.
+// connection of a peer pair (c.StripeBytes()); a smaller one moves slower,
+// which costs more than a finer overlap gains (docs/PERFORMANCE.md). 0 on
+// one node.
 func MinPieceBytes(c *collective.Communicator) int {
-	return inter.StripeMin * c.Channels()
+	return c.StripeBytes()
 }
 
 // PieceCount is how many pieces a gather of blockBytes per rank is cut
