@@ -3,6 +3,7 @@ package inter
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/fault"
 	"github.com/slimego/slimego/intra"
 	"github.com/slimego/slimego/rendezvous"
 )
@@ -248,6 +250,69 @@ func TestGPUAcrossNodes(t *testing.T) {
 				if err != nil {
 					t.Errorf("rank %d: %v", r, err)
 				}
+			}
+		})
+	}
+}
+
+// TestGPUAcrossNodesMismatch: in a GPU job of 2 nodes × 2 ranks (and
+// 3 × 2), one rank calls with another size for its own block. Every rank
+// must return ErrSizeMismatch, none after waiting for its timeout: the
+// liar's rail peers learn it from the link and pass it on through their
+// node's kernel (RunMismatched). A GPU group is broken by a size mismatch,
+// so the next call, though every rank agrees, is ErrSizeMismatch again on
+// every rank, at once.
+func TestGPUAcrossNodesMismatch(t *testing.T) {
+	for _, tc := range []struct {
+		nodes, local, liar int
+		ring               bool
+	}{
+		{2, 2, 0, false}, {2, 2, 1, false}, {2, 2, 3, false}, {3, 2, 4, false},
+		{2, 2, 1, true}, {3, 2, 2, true},
+	} {
+		t.Run(fmt.Sprintf("%dx%d/liar%d/ring=%v", tc.nodes, tc.local, tc.liar, tc.ring), func(t *testing.T) {
+			P := tc.nodes * tc.local
+			start := time.Now()
+			errs := gpuCluster(t, tc.nodes, tc.local, tc.ring, func(g gpuRank) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				dstB, err := g.dev.Alloc(P * 2000)
+				if err != nil {
+					return err
+				}
+				defer dstB.Free()
+				dst := intra.Span(dstB)
+				for call, lie := range []bool{true, false} {
+					sizes, offs := make([]int, P), make([]int, P)
+					for r := range P {
+						sizes[r], offs[r] = 1000+r, r*2000
+					}
+					if lie && g.rank == tc.liar {
+						sizes[tc.liar]++
+					}
+					src := g.mem.Slice(dst, offs[g.rank], sizes[g.rank])
+					err = g.ag.run(ctx, "allgather", dst, src, sizes, offs)
+					if tc.ring && !lie {
+						// The ring has no node gather: the call after a
+						// mismatch is right.
+						if err != nil {
+							return fmt.Errorf("call %d: %v", call, err)
+						}
+						continue
+					}
+					if !errors.Is(err, fault.ErrSizeMismatch) {
+						return fmt.Errorf("call %d: %v, want ErrSizeMismatch", call, err)
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+			if el := time.Since(start); el > 15*time.Second {
+				t.Errorf("the mismatch took %v to reach every rank: some waited for a timeout", el)
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package intra
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -279,11 +280,24 @@ func (o *gpuNodeOp) Set(dst, src DevSpan, sizes, offs []int) error {
 
 func (o *gpuNodeOp) LeaveOwn(bool) {}
 
-// Run launches the plan's kernels and waits for them.
+// Run launches the plan's kernels and waits for them. A group broken by
+// a size mismatch still takes part, as RunMismatched: within one call of
+// an algorithm over several node gathers (Hier) every rank of the node
+// then completes the schedule and learns the verdict at once instead of at
+// its timeout, and every later call is ErrSizeMismatch on every rank (the
+// kernels advance their epochs in step whatever the status word says).
+// Any other break refuses.
 func (o *gpuNodeOp) Run(ctx context.Context) error {
-	if o.n.g.broken != nil {
-		return o.n.g.broken
+	if b := o.n.g.broken; b != nil {
+		if !errors.Is(b, fault.ErrSizeMismatch) {
+			return b
+		}
+		return o.RunMismatched(ctx)
 	}
+	return o.launch(ctx)
+}
+
+func (o *gpuNodeOp) launch(ctx context.Context) error {
 	if err := o.p.Launch(o.n.S); err != nil {
 		return err
 	}
@@ -294,18 +308,32 @@ func (o *gpuNodeOp) Run(ctx context.Context) error {
 // peer's kernel stops with the size status (ErrSizeMismatch, and its group
 // is broken, as every size mismatch breaks a GPU group); this rank's
 // gather runs as planned and it returns ErrSizeMismatch, broken likewise.
+//
+// Within one kernel round (blocks up to the group's scratch block, Cap)
+// every rank learns it at once. In a plan of several rounds a peer that
+// saw the size status stops reading and runs on through its rounds, and
+// may overwrite a scratch slot (there are two) whose flag another peer has
+// not read yet: that peer then gives up at the kernel's timeout, with
+// ErrTimeout. The LL protocol's own size mismatches behave the same way;
+// curing it belongs to the kernels (a peer that stops reading must not run
+// ahead of the slots).
 func (o *gpuNodeOp) RunMismatched(ctx context.Context) error {
+	g := o.n.g
+	if b := g.broken; b != nil && !errors.Is(b, fault.ErrSizeMismatch) {
+		return b
+	}
 	for j := range o.p.rounds {
 		o.p.rounds[j].Total ^= mismatchSalt
 	}
-	err := o.Run(ctx)
+	err := o.launch(ctx)
 	for j := range o.p.rounds {
 		o.p.rounds[j].Total ^= mismatchSalt
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, fault.ErrSizeMismatch) {
 		return err
 	}
-	g := o.n.g
-	g.broken = fault.New(o.name, g.cfg.Ranks[g.cfg.Rank], -1, fault.ErrSizeMismatch, "a block of another size on another node; the communicator must be closed")
+	if g.broken == nil {
+		g.broken = fault.New(o.name, g.cfg.Ranks[g.cfg.Rank], -1, fault.ErrSizeMismatch, "a block of another size on another node; the communicator must be closed")
+	}
 	return g.broken
 }

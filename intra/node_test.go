@@ -26,8 +26,8 @@ type nodeMem[M any] struct {
 // nodeScenario runs one rank's part of the NodeGather scenario: gathers of
 // random odd-sized blocks (one empty, some of several GPU rounds) checked
 // byte for byte over two calls, a re-plan to other sizes, the barrier, and
-// last a call in which local rank 0 runs RunMismatched: every rank must
-// return ErrSizeMismatch.
+// last a call (of blocks within one GPU round) in which local rank 0 runs
+// RunMismatched: every rank must return ErrSizeMismatch.
 func nodeScenario[M any](ng NodeGather[M], mem nodeMem[M]) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -95,6 +95,15 @@ func nodeScenario[M any](ng NodeGather[M], mem nodeMem[M]) error {
 		}
 	}
 	if err := ng.Barrier(ctx); err != nil {
+		return err
+	}
+	// The mismatch within one round of the GPU kernel (blocks within its
+	// 4 KiB scratch block): see gpuNodeOp.RunMismatched for why.
+	small, offs := make([]int, L), make([]int, L)
+	for s := range L {
+		small[s], offs[s] = 1001+s, 2000*s
+	}
+	if err := op.Set(ng.Slice(dst, 0, 2000*L), ng.Slice(src, 0, small[me]), small, offs); err != nil {
 		return err
 	}
 	if me == 0 {
