@@ -317,3 +317,70 @@ func TestGPUAcrossNodesMismatch(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUAcrossNodesNoAllocs: a planned GPU all-gather across nodes (Hier
+// and the ring over the CUDA LL group and the host-staged link) allocates
+// nothing once it has run: rank 0 measures process-wide allocations per
+// run while the other ranks run alongside, so an allocation on any rank
+// shows.
+func TestGPUAcrossNodesNoAllocs(t *testing.T) {
+	for _, ring := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ring=%v", ring), func(t *testing.T) {
+			const nodes, local, runs = 2, 2, 101
+			P := nodes * local
+			var allocs float64
+			errs := gpuCluster(t, nodes, local, ring, func(g gpuRank) error {
+				ctx := context.Background()
+				sizes, offs := make([]int, P), make([]int, P)
+				for r := range P {
+					sizes[r], offs[r] = 9001+r, r*10000
+				}
+				dstB, err := g.dev.Alloc(P * 10000)
+				if err != nil {
+					return err
+				}
+				defer dstB.Free()
+				srcB, err := g.dev.Alloc(sizes[g.rank])
+				if err != nil {
+					return err
+				}
+				defer srcB.Free()
+				var op interface{ Run(context.Context) error }
+				if h, ok := g.ag.(gpuHier); ok {
+					op, err = h.Plan("allgather", intra.Span(dstB), intra.Span(srcB), sizes, offs)
+				} else {
+					op, err = g.ag.(gpuRing).Plan("allgather", intra.Span(dstB), intra.Span(srcB), sizes, offs)
+				}
+				if err != nil {
+					return err
+				}
+				if err := op.Run(ctx); err != nil {
+					return err
+				}
+				if g.rank != 0 {
+					for range runs {
+						if err := op.Run(ctx); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				var runErr error
+				allocs = testing.AllocsPerRun(runs-1, func() {
+					if err := op.Run(ctx); err != nil && runErr == nil {
+						runErr = err
+					}
+				})
+				return runErr
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+			if allocs >= 1 {
+				t.Errorf("a planned run allocated %v times", allocs)
+			}
+		})
+	}
+}
