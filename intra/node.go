@@ -216,10 +216,14 @@ func (n *GPUNode) Abandon(err error) {
 }
 
 // sync waits for the node's stream within the group's timeout and checks
-// the status word.
+// the status word. A wait that gives up (ctx, or the timeout) leaves a
+// kernel in flight whose peers may be at another epoch: the group is
+// broken from then on.
 func (n *GPUNode) sync(ctx context.Context, op string) error {
 	if err := n.S.SynchronizeBy(ctx, time.Now().Add(n.g.cfg.Timeout)); err != nil {
-		return n.g.fail(op, err)
+		g := n.g
+		g.broken = fault.New(op, g.cfg.Ranks[g.cfg.Rank], -1, fault.ErrTimeout, "waiting for the node's GPU kernels: %v", err)
+		return g.broken
 	}
 	return n.g.Check(op)
 }
