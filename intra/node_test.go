@@ -166,7 +166,7 @@ func TestNodeGatherEngines(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "node", Rank: r, Size: L, Dev: dev, Cap: 4096, Timeout: 5 * time.Second})
+					g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "node", Rank: r, Size: L, Dev: dev, Cap: 4096, Timeout: 20 * time.Second})
 					if err != nil {
 						return err
 					}
