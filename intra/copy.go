@@ -5,15 +5,16 @@ import "runtime"
 // Copy pieces. The Go runtime's memmove switches to non-temporal stores for
 // copies of 1 MiB and more. That suits copies larger than the caches, but a
 // block of a few MiB that the reader (or the caller) touches next is better
-// left in the cache: measured with two ranks on the development machines, a
-// 1 MiB block copied whole took 4.6 times as long as a 512 KiB one. So
-// blocks below bigCopy are copied in cachePiece pieces, under the runtime's
-// threshold. Blocks from bigCopy up are copied whole, with non-temporal
-// stores; or, when the group shares its cores with network transfers
-// (yield), in streamPiece pieces that yield the processor between them, so
-// that a long copy lets the goroutines feeding the network run: across two
-// namespaces on 2 cores that raised 16 and 64 MiB busbw by 6–8%, while
-// within a node it cost 5–10%.
+// left in the cache: a 1 MiB block copied whole, with stores that bypass
+// the cache, took far more than twice as long as a 512 KiB one copied
+// through it (figures in docs/PERFORMANCE.md). So blocks below bigCopy are
+// copied in cachePiece pieces, under the runtime's threshold. Blocks from
+// bigCopy up are copied whole, with non-temporal stores; or, when the group
+// shares its cores with network transfers (yield), in streamPiece pieces
+// that yield the processor between them, so that a long copy lets the
+// goroutines feeding the network run. The yield is only for that case:
+// across nodes it raised large messages' bandwidth, while within a node,
+// with no network to feed, it only slowed the copy (docs/PERFORMANCE.md).
 const (
 	cachePiece  = 512 << 10
 	streamPiece = 1 << 20

@@ -16,8 +16,9 @@ import (
 	"github.com/slimego/slimego/rendezvous"
 )
 
-// Defaults, measured on the 2-core development machines (see the README's
-// performance notes): 4 slots of 256 KiB keep a rank's ring in its L2 cache.
+// Defaults: 4 slots of 256 KiB keep a rank's ring in its L2 cache; each
+// switch point (zero copy, cross-memory attach, whole copies) is the size
+// from which that path beat the one below it (docs/PERFORMANCE.md).
 const (
 	DefaultSlotBytes   = 256 << 10
 	DefaultSlots       = 4
@@ -192,10 +193,13 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 	for _, c := range g.ctrls {
 		g.cma = g.cma && atomic.LoadUint32(&c.cmaOK) == 1
 	}
-	// Measured with slimebench on 2 cores: 50 µs of polling covers a peer
-	// that runs on its own core; when ranks outnumber cores, polling that
-	// yields the CPU for up to 1 ms took 8-byte all-gathers among 4 ranks
-	// from ~110 µs (5 µs, then futex sleeps) to ~35 µs.
+	// 50 µs of polling covers a peer that runs on its own core. When ranks
+	// outnumber cores the peer being waited for may need this very core, so
+	// a short spin followed by a futex sleep pays a sleep and a wake-up on
+	// almost every wait; polling that yields the CPU for up to 1 ms lets
+	// the peer run and catches its answer without them, which made small
+	// all-gathers among more ranks than cores much faster
+	// (docs/PERFORMANCE.md).
 	g.spin = cfg.SpinTime
 	if g.spin <= 0 {
 		g.spin = 50 * time.Microsecond
