@@ -66,9 +66,8 @@ type HierOpOver[M any] struct {
 	// ownRides: the rank is alone on its node, the call is out of place
 	// and the block large enough (Transport.CopyRides), so the own block's
 	// copy rides with the first send (Transport.SendCopy) instead of
-	// ops[0] making it. With 2 ranks per node it gained nothing (2 × 2
-	// across two namespaces, five runs each: 64 MiB in 117–164 ms riding
-	// against 131–155, 32 MiB in 60–100 against 62–70).
+	// ops[0] making it. Only for a rank alone on its node: with 2 ranks
+	// per node riding gained nothing (docs/PERFORMANCE.md).
 	ownRides bool
 	sb       []int // scratch: one node's sizes and offsets
 	ob       []int
@@ -157,10 +156,9 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 	}
 	// The node's own blocks first: they need no network. The connection
 	// goroutines that Send and Recv just readied take this processor
-	// first, so that the network starts before the own copy: across two
-	// namespaces, 2 × 1 ranks, eight interleaved runs each, out-of-place
-	// busbw went from 77–79% of the link to 79–82% at 1 MiB and from
-	// 84–91% to 89–96% at 4 MiB; at 16 MiB 81–93% against 83–90%.
+	// first, so that the network starts before the own copy and the link
+	// does not idle while this processor copies; that carried more of the
+	// link's bandwidth at 1 and 4 MiB (docs/PERFORMANCE.md).
 	if !h.t.Direct(h.g.Len(o.src)) && !o.ownRides {
 		runtime.Gosched()
 	}

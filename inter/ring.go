@@ -98,10 +98,9 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 	deadline := callDeadline(ctx, r.timeout)
 	// The own block goes first, from src; its copy into dst rides with
 	// that send (Transport.SendCopy) where it is large, or is made here,
-	// before the first send. Among 2 × 2 ranks across two namespaces
-	// riding took 83–97 ms at 32 MiB against 90–97 (four runs each) and
-	// 179–256 ms at 64 MiB against 172–214 (nine runs each, medians 199
-	// and 197).
+	// before the first send. Riding saves reading the block from memory a
+	// second time; with 2 ranks per node it made no difference either way
+	// (docs/PERFORMANCE.md).
 	own := o.block(r.rank)
 	var also M
 	if n := r.t.Len(own); n > 0 && !r.t.Same(own, o.src) {

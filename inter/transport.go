@@ -40,9 +40,8 @@ type Config struct {
 	// the kernel's autotuning: a receive buffer set by the program is
 	// locked, and when its reader falls behind on a busy host the kernel
 	// drops what no longer fits (receive-queue prunes) and the sender waits
-	// out a retransmission timeout, 200 ms. Across two namespaces that made
-	// 64 MiB all-gathers among 2 × 2 ranks take 325–350 ms instead of 122–131
-	// (README).
+	// out a retransmission timeout, which stretched large all-gathers to
+	// more than twice their length (docs/PERFORMANCE.md).
 	SockBuf int
 	// Lowat bounds the bytes a receive waits for before its reader wakes
 	// (see Reader; default DefaultLowat; negative: the kernel's default,
@@ -89,24 +88,24 @@ var (
 	ErrBadAddress = errors.New("inter: published address is not a literal ip:port")
 )
 
-// DefaultChannels and DefaultSockBuf are measured defaults (README).
+// Transport defaults, each chosen by measurement (docs/PERFORMANCE.md).
 const (
 	// DefaultChannels: with messages under StripeMin on one connection,
 	// more connections cost small messages nothing, and four carried
-	// 16 MiB 17% faster than two across namespaces (README).
+	// large messages faster than two.
 	DefaultChannels = 4
 	DefaultSockBuf  = 4 << 20
-	// DefaultLowat: across two namespaces, receives that wake per 4 MiB
-	// instead of per segment carried 17–37% more (README).
+	// DefaultLowat: receives that wake once per 4 MiB instead of once per
+	// segment spend less of a CPU-bound link's processor on wake-ups, and
+	// carried more (see Reader).
 	DefaultLowat = 4 << 20
 	// DefaultSendCopyMin: a separate copy of a block that the caches hold
-	// costs little; from 32 MiB it reads from memory what the send has
-	// just read (Go's copy: 33 GB/s at 16 MiB, 21 at 32, 14 at 64 on the
-	// development machines). Across two namespaces, 2 × 1 ranks, riding
-	// copies took out-of-place busbw from 81–86% of the link to 91–95% at
-	// 64 MiB and from 83–85% to 86–93% at 48 MiB; at 16 and 24 MiB they
-	// gained nothing, and the in-place runs that followed lost 7–11
-	// points (README).
+	// costs little; a block too large for them is read from memory once
+	// for the send and again for the copy, and Go's copy slows as blocks
+	// outgrow the caches. From 32 MiB the copy rides with the send, which
+	// reads each piece once; below, riding gained nothing out of place and
+	// slowed the in-place calls that followed (probably because the
+	// riding copy's cached stores leave the result's lines dirty).
 	DefaultSendCopyMin = 32 << 20
 )
 
@@ -638,11 +637,10 @@ func (t *Transport) Close() error {
 // DirectMax is the largest message sent and received in the caller's
 // goroutine: one frame on the first connection, written before the
 // receive is read, with no hand-off to the connection goroutines (each
-// hand-off costs a wake-up). Across two namespaces, three alternating
-// runs each, the direct path (rather than from 64 KiB up) took 2 × 1
-// ranks' all-gathers of 128 KiB from 161–221 µs to 91–129 and of 512 KiB
-// from 317–422 to 228–322, 2 × 2 ranks' of 128 KiB from 941–1095 to
-// 533–619 (README). The write must not wait for the peer to read, so a
+// hand-off costs a wake-up). A message up to StripeMin travels as one
+// frame on one connection anyway; taking the direct path for all of them,
+// rather than only below 64 KiB, made all-gathers of 128–512 KiB faster
+// (docs/PERFORMANCE.md). The write must not wait for the peer to read, so a
 // transport sends directly only what a quarter of its sockets' send
 // buffers holds (Direct).
 const DirectMax = StripeMin
@@ -655,9 +653,10 @@ func (t *Transport) Direct(n int) bool { return n <= t.direct }
 // another joins in: a message of n bytes goes over Stripes(n, channels)
 // connections, the first ones. Small messages thus pay for one frame on
 // one connection, however many there are, and large ones use them all.
-// Across two namespaces, 512 KiB went whole over one connection in 0.6 of
-// the time of two 256 KiB stripes, and 2 MiB over four connections in 0.6
-// of the time of two 1 MiB stripes (0.57–0.73 in two runs; README).
+// Below 512 KiB a second connection costs more (another frame, another
+// wake-up) than it gains: a message of 512 KiB went faster whole
+// than as two stripes, and 2 MiB faster as four 512 KiB stripes than as
+// two of 1 MiB (docs/PERFORMANCE.md).
 const StripeMin = 512 << 10
 
 // Stripes is how many connections carry a message of n bytes.
@@ -684,9 +683,8 @@ func (t *Transport) CopyRides(n int) bool {
 // CopyChunk is how much of a SendCopy's buffer is written to a socket
 // before the writer copies it: small enough that what the kernel has just
 // read is still in the core's cache (and that Go's copy keeps its cached
-// stores, which it gives up from 1 MiB). Across two namespaces, 2 × 1
-// ranks, 64 MiB out of place, 256 KiB chunks carried 86–95% of the link
-// and 1 MiB chunks 84–91% (four runs each, README).
+// stores, which it gives up from 1 MiB); 256 KiB chunks carried more
+// than 1 MiB ones (docs/PERFORMANCE.md).
 const CopyChunk = 256 << 10
 
 // Send starts sending buf to peer p; WaitSend collects the result.
