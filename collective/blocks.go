@@ -8,7 +8,7 @@ import "github.com/slimego/slimego/internal/fault"
 // business). It is what an operator needs when the gathered blocks are not
 // contiguous — rows of a matrix gathered piece by piece, for instance.
 func (c *Communicator) PlanBlocks(dst, src []byte, sizes, offs []int) (*Plan, error) {
-	if c.node == nil {
+	if c.eng == nil {
 		return nil, c.closedErr("plan")
 	}
 	if len(sizes) != c.Size() || len(offs) != c.Size() {

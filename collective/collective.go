@@ -44,26 +44,24 @@ type Communicator struct {
 	opts   Options
 	store  *rendezvous.Client
 	server *rendezvous.Server
-	node   *intra.Group
 	nodes  int
-	// across nodes: the transport and the algorithm over it
-	net  *inter.Transport
-	hier *inter.Hier
-	ring *inter.RingAG
+	// node is the shared-memory group: the symmetric memory of Alloc, and
+	// the node-local half of eng.
+	node *intra.Group
+	// net is the TCP transport across nodes, nil on one node.
+	net *inter.Transport
+	// eng is the host all-gather chosen at Init (the node's group, hier or
+	// the ring): every host plan and barrier goes through it. nil once
+	// closed.
+	eng engine[[]byte]
 
 	// the CUDA backend's state; nil on the CPU
 	gpu *gpuState
 
 	// scratch for the one-shot calls, so that they allocate nothing
-	oneShot op
+	oneShot planned[[]byte]
 	sizes   []int
 	offs    []int
-}
-
-// op is a planned all-gather of any engine.
-type op interface {
-	Run(ctx context.Context) error
-	Set(dst, src []byte, sizes, offs []int) error
 }
 
 // Init joins the job described by opts, filling what opts leaves zero from
@@ -142,10 +140,10 @@ func (c *Communicator) init(ctx context.Context, kind device.Kind) error {
 		return err
 	}
 	c.node = node
-	if o.Algo != "intra" {
-		if err := c.connectNodes(ctx); err != nil {
-			return err
-		}
+	if o.Algo == "intra" {
+		c.eng = groupEngine{node}
+	} else if err := c.connectNodes(ctx); err != nil {
+		return err
 	}
 	c.sizes = make([]int, o.WorldSize)
 	c.offs = make([]int, o.WorldSize)
@@ -307,23 +305,17 @@ func (c *Communicator) connectNodes(ctx context.Context) error {
 	}
 	c.net = t
 	if o.Algo == "ring" {
-		c.ring = inter.NewRing(t, o.WorldSize, o.Rank, o.Timeout)
+		c.eng = ringEngine[[]byte]{inter.NewRing(t, o.WorldSize, o.Rank, o.Timeout)}
 	} else {
-		c.hier = inter.NewHier(c.node, t, c.nodes, o.LocalWorldSize, o.Rank, o.Timeout)
+		c.eng = hierEngine[[]byte]{inter.NewHier(c.node, t, c.nodes, o.LocalWorldSize, o.Rank, o.Timeout)}
 	}
 	return nil
 }
 
 // plan prepares name(dst, src) with the sizes and offsets in c.sizes and
 // c.offs on the communicator's engine.
-func (c *Communicator) plan(name string, dst, src []byte) (op, error) {
-	switch {
-	case c.hier != nil:
-		return c.hier.Plan(name, dst, src, c.sizes, c.offs)
-	case c.ring != nil:
-		return c.ring.Plan(name, dst, src, c.sizes, c.offs)
-	}
-	return c.node.Plan(name, dst, src, c.sizes, c.offs)
+func (c *Communicator) plan(name string, dst, src []byte) (planned[[]byte], error) {
+	return c.eng.Plan(name, dst, src, c.sizes, c.offs)
 }
 
 func (c *Communicator) storeAddr() string {
@@ -408,9 +400,10 @@ func (c *Communicator) Timeout() time.Duration { return c.opts.Timeout }
 // on the rank that hosts it, stops the store.
 func (c *Communicator) Close() error {
 	c.closeGPU()
+	c.eng = nil
 	if c.net != nil {
 		c.net.Close()
-		c.net, c.hier, c.ring = nil, nil, nil
+		c.net = nil
 	}
 	if c.node != nil {
 		c.node.Close()
@@ -434,19 +427,10 @@ func (c *Communicator) closedErr(op string) error {
 
 // Barrier returns once every rank has entered it.
 func (c *Communicator) Barrier(ctx context.Context) error {
-	if c.node == nil {
+	if c.eng == nil {
 		return c.closedErr("barrier")
 	}
-	var err error
-	switch {
-	case c.hier != nil:
-		err = c.hier.Barrier(ctx)
-	case c.ring != nil:
-		err = c.ring.Barrier(ctx)
-	default:
-		err = c.node.Barrier(ctx)
-	}
-	if err != nil {
+	if err := c.eng.Barrier(ctx); err != nil {
 		return c.failed(err)
 	}
 	return nil
@@ -456,7 +440,7 @@ func (c *Communicator) Barrier(ctx context.Context) error {
 // dst[r*len(src):]: dst must hold Size()*len(src) bytes. Every rank passes
 // the same len(src). src may be this rank's own block of dst (in place).
 func (c *Communicator) AllGather(ctx context.Context, dst, src []byte) error {
-	if c.node == nil {
+	if c.eng == nil {
 		return c.closedErr("allgather")
 	}
 	n := len(src)
@@ -473,7 +457,7 @@ func (c *Communicator) AllGather(ctx context.Context, dst, src []byte) error {
 // counts[r] bytes, and they land one after another in dst. Every rank
 // passes the same counts, and its own src of counts[Rank()] bytes.
 func (c *Communicator) AllGatherV(ctx context.Context, dst, src []byte, counts []int) error {
-	if c.node == nil {
+	if c.eng == nil {
 		return c.closedErr("allgatherv")
 	}
 	if err := c.layoutV(counts, len(dst)); err != nil {
@@ -540,7 +524,7 @@ type planEngine interface {
 }
 
 // hostPlan is a planned all-gather of host memory.
-type hostPlan struct{ op op }
+type hostPlan struct{ op planned[[]byte] }
 
 func (h hostPlan) launch(ctx context.Context) error { return h.op.Run(ctx) }
 func (hostPlan) wait(context.Context) error         { return nil }
@@ -557,7 +541,7 @@ func (c *Communicator) hostPlan(name string, dst, src []byte) (*Plan, error) {
 
 // Plan prepares AllGather(dst, src) for repeated runs.
 func (c *Communicator) Plan(dst, src []byte) (*Plan, error) {
-	if c.node == nil {
+	if c.eng == nil {
 		return nil, c.closedErr("plan")
 	}
 	n := len(src)
@@ -572,7 +556,7 @@ func (c *Communicator) Plan(dst, src []byte) (*Plan, error) {
 
 // PlanV prepares AllGatherV(dst, src, counts) for repeated runs.
 func (c *Communicator) PlanV(dst, src []byte, counts []int) (*Plan, error) {
-	if c.node == nil {
+	if c.eng == nil {
 		return nil, c.closedErr("plan")
 	}
 	if err := c.layoutV(counts, len(dst)); err != nil {
@@ -648,7 +632,7 @@ func (b *Buffer) Free() error { return b.b.Free() }
 // same n, and an AllGather whose source lies in such a buffer is read by
 // the peers in place. Free it with Buffer.Free on every rank.
 func (c *Communicator) Alloc(ctx context.Context, n int) (*Buffer, error) {
-	if c.node == nil {
+	if c.eng == nil {
 		return nil, c.closedErr("alloc")
 	}
 	b, err := c.node.Alloc(ctx, n)
