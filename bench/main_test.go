@@ -16,13 +16,9 @@ import (
 // leave the backend at auto still get the CPU backend (device.Resolve
 // never picks the emulator).
 func TestMain(m *testing.M) {
-	if os.Getenv("SLIME_CUDA_LIB") == "" {
-		path, err := kernels.BuildEmulator(".")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench tests:", err)
-			os.Exit(1)
-		}
-		os.Setenv("SLIME_CUDA_LIB", path)
+	if err := kernels.UseEmulator(0); err != nil {
+		fmt.Fprintln(os.Stderr, "bench tests:", err)
+		os.Exit(1)
 	}
 	os.Exit(m.Run())
 }

@@ -16,16 +16,9 @@ import (
 // the CUDA LL group run here, on the host; the emulator has two devices
 // (SLIME_EMU_DEVICES, unless set). The other tests do not touch it.
 func TestMain(m *testing.M) {
-	if os.Getenv("SLIME_CUDA_LIB") == "" {
-		path, err := kernels.BuildEmulator(".")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "inter tests:", err)
-			os.Exit(1)
-		}
-		os.Setenv("SLIME_CUDA_LIB", path)
-		if os.Getenv("SLIME_EMU_DEVICES") == "" {
-			os.Setenv("SLIME_EMU_DEVICES", "2")
-		}
+	if err := kernels.UseEmulator(2); err != nil {
+		fmt.Fprintln(os.Stderr, "inter tests:", err)
+		os.Exit(1)
 	}
 	os.Exit(m.Run())
 }

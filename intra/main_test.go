@@ -17,16 +17,9 @@ import (
 // so that in-process ranks on different GPUs, which need peer access, are
 // tested too.
 func TestMain(m *testing.M) {
-	if os.Getenv("SLIME_CUDA_LIB") == "" {
-		path, err := kernels.BuildEmulator(".")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "intra tests:", err)
-			os.Exit(1)
-		}
-		os.Setenv("SLIME_CUDA_LIB", path)
-		if os.Getenv("SLIME_EMU_DEVICES") == "" {
-			os.Setenv("SLIME_EMU_DEVICES", "2")
-		}
+	if err := kernels.UseEmulator(2); err != nil {
+		fmt.Fprintln(os.Stderr, "intra tests:", err)
+		os.Exit(1)
 	}
 	os.Exit(m.Run())
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 )
 
@@ -48,4 +49,25 @@ func BuildEmulator(dir string) (string, error) {
 		return "", fmt.Errorf("%w: make kernels-emu: %v\n%s", ErrNotFound, err, out)
 	}
 	return filepath.Join(build, EmuLib), nil
+}
+
+// UseEmulator points SLIME_CUDA_LIB at the emulated library, building it
+// (BuildEmulator from the working directory), unless the variable already
+// names a library: a GPU machine's libslimecuda.so, or a file a child
+// process must not find. With devices > 0 the emulator gets that many
+// devices unless SLIME_EMU_DEVICES says otherwise. Test binaries call it
+// from TestMain so that the CUDA path runs on the host.
+func UseEmulator(devices int) error {
+	if os.Getenv("SLIME_CUDA_LIB") != "" {
+		return nil
+	}
+	path, err := BuildEmulator(".")
+	if err != nil {
+		return err
+	}
+	os.Setenv("SLIME_CUDA_LIB", path)
+	if devices > 0 && os.Getenv("SLIME_EMU_DEVICES") == "" {
+		os.Setenv("SLIME_EMU_DEVICES", strconv.Itoa(devices))
+	}
+	return nil
 }

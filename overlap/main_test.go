@@ -15,13 +15,9 @@ import (
 // machine's libslimecuda.so, or the file a child process must not find):
 // the CUDA tests then run here, on the host, through the same loader.
 func TestMain(m *testing.M) {
-	if os.Getenv("SLIME_CUDA_LIB") == "" {
-		path, err := kernels.BuildEmulator(".")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "overlap tests:", err)
-			os.Exit(1)
-		}
-		os.Setenv("SLIME_CUDA_LIB", path)
+	if err := kernels.UseEmulator(0); err != nil {
+		fmt.Fprintln(os.Stderr, "overlap tests:", err)
+		os.Exit(1)
 	}
 	os.Exit(m.Run())
 }
