@@ -291,15 +291,7 @@ func (c *Communicator) connect(ctx context.Context) error {
 // connectNodes sets up the TCP transport and the algorithm across nodes.
 func (c *Communicator) connectNodes(ctx context.Context) error {
 	o := c.opts
-	peers := inter.RailPeers(c.nodes, o.LocalWorldSize, o.Rank)
-	if o.Algo == "ring" {
-		peers = inter.RingPeers(o.WorldSize, o.Rank)
-	}
-	t, err := inter.New(ctx, inter.Config{
-		Store: c.store, Key: c.key("net"), Rank: o.Rank, Peers: peers, Channels: o.Channels,
-		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, Timeout: o.Timeout, Lowat: o.RcvLowat,
-		SendCopyMin: o.SendCopyMin, Auth: auth.NewKey(o.JobSecret, o.JobID),
-	})
+	t, err := c.dialNodes(ctx, "net")
 	if err != nil {
 		return err
 	}
@@ -310,6 +302,22 @@ func (c *Communicator) connectNodes(ctx context.Context) error {
 		c.eng = hierEngine[[]byte]{inter.NewHier(c.node, t, c.nodes, o.LocalWorldSize, o.Rank, o.Timeout)}
 	}
 	return nil
+}
+
+// dialNodes connects this rank to the peers across nodes that the chosen
+// algorithm talks to (its rail peers for hier, its ring neighbours for the
+// ring), under the store key named key.
+func (c *Communicator) dialNodes(ctx context.Context, key string) (*inter.Transport, error) {
+	o := c.opts
+	peers := inter.RailPeers(c.nodes, o.LocalWorldSize, o.Rank)
+	if o.Algo == "ring" {
+		peers = inter.RingPeers(o.WorldSize, o.Rank)
+	}
+	return inter.New(ctx, inter.Config{
+		Store: c.store, Key: c.key(key), Rank: o.Rank, Peers: peers, Channels: o.Channels,
+		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, Timeout: o.Timeout, Lowat: o.RcvLowat,
+		SendCopyMin: o.SendCopyMin, Auth: auth.NewKey(o.JobSecret, o.JobID),
+	})
 }
 
 // plan prepares name(dst, src) with the sizes and offsets in c.sizes and
@@ -600,8 +608,10 @@ func (p *Plan) Check(ctx context.Context) error {
 }
 
 // Mode says how the plan runs: "host" for host memory; for GPU memory
-// "graph" (its launches captured into a CUDA graph), "eager" or
-// "host-staged" (through host memory and the CPU backend's transports).
+// "graph" (its launches captured into a CUDA graph), "eager", "staged"
+// (across nodes: the job's algorithm over the node's GPU group and TCP,
+// blocks staged through pinned host memory, synchronous) or "host-staged"
+// (through host memory and the CPU backend's engine).
 func (p *Plan) Mode() string { return p.eng.mode() }
 
 // String says where and how the plan runs.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/slimego/slimego/cudagraph"
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/fault"
 	"github.com/slimego/slimego/intra"
 	"github.com/slimego/slimego/kernels"
@@ -20,8 +21,10 @@ import (
 )
 
 // gpuState is a communicator's CUDA backend: its GPU, the stream its
-// collectives run on, the node's LL all-gather group and, across nodes
-// where libslimenvshmem.so is present, the NVSHMEM team.
+// collectives run on, the node's LL all-gather group and, across nodes,
+// the all-gather of device memory chosen at Init (hier or the ring over
+// host-staged TCP) and, where libslimenvshmem.so is present, the NVSHMEM
+// team.
 type gpuState struct {
 	dev     *device.GPU
 	stream  *device.CUDAStream
@@ -29,6 +32,14 @@ type gpuState struct {
 	team    *nvshmem.Team
 	teamErr error // why there is no team, across nodes
 	broken  error // a failure after which the GPU path cannot go on
+
+	// across is the algorithm across nodes over device spans: the node's
+	// LL group (gnode) and the staged link for hier, the link alone for
+	// the ring. nil on one node, and under hier where the node's GPUs
+	// cannot reach each other (plans then stage through the host engine).
+	across engine[intra.DevSpan]
+	gnode  *intra.GPUNode
+	link   *inter.Staged
 }
 
 // initGPU opens GPU LOCAL_RANK mod the number of GPUs (several ranks may
@@ -54,18 +65,53 @@ func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
 	if err != nil {
 		return err
 	}
-	if !p2p {
-		return c.initTeam(ctx) // g.node stays nil: node-local data goes through the host
+	if p2p {
+		g.node, err = intra.NewGPU(ctx, intra.GPUConfig{
+			Store: c.store, Key: c.key("gpu" + strconv.Itoa(lay.myNode)),
+			Rank: o.LocalRank, Size: len(lay.members[lay.myNode]), Ranks: lay.members[lay.myNode],
+			Dev: dev, Cap: o.GPUScratch, Timeout: o.Timeout,
+		}) // otherwise g.node stays nil: node-local data goes through the host
+		if err != nil {
+			return err
+		}
 	}
-	g.node, err = intra.NewGPU(ctx, intra.GPUConfig{
-		Store: c.store, Key: c.key("gpu" + strconv.Itoa(lay.myNode)),
-		Rank: o.LocalRank, Size: len(lay.members[lay.myNode]), Ranks: lay.members[lay.myNode],
-		Dev: dev, Cap: o.GPUScratch, Timeout: o.Timeout,
-	})
-	if err != nil {
+	if err := c.initAcross(ctx); err != nil {
 		return err
 	}
 	return c.initTeam(ctx)
+}
+
+// initAcross sets up the all-gather of device memory across nodes: the
+// algorithm of the host engine (hier or the ring), written once in package
+// inter, over the node's LL group and a TCP transport of its own whose
+// blocks are staged through pinned host memory. Every rank decides alike:
+// the algorithm is the job's, and P2P within a node is the node's verdict
+// (hier needs the LL group; without it GPU plans stage through the host
+// engine).
+func (c *Communicator) initAcross(ctx context.Context) error {
+	g, o := c.gpu, c.opts
+	if c.nodes == 1 || (o.Algo != "ring" && g.node == nil) {
+		return nil
+	}
+	t, err := c.dialNodes(ctx, "gpunet")
+	if err != nil {
+		return err
+	}
+	link, err := inter.NewStaged(t, g.dev)
+	if err != nil {
+		t.Close()
+		return err
+	}
+	g.link = link
+	if o.Algo == "ring" {
+		g.across = ringEngine[intra.DevSpan]{inter.NewRingOver[intra.DevSpan](link, o.WorldSize, o.Rank, o.Timeout)}
+		return nil
+	}
+	if g.gnode, err = g.node.Node(); err != nil {
+		return err
+	}
+	g.across = hierEngine[intra.DevSpan]{inter.NewHierOver[intra.DevSpan](g.gnode, link, c.nodes, o.LocalWorldSize, o.Rank, o.Timeout)}
+	return nil
 }
 
 // initTeam joins NVSHMEM across nodes where every rank can: its library
@@ -148,6 +194,11 @@ func (c *Communicator) describeBackend() string {
 	if c.nodes > 1 {
 		if c.gpu.team != nil {
 			s += " across nodes: nvshmem"
+			if c.gpu.across != nil {
+				s += ", otherwise " + c.opts.Algo + " over host-staged tcp"
+			}
+		} else if c.gpu.across != nil {
+			s += " across nodes: " + c.opts.Algo + " over host-staged tcp"
 		} else {
 			s += " across nodes: host-staged tcp"
 		}
@@ -165,6 +216,14 @@ func (c *Communicator) closeGPU() {
 	defer cancel()
 	if g.stream != nil {
 		g.stream.Synchronize(ctx)
+	}
+	// The staged link first (its pinned buffers, its stream, its TCP
+	// connections), then the node's stream, then the LL group.
+	if g.link != nil {
+		g.link.Close()
+	}
+	if g.gnode != nil {
+		g.gnode.Close()
 	}
 	if g.node != nil {
 		g.node.Close(ctx)
@@ -205,12 +264,17 @@ func (c *Communicator) GPUStream() *device.CUDAStream {
 }
 
 // gpuPlan is a Plan's engine for device memory: the node's LL kernel, the
-// NVSHMEM kernel across nodes, or host staging through a host Plan.
+// NVSHMEM kernel across nodes, the communicator's algorithm across nodes
+// over device memory (across), or host staging through a host Plan.
 type gpuPlan struct {
 	c      *Communicator
 	runner *cudagraph.Runner
 	node   *intra.GPUPlan
 	nv     *nvshmem.AllGather
+	// across nodes, synchronous: launch waits for the communicator's
+	// stream, runs the op (hier or the ring over the staged link) and
+	// returns when dst is complete.
+	across planned[intra.DevSpan]
 	// host-staged: src to hostSrc, the host plan gathers into hostD
 	// (blocks packed in rank order), and each piece of hostD goes back to
 	// its place in dst.
@@ -230,8 +294,11 @@ type gpuPlan struct {
 // dst at this rank's offset) works. Within a node the plan runs the LL
 // kernel, captured into a CUDA graph on its first Run unless
 // Options.Eager; across nodes it runs the NVSHMEM kernel where
-// libslimenvshmem.so is present, otherwise it stages through host memory
-// and the TCP transport.
+// libslimenvshmem.so is present, otherwise the job's algorithm (hier or
+// the ring) over the node's LL group and TCP, blocks staged through pinned
+// host memory. A plan across nodes without NVSHMEM is synchronous: each
+// Launch waits for the work already on GPUStream(), gathers, and returns
+// once dst is complete (it cannot be captured into a CUDA graph).
 func (c *Communicator) PlanGPU(ctx context.Context, dst, src *device.CUDABuffer) (*Plan, error) {
 	if err := c.gpuOnly("allgather"); err != nil {
 		return nil, err
@@ -327,6 +394,21 @@ func (c *Communicator) planGPU(ctx context.Context, dst, src *device.CUDABuffer,
 			return nil, err
 		}
 		p.nv, launch = nv, nv.Launch
+	case c.nodes > 1 && g.across != nil:
+		if err := g.check(); err != nil {
+			return nil, err
+		}
+		op, err := g.across.Plan("allgather", intra.Span(dst), intra.Span(src), counts, offs)
+		if err != nil {
+			return nil, err
+		}
+		p.across = op
+		// As below: every rank finishes planning (the LL group's
+		// allocations) before any runs.
+		if err := c.Barrier(ctx); err != nil {
+			return nil, err
+		}
+		return &Plan{c: c, eng: p}, nil
 	default:
 		if err := p.stageThroughHost(dst, counts, offs); err != nil {
 			return nil, err
@@ -380,6 +462,9 @@ func (p *gpuPlan) stageThroughHost(dst *device.CUDABuffer, counts, offs []int) e
 }
 
 func (p *gpuPlan) mode() string {
+	if p.across != nil {
+		return "staged"
+	}
 	if p.runner == nil {
 		return "host-staged"
 	}
@@ -389,6 +474,9 @@ func (p *gpuPlan) mode() string {
 func (p *gpuPlan) launch(ctx context.Context) error {
 	if p.c.gpu == nil || p.closed {
 		return p.c.closedErr("allgather")
+	}
+	if p.across != nil {
+		return p.runAcross(ctx)
 	}
 	if p.runner == nil {
 		return p.runHost(ctx)
@@ -408,7 +496,7 @@ func (p *gpuPlan) wait(ctx context.Context) error {
 		return p.c.closedErr("allgather")
 	}
 	if p.runner == nil {
-		return nil // host-staged: launch ran to completion
+		return nil // host-staged or across: launch ran to completion
 	}
 	if err := p.c.syncStream(ctx, "allgather", g.stream); err != nil {
 		return err
@@ -429,6 +517,27 @@ func (g *gpuState) check() error {
 	}
 	if g.node != nil {
 		return g.node.Check("allgather")
+	}
+	return nil
+}
+
+// runAcross runs the algorithm across nodes over device memory: once the
+// work enqueued on the communicator's stream (which may write src) is
+// done, since the node's kernels and the link's copies run on streams of
+// their own. Any failure breaks the GPU path: a size mismatch leaves the
+// LL group at another epoch than its peers (hier), and a lost or late peer
+// leaves blocks in flight; later calls return the same error.
+func (p *gpuPlan) runAcross(ctx context.Context) error {
+	g := p.c.gpu
+	if err := g.check(); err != nil {
+		return err
+	}
+	if err := p.c.syncStream(ctx, "allgather", g.stream); err != nil {
+		return err
+	}
+	if err := p.across.Run(ctx); err != nil {
+		g.broken = err
+		return err
 	}
 	return nil
 }
@@ -454,7 +563,7 @@ func (p *gpuPlan) close() error {
 	}
 	p.closed = true
 	var errs []error
-	if g := p.c.gpu; g != nil && g.broken == nil && p.runner != nil {
+	if g := p.c.gpu; g != nil && g.broken == nil && (p.runner != nil || p.across != nil) {
 		ctx, cancel := context.WithTimeout(context.Background(), p.c.opts.Timeout)
 		errs = append(errs, p.c.Barrier(ctx))
 		cancel()

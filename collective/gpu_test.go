@@ -375,8 +375,8 @@ func TestGPUAcrossNodesHostStaged(t *testing.T) {
 			return err
 		}
 		defer plan.Close()
-		if plan.Mode() != "host-staged" || !strings.Contains(plan.String(), "across nodes: host-staged tcp") {
-			return fmt.Errorf("plan %q, mode %s: want host-staged across nodes", plan, plan.Mode())
+		if plan.Mode() != "staged" || !strings.Contains(plan.String(), "over host-staged tcp") {
+			return fmt.Errorf("plan %q, mode %s: want hier over the staged link across nodes", plan, plan.Mode())
 		}
 		host := make([]byte, c.Size()*n)
 		pattern.Fill(host[c.Rank()*n:(c.Rank()+1)*n], pattern.Seed(c.Rank(), 9, n))
@@ -455,7 +455,7 @@ func TestGPUInvalidPlans(t *testing.T) {
 
 // PlanGPUBlocks places every rank's block where offs says (gaps, rank
 // order reversed), on one node (the LL kernel, graph and eager) and across
-// two (host-staged, block by block): the blocks arrive byte for byte and
+// two (hier and the ring over the staged link): the blocks arrive byte for byte and
 // the gaps keep what they held. A planned Run allocates nothing.
 func TestGPUPlanBlocks(t *testing.T) {
 	needGPU(t)
@@ -463,15 +463,16 @@ func TestGPUPlanBlocks(t *testing.T) {
 		name           string
 		nodes, perNode int
 		eager          bool
-		mode           string
+		mode, algo     string
 	}{
-		{"node/graph", 1, 3, false, "graph"},
-		{"node/eager", 1, 3, true, "eager"},
-		{"2x2/host-staged", 2, 2, false, "host-staged"},
+		{"node/graph", 1, 3, false, "graph", ""},
+		{"node/eager", 1, 3, true, "eager", ""},
+		{"2x2/hier", 2, 2, false, "staged", "hier"},
+		{"2x2/ring", 2, 2, false, "staged", "ring"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testranks.Run(t, tc.nodes, tc.perNode, func(o *collective.Options) {
-				o.Backend, o.Eager, o.GPUScratch = device.CUDA, tc.eager, gpuScratch
+				o.Backend, o.Eager, o.GPUScratch, o.Algo = device.CUDA, tc.eager, gpuScratch, tc.algo
 				o.Timeout = 30 * time.Second
 			}, func(c *collective.Communicator) error {
 				ctx := context.Background()
