@@ -3,11 +3,11 @@ package intra
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/teststore"
 	"github.com/slimego/slimego/rendezvous"
 )
 
@@ -26,55 +26,37 @@ func TestGPUAllocFreeKeepsStoreBounded(t *testing.T) {
 		maxKeys = 200
 		iters   = 300 // 3 keys per rank each: 1800 without the deletes
 	)
-	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{MaxKeys: maxKeys})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	addr := teststore.Serve(t, rendezvous.ServerConfig{MaxKeys: maxKeys})
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	errs := make([]error, L)
-	var wg sync.WaitGroup
-	for r := range L {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = func() error {
-				st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
-				if err != nil {
-					return err
-				}
-				defer st.Close()
-				dev, err := device.OpenGPU(0)
-				if err != nil {
-					return err
-				}
-				g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "t", Rank: r, Size: L, Dev: dev, Cap: 1 << 12, Timeout: 20 * time.Second})
-				if err != nil {
-					return err
-				}
-				for i := range iters {
-					s, err := g.AllocSymmetric(ctx, 64)
-					if err != nil {
-						g.Close(ctx)
-						return fmt.Errorf("alloc %d: %w", i, err)
-					}
-					if err := s.Free(ctx); err != nil {
-						g.Close(ctx)
-						return fmt.Errorf("free %d: %w", i, err)
-					}
-				}
-				return g.Close(ctx)
-			}()
-		}()
-	}
-	wg.Wait()
+	errs := teststore.Ranks(ctx, addr, L, func(ctx context.Context, st *rendezvous.Client, r int) error {
+		dev, err := device.OpenGPU(0)
+		if err != nil {
+			return err
+		}
+		g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "t", Rank: r, Size: L, Dev: dev, Cap: 1 << 12, Timeout: 20 * time.Second})
+		if err != nil {
+			return err
+		}
+		for i := range iters {
+			s, err := g.AllocSymmetric(ctx, 64)
+			if err != nil {
+				g.Close(ctx)
+				return fmt.Errorf("alloc %d: %w", i, err)
+			}
+			if err := s.Free(ctx); err != nil {
+				g.Close(ctx)
+				return fmt.Errorf("free %d: %w", i, err)
+			}
+		}
+		return g.Close(ctx)
+	})
 	for r, err := range errs {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)
 		}
 	}
-	st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
+	st, err := rendezvous.Dial(ctx, addr, rendezvous.Auth{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,12 +3,12 @@ package intra
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/pattern"
+	"github.com/slimego/slimego/internal/teststore"
 	"github.com/slimego/slimego/rendezvous"
 )
 
@@ -37,88 +37,67 @@ func TestGPUPeerDevices(t *testing.T) {
 func gatherOnDevices(t *testing.T, devs, sizes []int) {
 	t.Helper()
 	P := len(devs)
-	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	offs := make([]int, P)
 	total := 0
 	for r, n := range sizes {
 		offs[r], total = total, total+n
 	}
-	errs := make([]error, P)
-	var wg sync.WaitGroup
-	for r := range P {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = func() error {
-				st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
-				if err != nil {
-					return err
+	errs := teststore.Run(t, P, 60*time.Second, func(ctx context.Context, st *rendezvous.Client, r int) error {
+		dev, err := device.OpenGPU(devs[r])
+		if err != nil {
+			return err
+		}
+		g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "peer", Rank: r, Size: P, Dev: dev, Cap: 4096, Timeout: 20 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer g.Close(ctx)
+		dst, err := dev.Alloc(total)
+		if err != nil {
+			return err
+		}
+		defer dst.Free()
+		src, err := dev.Alloc(max(sizes[r], 1))
+		if err != nil {
+			return err
+		}
+		defer src.Free()
+		s, err := dev.NewStream()
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		plan, err := g.Plan(dst.Ptr, src.Ptr, sizes, offs)
+		if err != nil {
+			return err
+		}
+		host := make([]byte, total)
+		for it := range 2 {
+			blk := make([]byte, sizes[r])
+			pattern.Fill(blk, pattern.Seed(r, it, uint64(sizes[r])))
+			if err := src.CopyFromHost(blk); err != nil {
+				return err
+			}
+			if err := plan.Launch(s); err != nil {
+				return err
+			}
+			if err := s.Synchronize(ctx); err != nil {
+				return err
+			}
+			if err := g.Check("allgather"); err != nil {
+				return err
+			}
+			if err := dst.CopyToHost(host); err != nil {
+				return err
+			}
+			for q := range P {
+				if i := pattern.Check(host[offs[q]:offs[q]+sizes[q]], pattern.Seed(q, it, uint64(sizes[q]))); i >= 0 {
+					return fmt.Errorf("iteration %d: block of rank %d (GPU %d) wrong at byte %d", it, q, devs[q], i)
 				}
-				defer st.Close()
-				dev, err := device.OpenGPU(devs[r])
-				if err != nil {
-					return err
-				}
-				g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "peer", Rank: r, Size: P, Dev: dev, Cap: 4096, Timeout: 20 * time.Second})
-				if err != nil {
-					return err
-				}
-				defer g.Close(ctx)
-				dst, err := dev.Alloc(total)
-				if err != nil {
-					return err
-				}
-				defer dst.Free()
-				src, err := dev.Alloc(max(sizes[r], 1))
-				if err != nil {
-					return err
-				}
-				defer src.Free()
-				s, err := dev.NewStream()
-				if err != nil {
-					return err
-				}
-				defer s.Close()
-				plan, err := g.Plan(dst.Ptr, src.Ptr, sizes, offs)
-				if err != nil {
-					return err
-				}
-				host := make([]byte, total)
-				for it := range 2 {
-					blk := make([]byte, sizes[r])
-					pattern.Fill(blk, pattern.Seed(r, it, uint64(sizes[r])))
-					if err := src.CopyFromHost(blk); err != nil {
-						return err
-					}
-					if err := plan.Launch(s); err != nil {
-						return err
-					}
-					if err := s.Synchronize(ctx); err != nil {
-						return err
-					}
-					if err := g.Check("allgather"); err != nil {
-						return err
-					}
-					if err := dst.CopyToHost(host); err != nil {
-						return err
-					}
-					for q := range P {
-						if i := pattern.Check(host[offs[q]:offs[q]+sizes[q]], pattern.Seed(q, it, uint64(sizes[q]))); i >= 0 {
-							return fmt.Errorf("iteration %d: block of rank %d (GPU %d) wrong at byte %d", it, q, devs[q], i)
-						}
-					}
-				}
-				return nil
-			}()
-		}()
-	}
-	wg.Wait()
+			}
+		}
+		return nil
+	})
 	for r, err := range errs {
 		if err != nil {
 			t.Errorf("rank %d (GPU %d): %v", r, devs[r], err)

@@ -8,49 +8,28 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/teststore"
 	"github.com/slimego/slimego/rendezvous"
 )
 
 // group starts a store and L in-process ranks, and runs body on each.
 func group(t *testing.T, L int, cfg Config, body func(g *Group) error) []error {
 	t.Helper()
-	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	prefix := fmt.Sprintf("slimego-test-%d-", os.Getpid())
-	errs := make([]error, L)
-	var wg sync.WaitGroup
-	for r := range L {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			defer st.Close()
-			c := cfg
-			c.Store, c.Key, c.ShmPrefix, c.Rank, c.Size = st, "t", prefix, r, L
-			g, err := New(ctx, c)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			defer g.Close()
-			errs[r] = body(g)
-		}()
-	}
-	wg.Wait()
+	errs := teststore.Run(t, L, 60*time.Second, func(ctx context.Context, st *rendezvous.Client, r int) error {
+		c := cfg
+		c.Store, c.Key, c.ShmPrefix, c.Rank, c.Size = st, "t", prefix, r, L
+		g, err := New(ctx, c)
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		return body(g)
+	})
 	if left, _ := os.ReadDir("/dev/shm"); left != nil {
 		for _, e := range left {
 			if strings.HasPrefix(e.Name(), prefix) {

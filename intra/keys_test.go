@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/teststore"
 	"github.com/slimego/slimego/rendezvous"
 )
 
@@ -27,78 +28,60 @@ func TestAllocFreeKeepsStoreBounded(t *testing.T) {
 		iters   = 40000 // far beyond maxKeys / 2 keys per Alloc, and DefaultMaxKeys / 2
 		every   = 100   // allocations between barriers
 	)
-	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{MaxKeys: maxKeys})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	addr := teststore.Serve(t, rendezvous.ServerConfig{MaxKeys: maxKeys})
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	prefix := fmt.Sprintf("slimego-test-%d-keys-", os.Getpid())
-	errs := make([]error, L)
-	var wg sync.WaitGroup
-	for r := range L {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = func() error {
-				st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
-				if err != nil {
-					return err
-				}
-				defer st.Close()
-				g, err := New(ctx, Config{Store: st, Key: "t", ShmPrefix: prefix, Rank: r, Size: L, Timeout: 10 * time.Second})
-				if err != nil {
-					return err
-				}
-				defer g.Close()
-				if err := g.Barrier(ctx); err != nil {
-					return err
-				}
-				base, err := st.NumKeys(ctx)
-				if err != nil {
-					return err
-				}
-				most := base
-				for i := range iters {
-					b, err := g.Alloc(ctx, 64)
-					if err != nil {
-						return fmt.Errorf("alloc %d: %w", i, err)
-					}
-					b.Bytes()[0] = byte(i)
-					if err := b.Free(); err != nil {
-						return fmt.Errorf("free %d: %w", i, err)
-					}
-					// Rank 0 need not wait for the others in Alloc, so
-					// it may run ahead: a barrier now and then bounds
-					// the allocations in flight.
-					if i%every == every-1 {
-						n, err := st.NumKeys(ctx)
-						if err != nil {
-							return err
-						}
-						most = max(most, n)
-						if err := g.Barrier(ctx); err != nil {
-							return fmt.Errorf("barrier after alloc %d: %w", i, err)
-						}
-					}
-				}
-				// In flight at any moment: the two keys of each
-				// allocation that a rank has not mapped yet, at most
-				// every between barriers.
+	errs := teststore.Ranks(ctx, addr, L, func(ctx context.Context, st *rendezvous.Client, r int) error {
+		g, err := New(ctx, Config{Store: st, Key: "t", ShmPrefix: prefix, Rank: r, Size: L, Timeout: 10 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		if err := g.Barrier(ctx); err != nil {
+			return err
+		}
+		base, err := st.NumKeys(ctx)
+		if err != nil {
+			return err
+		}
+		most := base
+		for i := range iters {
+			b, err := g.Alloc(ctx, 64)
+			if err != nil {
+				return fmt.Errorf("alloc %d: %w", i, err)
+			}
+			b.Bytes()[0] = byte(i)
+			if err := b.Free(); err != nil {
+				return fmt.Errorf("free %d: %w", i, err)
+			}
+			// Rank 0 need not wait for the others in Alloc, so
+			// it may run ahead: a barrier now and then bounds
+			// the allocations in flight.
+			if i%every == every-1 {
 				n, err := st.NumKeys(ctx)
 				if err != nil {
 					return err
 				}
 				most = max(most, n)
-				if most > base+2*every {
-					return fmt.Errorf("the store grew from %d keys to %d over %d allocations", base, most, iters)
+				if err := g.Barrier(ctx); err != nil {
+					return fmt.Errorf("barrier after alloc %d: %w", i, err)
 				}
-				return nil
-			}()
-		}()
-	}
-	wg.Wait()
+			}
+		}
+		// In flight at any moment: the two keys of each
+		// allocation that a rank has not mapped yet, at most
+		// every between barriers.
+		n, err := st.NumKeys(ctx)
+		if err != nil {
+			return err
+		}
+		most = max(most, n)
+		if most > base+2*every {
+			return fmt.Errorf("the store grew from %d keys to %d over %d allocations", base, most, iters)
+		}
+		return nil
+	})
 	for r, err := range errs {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)
@@ -118,11 +101,7 @@ func TestAllocFreeKeepsStoreBounded(t *testing.T) {
 // at once with ErrPeerLost naming rank 0, not after its timeout.
 func TestAllocFullStoreFailsAtOnce(t *testing.T) {
 	const L = 2
-	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{MaxKeys: 200})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
+	addr := teststore.Serve(t, rendezvous.ServerConfig{MaxKeys: 200})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	prefix := fmt.Sprintf("slimego-test-%d-full-", os.Getpid())
@@ -136,7 +115,7 @@ func TestAllocFullStoreFailsAtOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			errs[r] = func() error {
-				st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
+				st, err := rendezvous.Dial(ctx, addr, rendezvous.Auth{})
 				if err != nil {
 					joined.Done()
 					return err
@@ -169,7 +148,7 @@ func TestAllocFullStoreFailsAtOnce(t *testing.T) {
 		}()
 	}
 	joined.Wait()
-	foe, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
+	foe, err := rendezvous.Dial(ctx, addr, rendezvous.Auth{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/teststore"
 	"github.com/slimego/slimego/rendezvous"
 )
 
@@ -143,70 +143,49 @@ func TestNodeGatherEngines(t *testing.T) {
 		if err != nil {
 			t.Fatalf("no CUDA library (%v): TestMain points SLIME_CUDA_LIB at the emulator", err)
 		}
-		srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer srv.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		errs := make([]error, L)
-		var wg sync.WaitGroup
-		for r := range L {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[r] = func() error {
-					st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
-					if err != nil {
-						return err
-					}
-					defer st.Close()
-					dev, err := device.OpenGPU(r % ndev)
-					if err != nil {
-						return err
-					}
-					g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "node", Rank: r, Size: L, Dev: dev, Cap: 4096, Timeout: 20 * time.Second})
-					if err != nil {
-						return err
-					}
-					defer g.Close(ctx)
-					ng, err := g.Node()
-					if err != nil {
-						return err
-					}
-					defer ng.Close()
-					// Copies on a stream of the test's own: what Run
-					// leaves must be complete when it returns.
-					m, err := NewGPUMem(dev)
-					if err != nil {
-						return err
-					}
-					defer m.S.Close()
-					var bufs []*device.CUDABuffer
-					defer func() {
-						for _, b := range bufs {
-							b.Free()
-						}
-					}()
-					deadline := time.Now().Add(30 * time.Second)
-					mem := nodeMem[DevSpan]{
-						alloc: func(n int) (DevSpan, error) {
-							b, err := dev.Alloc(n)
-							if err != nil {
-								return DevSpan{}, err
-							}
-							bufs = append(bufs, b)
-							return Span(b), nil
-						},
-						put: func(d DevSpan, s []byte) error { return m.CopyIn(d, s, deadline) },
-						get: func(d []byte, s DevSpan) error { return m.CopyOut(d, s, deadline) },
-					}
-					return nodeScenario[DevSpan](ng, mem)
-				}()
+		errs := teststore.Run(t, L, 60*time.Second, func(ctx context.Context, st *rendezvous.Client, r int) error {
+			dev, err := device.OpenGPU(r % ndev)
+			if err != nil {
+				return err
+			}
+			g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "node", Rank: r, Size: L, Dev: dev, Cap: 4096, Timeout: 20 * time.Second})
+			if err != nil {
+				return err
+			}
+			defer g.Close(ctx)
+			ng, err := g.Node()
+			if err != nil {
+				return err
+			}
+			defer ng.Close()
+			// Copies on a stream of the test's own: what Run
+			// leaves must be complete when it returns.
+			m, err := NewGPUMem(dev)
+			if err != nil {
+				return err
+			}
+			defer m.S.Close()
+			var bufs []*device.CUDABuffer
+			defer func() {
+				for _, b := range bufs {
+					b.Free()
+				}
 			}()
-		}
-		wg.Wait()
+			deadline := time.Now().Add(30 * time.Second)
+			mem := nodeMem[DevSpan]{
+				alloc: func(n int) (DevSpan, error) {
+					b, err := dev.Alloc(n)
+					if err != nil {
+						return DevSpan{}, err
+					}
+					bufs = append(bufs, b)
+					return Span(b), nil
+				},
+				put: func(d DevSpan, s []byte) error { return m.CopyIn(d, s, deadline) },
+				get: func(d []byte, s DevSpan) error { return m.CopyOut(d, s, deadline) },
+			}
+			return nodeScenario[DevSpan](ng, mem)
+		})
 		for r, err := range errs {
 			if err != nil {
 				t.Errorf("rank %d: %v", r, err)
@@ -220,73 +199,52 @@ func TestNodeGatherEngines(t *testing.T) {
 // timeout, and is broken from then on: the next call refuses at once
 // rather than launching behind a kernel still in flight.
 func TestGPUNodeGivesUpAtDeadline(t *testing.T) {
-	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	done := make(chan struct{})
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = func() error {
-				st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
-				if err != nil {
-					return err
-				}
-				defer st.Close()
-				dev, err := device.OpenGPU(0)
-				if err != nil {
-					return err
-				}
-				g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "late", Rank: r, Size: 2, Dev: dev, Timeout: 3 * time.Second})
-				if err != nil {
-					return err
-				}
-				defer g.Close(ctx)
-				if r == 1 {
-					<-done // never takes part
-					return nil
-				}
-				defer close(done)
-				ng, err := g.Node()
-				if err != nil {
-					return err
-				}
-				defer ng.Close()
-				b, err := dev.Alloc(64)
-				if err != nil {
-					return err
-				}
-				defer b.Free()
-				sizes, offs := []int{8, 8}, []int{0, 8}
-				op, err := ng.Plan("allgather", DevSpan{Ptr: b.Ptr, N: 16}, DevSpan{Ptr: b.Ptr + 32, N: 8}, sizes, offs)
-				if err != nil {
-					return err
-				}
-				short, stop := context.WithTimeout(ctx, 100*time.Millisecond)
-				defer stop()
-				start := time.Now()
-				err = op.Run(short)
-				if !errors.Is(err, fault.ErrTimeout) || time.Since(start) > 2*time.Second {
-					return fmt.Errorf("run with a peer that never comes: %v after %v, want ErrTimeout at the 100 ms deadline", err, time.Since(start))
-				}
-				start = time.Now()
-				if err := op.Run(ctx); !errors.Is(err, fault.ErrTimeout) || time.Since(start) > time.Second {
-					return fmt.Errorf("run after giving up: %v after %v, want the group broken at once", err, time.Since(start))
-				}
-				// The kernel gives up at its own timeout; its memory stays
-				// until then.
-				return ng.S.Synchronize(ctx)
-			}()
-		}()
-	}
-	wg.Wait()
+	errs := teststore.Run(t, 2, 60*time.Second, func(ctx context.Context, st *rendezvous.Client, r int) error {
+		dev, err := device.OpenGPU(0)
+		if err != nil {
+			return err
+		}
+		g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "late", Rank: r, Size: 2, Dev: dev, Timeout: 3 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer g.Close(ctx)
+		if r == 1 {
+			<-done // never takes part
+			return nil
+		}
+		defer close(done)
+		ng, err := g.Node()
+		if err != nil {
+			return err
+		}
+		defer ng.Close()
+		b, err := dev.Alloc(64)
+		if err != nil {
+			return err
+		}
+		defer b.Free()
+		sizes, offs := []int{8, 8}, []int{0, 8}
+		op, err := ng.Plan("allgather", DevSpan{Ptr: b.Ptr, N: 16}, DevSpan{Ptr: b.Ptr + 32, N: 8}, sizes, offs)
+		if err != nil {
+			return err
+		}
+		short, stop := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer stop()
+		start := time.Now()
+		err = op.Run(short)
+		if !errors.Is(err, fault.ErrTimeout) || time.Since(start) > 2*time.Second {
+			return fmt.Errorf("run with a peer that never comes: %v after %v, want ErrTimeout at the 100 ms deadline", err, time.Since(start))
+		}
+		start = time.Now()
+		if err := op.Run(ctx); !errors.Is(err, fault.ErrTimeout) || time.Since(start) > time.Second {
+			return fmt.Errorf("run after giving up: %v after %v, want the group broken at once", err, time.Since(start))
+		}
+		// The kernel gives up at its own timeout; its memory stays
+		// until then.
+		return ng.S.Synchronize(ctx)
+	})
 	for r, err := range errs {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)
