@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/teststore"
 	"github.com/slimego/slimego/intra"
 	"github.com/slimego/slimego/rendezvous"
 )
@@ -65,80 +65,58 @@ func gpuCluster(t *testing.T, nodes, local int, ring bool, body func(r gpuRank) 
 	if err != nil {
 		t.Fatalf("no CUDA library (%v): TestMain points SLIME_CUDA_LIB at the emulator", err)
 	}
-	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	P := nodes * local
-	errs := make([]error, P)
-	var wg sync.WaitGroup
-	for r := range P {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = func() error {
-				st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
-				if err != nil {
-					return err
-				}
-				defer st.Close()
-				dev, err := device.OpenGPU(r % ndev)
-				if err != nil {
-					return err
-				}
-				a := r / local
-				ranks := make([]int, local)
-				for i := range ranks {
-					ranks[i] = a*local + i
-				}
-				// A small scratch block: the larger blocks take several
-				// kernel rounds.
-				g, err := intra.NewGPU(ctx, intra.GPUConfig{Store: st, Key: fmt.Sprintf("gnode%d", a), Rank: r % local,
-					Size: local, Ranks: ranks, Dev: dev, Cap: 4096, Timeout: 20 * time.Second})
-				if err != nil {
-					return err
-				}
-				defer g.Close(ctx)
-				node, err := g.Node()
-				if err != nil {
-					return err
-				}
-				defer node.Close()
-				peers := RailPeers(nodes, local, r)
-				if ring {
-					peers = RingPeers(P, r)
-				}
-				tr, err := New(ctx, Config{Store: st, Key: "gnet", Rank: r, Peers: peers, Channels: 2,
-					MasterAddr: "127.0.0.1", Timeout: 20 * time.Second, Auth: testKey})
-				if err != nil {
-					return err
-				}
-				link, err := NewStaged(tr, dev)
-				if err != nil {
-					tr.Close()
-					return err
-				}
-				defer link.Close()
-				var ag gpuAG = gpuHier{NewHierOver(intra.NodeGather[intra.DevSpan](node), Link[intra.DevSpan](link), nodes, local, r, 20*time.Second)}
-				if ring {
-					ag = gpuRing{NewRingOver(Link[intra.DevSpan](link), P, r, 20*time.Second)}
-				}
-				// The test copies on a stream of its own: what Run leaves
-				// must be complete when it returns, whatever stream reads it.
-				mem, err := intra.NewGPUMem(dev)
-				if err != nil {
-					return err
-				}
-				defer mem.S.Close()
-				return body(gpuRank{rank: r, dev: dev, mem: mem, ag: ag})
-			}()
-		}()
-	}
-	wg.Wait()
-	return errs
+	return teststore.Run(t, P, 90*time.Second, func(ctx context.Context, st *rendezvous.Client, r int) error {
+		dev, err := device.OpenGPU(r % ndev)
+		if err != nil {
+			return err
+		}
+		a := r / local
+		ranks := make([]int, local)
+		for i := range ranks {
+			ranks[i] = a*local + i
+		}
+		// A small scratch block: the larger blocks take several
+		// kernel rounds.
+		g, err := intra.NewGPU(ctx, intra.GPUConfig{Store: st, Key: fmt.Sprintf("gnode%d", a), Rank: r % local,
+			Size: local, Ranks: ranks, Dev: dev, Cap: 4096, Timeout: 20 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer g.Close(ctx)
+		node, err := g.Node()
+		if err != nil {
+			return err
+		}
+		defer node.Close()
+		peers := RailPeers(nodes, local, r)
+		if ring {
+			peers = RingPeers(P, r)
+		}
+		tr, err := New(ctx, Config{Store: st, Key: "gnet", Rank: r, Peers: peers, Channels: 2,
+			MasterAddr: "127.0.0.1", Timeout: 20 * time.Second, Auth: testKey})
+		if err != nil {
+			return err
+		}
+		link, err := NewStaged(tr, dev)
+		if err != nil {
+			tr.Close()
+			return err
+		}
+		defer link.Close()
+		var ag gpuAG = gpuHier{NewHierOver(intra.NodeGather[intra.DevSpan](node), Link[intra.DevSpan](link), nodes, local, r, 20*time.Second)}
+		if ring {
+			ag = gpuRing{NewRingOver(Link[intra.DevSpan](link), P, r, 20*time.Second)}
+		}
+		// The test copies on a stream of its own: what Run leaves
+		// must be complete when it returns, whatever stream reads it.
+		mem, err := intra.NewGPUMem(dev)
+		if err != nil {
+			return err
+		}
+		defer mem.S.Close()
+		return body(gpuRank{rank: r, dev: dev, mem: mem, ag: ag})
+	})
 }
 
 // TestGPUAcrossNodes: a GPU job of 2 nodes × 2 ranks (and 3 × 2, and 2 × 1)

@@ -8,12 +8,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/teststore"
 	"github.com/slimego/slimego/intra"
 	"github.com/slimego/slimego/rendezvous"
 )
@@ -57,57 +57,36 @@ func cluster(t *testing.T, nodes, local int, ring bool, body func(rank int, ag a
 // clusterWith is cluster with the transports' SendCopyMin (0: the default).
 func clusterWith(t *testing.T, nodes, local int, ring bool, sendCopyMin int, body func(rank int, ag allGatherer) error) []error {
 	t.Helper()
-	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	P := nodes * local
 	prefix := fmt.Sprintf("slimego-intertest-%d-", os.Getpid())
-	errs := make([]error, P)
-	var wg sync.WaitGroup
-	for r := range P {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = func() error {
-				st, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
-				if err != nil {
-					return err
-				}
-				defer st.Close()
-				a := r / local
-				ranks := make([]int, local)
-				for i := range ranks {
-					ranks[i] = a*local + i
-				}
-				g, err := intra.New(ctx, intra.Config{Store: st, Key: fmt.Sprintf("node%d", a),
-					ShmPrefix: fmt.Sprintf("%s%d-", prefix, a), Rank: r % local, Size: local, Ranks: ranks,
-					Timeout: 10 * time.Second})
-				if err != nil {
-					return err
-				}
-				defer g.Close()
-				peers := RailPeers(nodes, local, r)
-				if ring {
-					peers = RingPeers(P, r)
-				}
-				tr, err := New(ctx, Config{Store: st, Key: "net", Rank: r, Peers: peers, Channels: 2,
-					MasterAddr: "127.0.0.1", Timeout: 10 * time.Second, Auth: testKey, SendCopyMin: sendCopyMin})
-				if err != nil {
-					return err
-				}
-				defer tr.Close()
-				if ring {
-					return body(r, ringAG{NewRing(tr, P, r, 10*time.Second)})
-				}
-				return body(r, hierAG{NewHier(g, tr, nodes, local, r, 10*time.Second)})
-			}()
-		}()
-	}
-	wg.Wait()
+	errs := teststore.Run(t, P, 60*time.Second, func(ctx context.Context, st *rendezvous.Client, r int) error {
+		a := r / local
+		ranks := make([]int, local)
+		for i := range ranks {
+			ranks[i] = a*local + i
+		}
+		g, err := intra.New(ctx, intra.Config{Store: st, Key: fmt.Sprintf("node%d", a),
+			ShmPrefix: fmt.Sprintf("%s%d-", prefix, a), Rank: r % local, Size: local, Ranks: ranks,
+			Timeout: 10 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		peers := RailPeers(nodes, local, r)
+		if ring {
+			peers = RingPeers(P, r)
+		}
+		tr, err := New(ctx, Config{Store: st, Key: "net", Rank: r, Peers: peers, Channels: 2,
+			MasterAddr: "127.0.0.1", Timeout: 10 * time.Second, Auth: testKey, SendCopyMin: sendCopyMin})
+		if err != nil {
+			return err
+		}
+		defer tr.Close()
+		if ring {
+			return body(r, ringAG{NewRing(tr, P, r, 10*time.Second)})
+		}
+		return body(r, hierAG{NewHier(g, tr, nodes, local, r, 10*time.Second)})
+	})
 	if left, _ := os.ReadDir("/dev/shm"); left != nil {
 		for _, e := range left {
 			if strings.HasPrefix(e.Name(), prefix) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/internal/auth"
+	"github.com/slimego/slimego/internal/teststore"
 	"github.com/slimego/slimego/rendezvous"
 )
 
@@ -19,31 +20,23 @@ var testKey = auth.NewKey([]byte("the job's secret"), "job-1")
 // store of this process, with testKey; sockBuf sizes their send buffers.
 func pair(t *testing.T, sockBuf int) [2]*Transport {
 	t.Helper()
-	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	return pairWith(t, Config{Channels: 4, SockBuf: sockBuf})
+}
+
+// pairWith is pair with cfg's knobs (Channels, Lowat, SockBuf,
+// SendCopyMin); the store, store key, ranks, peers, address, timeout and
+// job key are pair's. Each transport closes when the test ends.
+func pairWith(t *testing.T, cfg Config) [2]*Transport {
+	t.Helper()
 	var ts [2]*Transport
-	var errs [2]error
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			store, err := rendezvous.Dial(ctx, srv.Addr().String(), rendezvous.Auth{})
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			t.Cleanup(func() { store.Close() })
-			ts[r], errs[r] = New(ctx, Config{Store: store, Key: "t", Rank: r, Peers: []int{1 - r}, Channels: 4,
-				MasterAddr: "127.0.0.1", Timeout: 10 * time.Second, SockBuf: sockBuf, Auth: testKey})
-		}()
-	}
-	wg.Wait()
+	errs := teststore.Run(t, 2, 20*time.Second, func(ctx context.Context, st *rendezvous.Client, r int) error {
+		c := cfg
+		c.Store, c.Key, c.Rank, c.Peers = st, "t", r, []int{1 - r}
+		c.MasterAddr, c.Timeout, c.Auth = "127.0.0.1", 10*time.Second, testKey
+		var err error
+		ts[r], err = New(ctx, c)
+		return err
+	})
 	for r, err := range errs {
 		if err != nil {
 			t.Fatalf("rank %d: %v", r, err)
