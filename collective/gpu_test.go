@@ -342,9 +342,9 @@ func checkGPUTable(t *testing.T, out string, emulated bool, rows int, launch str
 }
 
 // Across nodes without NVSHMEM (in-process nodes share a process, which
-// NVSHMEM cannot take), GPU plans stage through host memory and the TCP
-// transport: 2 nodes of 2 ranks, equal and uneven blocks, graph-less
-// host-staged mode, every byte checked.
+// NVSHMEM cannot take), GPU plans run hier over the LL group and TCP,
+// blocks staged through pinned host memory: 2 nodes of 2 ranks, equal and
+// uneven blocks, synchronous "staged" mode, every byte checked.
 func TestGPUAcrossNodesHostStaged(t *testing.T) {
 	needGPU(t)
 	testranks.Run(t, 2, 2, func(o *collective.Options) {
