@@ -72,14 +72,10 @@ func gpuCluster(t *testing.T, nodes, local int, ring bool, body func(r gpuRank) 
 			return err
 		}
 		a := r / local
-		ranks := make([]int, local)
-		for i := range ranks {
-			ranks[i] = a*local + i
-		}
 		// A small scratch block: the larger blocks take several
 		// kernel rounds.
 		g, err := intra.NewGPU(ctx, intra.GPUConfig{Store: st, Key: fmt.Sprintf("gnode%d", a), Rank: r % local,
-			Size: local, Ranks: ranks, Dev: dev, Cap: 4096, Timeout: 20 * time.Second})
+			Size: local, Ranks: nodeRanks(local, r), Dev: dev, Cap: 4096, Timeout: 20 * time.Second})
 		if err != nil {
 			return err
 		}
@@ -89,11 +85,7 @@ func gpuCluster(t *testing.T, nodes, local int, ring bool, body func(r gpuRank) 
 			return err
 		}
 		defer node.Close()
-		peers := RailPeers(nodes, local, r)
-		if ring {
-			peers = RingPeers(P, r)
-		}
-		tr, err := New(ctx, Config{Store: st, Key: "gnet", Rank: r, Peers: peers, Channels: 2,
+		tr, err := New(ctx, Config{Store: st, Key: "gnet", Rank: r, Peers: peersOf(nodes, local, r, ring), Channels: 2,
 			MasterAddr: "127.0.0.1", Timeout: 20 * time.Second, Auth: testKey})
 		if err != nil {
 			return err

@@ -61,22 +61,14 @@ func clusterWith(t *testing.T, nodes, local int, ring bool, sendCopyMin int, bod
 	prefix := fmt.Sprintf("slimego-intertest-%d-", os.Getpid())
 	errs := teststore.Run(t, P, 60*time.Second, func(ctx context.Context, st *rendezvous.Client, r int) error {
 		a := r / local
-		ranks := make([]int, local)
-		for i := range ranks {
-			ranks[i] = a*local + i
-		}
 		g, err := intra.New(ctx, intra.Config{Store: st, Key: fmt.Sprintf("node%d", a),
-			ShmPrefix: fmt.Sprintf("%s%d-", prefix, a), Rank: r % local, Size: local, Ranks: ranks,
+			ShmPrefix: fmt.Sprintf("%s%d-", prefix, a), Rank: r % local, Size: local, Ranks: nodeRanks(local, r),
 			Timeout: 10 * time.Second})
 		if err != nil {
 			return err
 		}
 		defer g.Close()
-		peers := RailPeers(nodes, local, r)
-		if ring {
-			peers = RingPeers(P, r)
-		}
-		tr, err := New(ctx, Config{Store: st, Key: "net", Rank: r, Peers: peers, Channels: 2,
+		tr, err := New(ctx, Config{Store: st, Key: "net", Rank: r, Peers: peersOf(nodes, local, r, ring), Channels: 2,
 			MasterAddr: "127.0.0.1", Timeout: 10 * time.Second, Auth: testKey, SendCopyMin: sendCopyMin})
 		if err != nil {
 			return err
@@ -112,6 +104,25 @@ func layoutOf(sizes []int) (offs []int, total int) {
 		total += n
 	}
 	return offs, total
+}
+
+// nodeRanks is the global ranks of rank r's node in a test cluster of
+// local ranks per node.
+func nodeRanks(local, r int) []int {
+	ranks := make([]int, local)
+	for i := range ranks {
+		ranks[i] = r/local*local + i
+	}
+	return ranks
+}
+
+// peersOf is rank r's transport peers in a test cluster of nodes × local
+// ranks: its rail peers, or its ring neighbours when ring.
+func peersOf(nodes, local, r int, ring bool) []int {
+	if ring {
+		return RingPeers(nodes*local, r)
+	}
+	return RailPeers(nodes, local, r)
 }
 
 // TestHierAndRing: the hierarchical all-gather with one, two and three
