@@ -94,9 +94,13 @@ func TestReaderSetsLowat(t *testing.T) {
 			t.Errorf("Lowat %d changed the mark to %d", lowat, got)
 		}
 	}
-	// ReadFull of a block of exactly lowatMin, then of a small one.
+	// ReadFull of a block of exactly lowatMin, then of a small one. The
+	// bytes are all in the receive queue first: otherwise a first read
+	// may return part of the block (the kernel caps the mark while the
+	// buffer is small) and the rest is read with the mark at 1.
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	go d.Write(make([]byte, lowatMin+10))
+	queued(t, c, lowatMin+10)
 	if err := r.ReadFull(make([]byte, lowatMin)); err != nil {
 		t.Fatal(err)
 	}
@@ -113,5 +117,26 @@ func TestReaderSetsLowat(t *testing.T) {
 	go func() { d.Write(make([]byte, 5)); d.CloseWrite() }()
 	if err := r.ReadFull(make([]byte, 10)); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("a stream cut inside a block: %v, want io.ErrUnexpectedEOF", err)
+	}
+}
+
+// queued waits, at most 10 s, until c's receive queue holds n bytes.
+func queued(t *testing.T, c *net.TCPConn, n int) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var have int
+		rc.Control(func(fd uintptr) { have, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		if have >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d bytes queued after 10 s", have, n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
