@@ -43,6 +43,7 @@ var table = map[string][]string{
 	// package imports no package of the table)
 	"internal/interleave":  {"collective"},
 	"internal/testranks":   {"collective"},
+	"internal/teststore":   {"rendezvous"},
 	"internal/cmd/agcheck": {"collective", "overlap"},
 }
 
