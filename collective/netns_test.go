@@ -84,13 +84,13 @@ func TestNetnsAllGather(t *testing.T) {
 	}
 }
 
-// TestNetnsGPUAcrossNodes: a GPU job (the emulated CUDA library that
+// TestNetnsCUDAAcrossNodes: a GPU job (the emulated CUDA library that
 // TestMain names in SLIME_CUDA_LIB, --backend cuda) of 2 nodes × 2 ranks
 // in two namespaces runs PlanGPU across them with the job's algorithm,
 // hier and the ring (SLIME_ALGO), over the LL group and host-staged TCP:
 // examples/allgather checks every element of three gathers with fresh
 // data, in tensors of odd element counts, and says the plan ran staged.
-func TestNetnsGPUAcrossNodes(t *testing.T) {
+func TestNetnsCUDAAcrossNodes(t *testing.T) {
 	n := netns(t, 2)
 	for _, algo := range []string{"hier", "ring"} {
 		for _, shape := range [][2]string{{"517", "45"}, {"1", "3"}} {
