@@ -43,19 +43,6 @@ func (e groupEngine) Plan(name string, dst, src []byte, sizes, offs []int) (plan
 
 func (e groupEngine) Barrier(ctx context.Context) error { return e.g.Barrier(ctx) }
 
-// nodeEngine is any node-local gather (the GPU's LL group) on one node.
-type nodeEngine[M any] struct{ n intra.NodeGather[M] }
-
-func (e nodeEngine[M]) Plan(name string, dst, src M, sizes, offs []int) (planned[M], error) {
-	op, err := e.n.Plan(name, dst, src, sizes, offs)
-	if err != nil {
-		return nil, err
-	}
-	return op, nil
-}
-
-func (e nodeEngine[M]) Barrier(ctx context.Context) error { return e.n.Barrier(ctx) }
-
 // hierEngine is the rail-aligned hierarchical all-gather across nodes.
 type hierEngine[M any] struct{ h *inter.HierOver[M] }
 

@@ -546,7 +546,12 @@ func (p *gpuPlan) runHost(ctx context.Context) error {
 	if err := p.src.CopyToHost(p.hostSrc); err != nil {
 		return fault.New("allgather", p.c.Rank(), -1, err, "staging to the host")
 	}
-	if err := p.host.Run(ctx); err != nil {
+	// The host plan's engine directly: the caller (Plan.Launch) records
+	// the failure for the launcher, once.
+	if err := p.host.eng.launch(ctx); err != nil {
+		return err
+	}
+	if err := p.host.eng.wait(ctx); err != nil {
 		return err
 	}
 	for i, b := range p.back {

@@ -327,8 +327,13 @@ func TestGPUAcrossNodesNoAllocs(t *testing.T) {
 				if err := op.Run(ctx); err != nil {
 					return err
 				}
+				// Three measurements, the least kept: an allocation of every
+				// run shows in all three, while one the runtime makes now and
+				// then in this process (other ranks' goroutines are counted
+				// too) does not fail the test.
+				const tries = 3
 				if g.rank != 0 {
-					for range runs {
+					for range tries * runs {
 						if err := op.Run(ctx); err != nil {
 							return err
 						}
@@ -336,11 +341,17 @@ func TestGPUAcrossNodesNoAllocs(t *testing.T) {
 					return nil
 				}
 				var runErr error
-				allocs = testing.AllocsPerRun(runs-1, func() {
-					if err := op.Run(ctx); err != nil && runErr == nil {
-						runErr = err
+				allocs = -1
+				for range tries {
+					a := testing.AllocsPerRun(runs-1, func() {
+						if err := op.Run(ctx); err != nil && runErr == nil {
+							runErr = err
+						}
+					})
+					if allocs < 0 || a < allocs {
+						allocs = a
 					}
-				})
+				}
 				return runErr
 			})
 			for r, err := range errs {

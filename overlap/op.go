@@ -92,20 +92,28 @@ func NewWith[T Float](ctx context.Context, c *collective.Communicator, m, n, k i
 	esz := o.esz()
 	o.pieces = Pieces(m, PieceCount(opts.Pieces, m*k*esz, opts.MinPieceBytes))
 	o.tasks = Tasks(P, me, m, o.pieces)
-	defer func() {
-		if err != nil {
-			o.Close()
-		}
-	}()
+	// Each engine's constructor releases what it made when it fails; o.eng
+	// is set only on success (a failed constructor's nil pointer would not
+	// be a nil engine).
 	if c.Backend() == device.CUDA {
-		o.eng, err = newGPUEngine(ctx, o)
+		eng, err := newGPUEngine(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		o.eng = eng
 	} else {
-		o.eng, err = newHostEngine(o)
-	}
-	if err != nil {
-		return nil, err
+		eng, err := newHostEngine(o)
+		if err != nil {
+			return nil, err
+		}
+		o.eng = eng
 	}
 	return o, nil
+}
+
+// closed is what a call on a closed Op returns.
+func (o *Op[T]) closed(op string) error {
+	return &collective.OpError{Op: op, Rank: o.me, Peer: -1, Err: collective.ErrClosed, Detail: "the overlap Op is closed"}
 }
 
 // blocks is the placement of piece p in G: rank r's rows of the piece, at
@@ -132,8 +140,14 @@ const DefaultPieces = 4
 func (o *Op[T]) Pieces() int { return len(o.pieces) }
 
 // Mode says how the Op's gather runs: "host" on the CPU backend; on the
-// GPU, its plans' mode ("graph", "eager" or "host-staged").
-func (o *Op[T]) Mode() string { return o.eng.mode() }
+// GPU, its plans' mode ("graph", "eager", "staged" across nodes, or
+// "host-staged"); "closed" once closed.
+func (o *Op[T]) Mode() string {
+	if o.eng == nil {
+		return "closed"
+	}
+	return o.eng.mode()
+}
 
 // MinPieceBytes is the least a gather piece should carry per rank on c:
 // across nodes, the smallest message that the transport stripes over every
@@ -201,17 +215,37 @@ func (o *Op[T]) read(name string, dst, host []T, dev *device.CUDABuffer, want in
 // need it: this rank's own rows first, then each piece's rows once the
 // piece is gathered. An error of the gather (a lost peer, a timeout) ends
 // the run and is returned.
-func (o *Op[T]) Run(ctx context.Context) error { return o.eng.run(ctx) }
+func (o *Op[T]) Run(ctx context.Context) error {
+	if o.eng == nil {
+		return o.closed("overlap")
+	}
+	return o.eng.run(ctx)
+}
 
 // RunSequential gathers all of A, then computes all of C: the baseline the
 // overlap is measured against (t_seq).
-func (o *Op[T]) RunSequential(ctx context.Context) error { return o.eng.sequential(ctx) }
+func (o *Op[T]) RunSequential(ctx context.Context) error {
+	if o.eng == nil {
+		return o.closed("overlap")
+	}
+	return o.eng.sequential(ctx)
+}
 
 // Gather runs only the gather (t_comm).
-func (o *Op[T]) Gather(ctx context.Context) error { return o.eng.gather(ctx) }
+func (o *Op[T]) Gather(ctx context.Context) error {
+	if o.eng == nil {
+		return o.closed("overlap")
+	}
+	return o.eng.gather(ctx)
+}
 
 // GEMM runs only the GEMMs, on whatever G holds (t_gemm).
-func (o *Op[T]) GEMM(ctx context.Context) error { return o.eng.gemm(ctx) }
+func (o *Op[T]) GEMM(ctx context.Context) error {
+	if o.eng == nil {
+		return o.closed("overlap")
+	}
+	return o.eng.gemm(ctx)
+}
 
 // Close releases the Op's streams, plans and memory. It is a collective
 // call on the GPU (its plans' Close is).
