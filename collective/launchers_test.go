@@ -26,25 +26,6 @@ import (
 // still runs.
 var agcheckArgs = []string{"--sizes", "0,7,4096,1048579", "--iters", "1", "--plan-runs", "100"}
 
-// bareEnv is this process's environment without any launcher's or
-// slimego's variables.
-func bareEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		switch k {
-		case "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT":
-			continue
-		}
-		if strings.HasPrefix(k, "SLIME_") || strings.HasPrefix(k, "OMPI_") || strings.HasPrefix(k, "PMIX_") ||
-			strings.HasPrefix(k, "SLURM_") || strings.HasPrefix(k, "TORCHELASTIC_") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
-
 // launchJob starts one agcheck (bin) per environment, as a launcher would,
 // and waits for every one, killing all after two minutes. It returns each
 // rank's output and exit code (-1: not started, or killed). It may run in
@@ -55,7 +36,7 @@ func launchJob(t *testing.T, bin string, envs [][]string) ([]string, []int) {
 	cmds := make([]*exec.Cmd, len(envs))
 	for i, env := range envs {
 		cmd := exec.Command(bin, agcheckArgs...)
-		cmd.Env = append(bareEnv(), env...)
+		cmd.Env = append(cleanEnv(), env...)
 		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
 		if err := cmd.Start(); err != nil {
 			for _, c := range cmds[:i] {
@@ -275,7 +256,7 @@ func TestRealMpirun(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, mpirun, args...)
-			cmd.Env = append(bareEnv(), "SLIME_TIMEOUT=60")
+			cmd.Env = append(cleanEnv(), "SLIME_TIMEOUT=60")
 			outs[j], errs[j] = cmd.CombinedOutput()
 		}()
 	}

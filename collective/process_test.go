@@ -238,7 +238,8 @@ func cleanEnv() []string {
 		case "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT":
 			continue
 		}
-		if strings.HasPrefix(k, "SLIME_") || strings.HasPrefix(k, "OMPI_") || strings.HasPrefix(k, "SLURM_") || strings.HasPrefix(k, "TORCHELASTIC_") {
+		if strings.HasPrefix(k, "SLIME_") || strings.HasPrefix(k, "OMPI_") || strings.HasPrefix(k, "PMIX_") ||
+			strings.HasPrefix(k, "SLURM_") || strings.HasPrefix(k, "TORCHELASTIC_") {
 			continue
 		}
 		env = append(env, kv)
