@@ -52,17 +52,17 @@ func D2D(ctx context.Context, gpu *device.GPU, n int, minTime time.Duration) (us
 		return 0, 0, err
 	}
 	defer b.Free()
-	s, err := gpu.NewStream()
+	s, err := gpu.NewCUDAStream()
 	if err != nil {
 		return 0, 0, err
 	}
 	defer s.Close()
-	start, err := gpu.NewEvent(true)
+	start, err := gpu.NewCUDAEvent(true)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer start.Close()
-	end, err := gpu.NewEvent(true)
+	end, err := gpu.NewCUDAEvent(true)
 	if err != nil {
 		return 0, 0, err
 	}

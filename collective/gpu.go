@@ -56,7 +56,7 @@ func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
 	}
 	g := &gpuState{dev: dev}
 	c.gpu = g
-	if g.stream, err = dev.NewStream(); err != nil {
+	if g.stream, err = dev.NewCUDAStream(); err != nil {
 		return fault.New("init", o.Rank, -1, err, "stream")
 	}
 	// Ranks on GPUs that cannot read each other (NVML's P2P answer) move

@@ -26,7 +26,7 @@ func TestReplayFollowsData(t *testing.T) {
 	for _, eager := range []bool{false, true} {
 		a, _ := g.Alloc(n)
 		b, _ := g.Alloc(n)
-		s, err := g.NewStream()
+		s, err := g.NewCUDAStream()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +98,7 @@ func TestCaptureFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Free()
-	s, err := g.NewStream()
+	s, err := g.NewCUDAStream()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,12 +119,12 @@ func TestCaptureFails(t *testing.T) {
 			return nil
 		}},
 		{"wait on uncaptured work", func(s *device.CUDAStream) error {
-			other, err := g.NewStream()
+			other, err := g.NewCUDAStream()
 			if err != nil {
 				return err
 			}
 			defer other.Close()
-			e, err := g.NewEvent(false)
+			e, err := g.NewCUDAEvent(false)
 			if err != nil {
 				return err
 			}

@@ -12,11 +12,6 @@ import (
 // The backend interfaces. Code written against them runs on either backend:
 // the CPU one (host memory, goroutine streams) and the CUDA one (device
 // memory, CUDA streams and events, on libslimecuda.so or its emulator).
-//
-// The CPU types keep their historical names Stream and Event, which
-// collective and overlap still use; the interfaces are therefore AnyStream
-// and AnyEvent for now. CPUStream and CPUEvent name the CPU types for code
-// that means them against the interfaces.
 
 // ErrMixedBackends: a call joined values of two backends (a CPU event on a
 // CUDA stream, a host buffer in a GPU copy).
@@ -30,11 +25,11 @@ type Device interface {
 	// NewBuffer allocates n bytes of the device's memory (not symmetric:
 	// symmetric memory comes from a node-local group).
 	NewBuffer(n int) (Buffer, error)
-	NewAnyStream() (AnyStream, error)
-	NewAnyEvent() (AnyEvent, error)
+	NewStream() (Stream, error)
+	NewEvent() (Event, error)
 	NewGEMM() (GEMM, error)
 	// Copy enqueues on s a copy of src's bytes into the start of dst.
-	Copy(s AnyStream, dst, src Buffer) error
+	Copy(s Stream, dst, src Buffer) error
 }
 
 // Buffer is memory of one backend.
@@ -54,20 +49,20 @@ type Buffer interface {
 	Free() error
 }
 
-// AnyStream is an ordered queue of work of either backend.
-type AnyStream interface {
+// Stream is an ordered queue of work of either backend.
+type Stream interface {
 	Synchronizer
 	// Wait makes the work enqueued after it wait until e is reached.
-	Wait(e AnyEvent) error
+	Wait(e Event) error
 	Close() error
 }
 
-// AnyEvent marks a point in a stream's work, for another stream or the
+// Event marks a point in a stream's work, for another stream or the
 // host to wait on.
-type AnyEvent interface {
+type Event interface {
 	// Record marks the point in s, which must be of the event's backend,
 	// that the event stands for.
-	Record(s AnyStream) error
+	Record(s Stream) error
 	// Synchronize waits until the event is reached, or ctx ends.
 	Synchronize(ctx context.Context) error
 }
@@ -75,26 +70,19 @@ type AnyEvent interface {
 // GEMM multiplies matrices on a stream: C (m×n) = A (m×k) · B (k×n), all
 // row-major float32.
 type GEMM interface {
-	F32(s AnyStream, m, n, k int, a, b, c Buffer) error
+	F32(s Stream, m, n, k int, a, b, c Buffer) error
 	Close() error
 }
-
-type (
-	// CPUStream is the CPU backend's stream.
-	CPUStream = Stream
-	// CPUEvent is the CPU backend's event.
-	CPUEvent = Event
-)
 
 var (
 	_ Device    = CPUDevice{}
 	_ Device    = (*GPU)(nil)
 	_ Buffer    = (*HostBuffer)(nil)
 	_ Buffer    = (*CUDABuffer)(nil)
-	_ AnyStream = (*CPUStream)(nil)
-	_ AnyStream = (*CUDAStream)(nil)
-	_ AnyEvent  = (*CPUEvent)(nil)
-	_ AnyEvent  = (*CUDAEvent)(nil)
+	_ Stream = (*CPUStream)(nil)
+	_ Stream = (*CUDAStream)(nil)
+	_ Event  = (*CPUEvent)(nil)
+	_ Event  = (*CUDAEvent)(nil)
 	_ GEMM      = cpuGEMM{}
 	_ GEMM      = (*CUDAGEMM)(nil)
 )
@@ -113,13 +101,13 @@ func (CPUDevice) NewBuffer(n int) (Buffer, error) {
 	return &HostBuffer{b: make([]byte, n)}, nil
 }
 
-func (CPUDevice) NewAnyStream() (AnyStream, error) { return NewStream(), nil }
-func (CPUDevice) NewAnyEvent() (AnyEvent, error)   { return new(Event), nil }
+func (CPUDevice) NewStream() (Stream, error) { return NewCPUStream(), nil }
+func (CPUDevice) NewEvent() (Event, error)   { return new(CPUEvent), nil }
 func (CPUDevice) NewGEMM() (GEMM, error)           { return cpuGEMM{}, nil }
 
 // Copy enqueues the copy on s, a CPU stream.
-func (CPUDevice) Copy(s AnyStream, dst, src Buffer) error {
-	cs, ok := s.(*Stream)
+func (CPUDevice) Copy(s Stream, dst, src Buffer) error {
+	cs, ok := s.(*CPUStream)
 	d, ok2 := dst.(*HostBuffer)
 	sb, ok3 := src.(*HostBuffer)
 	if !ok || !ok2 || !ok3 {
@@ -165,8 +153,8 @@ type cpuGEMM struct{}
 
 func (cpuGEMM) Close() error { return nil }
 
-func (cpuGEMM) F32(s AnyStream, m, n, k int, a, b, c Buffer) error {
-	cs, ok := s.(*Stream)
+func (cpuGEMM) F32(s Stream, m, n, k int, a, b, c Buffer) error {
+	cs, ok := s.(*CPUStream)
 	ha, ok1 := a.(*HostBuffer)
 	hb, ok2 := b.(*HostBuffer)
 	hc, ok3 := c.(*HostBuffer)
@@ -208,8 +196,8 @@ func f32(b []byte, n int) []float32 {
 
 // Wait makes the work enqueued after it wait until e, a CPU event, is
 // reached (see WaitEvent).
-func (s *Stream) Wait(e AnyEvent) error {
-	ce, ok := e.(*Event)
+func (s *CPUStream) Wait(e Event) error {
+	ce, ok := e.(*CPUEvent)
 	if !ok {
 		return fmt.Errorf("%w: %T on a cpu stream", ErrMixedBackends, e)
 	}
@@ -218,9 +206,9 @@ func (s *Stream) Wait(e AnyEvent) error {
 }
 
 // Record marks e as reached once the work enqueued so far on s, a CPU
-// stream, is done: the event-side form of Stream.Record.
-func (e *Event) Record(s AnyStream) error {
-	cs, ok := s.(*Stream)
+// stream, is done: the event-side form of CPUStream.Record.
+func (e *CPUEvent) Record(s Stream) error {
+	cs, ok := s.(*CPUStream)
 	if !ok {
 		return fmt.Errorf("%w: cpu event on %T", ErrMixedBackends, s)
 	}
@@ -240,18 +228,18 @@ func (d *GPU) NewBuffer(n int) (Buffer, error) {
 	return b, nil
 }
 
-// NewAnyStream creates a CUDA stream.
-func (d *GPU) NewAnyStream() (AnyStream, error) {
-	s, err := d.NewStream()
+// NewStream creates a CUDA stream.
+func (d *GPU) NewStream() (Stream, error) {
+	s, err := d.NewCUDAStream()
 	if err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// NewAnyEvent creates a CUDA event without timing.
-func (d *GPU) NewAnyEvent() (AnyEvent, error) {
-	e, err := d.NewEvent(false)
+// NewEvent creates a CUDA event without timing.
+func (d *GPU) NewEvent() (Event, error) {
+	e, err := d.NewCUDAEvent(false)
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +247,7 @@ func (d *GPU) NewAnyEvent() (AnyEvent, error) {
 }
 
 // Copy enqueues a device-to-device copy on s.
-func (d *GPU) Copy(s AnyStream, dst, src Buffer) error {
+func (d *GPU) Copy(s Stream, dst, src Buffer) error {
 	cs, ok := s.(*CUDAStream)
 	db, ok2 := dst.(*CUDABuffer)
 	sb, ok3 := src.(*CUDABuffer)
@@ -288,7 +276,7 @@ func (d *GPU) NewGEMM() (GEMM, error) {
 }
 
 // F32 enqueues the product on s.
-func (g *CUDAGEMM) F32(s AnyStream, m, n, k int, a, b, c Buffer) error {
+func (g *CUDAGEMM) F32(s Stream, m, n, k int, a, b, c Buffer) error {
 	cs, ok := s.(*CUDAStream)
 	da, ok1 := a.(*CUDABuffer)
 	db, ok2 := b.(*CUDABuffer)

@@ -85,17 +85,17 @@ func TestBackendsOrderAndGEMM(t *testing.T) {
 			if err := out.CopyIn(make([]byte, 4*m*n)); err != nil {
 				t.Fatal(err)
 			}
-			s1, err := d.NewAnyStream()
+			s1, err := d.NewStream()
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer s1.Close()
-			s2, err := d.NewAnyStream()
+			s2, err := d.NewStream()
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer s2.Close()
-			ev, err := d.NewAnyEvent()
+			ev, err := d.NewEvent()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -148,7 +148,7 @@ func TestBackendsOrderAndGEMM(t *testing.T) {
 			if d.Kind() == device.CPU {
 				other = openGPU(t)
 			}
-			os, err := other.NewAnyStream()
+			os, err := other.NewStream()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -173,7 +173,7 @@ func TestBackendsOrderAndGEMM(t *testing.T) {
 // whose other rank never comes (it gives up only after its own 3 s).
 func TestBackendsSynchronizeDeadline(t *testing.T) {
 	t.Run("cpu", func(t *testing.T) {
-		s := device.NewStream()
+		s := device.NewCPUStream()
 		defer s.Close()
 		gate := make(chan struct{})
 		s.Launch(func() error { <-gate; return nil })
@@ -181,7 +181,7 @@ func TestBackendsSynchronizeDeadline(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		err := device.AnyStream(s).Synchronize(ctx)
+		err := device.Stream(s).Synchronize(ctx)
 		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, device.ErrWaitTimeout) {
 			t.Fatalf("Synchronize with blocked work: %v after %v", err, time.Since(start))
 		}
@@ -189,7 +189,7 @@ func TestBackendsSynchronizeDeadline(t *testing.T) {
 	t.Run("cuda", func(t *testing.T) {
 		g := openGPU(t)
 		lib := g.Lib()
-		s, err := g.NewAnyStream()
+		s, err := g.NewStream()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,7 +19,7 @@ type Synchronizer interface {
 }
 
 var (
-	_ Synchronizer = (*Stream)(nil)
+	_ Synchronizer = (*CPUStream)(nil)
 	_ Synchronizer = (*CUDAStream)(nil)
 )
 
@@ -155,8 +155,8 @@ type CUDAStream struct {
 	H   kernels.Stream
 }
 
-// NewStream creates a stream on d.
-func (d *GPU) NewStream() (*CUDAStream, error) {
+// NewCUDAStream creates a stream on d.
+func (d *GPU) NewCUDAStream() (*CUDAStream, error) {
 	h, err := d.lib.StreamCreate(d.Ordinal)
 	if err != nil {
 		return nil, err
@@ -180,7 +180,7 @@ func (s *CUDAStream) SynchronizeBy(ctx context.Context, deadline time.Time) erro
 
 // Wait makes the stream's later work wait until e, a CUDA event, is
 // reached.
-func (s *CUDAStream) Wait(e AnyEvent) error {
+func (s *CUDAStream) Wait(e Event) error {
 	ce, ok := e.(*CUDAEvent)
 	if !ok {
 		return fmt.Errorf("%w: %T on a cuda stream", ErrMixedBackends, e)
@@ -204,8 +204,8 @@ type CUDAEvent struct {
 	H   kernels.Event
 }
 
-// NewEvent creates an event; timing events can be measured with Elapsed.
-func (d *GPU) NewEvent(timing bool) (*CUDAEvent, error) {
+// NewCUDAEvent creates an event; timing events can be measured with Elapsed.
+func (d *GPU) NewCUDAEvent(timing bool) (*CUDAEvent, error) {
 	h, err := d.lib.EventCreate(d.Ordinal, timing)
 	if err != nil {
 		return nil, err
@@ -214,7 +214,7 @@ func (d *GPU) NewEvent(timing bool) (*CUDAEvent, error) {
 }
 
 // Record marks the point in s, a CUDA stream, that e stands for.
-func (e *CUDAEvent) Record(s AnyStream) error {
+func (e *CUDAEvent) Record(s Stream) error {
 	cs, ok := s.(*CUDAStream)
 	if !ok {
 		return fmt.Errorf("%w: cuda event on %T", ErrMixedBackends, s)

@@ -106,13 +106,13 @@ func TestGPUMemoryStreamsEvents(t *testing.T) {
 	if err := a.CopyFromHost(in); err != nil {
 		t.Fatal(err)
 	}
-	s, err := g.NewStream()
+	s, err := g.NewCUDAStream()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	start, _ := g.NewEvent(true)
-	end, _ := g.NewEvent(true)
+	start, _ := g.NewCUDAEvent(true)
+	end, _ := g.NewCUDAEvent(true)
 	defer start.Close()
 	defer end.Close()
 	if err := start.Record(s); err != nil {

@@ -5,7 +5,7 @@
 //
 // Both backends order work the same way: a stream runs work in order, an
 // event marks a point in a stream for another stream to wait on, and every
-// wait for the host has a deadline. [Stream] and [Event] are the CPU's
+// wait for the host has a deadline. [CPUStream] and [CPUEvent] are the CPU's
 // (goroutine queues); [CUDAStream] and [CUDAEvent] are CUDA's, over
 // libslimecuda.so (package kernels), with [GPU] the device and
 // [CUDABuffer] its memory. Both stream kinds satisfy [Synchronizer].

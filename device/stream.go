@@ -16,11 +16,11 @@ var (
 	ErrWaitTimeout = errors.New("device: wait for event timed out")
 )
 
-// Stream is an ordered queue of work, as a CUDA stream is: work runs in
+// CPUStream is an ordered queue of work, as a CUDA stream is: work runs in
 // the order it was enqueued, each item after the previous one finished.
 // On the CPU backend one goroutine runs a stream's work. After an item
 // fails, the stream skips the rest and Synchronize reports the error.
-type Stream struct {
+type CPUStream struct {
 	// WaitTimeout bounds how long work queued behind Wait waits for its
 	// event (default 10 minutes): a stream never waits forever.
 	WaitTimeout time.Duration
@@ -35,7 +35,7 @@ type Stream struct {
 
 	// The wait the stream's goroutine is in (Wait): the stream it waits on
 	// and the timer that wakes it at its deadline, made once.
-	waitSrc atomic.Pointer[Stream]
+	waitSrc atomic.Pointer[CPUStream]
 	timer   *time.Timer
 }
 
@@ -43,13 +43,13 @@ type Stream struct {
 // until src has finished target items.
 type item struct {
 	fn     func() error
-	src    *Stream
+	src    *CPUStream
 	target uint64
 }
 
 // NewStream starts a stream.
-func NewStream() *Stream {
-	s := &Stream{q: make(chan item, 1024)}
+func NewCPUStream() *CPUStream {
+	s := &CPUStream{q: make(chan item, 1024)}
 	s.cond = sync.NewCond(&s.mu)
 	s.timer = time.AfterFunc(time.Hour, s.wake)
 	s.timer.Stop()
@@ -57,7 +57,7 @@ func NewStream() *Stream {
 	return s
 }
 
-func (s *Stream) run() {
+func (s *CPUStream) run() {
 	for it := range s.q {
 		s.mu.Lock()
 		failed := s.err != nil
@@ -83,11 +83,11 @@ func (s *Stream) run() {
 
 // Launch enqueues fn. fn should be made once and launched many times: the
 // stream itself allocates nothing per item.
-func (s *Stream) Launch(fn func() error) {
+func (s *CPUStream) Launch(fn func() error) {
 	s.enqueue(item{fn: fn})
 }
 
-func (s *Stream) enqueue(it item) {
+func (s *CPUStream) enqueue(it item) {
 	s.mu.Lock()
 	if s.closed {
 		if s.err == nil {
@@ -102,7 +102,7 @@ func (s *Stream) enqueue(it item) {
 }
 
 // Record marks e as reached once the work enqueued so far is done.
-func (s *Stream) Record(e *Event) {
+func (s *CPUStream) Record(e *CPUEvent) {
 	s.mu.Lock()
 	target := s.queued
 	s.mu.Unlock()
@@ -113,9 +113,9 @@ func (s *Stream) Record(e *Event) {
 
 // WaitEvent makes the work enqueued after it wait until e is reached; if
 // the stream e was recorded on failed, this stream fails with the same
-// error. It allocates nothing. (Wait is the same behind the AnyStream
+// error. It allocates nothing. (Wait is the same behind the Stream
 // interface.)
-func (s *Stream) WaitEvent(e *Event) {
+func (s *CPUStream) WaitEvent(e *CPUEvent) {
 	e.mu.Lock()
 	src, target := e.stream, e.target
 	e.mu.Unlock()
@@ -127,7 +127,7 @@ func (s *Stream) WaitEvent(e *Event) {
 
 // wait runs in s's goroutine: it blocks until src has finished n items,
 // src fails, or s.WaitTimeout passes.
-func (s *Stream) wait(src *Stream, n uint64) error {
+func (s *CPUStream) wait(src *CPUStream, n uint64) error {
 	timeout := s.WaitTimeout
 	if timeout <= 0 {
 		timeout = 10 * time.Minute
@@ -150,7 +150,7 @@ func (s *Stream) wait(src *Stream, n uint64) error {
 // wake is the wait timer's: it wakes the stream the wait is on, whose
 // waiters look at the clock again (a late call from an earlier wait only
 // wakes them once more).
-func (s *Stream) wake() {
+func (s *CPUStream) wake() {
 	if src := s.waitSrc.Load(); src != nil {
 		src.mu.Lock()
 		src.cond.Broadcast()
@@ -160,7 +160,7 @@ func (s *Stream) wake() {
 
 // waitFor blocks until n items are done, returning the stream's error. It
 // allocates nothing when ctx cannot be cancelled or the items are done.
-func (s *Stream) waitFor(ctx context.Context, n uint64) error {
+func (s *CPUStream) waitFor(ctx context.Context, n uint64) error {
 	s.mu.Lock()
 	if s.done >= n || s.err != nil || ctx.Done() == nil {
 		defer s.mu.Unlock()
@@ -189,7 +189,7 @@ func (s *Stream) waitFor(ctx context.Context, n uint64) error {
 
 // Synchronize waits until all work enqueued so far is done and returns the
 // stream's first error, if any; the error stays until Reset.
-func (s *Stream) Synchronize(ctx context.Context) error {
+func (s *CPUStream) Synchronize(ctx context.Context) error {
 	s.mu.Lock()
 	n := s.queued
 	s.mu.Unlock()
@@ -197,15 +197,15 @@ func (s *Stream) Synchronize(ctx context.Context) error {
 }
 
 // Reset clears a failure once the caller has dealt with it.
-func (s *Stream) Reset() {
+func (s *CPUStream) Reset() {
 	s.mu.Lock()
 	s.err = nil
 	s.mu.Unlock()
 }
 
 // Close ends the stream's goroutine after the enqueued work. It returns
-// nil: the error is there for the AnyStream interface.
-func (s *Stream) Close() error {
+// nil: the error is there for the Stream interface.
+func (s *CPUStream) Close() error {
 	s.mu.Lock()
 	if !s.closed {
 		s.closed = true
@@ -215,15 +215,15 @@ func (s *Stream) Close() error {
 	return nil
 }
 
-// Event marks a point in a stream's work, for another stream to wait on.
-type Event struct {
+// CPUEvent marks a point in a stream's work, for another stream to wait on.
+type CPUEvent struct {
 	mu     sync.Mutex
-	stream *Stream
+	stream *CPUStream
 	target uint64
 }
 
 // Synchronize waits until the event is reached.
-func (e *Event) Synchronize(ctx context.Context) error {
+func (e *CPUEvent) Synchronize(ctx context.Context) error {
 	e.mu.Lock()
 	src, target := e.stream, e.target
 	e.mu.Unlock()

@@ -9,7 +9,7 @@ import (
 )
 
 func TestStreamOrder(t *testing.T) {
-	s := NewStream()
+	s := NewCPUStream()
 	defer s.Close()
 	var got []int
 	for i := range 100 {
@@ -26,11 +26,11 @@ func TestStreamOrder(t *testing.T) {
 }
 
 func TestEventOrdersStreams(t *testing.T) {
-	comm, compute := NewStream(), NewStream()
+	comm, compute := NewCPUStream(), NewCPUStream()
 	defer comm.Close()
 	defer compute.Close()
 	var ready atomic.Bool
-	ev := new(Event)
+	ev := new(CPUEvent)
 	comm.Launch(func() error { time.Sleep(30 * time.Millisecond); ready.Store(true); return nil })
 	comm.Record(ev)
 	compute.Wait(ev)
@@ -48,14 +48,14 @@ func TestEventOrdersStreams(t *testing.T) {
 }
 
 func TestErrorPropagates(t *testing.T) {
-	comm, compute := NewStream(), NewStream()
+	comm, compute := NewCPUStream(), NewCPUStream()
 	defer comm.Close()
 	defer compute.Close()
 	boom := errors.New("boom")
 	ran := false
 	comm.Launch(func() error { return boom })
 	comm.Launch(func() error { ran = true; return nil })
-	ev := new(Event)
+	ev := new(CPUEvent)
 	comm.Record(ev)
 	compute.Wait(ev)
 	computed := false
@@ -99,12 +99,12 @@ func TestSynchronizeDeadline(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			s := NewStream()
+			s := NewCPUStream()
 			defer s.Close()
 			release := make(chan struct{})
 			defer close(release)
 			s.Launch(func() error { <-release; return nil })
-			ev := new(Event)
+			ev := new(CPUEvent)
 			s.Record(ev)
 			ctx, cancel := c.ctx()
 			defer cancel()
@@ -136,14 +136,14 @@ func cancelSoon() (context.Context, context.CancelFunc) {
 }
 
 func TestWaitTimesOut(t *testing.T) {
-	comm, compute := NewStream(), NewStream()
+	comm, compute := NewCPUStream(), NewCPUStream()
 	defer comm.Close()
 	defer compute.Close()
 	compute.WaitTimeout = 50 * time.Millisecond
 	release := make(chan struct{})
 	defer close(release)
 	comm.Launch(func() error { <-release; return nil })
-	ev := new(Event)
+	ev := new(CPUEvent)
 	comm.Record(ev)
 	compute.Wait(ev)
 	if err := compute.Synchronize(context.Background()); !errors.Is(err, ErrWaitTimeout) {
@@ -154,10 +154,10 @@ func TestWaitTimesOut(t *testing.T) {
 // TestNoAllocs: once its work is made, a round of launches, a record, a
 // wait on another stream and the synchronizations allocate nothing.
 func TestNoAllocs(t *testing.T) {
-	comm, compute := NewStream(), NewStream()
+	comm, compute := NewCPUStream(), NewCPUStream()
 	defer comm.Close()
 	defer compute.Close()
-	ev := new(Event)
+	ev := new(CPUEvent)
 	var n int
 	work := func() error { n++; return nil }
 	ctx := context.Background()
@@ -184,11 +184,11 @@ func TestNoAllocs(t *testing.T) {
 // TestWaitDeadlinePerWait: each wait has its own deadline, however long
 // the stream has run: many waits of 1 ms under a 20 ms timeout all succeed.
 func TestWaitDeadlinePerWait(t *testing.T) {
-	comm, compute := NewStream(), NewStream()
+	comm, compute := NewCPUStream(), NewCPUStream()
 	defer comm.Close()
 	defer compute.Close()
 	compute.WaitTimeout = 20 * time.Millisecond
-	ev := new(Event)
+	ev := new(CPUEvent)
 	slow := func() error { time.Sleep(time.Millisecond); return nil }
 	for range 100 {
 		comm.Launch(slow)

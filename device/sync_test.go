@@ -14,12 +14,12 @@ import (
 func TestSynchronizeDoneWithLiveContext(t *testing.T) {
 	boom := errors.New("boom")
 	for _, fail := range []bool{false, true} {
-		s := NewStream()
+		s := NewCPUStream()
 		s.Launch(func() error { return nil })
 		if fail {
 			s.Launch(func() error { return boom })
 		}
-		ev := new(Event)
+		ev := new(CPUEvent)
 		s.Record(ev)
 		if err := s.Synchronize(context.Background()); (err != nil) != fail {
 			t.Fatalf("fail=%v: %v", fail, err)
@@ -48,11 +48,11 @@ func TestSynchronizeDoneWithLiveContext(t *testing.T) {
 // TestSynchronizeReturnsWhenWorkEnds: a Synchronize that waits, with a
 // context that has not ended, returns nil as soon as the work finishes.
 func TestSynchronizeReturnsWhenWorkEnds(t *testing.T) {
-	s := NewStream()
+	s := NewCPUStream()
 	defer s.Close()
 	release := make(chan struct{})
 	s.Launch(func() error { <-release; return nil })
-	ev := new(Event)
+	ev := new(CPUEvent)
 	s.Record(ev)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -75,7 +75,7 @@ func TestSynchronizeReturnsWhenWorkEnds(t *testing.T) {
 // TestSynchronizeDoneAllocatesNothing: waiting for finished work with a
 // context that can end allocates nothing (no context.AfterFunc).
 func TestSynchronizeDoneAllocatesNothing(t *testing.T) {
-	s := NewStream()
+	s := NewCPUStream()
 	defer s.Close()
 	s.Launch(func() error { return nil })
 	if err := s.Synchronize(context.Background()); err != nil {

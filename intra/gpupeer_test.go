@@ -62,7 +62,7 @@ func gatherOnDevices(t *testing.T, devs, sizes []int) {
 			return err
 		}
 		defer src.Free()
-		s, err := dev.NewStream()
+		s, err := dev.NewCUDAStream()
 		if err != nil {
 			return err
 		}

@@ -126,7 +126,7 @@ type GPUMem struct {
 
 // NewGPUMem makes the memory model of dev, with a stream of its own.
 func NewGPUMem(dev *device.GPU) (GPUMem, error) {
-	s, err := dev.NewStream()
+	s, err := dev.NewCUDAStream()
 	if err != nil {
 		return GPUMem{}, err
 	}

@@ -46,19 +46,19 @@ func newGPUEngine[T Float](ctx context.Context, o *Op[T]) (_ *gpuEngine[T], err 
 			return nil, err
 		}
 	}
-	if e.compute, err = gpu.NewStream(); err != nil {
+	if e.compute, err = gpu.NewCUDAStream(); err != nil {
 		return nil, err
 	}
 	if e.blas, err = e.lib.BlasCreate(gpu.Ordinal); err != nil {
 		return nil, err
 	}
 	for _, ev := range []**device.CUDAEvent{&e.fork, &e.join} {
-		if *ev, err = gpu.NewEvent(false); err != nil {
+		if *ev, err = gpu.NewCUDAEvent(false); err != nil {
 			return nil, err
 		}
 	}
 	for _, p := range o.pieces {
-		ev, err := gpu.NewEvent(false)
+		ev, err := gpu.NewCUDAEvent(false)
 		if err != nil {
 			return nil, err
 		}

@@ -260,18 +260,18 @@ func (o *Op[T]) Close() error {
 
 // hostEngine runs an Op on host memory. The calling goroutine runs the
 // gather, piece by piece (the communicator's plans, with the call's
-// context); a device.Stream runs the GEMMs, each piece's once that piece
+// context); a device.CPUStream runs the GEMMs, each piece's once that piece
 // is gathered, so that they overlap the pieces that follow.
 type hostEngine[T Float] struct {
 	o       *Op[T]
-	compute *device.Stream
+	compute *device.CPUStream
 	taskFns []func() error // made once: a run allocates nothing
 }
 
 func newHostEngine[T Float](o *Op[T]) (*hostEngine[T], error) {
 	P, m, n, k := o.P, o.m, o.n, o.k
 	o.A, o.B, o.C, o.G = make([]T, m*k), make([]T, k*n), make([]T, P*m*n), make([]T, P*m*k)
-	e := &hostEngine[T]{o: o, compute: device.NewStream()}
+	e := &hostEngine[T]{o: o, compute: device.NewCPUStream()}
 	esz := o.esz()
 	gBytes, aBytes := asBytes(o.G), asBytes(o.A)
 	for _, p := range o.pieces {
