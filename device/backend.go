@@ -75,16 +75,16 @@ type GEMM interface {
 }
 
 var (
-	_ Device    = CPUDevice{}
-	_ Device    = (*GPU)(nil)
-	_ Buffer    = (*HostBuffer)(nil)
-	_ Buffer    = (*CUDABuffer)(nil)
+	_ Device = CPUDevice{}
+	_ Device = (*GPU)(nil)
+	_ Buffer = (*HostBuffer)(nil)
+	_ Buffer = (*CUDABuffer)(nil)
 	_ Stream = (*CPUStream)(nil)
 	_ Stream = (*CUDAStream)(nil)
 	_ Event  = (*CPUEvent)(nil)
 	_ Event  = (*CUDAEvent)(nil)
-	_ GEMM      = cpuGEMM{}
-	_ GEMM      = (*CUDAGEMM)(nil)
+	_ GEMM   = cpuGEMM{}
+	_ GEMM   = (*CUDAGEMM)(nil)
 )
 
 // CPUDevice is the CPU backend's device: host memory, goroutine streams.
@@ -103,7 +103,7 @@ func (CPUDevice) NewBuffer(n int) (Buffer, error) {
 
 func (CPUDevice) NewStream() (Stream, error) { return NewCPUStream(), nil }
 func (CPUDevice) NewEvent() (Event, error)   { return new(CPUEvent), nil }
-func (CPUDevice) NewGEMM() (GEMM, error)           { return cpuGEMM{}, nil }
+func (CPUDevice) NewGEMM() (GEMM, error)     { return cpuGEMM{}, nil }
 
 // Copy enqueues the copy on s, a CPU stream.
 func (CPUDevice) Copy(s Stream, dst, src Buffer) error {
