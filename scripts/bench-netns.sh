@@ -24,7 +24,6 @@ echo "== slimego AllGather, 2 nodes x 1 rank (BENCH.md sweep)"
 netns_run 2 1 29511 bin/slimebench allgather --mode inter --quiet --csv | strip > "$OUT/slimego-2x1.csv"
 
 if command -v mpirun >/dev/null && [ -x bin/allgather_mpi ]; then
-  echo "== OpenMPI MPI_Allgather over TCP, 2 nodes x 1 rank"
   # mpirun runs in node 0's namespace; its launch agent starts the remote
   # daemon in node 1's.
   cat > "$OUT/rsh-agent" <<AGENT
@@ -34,27 +33,42 @@ while [ "\${host#-}" != "\$host" ]; do host=\$1; shift; done
 exec ip netns exec $(netns_name 1) sh -c "\$*"
 AGENT
   chmod +x "$OUT/rsh-agent"
-  if ip netns exec "$(netns_name 0)" mpirun --allow-run-as-root -np 2 --host "$(netns_addr 0):1,$(netns_addr 1):1" \
-      --mca plm_rsh_agent "$PWD/$OUT/rsh-agent" --mca btl self,tcp --mca btl_tcp_if_include 192.0.2.0/24 \
-      --mca oob_tcp_if_include 192.0.2.0/24 bin/allgather_mpi -m inter 2>"$OUT/openmpi.err" > "$OUT/openmpi-2x1.csv"; then
-    :
-  else
-    echo "OpenMPI across namespaces failed (see $OUT/openmpi.err)"; rm -f "$OUT/openmpi-2x1.csv"
-  fi
+  # Each node's daemon sees the whole machine as its own: left to bind
+  # ranks to cores, both daemons put their rank on core 0, and the two ranks
+  # time-slice one core. --bind-to none lets the scheduler place them, as it
+  # places slimego's ranks; pml ob1 keeps the TCP BTL that btl names (no UCX).
+  # Nor does either daemon know that the two nodes share the machine's cores:
+  # where the job's ranks outnumber them, OpenMPI's own advice for
+  # oversubscription applies (mpi_yield_when_idle 1), which mpirun would
+  # have set itself had it seen the oversubscription (without it, spinning
+  # ranks hold the cores for whole scheduler slices: milliseconds per call).
+  mpi_netns() { # ranks-per-node csv-name
+    local yield=0
+    [ $((2 * $1)) -gt "$(nproc)" ] && yield=1
+    ip netns exec "$(netns_name 0)" mpirun --allow-run-as-root -np $((2 * $1)) \
+      --host "$(netns_addr 0):$1,$(netns_addr 1):$1" --bind-to none --mca mpi_yield_when_idle $yield \
+      --mca plm_rsh_agent "$PWD/$OUT/rsh-agent" --mca pml ob1 --mca btl self,vader,tcp \
+      --mca btl_tcp_if_include 192.0.2.0/24 --mca oob_tcp_if_include 192.0.2.0/24 \
+      bin/allgather_mpi -m inter 2>"$OUT/openmpi-$2.err" > "$OUT/openmpi-$2.csv" \
+      || { echo "OpenMPI across namespaces ($2) failed (see $OUT/openmpi-$2.err)"; rm -f "$OUT/openmpi-$2.csv"; }
+  }
+  echo "== OpenMPI MPI_Allgather over TCP, 2 nodes x 1 rank (unpinned)"
+  mpi_netns 1 2x1
+  echo "== OpenMPI MPI_Allgather over TCP, 2 nodes x 2 ranks (unpinned)"
+  mpi_netns 2 2x2
 fi
 
 echo "== slimego AllGather, 2 nodes x 2 ranks: rail-aligned hierarchical vs flat ring"
-netns_run 2 2 29503 bin/slimebench allgather --mode inter --quiet --csv -b 64K -e 64M -f 4 | strip > "$OUT/slimego-2x2-hier.csv"
-SLIME_ALGO=ring netns_run 2 2 29504 bin/slimebench allgather --mode inter --quiet --csv -b 64K -e 64M -f 4 | strip \
+netns_run 2 2 29503 bin/slimebench allgather --mode inter --quiet --csv | strip > "$OUT/slimego-2x2-hier.csv"
+SLIME_ALGO=ring netns_run 2 2 29504 bin/slimebench allgather --mode inter --quiet --csv | strip \
   | sed 's/^slimego/slimego-ring/' > "$OUT/slimego-2x2-ring.csv"
 
-if [ -f "$OUT/openmpi-2x1.csv" ]; then
-  echo; echo "== 2 x 1: slimego vs OpenMPI (TCP)"
-  bin/slimebench compare "$OUT/slimego-2x1.csv" "$OUT/openmpi-2x1.csv" | tee "$OUT/compare-2x1.txt"
-fi
-echo; echo "== 2 x 2: hierarchical vs ring"
-bin/slimebench compare "$OUT/slimego-2x2-hier.csv" "$OUT/slimego-2x2-ring.csv" | tee "$OUT/compare-2x2.txt"
-
+# Side by side, a ratio per row (slimego's time over each other's).
+echo; echo "== 2 x 1: slimego vs OpenMPI (TCP, unpinned)"
+bin/slimebench compare "$OUT/slimego-2x1.csv" $(ls "$OUT/openmpi-2x1.csv" 2>/dev/null) | tee "$OUT/compare-2x1.txt"
+echo; echo "== 2 x 2: slimego (hierarchical) vs ring and OpenMPI (TCP, unpinned)"
+bin/slimebench compare "$OUT/slimego-2x2-hier.csv" "$OUT/slimego-2x2-ring.csv" $(ls "$OUT/openmpi-2x2.csv" 2>/dev/null) \
+  | tee "$OUT/compare-2x2.txt"
 
 echo; echo "== AllGather+GEMM overlap across the namespaces, 2 nodes x 1 rank (plot: $OUT/overlap.png)"
 # n small against k makes t_comm and t_gemm comparable on these machines.
