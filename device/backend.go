@@ -6,8 +6,17 @@ import (
 	"fmt"
 	"unsafe"
 
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/blas32"
+	"gonum.org/v1/gonum/blas/blas64"
+
 	"github.com/slimego/slimego/kernels"
 )
+
+// BLAS names the implementation the CPU backend's GEMMs run in: "gonum"
+// (pure Go, the default) or "openblas" (built with -tags openblas and
+// CGO_LDFLAGS=-lopenblas).
+var BLAS = "gonum"
 
 // The backend interfaces. Code written against them runs on either backend:
 // the CPU one (host memory, goroutine streams) and the CUDA one (device
@@ -46,6 +55,19 @@ type Buffer interface {
 	// synchronize that first).
 	CopyIn(src []byte) error
 	CopyOut(dst []byte) error
+	// View is the n bytes at off, sharing the buffer's memory: a Buffer in
+	// its own right, for every call that takes one (a GEMM on some rows of
+	// a matrix, a copy, a plan's source). A view of a symmetric buffer is
+	// symmetric. Freeing a view frees nothing; the view is valid while the
+	// buffer is.
+	//
+	// Sub-ranges are views rather than offsets in each call so that every
+	// call keeps one shape (buffer, size) and checks its bounds in one
+	// place, and so that an operator makes its views once, when it plans,
+	// and then calls with them without allocating. (It is not named Slice
+	// because [CUDABuffer.Slice] returns the concrete type, for callers
+	// that need its device pointer.)
+	View(off, n int) (Buffer, error)
 	Free() error
 }
 
@@ -68,9 +90,17 @@ type Event interface {
 }
 
 // GEMM multiplies matrices on a stream: C (m×n) = A (m×k) · B (k×n), all
-// row-major float32.
+// row-major and packed (A's rows k elements apart, B's and C's n), in the
+// first bytes of a, b and c; an operand that starts elsewhere in a buffer
+// is a view of it ([Buffer.View]). With k = 0 the product is zero, and C is
+// written with zeros. F32 multiplies float32 elements, F64 float64. The
+// buffers and s must be of the GEMM's backend (ErrMixedBackends otherwise);
+// a shape larger than its buffers is an error before anything is enqueued.
+// An enqueued product allocates nothing once the GEMM has run as many
+// products at once as it is given.
 type GEMM interface {
 	F32(s Stream, m, n, k int, a, b, c Buffer) error
+	F64(s Stream, m, n, k int, a, b, c Buffer) error
 	Close() error
 }
 
@@ -83,7 +113,7 @@ var (
 	_ Stream = (*CUDAStream)(nil)
 	_ Event  = (*CPUEvent)(nil)
 	_ Event  = (*CUDAEvent)(nil)
-	_ GEMM   = cpuGEMM{}
+	_ GEMM   = (*cpuGEMM)(nil)
 	_ GEMM   = (*CUDAGEMM)(nil)
 )
 
@@ -103,7 +133,8 @@ func (CPUDevice) NewBuffer(n int) (Buffer, error) {
 
 func (CPUDevice) NewStream() (Stream, error) { return NewCPUStream(), nil }
 func (CPUDevice) NewEvent() (Event, error)   { return new(CPUEvent), nil }
-func (CPUDevice) NewGEMM() (GEMM, error)     { return cpuGEMM{}, nil }
+// NewGEMM returns a GEMM of host memory on the BLAS that BLAS names.
+func (CPUDevice) NewGEMM() (GEMM, error) { return &cpuGEMM{free: make(chan *cpuCall, cpuCalls)}, nil }
 
 // Copy enqueues the copy on s, a CPU stream.
 func (CPUDevice) Copy(s Stream, dst, src Buffer) error {
@@ -137,6 +168,14 @@ func (h *HostBuffer) Kind() Kind               { return CPU }
 func (h *HostBuffer) Size() int                { return len(h.b) }
 func (h *HostBuffer) Symmetric() bool          { return h.sym }
 func (h *HostBuffer) Free() error              { h.b = nil; return nil }
+
+// View is the n bytes at off (see Buffer.View).
+func (h *HostBuffer) View(off, n int) (Buffer, error) {
+	if off < 0 || n < 0 || off+n > len(h.b) {
+		return nil, fmt.Errorf("device: view [%d, %d) of a %d-byte buffer", off, off+n, len(h.b))
+	}
+	return &HostBuffer{b: h.b[off : off+n : off+n], sym: h.sym}, nil
+}
 func (h *HostBuffer) CopyIn(src []byte) error  { return hostCopy(h.b, src) }
 func (h *HostBuffer) CopyOut(dst []byte) error { return hostCopy(dst, h.b[:min(len(dst), len(h.b))]) }
 func hostCopy(dst, src []byte) error {
@@ -147,13 +186,38 @@ func hostCopy(dst, src []byte) error {
 	return nil
 }
 
-// cpuGEMM is a plain triple loop: the interface's reference, not a fast
-// path (overlap's CPU executor uses gonum).
-type cpuGEMM struct{}
+// cpuGEMM runs products of host memory on a CPU stream, in gonum's
+// blas32 and blas64 (OpenBLAS under the openblas build tag, see BLAS).
+// Each product is a cpuCall taken from a free list, whose function was
+// made once, so that enqueuing one allocates nothing once the list holds
+// as many calls as are in flight at a time.
+type cpuGEMM struct{ free chan *cpuCall }
 
-func (cpuGEMM) Close() error { return nil }
+// cpuCalls bounds the free list: a product beyond it in flight at once
+// still runs, on a call made for it.
+const cpuCalls = 1024
 
-func (cpuGEMM) F32(s Stream, m, n, k int, a, b, c Buffer) error {
+// cpuCall is one enqueued product; fn (run, bound once) is what the
+// stream runs.
+type cpuCall struct {
+	g       *cpuGEMM
+	m, n, k int
+	f64     bool
+	a, b, c []byte
+	fn      func() error
+}
+
+func (g *cpuGEMM) Close() error { return nil }
+
+func (g *cpuGEMM) F32(s Stream, m, n, k int, a, b, c Buffer) error {
+	return g.enqueue(s, m, n, k, a, b, c, false)
+}
+
+func (g *cpuGEMM) F64(s Stream, m, n, k int, a, b, c Buffer) error {
+	return g.enqueue(s, m, n, k, a, b, c, true)
+}
+
+func (g *cpuGEMM) enqueue(s Stream, m, n, k int, a, b, c Buffer, f64 bool) error {
 	cs, ok := s.(*CPUStream)
 	ha, ok1 := a.(*HostBuffer)
 	hb, ok2 := b.(*HostBuffer)
@@ -161,37 +225,96 @@ func (cpuGEMM) F32(s Stream, m, n, k int, a, b, c Buffer) error {
 	if !ok || !ok1 || !ok2 || !ok3 {
 		return fmt.Errorf("%w: cpu GEMM on %T", ErrMixedBackends, s)
 	}
-	if err := gemmFits(m, n, k, a, b, c); err != nil {
+	esz := 4
+	if f64 {
+		esz = 8
+	}
+	if err := gemmFits(m, n, k, esz, a, b, c); err != nil {
 		return err
 	}
-	cs.Launch(func() error {
-		A, B, C := f32(ha.b, m*k), f32(hb.b, k*n), f32(hc.b, m*n)
-		for i := range m {
-			for j := range n {
-				var sum float32
-				for l := range k {
-					sum += A[i*k+l] * B[l*n+j]
-				}
-				C[i*n+j] = sum
-			}
-		}
-		return nil
-	})
+	var call *cpuCall
+	select {
+	case call = <-g.free:
+	default:
+		call = &cpuCall{g: g}
+		call.fn = call.run
+	}
+	call.m, call.n, call.k, call.f64 = m, n, k, f64
+	call.a, call.b, call.c = ha.b, hb.b, hc.b
+	cs.Launch(call.fn)
 	return nil
 }
 
-func gemmFits(m, n, k int, a, b, c Buffer) error {
-	if m < 0 || n < 0 || k < 0 || a.Size() < 4*m*k || b.Size() < 4*k*n || c.Size() < 4*m*n {
-		return fmt.Errorf("device: GEMM %d×%d×%d does not fit buffers of %d, %d and %d bytes", m, n, k, a.Size(), b.Size(), c.Size())
+// run computes the product, then returns the call to the free list.
+func (call *cpuCall) run() error {
+	m, n, k := call.m, call.n, call.k
+	if call.f64 {
+		gemmHost(f64s(call.a, m*k), f64s(call.b, k*n), f64s(call.c, m*n), m, n, k)
+	} else {
+		gemmHost(f32s(call.a, m*k), f32s(call.b, k*n), f32s(call.c, m*n), m, n, k)
+	}
+	call.a, call.b, call.c = nil, nil, nil
+	select {
+	case call.g.free <- call:
+	default:
 	}
 	return nil
 }
 
-func f32(b []byte, n int) []float32 {
+// gemmHost computes c (m × n) = a (m × k) · b (k × n), row-major, with
+// the BLAS that BLAS names; with k = 0, c is zeroed.
+func gemmHost[T float32 | float64](a, b, c []T, m, n, k int) {
+	if m == 0 || n == 0 {
+		return
+	}
+	if k == 0 {
+		clear(c[:m*n])
+		return
+	}
+	switch a := any(a).(type) {
+	case []float32:
+		blas32.Gemm(blas.NoTrans, blas.NoTrans, 1,
+			blas32.General{Rows: m, Cols: k, Stride: k, Data: a},
+			blas32.General{Rows: k, Cols: n, Stride: n, Data: any(b).([]float32)},
+			0, blas32.General{Rows: m, Cols: n, Stride: n, Data: any(c).([]float32)})
+	case []float64:
+		blas64.Gemm(blas.NoTrans, blas.NoTrans, 1,
+			blas64.General{Rows: m, Cols: k, Stride: k, Data: a},
+			blas64.General{Rows: k, Cols: n, Stride: n, Data: any(b).([]float64)},
+			0, blas64.General{Rows: m, Cols: n, Stride: n, Data: any(c).([]float64)})
+	}
+}
+
+// MultiplyHost computes c (m × n) = a (m × k) · b (k × n), row-major, on
+// the calling goroutine with the CPU GEMM's BLAS: the CPU backend's
+// product without a stream, for references and host-side checks.
+func MultiplyHost[T float32 | float64](a, b, c []T, m, n, k int) error {
+	if m < 0 || n < 0 || k < 0 || len(a) < m*k || len(b) < k*n || len(c) < m*n {
+		return fmt.Errorf("device: GEMM %d×%d×%d does not fit slices of %d, %d and %d elements", m, n, k, len(a), len(b), len(c))
+	}
+	gemmHost(a, b, c, m, n, k)
+	return nil
+}
+
+func gemmFits(m, n, k, esz int, a, b, c Buffer) error {
+	if m < 0 || n < 0 || k < 0 || a.Size() < esz*m*k || b.Size() < esz*k*n || c.Size() < esz*m*n {
+		return fmt.Errorf("device: GEMM %d×%d×%d of %d-byte elements does not fit buffers of %d, %d and %d bytes", m, n, k, esz, a.Size(), b.Size(), c.Size())
+	}
+	return nil
+}
+
+func f32s(b []byte, n int) []float32 {
 	if n == 0 {
 		return nil
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
+}
+
+func f64s(b []byte, n int) []float64 {
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*float64)(unsafe.Pointer(&b[0])), n)
 }
 
 // Wait makes the work enqueued after it wait until e, a CPU event, is
@@ -275,8 +398,19 @@ func (d *GPU) NewGEMM() (GEMM, error) {
 	return &CUDAGEMM{dev: d, h: h}, nil
 }
 
-// F32 enqueues the product on s.
+// F32 enqueues the float32 product on s.
 func (g *CUDAGEMM) F32(s Stream, m, n, k int, a, b, c Buffer) error {
+	return g.enqueue(s, m, n, k, a, b, c, 4)
+}
+
+// F64 enqueues the float64 product on s.
+func (g *CUDAGEMM) F64(s Stream, m, n, k int, a, b, c Buffer) error {
+	return g.enqueue(s, m, n, k, a, b, c, 8)
+}
+
+// enqueue checks the operands and enqueues cuBLAS's product, or, with k =
+// 0, zeros into C (the product of an empty inner dimension).
+func (g *CUDAGEMM) enqueue(s Stream, m, n, k int, a, b, c Buffer, esz int) error {
 	cs, ok := s.(*CUDAStream)
 	da, ok1 := a.(*CUDABuffer)
 	db, ok2 := b.(*CUDABuffer)
@@ -284,13 +418,19 @@ func (g *CUDAGEMM) F32(s Stream, m, n, k int, a, b, c Buffer) error {
 	if !ok || !ok1 || !ok2 || !ok3 {
 		return fmt.Errorf("%w: cuda GEMM on %T", ErrMixedBackends, s)
 	}
-	if err := gemmFits(m, n, k, a, b, c); err != nil {
+	if err := gemmFits(m, n, k, esz, a, b, c); err != nil {
 		return err
 	}
 	if m == 0 || n == 0 {
 		return nil
 	}
-	return g.dev.lib.GemmF32(g.dev.Ordinal, g.h, cs.H, m, n, k, da.Ptr, max(k, 1), db.Ptr, n, dc.Ptr, n)
+	if k == 0 {
+		return g.dev.lib.MemsetAsync(g.dev.Ordinal, dc.Ptr, 0, uint64(m*n*esz), cs.H)
+	}
+	if esz == 8 {
+		return g.dev.lib.GemmF64(g.dev.Ordinal, g.h, cs.H, m, n, k, da.Ptr, k, db.Ptr, n, dc.Ptr, n)
+	}
+	return g.dev.lib.GemmF32(g.dev.Ordinal, g.h, cs.H, m, n, k, da.Ptr, k, db.Ptr, n, dc.Ptr, n)
 }
 
 // Close destroys the handle.
@@ -306,6 +446,15 @@ func (g *CUDAGEMM) Close() error {
 func (b *CUDABuffer) Kind() Kind      { return CUDA }
 func (b *CUDABuffer) Size() int       { return b.Len }
 func (b *CUDABuffer) Symmetric() bool { return false }
+
+// View is Slice as a Buffer.
+func (b *CUDABuffer) View(off, n int) (Buffer, error) {
+	v, err := b.Slice(off, n)
+	if err != nil {
+		return nil, err
+	}
+	return v, nil
+}
 
 // CopyIn is CopyFromHost.
 func (b *CUDABuffer) CopyIn(src []byte) error { return b.CopyFromHost(src) }

@@ -1,13 +1,16 @@
 package device_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/kernels"
@@ -224,4 +227,185 @@ func TestBackendsSynchronizeDeadline(t *testing.T) {
 		}
 		lib.HostFree(g.Ordinal, status)
 	})
+}
+
+// gemmCase is one product of TestBackendsGEMMViews: its shape, and where
+// A's rows start in their buffer (a view at an offset, as an operator
+// multiplies some rows of a matrix).
+type gemmCase struct{ m, n, k, aRow int }
+
+// refGEMM is the plain triple loop the backends are checked against.
+func refGEMM[T float32 | float64](a, b []T, m, n, k int) []T {
+	c := make([]T, m*n)
+	for i := range m {
+		for j := range n {
+			var sum T
+			for l := range k {
+				sum += a[i*k+l] * b[l*n+j]
+			}
+			c[i*n+j] = sum
+		}
+	}
+	return c
+}
+
+func toBytes[T float32 | float64](v []T) []byte {
+	var z T
+	esz := int(unsafe.Sizeof(z))
+	out := make([]byte, esz*len(v))
+	for i, x := range v {
+		if esz == 4 {
+			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(float32(x)))
+		} else {
+			binary.LittleEndian.PutUint64(out[8*i:], math.Float64bits(float64(x)))
+		}
+	}
+	return out
+}
+
+// TestBackendsGEMMViews: on each backend, F32 and F64 products of random
+// matrices whose operands are views inside larger buffers (A's rows from
+// an offset, C written into the middle of a buffer) equal a plain triple
+// loop byte for byte (the entries are small integers, exact in either
+// type whatever order the BLAS sums in), and leave the bytes around C's
+// view as they were; k = 0 writes zeros; a view out of its buffer's
+// bounds is an error.
+func TestBackendsGEMMViews(t *testing.T) {
+	for _, bk := range backends(t) {
+		t.Run(bk.name, func(t *testing.T) {
+			d := bk.dev(t)
+			g, err := d.NewGEMM()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			s, err := d.NewStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			for _, tc := range []gemmCase{{37, 29, 41, 5}, {1, 1, 1, 0}, {64, 17, 3, 11}, {70, 65, 66, 2}, {9, 8, 0, 3}, {0, 9, 4, 1}, {5, 0, 7, 2}} {
+				t.Run(fmt.Sprintf("%dx%dx%d", tc.m, tc.n, tc.k), func(t *testing.T) {
+					gemmViews[float32](t, d, g.F32, s, tc, uint64(tc.m*100+tc.k))
+					gemmViews[float64](t, d, g.F64, s, tc, uint64(tc.m*100+tc.k+1))
+				})
+			}
+			b, err := d.NewBuffer(64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Free()
+			for _, r := range [][2]int{{-1, 4}, {60, 5}, {0, 65}, {3, -1}} {
+				if _, err := b.View(r[0], r[1]); err == nil {
+					t.Errorf("View(%d, %d) of 64 bytes: no error", r[0], r[1])
+				}
+			}
+			v, err := b.View(64, 0)
+			if err != nil || v.Size() != 0 || v.Kind() != d.Kind() {
+				t.Errorf("View(64, 0) of 64 bytes: %v, %v", v, err)
+			}
+		})
+	}
+}
+
+func gemmViews[T float32 | float64](t *testing.T, d device.Device, gemm func(device.Stream, int, int, int, device.Buffer, device.Buffer, device.Buffer) error, s device.Stream, tc gemmCase, seed uint64) {
+	t.Helper()
+	var z T
+	esz := int(unsafe.Sizeof(z))
+	m, n, k := tc.m, tc.n, tc.k
+	rng := rand.New(rand.NewPCG(seed, 3))
+	rows := tc.aRow + m + 2 // A's buffer holds rows before and after the view
+	A, B := make([]T, rows*k), make([]T, k*n)
+	for i := range A {
+		A[i] = T(rng.IntN(9) - 4)
+	}
+	for i := range B {
+		B[i] = T(rng.IntN(9) - 4)
+	}
+	want := toBytes(refGEMM(A[tc.aRow*k:(tc.aRow+m)*k], B, m, n, k))
+	alloc := func(src []byte) device.Buffer {
+		buf, err := d.NewBuffer(len(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { buf.Free() })
+		if err := buf.CopyIn(src); err != nil {
+			t.Fatal(err)
+		}
+		return buf
+	}
+	const guard = 24 // bytes of C's buffer before and after the view
+	cInit := make([]byte, guard+len(want)+guard)
+	for i := range cInit {
+		cInit[i] = byte(rng.IntN(256))
+	}
+	a, b, c := alloc(toBytes(A)), alloc(toBytes(B)), alloc(cInit)
+	av, err := a.View(tc.aRow*k*esz, m*k*esz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cv, err := c.View(guard, len(want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gemm(s, m, n, k, av, b, cv); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.Synchronize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(cInit))
+	if err := c.CopyOut(got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:guard], cInit[:guard]) || !bytes.Equal(got[guard+len(want):], cInit[guard+len(want):]) {
+		t.Errorf("%T: the GEMM wrote outside its view of C", z)
+	}
+	if !bytes.Equal(got[guard:guard+len(want)], want) {
+		t.Errorf("%T: C differs from the triple loop", z)
+	}
+	if err := gemm(s, m+1, n, k, av, b, cv); err == nil {
+		t.Errorf("%T: a GEMM larger than its views was enqueued", z)
+	}
+}
+
+// TestCPUGEMMAllocs: once a CPU GEMM has run, enqueuing a product (a view
+// of the operands made beforehand) and waiting for it allocates nothing, so
+// that an operator's planned runs stay allocation-free.
+func TestCPUGEMMAllocs(t *testing.T) {
+	d := device.CPUDevice{}
+	g, err := d.NewGEMM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const m, n, k = 16, 8, 12
+	a, _ := d.NewBuffer(8 * m * k)
+	b, _ := d.NewBuffer(8 * k * n)
+	c, _ := d.NewBuffer(8 * m * n)
+	av, err := a.View(4*k, 4*(m-1)*k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(50, func() {
+		if err := g.F32(s, m-1, n, k, av, b, c); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.F64(s, m, n, k, a, b, c); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Synchronize(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 0 {
+		t.Errorf("%.1f allocations per product", allocs)
+	}
 }
