@@ -133,6 +133,7 @@ func (CPUDevice) NewBuffer(n int) (Buffer, error) {
 
 func (CPUDevice) NewStream() (Stream, error) { return NewCPUStream(), nil }
 func (CPUDevice) NewEvent() (Event, error)   { return new(CPUEvent), nil }
+
 // NewGEMM returns a GEMM of host memory on the BLAS that BLAS names.
 func (CPUDevice) NewGEMM() (GEMM, error) { return &cpuGEMM{free: make(chan *cpuCall, cpuCalls)}, nil }
 
@@ -163,11 +164,11 @@ type HostBuffer struct {
 func NewHostBuffer(b []byte, symmetric bool) *HostBuffer { return &HostBuffer{b: b, sym: symmetric} }
 
 // Bytes is the buffer's memory.
-func (h *HostBuffer) Bytes() []byte            { return h.b }
-func (h *HostBuffer) Kind() Kind               { return CPU }
-func (h *HostBuffer) Size() int                { return len(h.b) }
-func (h *HostBuffer) Symmetric() bool          { return h.sym }
-func (h *HostBuffer) Free() error              { h.b = nil; return nil }
+func (h *HostBuffer) Bytes() []byte   { return h.b }
+func (h *HostBuffer) Kind() Kind      { return CPU }
+func (h *HostBuffer) Size() int       { return len(h.b) }
+func (h *HostBuffer) Symmetric() bool { return h.sym }
+func (h *HostBuffer) Free() error     { h.b = nil; return nil }
 
 // View is the n bytes at off (see Buffer.View).
 func (h *HostBuffer) View(off, n int) (Buffer, error) {
