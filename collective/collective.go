@@ -57,6 +57,9 @@ type Communicator struct {
 
 	// the CUDA backend's state; nil on the CPU
 	gpu *gpuState
+	// stream is Stream() on the CPU backend (nil on CUDA, and once
+	// closed): buffer plans are ordered on it.
+	stream *device.CPUStream
 
 	// scratch for the one-shot calls, so that they allocate nothing
 	oneShot planned[[]byte]
@@ -154,6 +157,9 @@ func (c *Communicator) init(ctx context.Context, kind device.Kind) error {
 		if err := c.initGPU(ctx, lay); err != nil {
 			return err
 		}
+	} else {
+		c.stream = device.NewCPUStream()
+		c.stream.WaitTimeout = o.Timeout
 	}
 	if o.Debug != "" {
 		fmt.Fprintf(os.Stderr, "slimego INFO rank %d/%d local %d/%d node %d/%d backend %s store %s run %s timeout %v algo %s\n",
@@ -408,6 +414,10 @@ func (c *Communicator) Timeout() time.Duration { return c.opts.Timeout }
 // on the rank that hosts it, stops the store.
 func (c *Communicator) Close() error {
 	c.closeGPU()
+	if c.stream != nil {
+		c.stream.Close()
+		c.stream = nil
+	}
 	c.eng = nil
 	if c.net != nil {
 		c.net.Close()
@@ -509,9 +519,10 @@ func (c *Communicator) runOneShot(ctx context.Context, name string, dst, src []b
 }
 
 // Plan is an all-gather prepared once for fixed buffers, whatever the
-// backend: [Communicator.Plan], PlanV and PlanBlocks plan one of host
-// memory, [Communicator.PlanGPU], PlanGPUV and PlanGPUBlocks one of the
-// GPU's memory (on the CUDA backend).
+// backend: [Communicator.PlanBuffers], PlanBuffersV and PlanBuffersBlocks
+// plan one of the backend's device.Buffer values, ordered on Stream();
+// [Communicator.Plan], PlanV and PlanBlocks one of host byte slices on
+// either backend.
 // Each Run moves the buffers' current contents and allocates nothing. Run
 // it from one goroutine.
 type Plan struct {
@@ -587,10 +598,11 @@ func (p *Plan) Run(ctx context.Context) error {
 }
 
 // Launch starts one all-gather without waiting for it where the backend
-// can: a plan of GPU memory enqueues its kernels on GPUStream(), and a
+// can: a plan of GPU memory enqueues its kernels on Stream(), and a
 // later Check (or Run) collects the outcome; work ordered after them on
 // that stream sees the gathered data. A plan of host memory runs to
-// completion here.
+// completion here (one of device.HostBuffer values after the work
+// pending on Stream()).
 func (p *Plan) Launch(ctx context.Context) error {
 	if err := p.eng.launch(ctx); err != nil {
 		return p.c.failed(err)

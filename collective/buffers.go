@@ -1,0 +1,213 @@
+package collective
+
+import (
+	"context"
+	"errors"
+
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/fault"
+)
+
+// The backend-neutral API: code above collective plans all-gathers of
+// device.Buffer values and orders its own work on Stream(), whichever
+// backend Init chose; the buffers' kind is the only place the backend
+// shows.
+
+// Device is the communicator's device: device.CPUDevice{} on the CPU
+// backend, the GPU that Init opened on the CUDA one (CPUDevice{} once
+// closed). Buffers for PlanBuffers come from its NewBuffer, or, for
+// symmetric memory on the CPU, device.NewHostBuffer over Alloc's bytes.
+func (c *Communicator) Device() device.Device {
+	if c.gpu != nil {
+		return c.gpu.dev
+	}
+	return device.CPUDevice{}
+}
+
+// Stream is the stream the communicator's plans of device.Buffer values
+// are ordered on: the GPU's stream on CUDA; on the CPU a device.CPUStream
+// that the communicator makes at Init and closes in Close (the caller
+// does not close it). nil once closed. Work enqueued on it before a
+// plan's Launch is done before the gather reads its source; work enqueued
+// after Launch returns sees the gathered data. Another stream orders its
+// work after a gather with an event recorded here.
+func (c *Communicator) Stream() device.Stream {
+	if c.gpu != nil {
+		return c.gpu.stream
+	}
+	if c.stream == nil {
+		return nil // closed: not a typed nil
+	}
+	return c.stream
+}
+
+// PlanBuffers prepares an all-gather of equal blocks of the backend's
+// memory (a collective call, as is the plan's Close): src, this rank's
+// block, lands at Rank()·src.Size() of dst on every rank; in place (src
+// a slice of dst at this rank's offset) works. dst and src are
+// *device.HostBuffer values on the CPU backend and *device.CUDABuffer
+// values on CUDA; a buffer of another kind is ErrInvalid.
+//
+// The plan's Launch is ordered on Stream() on both backends: the gather
+// reads src after the work already enqueued there, and work enqueued
+// there after Launch sees dst gathered. On the CPU, Launch waits for that
+// stream's pending work, gathers on the calling goroutine and returns
+// with dst complete; on the GPU it enqueues the gather where the engine
+// can (see Plan.Mode), and Check collects its outcome.
+func (c *Communicator) PlanBuffers(ctx context.Context, dst, src device.Buffer) (*Plan, error) {
+	hd, hs, gd, gs, err := c.buffers("allgather", dst, src)
+	if err != nil {
+		return nil, err
+	}
+	if gd != nil {
+		return c.PlanGPU(ctx, gd, gs)
+	}
+	p, err := c.Plan(hd.Bytes(), hs.Bytes())
+	return c.onStream(p, err)
+}
+
+// PlanBuffersV is PlanBuffers with counts[r] bytes from rank r, packed in
+// rank order in dst; every rank passes the same counts.
+func (c *Communicator) PlanBuffersV(ctx context.Context, dst, src device.Buffer, counts []int) (*Plan, error) {
+	hd, hs, gd, gs, err := c.buffers("allgatherv", dst, src)
+	if err != nil {
+		return nil, err
+	}
+	if gd != nil {
+		return c.PlanGPUV(ctx, gd, gs, counts)
+	}
+	if len(counts) == c.Size() && counts[c.Rank()] != hs.Size() {
+		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "src holds %d bytes, counts say %d", hs.Size(), counts[c.Rank()])
+	}
+	p, err := c.PlanV(hd.Bytes(), hs.Bytes(), counts)
+	return c.onStream(p, err)
+}
+
+// PlanBuffersBlocks is PlanBuffers with explicit placement: rank r's
+// sizes[r] bytes land at offs[r] of dst on every rank, src being this
+// rank's block. Every rank passes the same sizes. Package overlap
+// gathers a matrix's rows piece by piece with it.
+func (c *Communicator) PlanBuffersBlocks(ctx context.Context, dst, src device.Buffer, sizes, offs []int) (*Plan, error) {
+	hd, hs, gd, gs, err := c.buffers("allgatherv", dst, src)
+	if err != nil {
+		return nil, err
+	}
+	if gd != nil {
+		return c.PlanGPUBlocks(ctx, gd, gs, sizes, offs)
+	}
+	if len(sizes) == c.Size() && sizes[c.Rank()] != hs.Size() {
+		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "src holds %d bytes, sizes say %d", hs.Size(), sizes[c.Rank()])
+	}
+	p, err := c.PlanBlocks(hd.Bytes(), hs.Bytes(), sizes, offs)
+	return c.onStream(p, err)
+}
+
+// buffers sorts dst and src by backend: both host buffers on the CPU
+// backend, both CUDA buffers on CUDA; anything else is ErrInvalid naming
+// op.
+func (c *Communicator) buffers(op string, dst, src device.Buffer) (hd, hs *device.HostBuffer, gd, gs *device.CUDABuffer, err error) {
+	if c.eng == nil {
+		return nil, nil, nil, nil, c.closedErr(op)
+	}
+	want := c.Backend()
+	bad := func(what string, b device.Buffer) error {
+		return fault.New(op, c.Rank(), -1, ErrInvalid, "%s is a %T; the communicator's backend (%v) takes *device.%s", what, b, want, map[device.Kind]string{device.CPU: "HostBuffer", device.CUDA: "CUDABuffer"}[want])
+	}
+	if want == device.CUDA {
+		var ok bool
+		if gd, ok = dst.(*device.CUDABuffer); !ok || gd == nil {
+			return nil, nil, nil, nil, bad("dst", dst)
+		}
+		if gs, ok = src.(*device.CUDABuffer); !ok || gs == nil {
+			return nil, nil, nil, nil, bad("src", src)
+		}
+		return nil, nil, gd, gs, nil
+	}
+	var ok bool
+	if hd, ok = dst.(*device.HostBuffer); !ok || hd == nil {
+		return nil, nil, nil, nil, bad("dst", dst)
+	}
+	if hs, ok = src.(*device.HostBuffer); !ok || hs == nil {
+		return nil, nil, nil, nil, bad("src", src)
+	}
+	return hd, hs, nil, nil, nil
+}
+
+// onStream orders a host plan of buffers on the communicator's CPU
+// stream.
+func (c *Communicator) onStream(p *Plan, err error) (*Plan, error) {
+	if err != nil {
+		return nil, err
+	}
+	p.eng = streamPlan{op: p.eng.(hostPlan).op, c: c}
+	return p, nil
+}
+
+// streamPlan is a host plan of buffers on the CPU backend: each launch
+// waits for the work pending on the communicator's stream (which may
+// write its source), then gathers to completion, so that the stream's
+// later work sees the result: the order a GPU plan has on its stream.
+type streamPlan struct {
+	op planned[[]byte]
+	c  *Communicator
+}
+
+func (s streamPlan) launch(ctx context.Context) error {
+	st := s.c.stream
+	if st == nil {
+		return s.c.closedErr("allgather")
+	}
+	if err := st.Synchronize(ctx); err != nil {
+		return s.c.streamErr("allgather", err)
+	}
+	return s.op.Run(ctx)
+}
+
+func (streamPlan) wait(context.Context) error { return nil }
+func (streamPlan) mode() string               { return "host" }
+func (streamPlan) close() error               { return nil }
+
+// streamErr wraps an error of a CPU stream's wait: ErrTimeout where a
+// deadline passed, the stream's own failure otherwise.
+func (c *Communicator) streamErr(op string, err error) error {
+	var oe *fault.OpError
+	switch {
+	case errors.As(err, &oe):
+		return err
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), errors.Is(err, device.ErrWaitTimeout):
+		return fault.New(op, c.Rank(), -1, ErrTimeout, "waiting for the stream: %v", err)
+	}
+	return fault.New(op, c.Rank(), -1, err, "work on the stream failed")
+}
+
+// Synchronize waits for the work enqueued on s, a stream of the
+// communicator's backend (a *device.CPUStream on the CPU, a
+// *device.CUDAStream on CUDA; another is ErrInvalid), then reports what
+// the communicator's kernels saw: a peer that did not arrive is an
+// *OpError naming it. On the GPU the wait is bounded by the
+// communicator's timeout, after which the GPU path is broken; on the CPU
+// by ctx (the stream's own waits have deadlines), and a failure of the
+// stream's work (which a CPUStream keeps until Reset) is returned wrapped.
+// Operators that order their own work after the communicator's plans
+// (package overlap) end a run with it.
+func (c *Communicator) Synchronize(ctx context.Context, s device.Stream) error {
+	const op = "synchronize"
+	if c.eng == nil {
+		return c.closedErr(op)
+	}
+	if c.gpu != nil {
+		cs, ok := s.(*device.CUDAStream)
+		if !ok || cs == nil {
+			return fault.New(op, c.Rank(), -1, ErrInvalid, "a %T on the cuda backend (want *device.CUDAStream)", s)
+		}
+		return c.SyncGPU(ctx, op, cs)
+	}
+	cs, ok := s.(*device.CPUStream)
+	if !ok || cs == nil {
+		return fault.New(op, c.Rank(), -1, ErrInvalid, "a %T on the cpu backend (want *device.CPUStream)", s)
+	}
+	if err := cs.Synchronize(ctx); err != nil {
+		return c.streamErr(op, err)
+	}
+	return nil
+}
