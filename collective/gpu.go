@@ -8,9 +8,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
-	"github.com/slimego/slimego/cudagraph"
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/fault"
@@ -21,25 +21,16 @@ import (
 )
 
 // gpuState is a communicator's CUDA backend: its GPU, the stream its
-// collectives run on, the node's LL all-gather group and, across nodes,
-// the all-gather of device memory chosen at Init (hier or the ring over
-// host-staged TCP) and, where libslimenvshmem.so is present, the NVSHMEM
-// team.
+// collectives run on, the node's LL all-gather group, and the one engine
+// for device memory that Init chose (see devEngine).
 type gpuState struct {
-	dev     *device.GPU
-	stream  *device.CUDAStream
-	node    *intra.GPUGroup
-	team    *nvshmem.Team
-	teamErr error // why there is no team, across nodes
-	broken  error // a failure after which the GPU path cannot go on
-
-	// across is the algorithm across nodes over device spans: the node's
-	// LL group (gnode) and the staged link for hier, the link alone for
-	// the ring. nil on one node, and under hier where the node's GPUs
-	// cannot reach each other (plans then stage through the host engine).
-	across engine[intra.DevSpan]
-	gnode  *intra.GPUNode
-	link   *inter.Staged
+	dev    *device.GPU
+	stream *device.CUDAStream
+	// node is the node's LL group: nil where the node's GPUs cannot reach
+	// each other (NVML's P2P answer; noP2P in tests).
+	node   *intra.GPUGroup
+	eng    devEngine
+	broken error // a failure after which the GPU path cannot go on
 }
 
 // initGPU opens GPU LOCAL_RANK mod the number of GPUs (several ranks may
@@ -75,10 +66,42 @@ func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
 			return err
 		}
 	}
-	if err := c.initAcross(ctx); err != nil {
+	return c.initEngine(ctx)
+}
+
+// initEngine chooses the communicator's one engine for device memory.
+// On one node: the LL kernel where the node's GPUs reach each other,
+// host staging otherwise. Across nodes: the job's algorithm over the
+// staged link where it can run (across), host staging otherwise; and,
+// where every rank joins NVSHMEM, the NVSHMEM kernel in front of that
+// engine, which still takes the blocks the kernel cannot (uneven or not
+// packed). Every rank decides alike.
+func (c *Communicator) initEngine(ctx context.Context) error {
+	g := c.gpu
+	if c.nodes == 1 {
+		if g.node != nil {
+			g.eng = llEngine{c}
+		} else {
+			g.eng = hostStagedEngine{c}
+		}
+		return nil
+	}
+	across, err := c.initAcross(ctx)
+	if err != nil {
 		return err
 	}
-	return c.initTeam(ctx)
+	g.eng = hostStagedEngine{c}
+	if across != nil {
+		g.eng = across
+	}
+	team, err := c.initTeam(ctx)
+	if err != nil {
+		return err
+	}
+	if team != nil {
+		g.eng = nvEngine{c: c, team: team, other: g.eng}
+	}
+	return nil
 }
 
 // initAcross sets up the all-gather of device memory across nodes: the
@@ -88,71 +111,75 @@ func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
 // the algorithm is the job's, and P2P within a node is the node's verdict
 // (hier needs the LL group; without it GPU plans stage through the host
 // engine).
-func (c *Communicator) initAcross(ctx context.Context) error {
+func (c *Communicator) initAcross(ctx context.Context) (*acrossEngine, error) {
 	g, o := c.gpu, c.opts
-	if c.nodes == 1 || (o.Algo != "ring" && g.node == nil) {
-		return nil
+	if o.Algo != "ring" && g.node == nil {
+		return nil, nil
 	}
 	t, err := c.dialNodes(ctx, "gpunet")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	link, err := inter.NewStaged(t, g.dev)
 	if err != nil {
 		t.Close()
-		return err
+		return nil, err
 	}
-	g.link = link
+	e := &acrossEngine{c: c, link: link}
 	if o.Algo == "ring" {
-		g.across = ringEngine[intra.DevSpan]{inter.NewRingOver[intra.DevSpan](link, o.WorldSize, o.Rank, o.Timeout)}
-		return nil
+		e.algo = ringEngine[intra.DevSpan]{inter.NewRingOver[intra.DevSpan](link, o.WorldSize, o.Rank, o.Timeout)}
+		return e, nil
 	}
-	if g.gnode, err = g.node.Node(); err != nil {
-		return err
+	if e.gnode, err = g.node.Node(); err != nil {
+		e.close()
+		return nil, err
 	}
-	g.across = hierEngine[intra.DevSpan]{inter.NewHierOver[intra.DevSpan](g.gnode, link, c.nodes, o.LocalWorldSize, o.Rank, o.Timeout)}
-	return nil
+	e.algo = hierEngine[intra.DevSpan]{inter.NewHierOver[intra.DevSpan](e.gnode, link, c.nodes, o.LocalWorldSize, o.Rank, o.Timeout)}
+	return e, nil
 }
 
 // initTeam joins NVSHMEM across nodes where every rank can: its library
 // loads on every rank, and no two ranks share a process (NVSHMEM is one
 // PE per process). The ranks decide together, through the store, so that
 // all of them use NVSHMEM or none.
-func (c *Communicator) initTeam(ctx context.Context) error {
-	g, o := c.gpu, c.opts
-	if c.nodes == 1 {
-		return nil
-	}
+func (c *Communicator) initTeam(ctx context.Context) (*nvshmem.Team, error) {
+	o := c.opts
 	_, libErr := kernels.OpenNVSHMEM()
 	key := func(r int) string { return c.key("nvshmem-able/" + strconv.Itoa(r)) }
 	host, _ := os.Hostname() // pids repeat across machines
 	if err := c.store.Set(ctx, key(o.Rank), []byte(fmt.Sprintf("%s/%d %t", host, os.Getpid(), libErr == nil))); err != nil {
-		return fault.New("init", o.Rank, -1, ErrTimeout, "publishing NVSHMEM readiness: %v", err)
+		return nil, fault.New("init", o.Rank, -1, ErrTimeout, "publishing NVSHMEM readiness: %v", err)
 	}
+	var why error // why there is no team
 	procs := map[string]bool{}
 	for r := range o.WorldSize {
 		v, err := c.store.Get(ctx, key(r))
 		if err != nil {
-			return fault.New("init", o.Rank, r, ErrTimeout, "waiting for the peer's NVSHMEM readiness: %v", err)
+			return nil, fault.New("init", o.Rank, r, ErrTimeout, "waiting for the peer's NVSHMEM readiness: %v", err)
 		}
 		proc, able, _ := strings.Cut(string(v), " ")
 		switch {
 		case able != "true":
-			g.teamErr = fmt.Errorf("%w: rank %d cannot load libslimenvshmem.so", kernels.ErrNotFound, r)
+			why = fmt.Errorf("%w: rank %d cannot load libslimenvshmem.so", kernels.ErrNotFound, r)
 		case procs[proc]:
-			g.teamErr = fmt.Errorf("%w: ranks share a process, and NVSHMEM takes one per process", kernels.ErrNotFound)
+			why = fmt.Errorf("%w: ranks share a process, and NVSHMEM takes one per process", kernels.ErrNotFound)
 		}
 		procs[proc] = true
 	}
-	if g.teamErr != nil {
-		return nil // host-staged across nodes
+	if why != nil {
+		return nil, nil // the engine chosen without it
 	}
-	g.team, g.teamErr = nvshmem.Bootstrap(ctx, c.store, c.key("nvshmem"), g.dev, o.Rank, o.WorldSize, o.Timeout)
-	if g.teamErr != nil && !errors.Is(g.teamErr, kernels.ErrNotFound) {
-		return g.teamErr
+	team, err := nvshmem.Bootstrap(ctx, c.store, c.key("nvshmem"), c.gpu.dev, o.Rank, o.WorldSize, o.Timeout)
+	if err != nil && !errors.Is(err, kernels.ErrNotFound) {
+		return nil, err
 	}
-	return nil
+	return team, nil
 }
+
+// noP2P makes nodeP2P answer that the node's GPUs cannot reach each
+// other: the tests' way to the host-staged engine on one GPU (or the
+// emulator). Set it only while no communicator is being made.
+var noP2P atomic.Bool
 
 // nodeP2P exchanges the node's GPUs' PCI addresses and asks NVML whether
 // every pair can read each other's memory (true where NVML cannot say: the
@@ -173,6 +200,9 @@ func (c *Communicator) nodeP2P(ctx context.Context, lay layout, dev *device.GPU)
 		buses[l] = string(v)
 		distinct[buses[l]] = true
 	}
+	if noP2P.Load() {
+		return false, nil
+	}
 	if len(distinct) < 2 {
 		return true, nil
 	}
@@ -184,24 +214,16 @@ func (c *Communicator) nodeP2P(ctx context.Context, lay layout, dev *device.GPU)
 }
 
 func (c *Communicator) describeBackend() string {
-	if c.gpu == nil {
+	g := c.gpu
+	if g == nil {
 		return "cpu"
 	}
-	s := "cuda " + c.gpu.dev.String()
-	if c.gpu.node == nil {
+	s := "cuda " + g.dev.String()
+	if g.node == nil {
 		s += " within the node: host-staged (no P2P between its GPUs)"
 	}
-	if c.nodes > 1 {
-		if c.gpu.team != nil {
-			s += " across nodes: nvshmem"
-			if c.gpu.across != nil {
-				s += ", otherwise " + c.opts.Algo + " over host-staged tcp"
-			}
-		} else if c.gpu.across != nil {
-			s += " across nodes: " + c.opts.Algo + " over host-staged tcp"
-		} else {
-			s += " across nodes: host-staged tcp"
-		}
+	if d := g.eng.describe(); d != "" {
+		s += " across nodes: " + d
 	}
 	return s
 }
@@ -217,19 +239,13 @@ func (c *Communicator) closeGPU() {
 	if g.stream != nil {
 		g.stream.Synchronize(ctx)
 	}
-	// The staged link first (its pinned buffers, its stream, its TCP
-	// connections), then the node's stream, then the LL group.
-	if g.link != nil {
-		g.link.Close()
-	}
-	if g.gnode != nil {
-		g.gnode.Close()
+	// The engine first (the staged link's pinned buffers, stream and TCP
+	// connections; the NVSHMEM team), then the LL group, then the stream.
+	if g.eng != nil {
+		g.eng.close()
 	}
 	if g.node != nil {
 		g.node.Close(ctx)
-	}
-	if g.team != nil {
-		g.team.Close()
 	}
 	if g.stream != nil {
 		g.stream.Close()
@@ -263,28 +279,12 @@ func (c *Communicator) GPUStream() *device.CUDAStream {
 	return c.gpu.stream
 }
 
-// gpuPlan is a Plan's engine for device memory: the node's LL kernel, the
-// NVSHMEM kernel across nodes, the communicator's algorithm across nodes
-// over device memory (across), or host staging through a host Plan.
+// gpuPlan is a Plan's engine for device memory: one planned all-gather
+// of the communicator's devEngine.
 type gpuPlan struct {
 	c      *Communicator
-	runner *cudagraph.Runner
-	node   *intra.GPUPlan
-	nv     *nvshmem.AllGather
-	// across nodes, synchronous: launch waits for the communicator's
-	// stream, runs the op (hier or the ring over the staged link) and
-	// returns when dst is complete.
-	across planned[intra.DevSpan]
-	// host-staged: src to hostSrc, the host plan gathers into hostD
-	// (blocks packed in rank order), and each piece of hostD goes back to
-	// its place in dst.
-	host    *Plan
-	hostSrc []byte
-	hostD   []byte
-	src     *device.CUDABuffer
-	back    []*device.CUDABuffer // where hostD's pieces go
-	backOff []int                // and where each starts in hostD
-	closed  bool
+	op     devPlanned
+	closed bool
 }
 
 // PlanGPU prepares an all-gather of equal blocks of device memory (a
@@ -357,15 +357,6 @@ func (c *Communicator) PlanGPUBlocks(ctx context.Context, dst, src *device.CUDAB
 	return c.planGPU(ctx, dst, src, slices.Clone(sizes), slices.Clone(offs))
 }
 
-// packed is the offsets of blocks of counts bytes one after another.
-func packed(counts []int) []int {
-	offs := make([]int, len(counts))
-	for r := 1; r < len(counts); r++ {
-		offs[r] = offs[r-1] + counts[r-1]
-	}
-	return offs
-}
-
 func (c *Communicator) gpuOnly(op string) error {
 	if c.gpu == nil {
 		return fault.New(op, c.Rank(), -1, ErrInvalid, "the communicator runs on the CPU backend (Backend() is cpu)")
@@ -374,140 +365,35 @@ func (c *Communicator) gpuOnly(op string) error {
 }
 
 func (c *Communicator) planGPU(ctx context.Context, dst, src *device.CUDABuffer, counts, offs []int) (*Plan, error) {
-	g := c.gpu
-	p := &gpuPlan{c: c, src: src}
-	uniform := true
-	for _, n := range counts {
-		uniform = uniform && n == counts[0]
-	}
-	var launch cudagraph.Launcher
-	switch {
-	case c.nodes == 1 && g.node != nil:
-		np, err := g.node.Plan(dst.Ptr, src.Ptr, counts, offs)
-		if err != nil {
-			return nil, err
-		}
-		p.node, launch = np, np.Launch
-	case g.team != nil && uniform && slices.Equal(offs, packed(counts)):
-		nv, err := g.team.Plan(ctx, src.Ptr, dst.Ptr, counts[0])
-		if err != nil {
-			return nil, err
-		}
-		p.nv, launch = nv, nv.Launch
-	case c.nodes > 1 && g.across != nil:
-		if err := g.check(); err != nil {
-			return nil, err
-		}
-		op, err := g.across.Plan("allgather", intra.Span(dst), intra.Span(src), counts, offs)
-		if err != nil {
-			return nil, err
-		}
-		p.across = op
-		// As below: every rank finishes planning (the LL group's
-		// allocations) before any runs.
-		if err := c.Barrier(ctx); err != nil {
-			return nil, err
-		}
-		return &Plan{c: c, eng: p}, nil
-	default:
-		if err := p.stageThroughHost(dst, counts, offs); err != nil {
-			return nil, err
-		}
-		return &Plan{c: c, eng: p}, nil
-	}
-	p.runner = cudagraph.New(g.stream, c.opts.Eager || cudagraph.Eager(), launch)
-	// cudaMalloc and cudaFree may wait for the whole device: a rank still
-	// allocating while a peer's kernel already waits for it would stall
-	// both. Every rank finishes planning before any runs.
-	if err := c.Barrier(ctx); err != nil {
+	op, err := c.gpu.eng.plan(ctx, dst, src, counts, offs)
+	if err != nil {
 		return nil, err
 	}
-	return &Plan{c: c, eng: p}, nil
+	return &Plan{c: c, eng: &gpuPlan{c: c, op: op}}, nil
 }
 
-// stageThroughHost plans the GPU block to host memory, the CPU backend's
-// all-gather (across nodes, or within a node whose GPUs cannot reach each
-// other), and the result back to dst: in one copy where the blocks are
-// packed, block by block otherwise.
-func (p *gpuPlan) stageThroughHost(dst *device.CUDABuffer, counts, offs []int) error {
-	c := p.c
-	pk := packed(counts)
-	total := pk[len(pk)-1] + counts[len(counts)-1]
-	p.hostSrc = make([]byte, p.src.Len)
-	p.hostD = make([]byte, total)
-	hp, err := c.PlanV(p.hostD, p.hostSrc, counts)
-	if err != nil {
-		return err
-	}
-	p.host = hp
-	if slices.Equal(offs, pk) {
-		whole, err := dst.Slice(0, total)
-		if err != nil {
-			return fault.New("allgather", c.Rank(), -1, ErrInvalid, "%v", err)
-		}
-		p.back, p.backOff = []*device.CUDABuffer{whole}, []int{0}
-		return nil
-	}
-	for r := range counts {
-		if counts[r] == 0 {
-			continue
-		}
-		b, err := dst.Slice(offs[r], counts[r])
-		if err != nil {
-			return fault.New("allgather", c.Rank(), -1, ErrInvalid, "%v", err)
-		}
-		p.back, p.backOff = append(p.back, b), append(p.backOff, pk[r])
-	}
-	return nil
-}
-
-func (p *gpuPlan) mode() string {
-	if p.across != nil {
-		return "staged"
-	}
-	if p.runner == nil {
-		return "host-staged"
-	}
-	return p.runner.Mode()
-}
+func (p *gpuPlan) mode() string { return p.op.mode() }
 
 func (p *gpuPlan) launch(ctx context.Context) error {
 	if p.c.gpu == nil || p.closed {
 		return p.c.closedErr("allgather")
 	}
-	if p.across != nil {
-		return p.runAcross(ctx)
-	}
-	if p.runner == nil {
-		return p.runHost(ctx)
-	}
-	if err := p.c.gpu.check(); err != nil {
-		return err
-	}
-	if err := p.runner.Run(); err != nil {
-		return fault.New("allgather", p.c.Rank(), -1, err, "launch (%s mode)", p.runner.Mode())
-	}
-	return nil
+	return p.op.launch(ctx)
 }
 
 func (p *gpuPlan) wait(ctx context.Context) error {
-	g := p.c.gpu
-	if g == nil || p.closed {
+	if p.c.gpu == nil || p.closed {
 		return p.c.closedErr("allgather")
 	}
-	if p.runner == nil {
-		return nil // host-staged or across: launch ran to completion
+	return p.op.wait(ctx)
+}
+
+func (p *gpuPlan) close() error {
+	if p.closed {
+		return nil
 	}
-	if err := p.c.syncStream(ctx, "allgather", g.stream); err != nil {
-		return err
-	}
-	if p.nv != nil {
-		if err := p.nv.Check(); err != nil {
-			g.broken = err
-			return err
-		}
-	}
-	return g.check()
+	p.closed = true
+	return p.op.close()
 }
 
 // check reports an earlier failure, or what the node's kernels saw.
@@ -519,67 +405,6 @@ func (g *gpuState) check() error {
 		return g.node.Check("allgather")
 	}
 	return nil
-}
-
-// runAcross runs the algorithm across nodes over device memory: once the
-// work enqueued on the communicator's stream (which may write src) is
-// done, since the node's kernels and the link's copies run on streams of
-// their own. Any failure breaks the GPU path: a size mismatch leaves the
-// LL group at another epoch than its peers (hier), and a lost or late peer
-// leaves blocks in flight; later calls return the same error.
-func (p *gpuPlan) runAcross(ctx context.Context) error {
-	g := p.c.gpu
-	if err := g.check(); err != nil {
-		return err
-	}
-	if err := p.c.syncStream(ctx, "allgather", g.stream); err != nil {
-		return err
-	}
-	if err := p.across.Run(ctx); err != nil {
-		g.broken = err
-		return err
-	}
-	return nil
-}
-
-func (p *gpuPlan) runHost(ctx context.Context) error {
-	if err := p.src.CopyToHost(p.hostSrc); err != nil {
-		return fault.New("allgather", p.c.Rank(), -1, err, "staging to the host")
-	}
-	// The host plan's engine directly: the caller (Plan.Launch) records
-	// the failure for the launcher, once.
-	if err := p.host.eng.launch(ctx); err != nil {
-		return err
-	}
-	if err := p.host.eng.wait(ctx); err != nil {
-		return err
-	}
-	for i, b := range p.back {
-		if err := b.CopyFromHost(p.hostD[p.backOff[i] : p.backOff[i]+b.Len]); err != nil {
-			return fault.New("allgather", p.c.Rank(), -1, err, "staging from the host")
-		}
-	}
-	return nil
-}
-
-func (p *gpuPlan) close() error {
-	if p.closed {
-		return nil
-	}
-	p.closed = true
-	var errs []error
-	if g := p.c.gpu; g != nil && g.broken == nil && (p.runner != nil || p.across != nil) {
-		ctx, cancel := context.WithTimeout(context.Background(), p.c.opts.Timeout)
-		errs = append(errs, p.c.Barrier(ctx))
-		cancel()
-	}
-	if p.runner != nil {
-		errs = append(errs, p.runner.Close())
-	}
-	if p.nv != nil {
-		errs = append(errs, p.nv.Close())
-	}
-	return errors.Join(errs...)
 }
 
 // SyncGPU waits, within the communicator's timeout, for the work enqueued
