@@ -7,7 +7,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/slimego/slimego/kernels"
+	"github.com/slimego/slimego/device"
 )
 
 // TestMain builds the emulated CUDA library and points SLIME_CUDA_LIB at
@@ -16,7 +16,7 @@ import (
 // leave the backend at auto still get the CPU backend (device.Resolve
 // never picks the emulator).
 func TestMain(m *testing.M) {
-	if err := kernels.UseEmulator(0); err != nil {
+	if err := device.UseEmulator(0); err != nil {
 		fmt.Fprintln(os.Stderr, "bench tests:", err)
 		os.Exit(1)
 	}

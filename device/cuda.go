@@ -267,3 +267,12 @@ func poll(ctx context.Context, deadline time.Time, query func() error) error {
 		}
 	}
 }
+
+// UseEmulator points the CUDA backend at the emulated library
+// (libslimecuda-emu.so, built on first use) unless SLIME_CUDA_LIB names a
+// library already; devices > 0 asks for that many emulated GPUs (see
+// kernels.UseEmulator). It is for the TestMains of the packages above
+// device, so that their GPU tests run on a machine without one and
+// without importing the loader themselves. Call it before anything opens
+// the CUDA library.
+func UseEmulator(devices int) error { return kernels.UseEmulator(devices) }

@@ -19,17 +19,25 @@ func ExampleNewWith() {
 			return err
 		}
 		defer op.Close()
-		for i := range op.A { // rank r's rows: r+1 everywhere
-			op.A[i] = float64(c.Rank() + 1)
+		a := make([]float64, m*k) // rank r's rows: r+1 everywhere
+		for i := range a {
+			a[i] = float64(c.Rank() + 1)
 		}
-		for i := range op.B { // B = [[1 0] [0 1] [1 1]]
-			op.B[i] = []float64{1, 0, 0, 1, 1, 1}[i]
+		if err := op.WriteA(a); err != nil {
+			return err
+		}
+		if err := op.WriteB([]float64{1, 0, 0, 1, 1, 1}); err != nil { // B = [[1 0] [0 1] [1 1]]
+			return err
 		}
 		if err := op.Run(ctx); err != nil {
 			return err
 		}
+		C := make([]float64, c.Size()*m*n)
+		if err := op.ReadC(C); err != nil {
+			return err
+		}
 		if c.Rank() == 0 {
-			fmt.Println(op.Pieces(), "pieces; C =", op.C)
+			fmt.Println(op.Pieces(), "pieces; C =", C)
 		}
 		return nil
 	})

@@ -7,7 +7,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/slimego/slimego/kernels"
+	"github.com/slimego/slimego/device"
 )
 
 // TestMain builds the emulated CUDA library (make kernels-emu) and points
@@ -15,7 +15,7 @@ import (
 // machine's libslimecuda.so, or the file a child process must not find):
 // the CUDA tests then run here, on the host, through the same loader.
 func TestMain(m *testing.M) {
-	if err := kernels.UseEmulator(0); err != nil {
+	if err := device.UseEmulator(0); err != nil {
 		fmt.Fprintln(os.Stderr, "overlap tests:", err)
 		os.Exit(1)
 	}

@@ -32,11 +32,7 @@ func reference[T Float](P, m, n, k int, b []T, iter int) []T {
 	for r := range P {
 		fillRand(a[r*m*k:(r+1)*m*k], uint64(r*1000+iter))
 	}
-	c := make([]T, P*m*n)
-	if k > 0 {
-		gemmRows(a, b, c, P*m, n, k)
-	}
-	return c
+	return Multiply(a, b, P*m, n, k)
 }
 
 // relErr is ‖got − want‖_F / ‖want‖_F.
@@ -72,9 +68,16 @@ func checkOn[T Float](t *testing.T, nodes, perNode, m, n, k int, opts Options, c
 		if want := min(cut, max(m, 1)); o.Pieces() != want && m > 0 {
 			return fmt.Errorf("the gather is cut into %d pieces, want %d", o.Pieces(), want)
 		}
-		fillRand(o.B, 99)
+		a, b, got := make([]T, m*k), make([]T, k*n), make([]T, P*m*n)
+		fillRand(b, 99)
+		if err := o.WriteB(b); err != nil {
+			return err
+		}
 		for it := range 3 {
-			fillRand(o.A, uint64(c.Rank()*1000+it))
+			fillRand(a, uint64(c.Rank()*1000+it))
+			if err := o.WriteA(a); err != nil {
+				return err
+			}
 			run := o.Run
 			if it == 2 {
 				run = o.RunSequential
@@ -82,7 +85,10 @@ func checkOn[T Float](t *testing.T, nodes, perNode, m, n, k int, opts Options, c
 			if err := run(ctx); err != nil {
 				return err
 			}
-			if e := relErr(o.C, reference(P, m, n, k, o.B, it)); e > tol {
+			if err := o.ReadC(got); err != nil {
+				return err
+			}
+			if e := relErr(got, reference(P, m, n, k, b, it)); e > tol {
 				return fmt.Errorf("iteration %d: relative error %g > %g", it, e, tol)
 			}
 		}
@@ -124,8 +130,15 @@ func TestRunAllocs(t *testing.T) {
 					return err
 				}
 				defer o.Close()
-				fillRand(o.A, uint64(c.Rank()*1000)) // as reference's iteration 0
-				fillRand(o.B, 5)
+				a, b, got := make([]float32, 40*16), make([]float32, 16*8), make([]float32, 2*40*8)
+				fillRand(a, uint64(c.Rank()*1000)) // as reference's iteration 0
+				fillRand(b, 5)
+				if err := o.WriteA(a); err != nil {
+					return err
+				}
+				if err := o.WriteB(b); err != nil {
+					return err
+				}
 				allocs, err := testranks.AllocsPerRun(c, func() error { return o.Run(ctx) })
 				if err != nil {
 					return err
@@ -133,7 +146,10 @@ func TestRunAllocs(t *testing.T) {
 				if allocs >= 1 {
 					return fmt.Errorf("%.1f allocations per run", allocs)
 				}
-				if e := relErr(o.C, reference(2, 40, 8, 16, o.B, 0)); e > 1e-5 {
+				if err := o.ReadC(got); err != nil {
+					return err
+				}
+				if e := relErr(got, reference(2, 40, 8, 16, b, 0)); e > 1e-5 {
 					return fmt.Errorf("relative error %g", e)
 				}
 				return nil

@@ -1,0 +1,281 @@
+package overlap
+
+import (
+	"cmp"
+	"context"
+	"errors"
+
+	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/device"
+)
+
+// engine runs an Op on the communicator's device, whichever backend it is,
+// through the device interfaces alone. The gather is the communicator's:
+// one plan of the device's buffers per piece (PlanBuffersBlocks), each
+// launched in order on the communicator's stream (comm) and followed by an
+// event; the GEMMs run on a compute stream of the same device, this
+// rank's own rows at once and each piece's rows once its event is reached.
+// The compute stream forks off comm at the start of a run and joins it at
+// the end, so that waiting for comm (the communicator's Synchronize)
+// waits for the whole run.
+//
+// On the GPU the launches enqueue kernels and the host returns at once; on
+// the CPU a launch gathers on the calling goroutine while the compute
+// stream's goroutine multiplies the pieces already gathered. Everything a
+// run uses (plans, events, views of the matrices for every task) is made
+// here, so that a run allocates nothing.
+type engine struct {
+	c             *collective.Communicator
+	comm, compute device.Stream // comm is the communicator's
+	fork, join    device.Event
+	events        []device.Event // one per piece
+	gemm          device.GEMM
+	mul           func(s device.Stream, m, n, k int, a, b, c device.Buffer) error // gemm's F32 or F64
+	mats          [4]device.Buffer                                                // A, B, C, G
+	plans         []*collective.Plan                                              // one per piece
+	tasks         []gemmTask
+	n, k          int    // B's dimensions
+	fallback      string // the mode without plans
+}
+
+// shape is an Op's dimensions and element size.
+type shape struct{ P, me, m, n, k, esz int }
+
+// gemmTask is a Task with its operands: the rows of A (own rows) or G it
+// multiplies in a run, the same rows of G (for GEMM alone, after a
+// gather), and the rows of C it writes.
+type gemmTask struct {
+	piece, rows int
+	a, g, c     device.Buffer
+}
+
+func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces []Piece, tasks []Task) (_ *engine, err error) {
+	dev, comm := c.Device(), c.Stream()
+	if comm == nil {
+		return nil, &collective.OpError{Op: "overlap", Rank: c.Rank(), Peer: -1, Err: collective.ErrClosed, Detail: "the communicator is closed"}
+	}
+	e := &engine{c: c, comm: comm, n: sh.n, k: sh.k, fallback: "host"}
+	if dev.Kind() == device.CUDA {
+		e.fallback = "graph"
+		if c.Options().Eager {
+			e.fallback = "eager"
+		}
+	}
+	defer func() {
+		if err != nil {
+			e.close()
+		}
+	}()
+	P, m, n, k, esz := sh.P, sh.m, sh.n, sh.k, sh.esz
+	for i, bytes := range []int{m * k * esz, k * n * esz, P * m * n * esz, P * m * k * esz} {
+		if e.mats[i], err = dev.NewBuffer(bytes); err != nil {
+			return nil, err
+		}
+	}
+	A, G, C := e.mats[0], e.mats[3], e.mats[2]
+	if e.compute, err = dev.NewStream(); err != nil {
+		return nil, err
+	}
+	if e.gemm, err = dev.NewGEMM(); err != nil {
+		return nil, err
+	}
+	e.mul = e.gemm.F32
+	if esz == 8 {
+		e.mul = e.gemm.F64
+	}
+	for _, ev := range []*device.Event{&e.fork, &e.join} {
+		if *ev, err = dev.NewEvent(); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range pieces {
+		ev, err := dev.NewEvent()
+		if err != nil {
+			return nil, err
+		}
+		e.events = append(e.events, ev)
+		src, err := A.View(p.Lo*k*esz, (p.Hi-p.Lo)*k*esz)
+		if err != nil {
+			return nil, err
+		}
+		sizes, offs := make([]int, P), make([]int, P)
+		for r := range P { // rank r's rows of the piece, at their place in r's block
+			sizes[r] = (p.Hi - p.Lo) * k * esz
+			offs[r] = (r*m + p.Lo) * k * esz
+		}
+		plan, err := c.PlanBuffersBlocks(ctx, G, src, sizes, offs)
+		if err != nil {
+			return nil, err
+		}
+		e.plans = append(e.plans, plan)
+	}
+	for _, t := range tasks {
+		rows := t.Hi - t.Lo
+		gt := gemmTask{piece: t.Piece, rows: rows}
+		if rows > 0 && n > 0 {
+			row := t.Rank*m + t.Lo
+			if gt.g, err = G.View(row*k*esz, rows*k*esz); err != nil {
+				return nil, err
+			}
+			gt.a = gt.g
+			if t.Rank == sh.me {
+				if gt.a, err = A.View(t.Lo*k*esz, rows*k*esz); err != nil {
+					return nil, err
+				}
+			}
+			if gt.c, err = C.View(row*n*esz, rows*n*esz); err != nil {
+				return nil, err
+			}
+		}
+		e.tasks = append(e.tasks, gt)
+	}
+	return e, nil
+}
+
+func (e *engine) mode() string {
+	if len(e.plans) > 0 {
+		return e.plans[0].Mode()
+	}
+	return e.fallback
+}
+
+// launchTask enqueues task t's rows of C on the compute stream, from A
+// for this rank's own rows (unless fromG) and from G for the others'.
+func (e *engine) launchTask(t *gemmTask, fromG bool) error {
+	if t.c == nil {
+		return nil // no rows, or no columns
+	}
+	a := t.a
+	if fromG {
+		a = t.g
+	}
+	return e.mul(e.compute, t.rows, e.n, e.k, a, e.mats[1], t.c)
+}
+
+// forkCompute orders the compute stream's next work after what comm
+// holds now.
+func (e *engine) forkCompute() error {
+	if err := e.fork.Record(e.comm); err != nil {
+		return err
+	}
+	return e.compute.Wait(e.fork)
+}
+
+// finish joins the compute stream into comm, waits for comm (the
+// communicator's Synchronize: within its timeout on the GPU, reporting
+// what the kernels saw), and collects each plan's outcome; err, an error
+// of the launches, comes first.
+func (e *engine) finish(ctx context.Context, err error) error {
+	if jerr := e.join.Record(e.compute); jerr != nil {
+		err = cmp.Or(err, jerr)
+	} else if jerr := e.comm.Wait(e.join); jerr != nil {
+		err = cmp.Or(err, jerr)
+	}
+	if serr := e.c.Synchronize(ctx, e.comm); serr != nil || err != nil {
+		return cmp.Or(err, serr)
+	}
+	for _, p := range e.plans {
+		if err := p.Check(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *engine) run(ctx context.Context) error {
+	if err := e.forkCompute(); err != nil {
+		return e.finish(ctx, err)
+	}
+	tasks, i := e.tasks, 0
+	for ; i < len(tasks) && tasks[i].piece < 0; i++ {
+		if err := e.launchTask(&tasks[i], false); err != nil {
+			return e.finish(ctx, err)
+		}
+	}
+	for p, plan := range e.plans {
+		if err := plan.Launch(ctx); err != nil {
+			return e.finish(ctx, err)
+		}
+		if err := e.events[p].Record(e.comm); err != nil {
+			return e.finish(ctx, err)
+		}
+		if err := e.compute.Wait(e.events[p]); err != nil {
+			return e.finish(ctx, err)
+		}
+		for ; i < len(tasks) && tasks[i].piece == p; i++ {
+			if err := e.launchTask(&tasks[i], false); err != nil {
+				return e.finish(ctx, err)
+			}
+		}
+	}
+	return e.finish(ctx, nil)
+}
+
+func (e *engine) launchGather(ctx context.Context) error {
+	for _, plan := range e.plans {
+		if err := plan.Launch(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// launchGEMMs enqueues every GEMM on the compute stream, all rows from G,
+// after what comm holds.
+func (e *engine) launchGEMMs() error {
+	if err := e.forkCompute(); err != nil {
+		return err
+	}
+	for i := range e.tasks {
+		if err := e.launchTask(&e.tasks[i], true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *engine) sequential(ctx context.Context) error {
+	err := e.launchGather(ctx)
+	if err == nil {
+		err = e.launchGEMMs()
+	}
+	return e.finish(ctx, err)
+}
+
+func (e *engine) gather(ctx context.Context) error {
+	return e.finish(ctx, e.launchGather(ctx))
+}
+
+func (e *engine) gemmOnly(ctx context.Context) error {
+	return e.finish(ctx, e.launchGEMMs())
+}
+
+// close releases the plans (a collective call on the GPU), then the
+// streams, events and GEMM, then the matrices, which no plan reads any
+// more.
+func (e *engine) close() error {
+	var errs []error
+	for _, p := range e.plans {
+		errs = append(errs, p.Close())
+	}
+	e.plans = nil
+	if e.compute != nil {
+		// Nothing is in flight between runs; a failed New may have
+		// enqueued nothing at all.
+		errs = append(errs, e.compute.Close())
+	}
+	for _, ev := range append([]device.Event{e.fork, e.join}, e.events...) {
+		if c, ok := ev.(interface{ Close() error }); ok && ev != nil {
+			errs = append(errs, c.Close())
+		}
+	}
+	if e.gemm != nil {
+		errs = append(errs, e.gemm.Close())
+	}
+	for _, b := range e.mats {
+		if b != nil {
+			errs = append(errs, b.Free())
+		}
+	}
+	return errors.Join(errs...)
+}
