@@ -9,9 +9,11 @@
 // node or across nodes. The GEMM runs on a compute stream, its own rows
 // first (they need no communication), then each piece's rows once the
 // piece is gathered. The schedule is a pure function of the shape
-// ([Pieces], [Tasks]). [New] and [NewWith] pick the executor from the
-// communicator's backend: gonum (blas32, blas64) on host memory, cuBLAS on
-// the GPU's. [NewWith] sets how finely the gather is cut ([Options]); once
+// ([Pieces], [Tasks]). One executor serves every backend: it is written
+// against package device's interfaces (Device, Buffer, Stream, Event,
+// GEMM), so that the communicator's device decides where the matrices live
+// and what multiplies them (gonum or OpenBLAS on host memory, cuBLAS on a
+// GPU's). [NewWith] sets how finely the gather is cut ([Options]); once
 // planned, an Op runs as often as needed and allocates nothing per run.
 // Every method that waits takes its context; the Op keeps none.
 package overlap
