@@ -20,14 +20,22 @@
 //
 // For repeated calls on the same buffers, [Communicator.Plan] prepares the
 // call once and [Plan.Run] allocates nothing. A [Plan] is one type whatever
-// the backend: Plan, PlanV and PlanBlocks plan host memory,
-// [Communicator.PlanGPU], PlanGPUV and PlanGPUBlocks device memory of the
-// communicator's GPU (on the CUDA backend). Memory from
+// the backend: Plan, PlanV and PlanBlocks plan host byte slices on either
+// backend; [Communicator.PlanBuffers], PlanBuffersV and PlanBuffersBlocks
+// plan the backend's own memory, device.Buffer values from
+// [Communicator.Device] (host buffers on the CPU, device memory on CUDA),
+// ordered on [Communicator.Stream] alike on both backends, so that code
+// written once orders its own work after a gather with an event on that
+// stream and ends with [Communicator.Synchronize]. Memory from
 // [Communicator.Alloc] is symmetric: peers on the node read it in place.
 //
-// The backend (cpu or cuda, [Options].Backend) is chosen at Init; after it,
-// only where memory lives tells them apart. The engine packages underneath
-// (intra, inter, nvshmem, cudagraph, kernels) are not part of the API.
+// The backend (cpu or cuda, [Options].Backend) is chosen at Init, and with
+// it the one engine that gathers the backend's memory (on CUDA: the node's
+// LL kernel, NVSHMEM across nodes, the job's algorithm across nodes over
+// host-staged TCP, or host staging where the node's GPUs cannot reach
+// each other); after it, only where memory lives tells the backends
+// apart. The engine packages underneath (intra, inter, nvshmem,
+// cudagraph, kernels) are not part of the API.
 //
 // Several ranks can live in one process, one goroutine each, by passing
 // Rank, WorldSize and a shared store address in [Options].
