@@ -18,11 +18,11 @@ import (
 // TestGPUAcrossNodesAlgo: a GPU job of 2 nodes × 2 ranks runs the job's
 // algorithm (hier or the ring, Options.Algo) over device memory, the
 // blocks staged through pinned host memory and TCP: the plan says so
-// (mode "staged", "<algo> over host-staged tcp"), and PlanGPUBlocks with
+// (mode "staged", "<algo> over host-staged tcp"), and PlanBuffersBlocks with
 // random odd sizes (one of them 0, some above the LL scratch block, so
 // that the node's kernels go in rounds) and gaps between the blocks
 // gathers every byte, in place and not, several times with fresh data,
-// leaving the gaps untouched; PlanGPUV with uneven counts likewise.
+// leaving the gaps untouched; PlanBuffersV with uneven counts likewise.
 func TestGPUAcrossNodesAlgo(t *testing.T) {
 	needGPU(t)
 	for _, algo := range []string{"hier", "ring"} {
@@ -43,11 +43,11 @@ func TestGPUAcrossNodesAlgo(t *testing.T) {
 	}
 }
 
-// gatherBlocksGPU plans PlanGPUBlocks of sizes drawn from seed (the same
+// gatherBlocksGPU plans PlanBuffersBlocks of sizes drawn from seed (the same
 // on every rank), with 3-byte gaps, in place or not as seed says, runs it
 // twice with fresh data and checks dst byte for byte.
 func gatherBlocksGPU(ctx context.Context, c *collective.Communicator, algo string, seed uint64) error {
-	P, me, gpu := c.Size(), c.Rank(), c.GPU()
+	P, me, gpu := c.Size(), c.Rank(), gpuOf(c)
 	rng := rand.New(rand.NewPCG(seed, 42))
 	sizes, offs := make([]int, P), make([]int, P)
 	total := 0
@@ -75,7 +75,7 @@ func gatherBlocksGPU(ctx context.Context, c *collective.Communicator, algo strin
 		}
 		defer src.Free()
 	}
-	plan, err := c.PlanGPUBlocks(ctx, dst, src, sizes, offs)
+	plan, err := c.PlanBuffersBlocks(ctx, dst, src, sizes, offs)
 	if err != nil {
 		return err
 	}
@@ -141,7 +141,7 @@ func TestGPUAcrossNodesMismatchCloses(t *testing.T) {
 			}, func(c *collective.Communicator) error {
 				ctx := context.Background()
 				P := c.Size()
-				dst, err := c.GPU().Alloc(P * 2000)
+				dst, err := gpuOf(c).Alloc(P * 2000)
 				if err != nil {
 					return err
 				}
@@ -157,7 +157,7 @@ func TestGPUAcrossNodesMismatchCloses(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				plan, err := c.PlanGPUBlocks(ctx, dst, src, sizes, offs)
+				plan, err := c.PlanBuffersBlocks(ctx, dst, src, sizes, offs)
 				if err != nil {
 					return err
 				}
@@ -167,7 +167,7 @@ func TestGPUAcrossNodesMismatchCloses(t *testing.T) {
 						return fmt.Errorf("call %d: %v, want ErrSizeMismatch", call, err)
 					}
 				}
-				if _, err := c.PlanGPUBlocks(ctx, dst, src, sizes, offs); !errors.Is(err, collective.ErrSizeMismatch) {
+				if _, err := c.PlanBuffersBlocks(ctx, dst, src, sizes, offs); !errors.Is(err, collective.ErrSizeMismatch) {
 					return fmt.Errorf("a new plan after the mismatch: %v, want ErrSizeMismatch", err)
 				}
 				return nil

@@ -51,6 +51,12 @@ func needGPU(t *testing.T) {
 	}
 }
 
+// gpuOf is the communicator's GPU, nil on the CPU backend.
+func gpuOf(c *collective.Communicator) *device.GPU {
+	g, _ := c.Device().(*device.GPU)
+	return g
+}
+
 // gpuScratch is the tests' GPU scratch block: every emulated allocation is
 // shared host memory, and the default 16 MiB would cost 8 in-process
 // ranks about 2 GiB. Blocks above it go in rounds.
@@ -70,7 +76,7 @@ func gpuRanks(t *testing.T, P int, eager bool, scratch int, body func(c *collect
 // gatherGPU runs plan-and-check of n bytes per rank, iters times with
 // fresh data, and returns the last gathered bytes.
 func gatherGPU(ctx context.Context, c *collective.Communicator, counts []int, inPlace bool, iters int) ([]byte, error) {
-	P, me, gpu := c.Size(), c.Rank(), c.GPU()
+	P, me, gpu := c.Size(), c.Rank(), gpuOf(c)
 	offs := make([]int, P+1)
 	for r := range P {
 		offs[r+1] = offs[r] + counts[r]
@@ -90,7 +96,7 @@ func gatherGPU(ctx context.Context, c *collective.Communicator, counts []int, in
 		}
 		defer src.Free()
 	}
-	plan, err := c.PlanGPUV(ctx, dst, src, counts)
+	plan, err := c.PlanBuffersV(ctx, dst, src, counts)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +241,7 @@ func TestGPUPeerMissing(t *testing.T) {
 		ctx := context.Background()
 		counts := []int{64, 64, 64}
 		if c.Rank() == missing {
-			dst, err := c.GPU().Alloc(3 * 64)
+			dst, err := gpuOf(c).Alloc(3 * 64)
 			if err != nil {
 				return err
 			}
@@ -244,7 +250,7 @@ func TestGPUPeerMissing(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			plan, err := c.PlanGPUV(ctx, dst, src, counts)
+			plan, err := c.PlanBuffersV(ctx, dst, src, counts)
 			if err != nil {
 				return err
 			}
@@ -351,17 +357,17 @@ func TestGPUAcrossNodesHostStaged(t *testing.T) {
 		o.Backend, o.GPUScratch, o.Timeout = device.CUDA, gpuScratch, 30*time.Second
 	}, func(c *collective.Communicator) error {
 		ctx := context.Background()
-		if c.Backend() != device.CUDA || c.GPUStream() == nil {
-			return fmt.Errorf("backend %v, stream %v", c.Backend(), c.GPUStream())
+		if c.Backend() != device.CUDA || c.Stream() == nil {
+			return fmt.Errorf("backend %v, stream %v", c.Backend(), c.Stream())
 		}
 		for _, counts := range [][]int{{4097, 4097, 4097, 4097}, {0, 70_001, 5, 64 << 10}} {
 			if _, err := gatherGPU(ctx, c, counts, false, 2); err != nil {
 				return err
 			}
 		}
-		// PlanGPU, equal blocks, in place.
+		// PlanBuffers, equal blocks, in place.
 		const n = 1001
-		dst, err := c.GPU().Alloc(c.Size() * n)
+		dst, err := gpuOf(c).Alloc(c.Size() * n)
 		if err != nil {
 			return err
 		}
@@ -370,7 +376,7 @@ func TestGPUAcrossNodesHostStaged(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		plan, err := c.PlanGPU(ctx, dst, src)
+		plan, err := c.PlanBuffers(ctx, dst, src)
 		if err != nil {
 			return err
 		}
@@ -391,7 +397,7 @@ func TestGPUAcrossNodesHostStaged(t *testing.T) {
 		}
 		for r := range c.Size() {
 			if i := pattern.Check(host[r*n:(r+1)*n], pattern.Seed(r, 9, n)); i >= 0 {
-				return fmt.Errorf("PlanGPU across nodes: block of rank %d wrong at byte %d", r, i)
+				return fmt.Errorf("PlanBuffers across nodes: block of rank %d wrong at byte %d", r, i)
 			}
 		}
 		return nil
@@ -401,7 +407,7 @@ func TestGPUAcrossNodesHostStaged(t *testing.T) {
 // Plans that cannot be made are ErrInvalid at once, on the rank that asks,
 // with no collective call begun: a dst too small, counts of the wrong
 // length, a negative count, a src that disagrees with its count, and any
-// GPU call on a communicator of the CPU backend.
+// plan of device memory on a communicator of the CPU backend.
 func TestGPUInvalidPlans(t *testing.T) {
 	needGPU(t)
 	for _, backend := range []device.Kind{device.CUDA, device.CPU} {
@@ -411,13 +417,13 @@ func TestGPUInvalidPlans(t *testing.T) {
 			}, func(c *collective.Communicator) error {
 				ctx := context.Background()
 				if backend == device.CPU {
-					if c.GPU() != nil || c.GPUStream() != nil {
+					if gpuOf(c) != nil || c.Device().Kind() != device.CPU {
 						return errors.New("a CPU communicator has a GPU")
 					}
 					var buf device.CUDABuffer
-					_, e1 := c.PlanGPU(ctx, &buf, &buf)
-					_, e2 := c.PlanGPUV(ctx, &buf, &buf, []int{0, 0})
-					_, e3 := c.PlanGPUBlocks(ctx, &buf, &buf, []int{0, 0}, []int{0, 0})
+					_, e1 := c.PlanBuffers(ctx, &buf, &buf)
+					_, e2 := c.PlanBuffersV(ctx, &buf, &buf, []int{0, 0})
+					_, e3 := c.PlanBuffersBlocks(ctx, &buf, &buf, []int{0, 0}, []int{0, 0})
 					for i, err := range []error{e1, e2, e3} {
 						if !errors.Is(err, collective.ErrInvalid) {
 							return fmt.Errorf("call %d on the CPU backend: %v, want ErrInvalid", i+1, err)
@@ -425,7 +431,7 @@ func TestGPUInvalidPlans(t *testing.T) {
 					}
 					return nil
 				}
-				dst, err := c.GPU().Alloc(100)
+				dst, err := gpuOf(c).Alloc(100)
 				if err != nil {
 					return err
 				}
@@ -434,14 +440,14 @@ func TestGPUInvalidPlans(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				_, e1 := c.PlanGPU(ctx, dst, src) // 2 × 60 > 100
-				_, e2 := c.PlanGPUV(ctx, dst, src, []int{60})
-				_, e3 := c.PlanGPUV(ctx, dst, src, []int{60, -1})
-				_, e4 := c.PlanGPUV(ctx, dst, src, []int{59, 30})
-				_, e5 := c.PlanGPUV(ctx, dst, src, []int{60, 50})
-				_, e6 := c.PlanGPUBlocks(ctx, dst, src, []int{60, 60}, []int{0, 50}) // rank 1's block ends at 110
-				_, e7 := c.PlanGPUBlocks(ctx, dst, src, []int{60}, []int{0})
-				_, e8 := c.PlanGPUBlocks(ctx, dst, src, []int{59, 1}, []int{0, 60})
+				_, e1 := c.PlanBuffers(ctx, dst, src) // 2 × 60 > 100
+				_, e2 := c.PlanBuffersV(ctx, dst, src, []int{60})
+				_, e3 := c.PlanBuffersV(ctx, dst, src, []int{60, -1})
+				_, e4 := c.PlanBuffersV(ctx, dst, src, []int{59, 30})
+				_, e5 := c.PlanBuffersV(ctx, dst, src, []int{60, 50})
+				_, e6 := c.PlanBuffersBlocks(ctx, dst, src, []int{60, 60}, []int{0, 50}) // rank 1's block ends at 110
+				_, e7 := c.PlanBuffersBlocks(ctx, dst, src, []int{60}, []int{0})
+				_, e8 := c.PlanBuffersBlocks(ctx, dst, src, []int{59, 1}, []int{0, 60})
 				for i, err := range []error{e1, e2, e3, e4, e5, e6, e7, e8} {
 					if !errors.Is(err, collective.ErrInvalid) {
 						return fmt.Errorf("bad plan %d: %v, want ErrInvalid", i+1, err)
@@ -453,7 +459,7 @@ func TestGPUInvalidPlans(t *testing.T) {
 	}
 }
 
-// PlanGPUBlocks places every rank's block where offs says (gaps, rank
+// PlanBuffersBlocks places every rank's block where offs says (gaps, rank
 // order reversed), on one node (the LL kernel, graph and eager) and across
 // two (hier and the ring over the staged link): the blocks arrive byte for byte and
 // the gaps keep what they held. A planned Run allocates nothing.
@@ -484,17 +490,17 @@ func TestGPUPlanBlocks(t *testing.T) {
 					offs[r] = total
 					total += sizes[r] + 13 // and one after each
 				}
-				dst, err := c.GPU().Alloc(total)
+				dst, err := gpuOf(c).Alloc(total)
 				if err != nil {
 					return err
 				}
 				defer dst.Free()
-				src, err := c.GPU().Alloc(sizes[me])
+				src, err := gpuOf(c).Alloc(sizes[me])
 				if err != nil {
 					return err
 				}
 				defer src.Free()
-				plan, err := c.PlanGPUBlocks(ctx, dst, src, sizes, offs)
+				plan, err := c.PlanBuffersBlocks(ctx, dst, src, sizes, offs)
 				if err != nil {
 					return err
 				}
