@@ -122,16 +122,10 @@ func AllGather(ctx context.Context, c *collective.Communicator, cfg Config) ([]R
 func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int, inPlace bool) (Result, error) {
 	P, me := c.Size(), c.Rank()
 	res := Result{Impl: "slimego", Backend: cfg.Backend, Mode: cfg.Mode, P: P, Nodes: c.Nodes(), S: int64(n), InPlace: inPlace}
-	var b gatherBuffers
-	var err error
-	if c.Backend() == device.CUDA {
-		b, err = deviceBuffers(ctx, c, n, inPlace)
-		if BackendName(c) == EmulatedBackend {
-			res.Backend = EmulatedBackend
-		}
-	} else {
-		b, err = hostBuffers(ctx, c, n, inPlace, cfg.Symmetric)
+	if BackendName(c) == EmulatedBackend {
+		res.Backend = EmulatedBackend
 	}
+	b, err := planBuffers(ctx, c, n, inPlace, cfg.Symmetric)
 	defer b.free()
 	if err != nil {
 		return res, err
@@ -154,12 +148,11 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	return res, timeRuns(ctx, c, cfg, &res, countWrong(b.dst, P, n), b.plan.Run)
 }
 
-// gatherBuffers are one size's buffers wherever they live, and the plan
-// that gathers into them. dst and src are host memory to fill and check:
-// the buffers themselves on the host, staging copies of device memory,
-// which load moves in (dst first, then src, which may lie inside it) and
-// unload moves the gathered dst back from. free releases everything, also
-// after a partial setup.
+// gatherBuffers are one size's buffers of the communicator's device, and
+// the plan that gathers into them. dst and src are host memory to fill and
+// check: load copies them into the device's buffers (dst first, then src,
+// which may lie inside it) and unload copies the gathered dst back. free
+// releases everything, also after a partial setup.
 type gatherBuffers struct {
 	plan         *collective.Plan
 	dst, src     []byte
@@ -173,57 +166,63 @@ func (b *gatherBuffers) free() {
 	}
 }
 
-// hostBuffers are host memory, symmetric or on the Go heap (see buffers).
-func hostBuffers(ctx context.Context, c *collective.Communicator, n int, inPlace, symmetric bool) (gatherBuffers, error) {
+// planBuffers allocates an all-gather's destination (P·n bytes) and
+// source (n bytes, or with inPlace a view of the rank's own block of the
+// destination) on the communicator's device, and plans the gather
+// (Communicator.PlanBuffers): host memory on the CPU, the GPU's on CUDA;
+// the plan runs as the communicator says (host, graph or eager).
+func planBuffers(ctx context.Context, c *collective.Communicator, n int, inPlace, symmetric bool) (gatherBuffers, error) {
 	var b gatherBuffers
-	dst, src, free, err := buffers(ctx, c, n, inPlace, symmetric)
-	b.frees = append(b.frees, func() error { free(); return nil })
+	P, me := c.Size(), c.Rank()
+	dst, err := allocBuffer(ctx, c, P*n, symmetric, &b.frees)
 	if err != nil {
 		return b, err
 	}
-	if b.plan, err = c.Plan(dst, src); err != nil {
-		return b, err
-	}
-	b.frees = append(b.frees, b.plan.Close)
-	nothing := func() error { return nil }
-	b.dst, b.src, b.load, b.unload = dst, src, nothing, nothing
-	return b, nil
-}
-
-// deviceBuffers are memory of the communicator's GPU; the plan runs as
-// the communicator says (graph or eager).
-func deviceBuffers(ctx context.Context, c *collective.Communicator, n int, inPlace bool) (gatherBuffers, error) {
-	var b gatherBuffers
-	P, me, gpu := c.Size(), c.Rank(), c.GPU()
-	dst, err := gpu.Alloc(P * n)
-	if err != nil {
-		return b, err
-	}
-	b.frees = append(b.frees, dst.Free)
-	var src *device.CUDABuffer
+	var src device.Buffer
 	if inPlace {
-		if src, err = dst.Slice(me*n, n); err != nil {
-			return b, err
-		}
+		src, err = dst.View(me*n, n)
 	} else {
-		if src, err = gpu.Alloc(n); err != nil {
-			return b, err
-		}
-		b.frees = append(b.frees, src.Free)
+		src, err = allocBuffer(ctx, c, n, symmetric, &b.frees)
 	}
-	if b.plan, err = c.PlanGPU(ctx, dst, src); err != nil {
+	if err != nil {
+		return b, err
+	}
+	if b.plan, err = c.PlanBuffers(ctx, dst, src); err != nil {
 		return b, err
 	}
 	b.frees = append(b.frees, b.plan.Close) // before the buffers it gathers into
 	b.dst, b.src = make([]byte, P*n), make([]byte, n)
 	b.load = func() error {
-		if err := dst.CopyFromHost(b.dst); err != nil {
+		if err := dst.CopyIn(b.dst); err != nil {
 			return err
 		}
-		return src.CopyFromHost(b.src)
+		return src.CopyIn(b.src)
 	}
-	b.unload = func() error { return dst.CopyToHost(b.dst) }
+	b.unload = func() error { return dst.CopyOut(b.dst) }
 	return b, nil
+}
+
+// allocBuffer allocates n bytes of the communicator's device and adds its
+// release to frees. With symmetric, on the CPU backend, they are the
+// node's symmetric memory (Communicator.Alloc, which peers read in
+// place); the symmetric memory Alloc makes is host memory, so on CUDA the
+// buffer is the device's own either way.
+func allocBuffer(ctx context.Context, c *collective.Communicator, n int, symmetric bool, frees *[]func() error) (device.Buffer, error) {
+	d := c.Device()
+	if symmetric && d.Kind() == device.CPU {
+		s, err := c.Alloc(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		*frees = append(*frees, s.Free)
+		return device.NewHostBuffer(s.Bytes(), true), nil
+	}
+	buf, err := d.NewBuffer(n)
+	if err != nil {
+		return nil, err
+	}
+	*frees = append(*frees, buf.Free)
+	return buf, nil
 }
 
 // buffers allocates an all-gather's destination (P·n bytes) and source

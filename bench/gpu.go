@@ -18,7 +18,7 @@ const EmulatedBackend = "cuda-emu"
 // BackendName is the backend column for c's figures: "cpu", "cuda", or
 // EmulatedBackend where the CUDA library is the emulator.
 func BackendName(c *collective.Communicator) string {
-	if g := c.GPU(); g != nil && g.Emulated() {
+	if c.Device().Kind() == device.CUDA && device.CUDAEmulated() {
 		return EmulatedBackend
 	}
 	return c.Backend().String()
@@ -67,13 +67,12 @@ func D2D(ctx context.Context, gpu *device.GPU, n int, minTime time.Duration) (us
 		return 0, 0, err
 	}
 	defer end.Close()
-	lib, dev := gpu.Lib(), gpu.Ordinal
 	copies := func(k int) (time.Duration, error) {
 		if err := start.Record(s); err != nil {
 			return 0, err
 		}
 		for range k {
-			if err := lib.MemcpyAsync(dev, b.Ptr, a.Ptr, uint64(n), s.H); err != nil {
+			if err := gpu.Copy(s, b, a); err != nil {
 				return 0, err
 			}
 		}

@@ -194,7 +194,7 @@ func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffer
 		if eager || c.Options().Eager {
 			launch = "eager (--eager-mode)"
 		}
-		launch += " on " + c.GPU().String()
+		launch += " on " + c.Device().String()
 	}
 	bench.WriteTable(os.Stdout, rs, fmt.Sprintf("slimego allgather: P=%d nodes=%d backend=%s mode=%s buffers=%s launch=%s%s", c.Size(), c.Nodes(), backendLabel(c), m, bufs, launch, c.Describe()))
 	for _, r := range rs {

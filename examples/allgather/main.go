@@ -60,8 +60,9 @@ func main() {
 			t[i] = float32(int32(uint32(b[4*i])|uint32(b[4*i+1])<<8|uint32(b[4*i+2])<<16|uint32(b[4*i+3])<<24)) / (1 << 31)
 		}
 	}
-	// On the CPU the tensors are gathered in place; on a GPU they are
-	// copied to device memory, gathered there, and copied back to check.
+	// The tensors are copied into buffers of the communicator's device
+	// (host memory on the CPU, device memory on a GPU), gathered there, and
+	// copied back to check.
 	run, push, pull, how := planFor(ctx, c, dst, src)
 	// Check: three iterations with fresh data.
 	for it := range 3 {
@@ -104,32 +105,24 @@ func main() {
 }
 
 // planFor plans the all-gather of src into dst on the communicator's
-// backend: run performs one, push and pull move the tensors to and from
-// the GPU (nothing on the CPU), how says where it runs.
+// device, whichever backend it is: run performs one, push and pull copy
+// the tensors to and from the device's buffers, how says where it runs.
 func planFor(ctx context.Context, c *collective.Communicator, dst, src []float32) (run func(context.Context) error, push, pull func() error, how string) {
-	none := func() error { return nil }
-	if c.Backend() != device.CUDA {
-		plan, err := collective.PlanOf(c, dst, src)
-		if err != nil {
-			fail("%v", err)
-		}
-		return plan.Run, none, none, "backend cpu"
-	}
-	gpu := c.GPU()
-	gsrc, err := gpu.Alloc(4 * len(src))
+	d := c.Device()
+	bsrc, err := d.NewBuffer(4 * len(src))
 	if err != nil {
 		fail("%v", err)
 	}
-	gdst, err := gpu.Alloc(4 * len(dst))
+	bdst, err := d.NewBuffer(4 * len(dst))
 	if err != nil {
 		fail("%v", err)
 	}
-	plan, err := c.PlanGPU(ctx, gdst, gsrc)
+	plan, err := c.PlanBuffers(ctx, bdst, bsrc)
 	if err != nil {
 		fail("%v", err)
 	}
-	push = func() error { return gsrc.CopyFromHost(f32bytes(src)) }
-	pull = func() error { return gdst.CopyToHost(f32bytes(dst)) }
+	push = func() error { return bsrc.CopyIn(f32bytes(src)) }
+	pull = func() error { return bdst.CopyOut(f32bytes(dst)) }
 	return plan.Run, push, pull, "backend " + plan.String()
 }
 

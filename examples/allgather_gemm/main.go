@@ -79,10 +79,7 @@ func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n,
 	if err := o.WriteB(b); err != nil {
 		return err
 	}
-	where := "cpu"
-	if c.Backend() == device.CUDA {
-		where = fmt.Sprintf("%s, %s mode", c.GPU(), o.Mode())
-	}
+	where := fmt.Sprintf("%s, %s mode", c.Device(), o.Mode())
 	if err := o.Run(ctx); err != nil {
 		return err
 	}
