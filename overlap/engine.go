@@ -64,6 +64,7 @@ func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces
 	defer func() {
 		if err != nil {
 			e.close()
+			err = e.named("overlap-plan", err)
 		}
 	}()
 	P, m, n, k, esz := sh.P, sh.m, sh.n, sh.k, sh.esz
@@ -132,6 +133,18 @@ func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces
 	return e, nil
 }
 
+// named returns err as an *collective.OpError naming op and this rank,
+// unless it is one already (the collective's errors name their rank and
+// peer): a device's error (a failed allocation, enqueue or GEMM) says
+// which rank's operator met it.
+func (e *engine) named(op string, err error) error {
+	var oe *collective.OpError
+	if errors.As(err, &oe) {
+		return err
+	}
+	return &collective.OpError{Op: op, Rank: e.c.Rank(), Peer: -1, Err: err, Detail: "the overlap Op's device work failed"}
+}
+
 func (e *engine) mode() string {
 	if len(e.plans) > 0 {
 		return e.plans[0].Mode()
@@ -172,7 +185,7 @@ func (e *engine) finish(ctx context.Context, err error) error {
 		err = cmp.Or(err, jerr)
 	}
 	if serr := e.c.Synchronize(ctx, e.comm); serr != nil || err != nil {
-		return cmp.Or(err, serr)
+		return e.named("allgather-gemm", cmp.Or(err, serr))
 	}
 	for _, p := range e.plans {
 		if err := p.Check(ctx); err != nil {
