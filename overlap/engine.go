@@ -38,6 +38,14 @@ type engine struct {
 	fallback      string // the mode without plans
 }
 
+// The matrices' places in engine.mats.
+const (
+	matA = iota // this rank's m × k rows
+	matB        // k × n
+	matC        // (P·m) × n
+	matG        // the gathered A, (P·m) × k
+)
+
 // shape is an Op's dimensions and element size.
 type shape struct{ P, me, m, n, k, esz int }
 
@@ -68,12 +76,12 @@ func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces
 		}
 	}()
 	P, m, n, k, esz := sh.P, sh.m, sh.n, sh.k, sh.esz
-	for i, bytes := range []int{m * k * esz, k * n * esz, P * m * n * esz, P * m * k * esz} {
+	for i, bytes := range [...]int{matA: m * k * esz, matB: k * n * esz, matC: P * m * n * esz, matG: P * m * k * esz} {
 		if e.mats[i], err = dev.NewBuffer(bytes); err != nil {
 			return nil, err
 		}
 	}
-	A, G, C := e.mats[0], e.mats[3], e.mats[2]
+	A, G, C := e.mats[matA], e.mats[matG], e.mats[matC]
 	if e.compute, err = dev.NewStream(); err != nil {
 		return nil, err
 	}
@@ -162,7 +170,7 @@ func (e *engine) launchTask(t *gemmTask, fromG bool) error {
 	if fromG {
 		a = t.g
 	}
-	return e.mul(e.compute, t.rows, e.n, e.k, a, e.mats[1], t.c)
+	return e.mul(e.compute, t.rows, e.n, e.k, a, e.mats[matB], t.c)
 }
 
 // forkCompute orders the compute stream's next work after what comm

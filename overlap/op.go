@@ -25,12 +25,12 @@ type Float interface{ float32 | float64 }
 // buffers ([collective.Communicator.PlanBuffersBlocks]) per piece, within
 // a node and across nodes alike.
 type Op[T Float] struct {
-	c       *collective.Communicator
-	P, me   int
-	m, n, k int
-	pieces  []Piece
-	tasks   []Task
-	eng     *engine // nil once closed
+	c         *collective.Communicator
+	ranks, me int // the communicator's size, this rank
+	m, n, k   int
+	pieces    []Piece
+	tasks     []Task
+	eng       *engine // nil once closed
 }
 
 // Options are NewWith's settings; the zero value asks for the defaults.
@@ -65,7 +65,7 @@ func NewWith[T Float](ctx context.Context, c *collective.Communicator, m, n, k i
 		opts.MinPieceBytes = MinPieceBytes(c)
 	}
 	P, me := c.Size(), c.Rank()
-	o = &Op[T]{c: c, P: P, me: me, m: m, n: n, k: k}
+	o = &Op[T]{c: c, ranks: P, me: me, m: m, n: n, k: k}
 	esz := o.esz()
 	o.pieces = Pieces(m, PieceCount(opts.Pieces, m*k*esz, opts.MinPieceBytes))
 	o.tasks = Tasks(P, me, m, o.pieces)
@@ -134,13 +134,13 @@ func asBytes[T Float](s []T) []byte {
 
 // WriteA copies a (m × k) into A, WriteB b (k × n) into B, wherever they
 // live. Not ordered after a run in flight: write between runs.
-func (o *Op[T]) WriteA(a []T) error { return o.write("A", 0, a, o.m*o.k) }
-func (o *Op[T]) WriteB(b []T) error { return o.write("B", 1, b, o.k*o.n) }
+func (o *Op[T]) WriteA(a []T) error { return o.write("A", matA, a, o.m*o.k) }
+func (o *Op[T]) WriteB(b []T) error { return o.write("B", matB, b, o.k*o.n) }
 
 // ReadC copies C ((P·m) × n) into c, ReadG the gathered A ((P·m) × k) into
 // g, wherever they live.
-func (o *Op[T]) ReadC(c []T) error { return o.read("C", 2, c, o.P*o.m*o.n) }
-func (o *Op[T]) ReadG(g []T) error { return o.read("G", 3, g, o.P*o.m*o.k) }
+func (o *Op[T]) ReadC(c []T) error { return o.read("C", matC, c, o.ranks*o.m*o.n) }
+func (o *Op[T]) ReadG(g []T) error { return o.read("G", matG, g, o.ranks*o.m*o.k) }
 
 func (o *Op[T]) write(name string, which int, src []T, want int) error {
 	if o.eng == nil {
