@@ -25,7 +25,7 @@ func fillInts[T Float](x []T, seed uint64) {
 
 // TestSameOpBothBackends runs one Op, the same code, on the CPU backend
 // and on the CUDA one (the emulator here), on one node and across two, in
-// each way of running it, and checks that C equals Multiply of every
+// each way of running it (with a shape of no rows too), and checks that C equals Multiply of every
 // rank's rows byte for byte on both, and G every rank's rows.
 func TestSameOpBothBackends(t *testing.T) {
 	for _, backend := range []device.Kind{device.CPU, device.CUDA} {
@@ -33,6 +33,7 @@ func TestSameOpBothBackends(t *testing.T) {
 			{1, 3, 37, 19, 53, 3},
 			{2, 1, 21, 8, 13, 2},
 			{1, 2, 5, 3, 0, 2},
+			{1, 2, 0, 3, 4, 2}, // no rows: no pieces, no plans
 		} {
 			t.Run(fmt.Sprintf("%v/%dx%d/%dx%dx%d", backend, tc.nodes, tc.perNode, tc.m, tc.n, tc.k), func(t *testing.T) {
 				sameOp[float32](t, backend, tc.nodes, tc.perNode, tc.m, tc.n, tc.k, tc.pieces)
@@ -57,6 +58,9 @@ func sameOp[T Float](t *testing.T, backend device.Kind, nodes, perNode, m, n, k,
 			return err
 		}
 		defer o.Close()
+		if want := map[device.Kind]string{device.CPU: "host", device.CUDA: "graph"}[backend]; nodes == 1 && o.Mode() != want {
+			return fmt.Errorf("mode %q, want %q", o.Mode(), want)
+		}
 		b, a := make([]T, k*n), make([]T, m*k)
 		fillInts(b, 5)
 		if err := o.WriteB(b); err != nil {
