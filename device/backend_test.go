@@ -409,3 +409,28 @@ func TestCPUGEMMAllocs(t *testing.T) {
 		t.Errorf("%.1f allocations per product", allocs)
 	}
 }
+
+// TestMultiplyHost: the CPU GEMM's product on the calling goroutine equals
+// the triple loop byte for byte (small integers), and slices shorter than
+// the shape are an error, not a panic.
+func TestMultiplyHost(t *testing.T) {
+	const m, n, k = 23, 31, 17
+	rng := rand.New(rand.NewPCG(1, 2))
+	A, B := make([]float64, m*k), make([]float64, k*n)
+	for i := range A {
+		A[i] = float64(rng.IntN(9) - 4)
+	}
+	for i := range B {
+		B[i] = float64(rng.IntN(9) - 4)
+	}
+	C := make([]float64, m*n)
+	if err := device.MultiplyHost(A, B, C, m, n, k); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(toBytes(C), toBytes(refGEMM(A, B, m, n, k))) {
+		t.Error("MultiplyHost differs from the triple loop")
+	}
+	if err := device.MultiplyHost(A, B, C[:m*n-1], m, n, k); err == nil {
+		t.Error("a C one element short: no error")
+	}
+}
