@@ -60,7 +60,7 @@ func (c *Communicator) PlanBuffers(ctx context.Context, dst, src device.Buffer) 
 		return nil, err
 	}
 	if gd != nil {
-		return c.PlanGPU(ctx, gd, gs)
+		return c.planGPUEqual(ctx, gd, gs)
 	}
 	p, err := c.Plan(hd.Bytes(), hs.Bytes())
 	return c.onStream(p, err)
@@ -74,7 +74,7 @@ func (c *Communicator) PlanBuffersV(ctx context.Context, dst, src device.Buffer,
 		return nil, err
 	}
 	if gd != nil {
-		return c.PlanGPUV(ctx, gd, gs, counts)
+		return c.planGPUV(ctx, gd, gs, counts)
 	}
 	if len(counts) == c.Size() && counts[c.Rank()] != hs.Size() {
 		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "src holds %d bytes, counts say %d", hs.Size(), counts[c.Rank()])
@@ -93,7 +93,7 @@ func (c *Communicator) PlanBuffersBlocks(ctx context.Context, dst, src device.Bu
 		return nil, err
 	}
 	if gd != nil {
-		return c.PlanGPUBlocks(ctx, gd, gs, sizes, offs)
+		return c.planGPUBlocks(ctx, gd, gs, sizes, offs)
 	}
 	if len(sizes) == c.Size() && sizes[c.Rank()] != hs.Size() {
 		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "src holds %d bytes, sizes say %d", hs.Size(), sizes[c.Rank()])
@@ -200,7 +200,7 @@ func (c *Communicator) Synchronize(ctx context.Context, s device.Stream) error {
 		if !ok || cs == nil {
 			return fault.New(op, c.Rank(), -1, ErrInvalid, "a %T on the cuda backend (want *device.CUDAStream)", s)
 		}
-		return c.SyncGPU(ctx, op, cs)
+		return c.syncGPU(ctx, op, cs)
 	}
 	cs, ok := s.(*device.CPUStream)
 	if !ok || cs == nil {

@@ -262,23 +262,6 @@ func (c *Communicator) Backend() device.Kind {
 	return device.CPU
 }
 
-// GPU is the communicator's GPU, nil on the CPU backend.
-func (c *Communicator) GPU() *device.GPU {
-	if c.gpu == nil {
-		return nil
-	}
-	return c.gpu.dev
-}
-
-// GPUStream is the stream the communicator's GPU collectives run on; work
-// that consumes their results can be ordered after them with an event.
-func (c *Communicator) GPUStream() *device.CUDAStream {
-	if c.gpu == nil {
-		return nil
-	}
-	return c.gpu.stream
-}
-
 // gpuPlan is a Plan's engine for device memory: one planned all-gather
 // of the communicator's devEngine.
 type gpuPlan struct {
@@ -287,19 +270,17 @@ type gpuPlan struct {
 	closed bool
 }
 
-// PlanGPU prepares an all-gather of equal blocks of device memory (a
-// collective call, as is the plan's Close): src
-// (this rank's block) lands at Rank()·len(src) of dst on every rank. dst
-// and src are any memory of the communicator's GPU; in place (src inside
-// dst at this rank's offset) works. Within a node the plan runs the LL
-// kernel, captured into a CUDA graph on its first Run unless
+// planGPU prepares PlanBuffers on the CUDA backend: an all-gather of
+// equal blocks of device memory, src (this rank's block) landing at
+// Rank()·len(src) of dst on every rank. Within a node the plan runs the
+// LL kernel, captured into a CUDA graph on its first Run unless
 // Options.Eager; across nodes it runs the NVSHMEM kernel where
 // libslimenvshmem.so is present, otherwise the job's algorithm (hier or
 // the ring) over the node's LL group and TCP, blocks staged through pinned
 // host memory. A plan across nodes without NVSHMEM is synchronous: each
-// Launch waits for the work already on GPUStream(), gathers, and returns
+// Launch waits for the work already on Stream(), gathers, and returns
 // once dst is complete (it cannot be captured into a CUDA graph).
-func (c *Communicator) PlanGPU(ctx context.Context, dst, src *device.CUDABuffer) (*Plan, error) {
+func (c *Communicator) planGPUEqual(ctx context.Context, dst, src *device.CUDABuffer) (*Plan, error) {
 	if err := c.gpuOnly("allgather"); err != nil {
 		return nil, err
 	}
@@ -313,9 +294,8 @@ func (c *Communicator) PlanGPU(ctx context.Context, dst, src *device.CUDABuffer)
 	return c.planGPU(ctx, dst, src, counts, packed(counts))
 }
 
-// PlanGPUV is PlanGPU with counts[r] bytes from rank r, packed in rank
-// order; every rank passes the same counts.
-func (c *Communicator) PlanGPUV(ctx context.Context, dst, src *device.CUDABuffer, counts []int) (*Plan, error) {
+// planGPUV is PlanBuffersV on the CUDA backend.
+func (c *Communicator) planGPUV(ctx context.Context, dst, src *device.CUDABuffer, counts []int) (*Plan, error) {
 	if err := c.gpuOnly("allgatherv"); err != nil {
 		return nil, err
 	}
@@ -335,11 +315,8 @@ func (c *Communicator) PlanGPUV(ctx context.Context, dst, src *device.CUDABuffer
 	return c.planGPU(ctx, dst, src, counts, packed(counts))
 }
 
-// PlanGPUBlocks is PlanBlocks on device memory: rank r's sizes[r] bytes
-// land at offs[r] of dst on every rank, src being this rank's block. Every
-// rank passes the same sizes. Package overlap gathers a matrix's rows
-// piece by piece with it.
-func (c *Communicator) PlanGPUBlocks(ctx context.Context, dst, src *device.CUDABuffer, sizes, offs []int) (*Plan, error) {
+// planGPUBlocks is PlanBuffersBlocks on the CUDA backend.
+func (c *Communicator) planGPUBlocks(ctx context.Context, dst, src *device.CUDABuffer, sizes, offs []int) (*Plan, error) {
 	if err := c.gpuOnly("allgatherv"); err != nil {
 		return nil, err
 	}
@@ -407,11 +384,11 @@ func (g *gpuState) check() error {
 	return nil
 }
 
-// SyncGPU waits, within the communicator's timeout, for the work enqueued
-// on s, then reports what the node's kernels saw (a peer that did not
-// arrive is an *OpError naming it): for operators that order their own
-// GPU work after the communicator's plans (package overlap).
-func (c *Communicator) SyncGPU(ctx context.Context, op string, s *device.CUDAStream) error {
+// syncGPU is Synchronize on the CUDA backend: it waits, within the
+// communicator's timeout, for the work enqueued on s, then reports what
+// the node's kernels saw (a peer that did not arrive is an *OpError
+// naming it).
+func (c *Communicator) syncGPU(ctx context.Context, op string, s *device.CUDAStream) error {
 	g := c.gpu
 	if g == nil {
 		return c.closedErr(op)
