@@ -297,3 +297,61 @@ func TestBuffersCPUStream(t *testing.T) {
 		}
 	}
 }
+
+// On the CPU backend a host buffer over Alloc's symmetric memory is a
+// source the peers read in place: PlanBuffers over it gathers every byte,
+// on one node of 3 ranks and across 2 nodes of 2, and a planned Run
+// allocates nothing.
+func TestBuffersSymmetricCPU(t *testing.T) {
+	for _, top := range []struct{ nodes, perNode int }{{1, 3}, {2, 2}} {
+		t.Run(fmt.Sprintf("%dx%d", top.nodes, top.perNode), func(t *testing.T) {
+			bufferRanks(t, device.CPU, top.nodes, top.perNode, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				const n = 70_001
+				P, me := c.Size(), c.Rank()
+				sym, err := c.Alloc(ctx, n)
+				if err != nil {
+					return err
+				}
+				defer sym.Free()
+				src := device.NewHostBuffer(sym.Bytes(), true)
+				dst, err := c.Device().NewBuffer(P * n)
+				if err != nil {
+					return err
+				}
+				p, err := c.PlanBuffers(ctx, dst, src)
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				host := make([]byte, P*n)
+				for it := range 3 {
+					pattern.Fill(sym.Bytes(), pattern.Seed(me, it, n))
+					if err := p.Run(ctx); err != nil {
+						return err
+					}
+					if err := dst.CopyOut(host); err != nil {
+						return err
+					}
+					for r := range P {
+						if i := pattern.Check(host[r*n:(r+1)*n], pattern.Seed(r, it, n)); i >= 0 {
+							return fmt.Errorf("iteration %d: rank %d's block wrong at byte %d", it, r, i)
+						}
+					}
+					// Nobody refills its source while a peer may still read it.
+					if err := c.Barrier(ctx); err != nil {
+						return err
+					}
+				}
+				allocs, err := testranks.AllocsPerRun(c, func() error { return p.Run(ctx) })
+				if err != nil {
+					return err
+				}
+				if allocs >= 1 {
+					return fmt.Errorf("%.1f allocations per planned run", allocs)
+				}
+				return nil
+			})
+		})
+	}
+}
