@@ -54,6 +54,16 @@ func (c *Communicator) Stream() device.Stream {
 // stream's pending work, gathers on the calling goroutine and returns
 // with dst complete; on the GPU it enqueues the gather where the engine
 // can (see Plan.Mode), and Check collects its outcome.
+//
+// On CUDA the engine chosen at Init runs the plan: within a node the LL
+// kernel, captured into a CUDA graph on its first Run unless
+// Options.Eager; across nodes the NVSHMEM kernel (equal blocks packed in
+// rank order) where every rank loads libslimenvshmem.so, otherwise the
+// job's algorithm (hier or the ring) over the node's GPU group and TCP,
+// blocks staged through pinned host memory; host staging where the
+// node's GPUs cannot reach each other. A plan that stages is synchronous:
+// Launch waits for the work already on Stream(), gathers, and returns
+// once dst is complete (it cannot be captured into a CUDA graph).
 func (c *Communicator) PlanBuffers(ctx context.Context, dst, src device.Buffer) (*Plan, error) {
 	hd, hs, gd, gs, err := c.buffers("allgather", dst, src)
 	if err != nil {
