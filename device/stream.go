@@ -28,9 +28,14 @@ type CPUStream struct {
 	q      chan item
 	mu     sync.Mutex
 	cond   *sync.Cond
-	queued uint64 // items enqueued
-	done   uint64 // items finished (or skipped)
-	err    error  // first failure
+	// queued and done are written under mu; Synchronize reads them
+	// without it to find an idle stream (a collective's launch asks
+	// every call, and takes no lock there). failed is err != nil, for
+	// the same reader.
+	queued atomic.Uint64 // items enqueued
+	done   atomic.Uint64 // items finished (or skipped)
+	failed atomic.Bool
+	err    error // first failure
 	closed bool
 
 	// The wait the stream's goroutine is in (Wait): the stream it waits on
@@ -73,8 +78,9 @@ func (s *CPUStream) run() {
 		s.mu.Lock()
 		if err != nil && s.err == nil {
 			s.err = err
+			s.failed.Store(true)
 		}
-		s.done++
+		s.done.Add(1)
 		s.cond.Broadcast()
 		s.mu.Unlock()
 	}
@@ -92,11 +98,12 @@ func (s *CPUStream) enqueue(it item) {
 	if s.closed {
 		if s.err == nil {
 			s.err = ErrStreamClosed
+			s.failed.Store(true)
 		}
 		s.mu.Unlock()
 		return
 	}
-	s.queued++
+	s.queued.Add(1)
 	s.mu.Unlock()
 	s.q <- it
 }
@@ -104,7 +111,7 @@ func (s *CPUStream) enqueue(it item) {
 // Record marks e as reached once the work enqueued so far is done.
 func (s *CPUStream) Record(e *CPUEvent) {
 	s.mu.Lock()
-	target := s.queued
+	target := s.queued.Load()
 	s.mu.Unlock()
 	e.mu.Lock()
 	e.stream, e.target = s, target
@@ -138,7 +145,7 @@ func (s *CPUStream) wait(src *CPUStream, n uint64) error {
 	defer s.timer.Stop()
 	src.mu.Lock()
 	defer src.mu.Unlock()
-	for src.done < n && src.err == nil {
+	for src.done.Load() < n && src.err == nil {
 		if !time.Now().Before(deadline) {
 			return fmt.Errorf("%w: an event was not reached within %v", ErrWaitTimeout, timeout)
 		}
@@ -162,9 +169,9 @@ func (s *CPUStream) wake() {
 // allocates nothing when ctx cannot be cancelled or the items are done.
 func (s *CPUStream) waitFor(ctx context.Context, n uint64) error {
 	s.mu.Lock()
-	if s.done >= n || s.err != nil || ctx.Done() == nil {
+	if s.done.Load() >= n || s.err != nil || ctx.Done() == nil {
 		defer s.mu.Unlock()
-		for s.done < n && s.err == nil {
+		for s.done.Load() < n && s.err == nil {
 			s.cond.Wait()
 		}
 		return s.err
@@ -178,7 +185,7 @@ func (s *CPUStream) waitFor(ctx context.Context, n uint64) error {
 	defer stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.done < n && s.err == nil && ctx.Err() == nil {
+	for s.done.Load() < n && s.err == nil && ctx.Err() == nil {
 		s.cond.Wait()
 	}
 	if s.err != nil {
@@ -190,8 +197,11 @@ func (s *CPUStream) waitFor(ctx context.Context, n uint64) error {
 // Synchronize waits until all work enqueued so far is done and returns the
 // stream's first error, if any; the error stays until Reset.
 func (s *CPUStream) Synchronize(ctx context.Context) error {
+	if s.done.Load() == s.queued.Load() && !s.failed.Load() {
+		return nil // idle: no lock
+	}
 	s.mu.Lock()
-	n := s.queued
+	n := s.queued.Load()
 	s.mu.Unlock()
 	return s.waitFor(ctx, n)
 }
@@ -200,6 +210,7 @@ func (s *CPUStream) Synchronize(ctx context.Context) error {
 func (s *CPUStream) Reset() {
 	s.mu.Lock()
 	s.err = nil
+	s.failed.Store(false)
 	s.mu.Unlock()
 }
 

@@ -199,3 +199,44 @@ func TestWaitDeadlinePerWait(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSynchronizeIdleTakesNoLock: a collective's launch on the CPU backend
+// asks its stream, every call, whether work is pending; on an idle stream
+// that answer must not take the stream's lock (the hot path of a planned
+// collective takes none). The lock is held here by the test; an idle
+// Synchronize must still return, and a failed stream must still report.
+func TestSynchronizeIdleTakesNoLock(t *testing.T) {
+	s := NewCPUStream()
+	defer s.Close()
+	s.Launch(func() error { return nil })
+	if err := s.Synchronize(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	done := make(chan error, 1)
+	go func() { done <- s.Synchronize(context.Background()) }()
+	select {
+	case err := <-done:
+		s.mu.Unlock()
+		if err != nil {
+			t.Fatalf("idle stream: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		s.mu.Unlock()
+		<-done
+		t.Fatal("Synchronize of an idle stream waited for the stream's lock")
+	}
+	boom := errors.New("boom")
+	s.Launch(func() error { return boom })
+	if err := s.Synchronize(context.Background()); !errors.Is(err, boom) {
+		t.Fatalf("failed stream: got %v, want boom", err)
+	}
+	// Idle again, but failed: the failure is still reported until Reset.
+	if err := s.Synchronize(context.Background()); !errors.Is(err, boom) {
+		t.Fatalf("failed idle stream: got %v, want boom", err)
+	}
+	s.Reset()
+	if err := s.Synchronize(context.Background()); err != nil {
+		t.Fatalf("after Reset: %v", err)
+	}
+}
