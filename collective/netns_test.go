@@ -86,7 +86,7 @@ func TestNetnsAllGather(t *testing.T) {
 
 // TestNetnsCUDAAcrossNodes: a GPU job (the emulated CUDA library that
 // TestMain names in SLIME_CUDA_LIB, --backend cuda) of 2 nodes × 2 ranks
-// in two namespaces runs PlanGPU across them with the job's algorithm,
+// in two namespaces runs PlanBuffers across them with the job's algorithm,
 // hier and the ring (SLIME_ALGO), over the LL group and host-staged TCP:
 // examples/allgather checks every element of three gathers with fresh
 // data, in tensors of odd element counts, and says the plan ran staged.
