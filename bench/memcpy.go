@@ -1,6 +1,9 @@
 package bench
 
 import (
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/slimego/slimego/internal/interleave"
@@ -11,24 +14,78 @@ import (
 // timed): the ceiling a shared-memory all-gather, which copies, works under.
 // It returns the median time of one copy (µs) and its bandwidth (GB/s).
 func Memcpy(n int, minTime time.Duration) (us, gbps float64) {
+	return MemcpyThreads(n, 1, minTime)
+}
+
+// MemcpyThreads measures the copy bandwidth of threads threads that copy
+// n bytes together, each its own contiguous share (n/threads, the last the
+// remainder) between buffers allocated and touched once. Each thread is an
+// OS thread of its own that polls for the start of the next copy, so that
+// no wake-up is timed. With threads = 2 it is the bound of two ranks on
+// one node that each copy half of what the pair copies, as an out-of-place
+// all-gather of two ranks does (each writes its own block and its peer's).
+// It returns the median time of one copy, from its start until the last
+// thread is done (µs), and n over that time (GB/s).
+func MemcpyThreads(n, threads int, minTime time.Duration) (us, gbps float64) {
 	if n == 0 {
 		return 0, 0
 	}
+	threads = max(1, min(threads, n))
 	a, b := make([]byte, n), make([]byte, n)
 	for i := range a {
 		a[i] = byte(i*7 + 1)
 	}
 	copy(b, a)
+	per := n / threads
+	share := func(t int) (lo, hi int) {
+		lo = t * per
+		if t == threads-1 {
+			return lo, n
+		}
+		return lo, lo + per
+	}
+	// start counts copies begun; done counts shares finished, ever.
+	var start, done atomic.Int64
+	var wg sync.WaitGroup
+	for t := 1; t < threads; t++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			lo, hi := share(t)
+			for gen := int64(1); ; gen++ {
+				for start.Load() < gen {
+					if start.Load() < 0 {
+						return
+					}
+				}
+				copy(b[lo:hi], a[lo:hi])
+				done.Add(1)
+			}
+		}()
+	}
+	lo0, hi0 := share(0)
+	one := func(gen int64) {
+		start.Store(gen)
+		copy(b[lo0:hi0], a[lo0:hi0])
+		want := gen * int64(threads-1)
+		for done.Load() < want {
+		}
+	}
+	one(1) // warm the other threads' caches and pages too
 	var times []float64
-	start := time.Now()
-	for len(times) < 5 || time.Since(start) < minTime {
+	t := time.Now()
+	for gen := int64(2); len(times) < 5 || time.Since(t) < minTime; gen++ {
 		t0 := time.Now()
-		copy(b, a)
+		one(gen)
 		times = append(times, float64(time.Since(t0).Nanoseconds())/1e3)
 		if len(times) >= 1_000_000 {
 			break
 		}
 	}
+	start.Store(-1)
+	wg.Wait()
 	us = interleave.Median(times)
 	if us > 0 {
 		gbps = float64(n) / (us * 1e-6) / 1e9

@@ -1,7 +1,7 @@
 // Command slimebench measures slimego as ../shared/BENCH.md prescribes.
 //
 //	slimerun --standalone --nproc-per-node 2 slimebench allgather -b 8 -e 64M -f 8
-//	slimebench memcpy -b 8 -e 64M
+//	slimebench memcpy -b 8 -e 64M [--threads 2]
 //	slimebench compare slimego.csv openmpi.csv
 //
 // allgather runs under a launcher (slimerun, torchrun, mpirun); rank 0
@@ -69,7 +69,7 @@ func usage() {
 
 commands:
   allgather   AllGather sweep (run it under slimerun, torchrun or mpirun)
-  memcpy      single-core copy bandwidth at the same sizes: the ceiling
+  memcpy      copy bandwidth at the same sizes, one core or --threads N: the ceiling
   d2d         GPU device-to-device copy bandwidth: the GPU all-gather's ceiling
   tcp         raw TCP latency and bandwidth between two ranks (one per node)
   link        AllGather between two nodes beside raw TCP on the same link, interleaved
@@ -224,23 +224,31 @@ func inProcessRanks(ctx context.Context, n int, opts collective.Options, body fu
 func memcpy(args []string) error {
 	fs := pflag.NewFlagSet("slimebench memcpy", pflag.ContinueOnError)
 	sw := sweepFlags(fs)
-	asCSV := fs.Bool("csv", false, "print CSV (impl memcpy, P 1) instead of the table")
+	asCSV := fs.Bool("csv", false, "print CSV (impl memcpy, P = threads) instead of the table")
+	threads := fs.Int("threads", 1, "threads that copy each size together, each its own share (2: the bound of two ranks out of place)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *threads < 1 {
+		return fmt.Errorf("memcpy: --threads %d: want 1 or more", *threads)
 	}
 	sizes, err := sw.sizes()
 	if err != nil {
 		return err
 	}
+	mode := "single-core"
+	if *threads > 1 {
+		mode = fmt.Sprintf("%d-threads", *threads)
+	}
 	var rs []bench.Result
 	for _, n := range sizes {
-		us, gbps := bench.Memcpy(int(n), 200*time.Millisecond)
-		rs = append(rs, bench.Result{Impl: "memcpy", Backend: "cpu", Mode: "single-core", P: 1, Nodes: 1, S: n, Median: us, AlgBW: gbps, BusBW: gbps})
+		us, gbps := bench.MemcpyThreads(int(n), *threads, 200*time.Millisecond)
+		rs = append(rs, bench.Result{Impl: "memcpy", Backend: "cpu", Mode: mode, P: *threads, Nodes: 1, S: n, Median: us, AlgBW: gbps, BusBW: gbps})
 	}
 	if *asCSV {
 		return bench.WriteCSV(os.Stdout, rs)
 	}
-	fmt.Printf("# single-core memcpy between reused buffers\n#%12s %10s %9s\n", "size (B)", "time (us)", "GB/s")
+	fmt.Printf("# memcpy between reused buffers, %d thread(s) each copying its share of the size\n#%12s %10s %9s\n", *threads, "size (B)", "time (us)", "GB/s")
 	for _, r := range rs {
 		fmt.Printf(" %12d %10.2f %9.3f\n", r.S, r.Median, r.BusBW)
 	}
