@@ -1,0 +1,828 @@
+package p2p
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/auth"
+	"github.com/slimego/slimego/internal/netaddr"
+	"github.com/slimego/slimego/inter"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// Options configure an Endpoint. Only Name is required.
+type Options struct {
+	// Name identifies the endpoint among its peers (unique in the job):
+	// Connect finds a peer by it. At most MaxName bytes of UTF-8, no '/'.
+	Name string
+	// Store is the rendezvous store Publish and Connect use (nil: only
+	// ConnectInfo works).
+	Store *rendezvous.Client
+	// Prefix is the store key prefix of this job's endpoints (default
+	// "p2p"); the info of endpoint n is at Prefix+"/info/"+n.
+	Prefix string
+	// Auth is the job's secret and run id: every connection proves both
+	// ways that its two ends hold it (internal/auth, purpose "p2p"). The
+	// zero Auth binds nothing and proves nothing.
+	Auth rendezvous.Auth
+	// ListenIP is the address to listen on; empty picks, as the
+	// collectives do, that of IfName or the one that reaches MasterAddr,
+	// and loopback when both are empty.
+	ListenIP   string
+	IfName     string
+	MasterAddr string
+	// Channels is the number of TCP connections to each peer (default
+	// inter.DefaultChannels); an operation of n bytes is striped over
+	// inter.Stripes(n, Channels) of them.
+	Channels int
+	// Timeout bounds Connect and every Wait whose context has no deadline
+	// (default 5 minutes).
+	Timeout time.Duration
+	// Heartbeat is how long a link may stay silent before its transfers
+	// fail with ErrTimeout (default 5 s). Every connection carries a ping
+	// every Heartbeat/4 when idle.
+	Heartbeat time.Duration
+	// HandshakeTimeout bounds one connection's handshake (default
+	// inter.DefaultHandshakeTimeout).
+	HandshakeTimeout time.Duration
+	// OnRefuse, if set, is called (from a connection's goroutine; it must
+	// not block) with each request this endpoint refused as a target: the
+	// peer, the region and the cause. Refused() counts them.
+	OnRefuse func(error)
+}
+
+// Defaults.
+const (
+	DefaultTimeout   = 5 * time.Minute
+	DefaultHeartbeat = 5 * time.Second
+	// maxChannels bounds the connections of one link (and a hello's count).
+	maxChannels = 64
+	// maxImm bounds the immediates received and not yet taken by Imm.
+	maxImm = 1 << 16
+	// maxPendingRTS bounds the sends announced by a peer before their
+	// receives are posted.
+	maxPendingRTS = 1 << 16
+	purpose       = "p2p"
+)
+
+// Endpoint is one process's side of the engine: its registered regions,
+// its listener and its links to peers. Its methods are safe for concurrent
+// use.
+type Endpoint struct {
+	opts  Options
+	key   auth.Key
+	ln    *net.TCPListener
+	addr  string
+	host  string
+	done  chan struct{}
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	regs  map[uint64]*Region
+	next  uint64 // the next region id
+	peers map[string]*Peer
+	shut  bool
+
+	immMu   sync.Mutex
+	imms    []Imm
+	immWake chan struct{}
+
+	refused atomic.Int64
+}
+
+// Imm is an immediate a peer's WriteWithImm delivered, after the write's
+// bytes.
+type Imm struct {
+	Peer  string
+	Value uint32
+}
+
+// New listens and returns the endpoint. ctx bounds nothing that outlives
+// New (the endpoint keeps no context).
+func New(ctx context.Context, o Options) (*Endpoint, error) {
+	if o.Name == "" {
+		return nil, opErr("new", "", "", ErrInvalid, "Options.Name is empty")
+	}
+	if err := validName(o.Name); err != nil {
+		return nil, &OpError{Op: "new", Err: err}
+	}
+	if o.Prefix == "" {
+		o.Prefix = "p2p"
+	}
+	if o.Channels <= 0 {
+		o.Channels = inter.DefaultChannels
+	}
+	o.Channels = min(o.Channels, maxChannels)
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = DefaultHeartbeat
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = inter.DefaultHandshakeTimeout
+	}
+	ip := o.ListenIP
+	if ip == "" {
+		if o.IfName == "" && o.MasterAddr == "" {
+			ip = "127.0.0.1"
+		} else {
+			var err error
+			if ip, err = netaddr.ListenIP(o.IfName, o.MasterAddr, !netaddr.IsLoopback(o.MasterAddr)); err != nil {
+				return nil, &OpError{Op: "new", Err: fmt.Errorf("%w: %w", ErrInvalid, err)}
+			}
+		}
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		return nil, opErr("new", "", "", ErrInvalid, "listen on %s: %v", ip, err)
+	}
+	var first [8]byte
+	rand.Read(first[:])
+	e := &Endpoint{opts: o, key: auth.NewKey(o.Auth.Secret, o.Auth.Job), ln: ln.(*net.TCPListener), addr: ln.Addr().String(),
+		host: hostID(), done: make(chan struct{}), regs: map[uint64]*Region{}, peers: map[string]*Peer{},
+		immWake: make(chan struct{}, 1), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
+	e.wg.Add(1)
+	go e.acceptLoop()
+	return e, nil
+}
+
+// hostID names this host and pid namespace: two endpoints with the same
+// one can see each other's processes.
+func hostID() string {
+	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	ns, _ := os.Readlink("/proc/self/ns/pid")
+	return strings.TrimSpace(string(boot)) + "/" + ns
+}
+
+// Name is the endpoint's name.
+func (e *Endpoint) Name() string { return e.opts.Name }
+
+// Addr is the address the endpoint listens on.
+func (e *Endpoint) Addr() string { return e.addr }
+
+// Refused counts the requests this endpoint refused as a target.
+func (e *Endpoint) Refused() int64 { return e.refused.Load() }
+
+// Region is registered memory: peers read and write it by its id and key
+// (RemoteRegion). Its memory must stay valid until Deregister returns.
+type Region struct {
+	e    *Endpoint
+	name string
+	id   uint64
+	key  uint64
+	buf  []byte
+	mu   sync.Mutex
+	refs int // requests served on it now (as a target)
+	// users are this side's transfers that read or write it.
+	users   map[*part]struct{}
+	closed  atomic.Bool
+	drained chan struct{} // closed when closed and refs reaches 0
+}
+
+// RemoteRegion is what a peer needs to address a region: its id, its key
+// and its size. Hand it over in an Info (Publish, Peer.Remote) or out of
+// band (MarshalBinary).
+type RemoteRegion struct {
+	Name string
+	ID   uint64
+	Key  uint64
+	Size uint64
+}
+
+// MarshalBinary encodes r in 24 bytes plus the name.
+func (r RemoteRegion) MarshalBinary() ([]byte, error) {
+	b := binary.LittleEndian.AppendUint64(nil, r.ID)
+	b = binary.LittleEndian.AppendUint64(b, r.Key)
+	b = binary.LittleEndian.AppendUint64(b, r.Size)
+	return append(b, r.Name...), nil
+}
+
+// UnmarshalBinary decodes what MarshalBinary made.
+func (r *RemoteRegion) UnmarshalBinary(b []byte) error {
+	if len(b) < 24 || len(b)-24 > MaxName {
+		return fmt.Errorf("%w: a remote region is 24 bytes and a name", ErrInvalid)
+	}
+	n := RemoteRegion{ID: binary.LittleEndian.Uint64(b), Key: binary.LittleEndian.Uint64(b[8:]), Size: binary.LittleEndian.Uint64(b[16:]), Name: string(b[24:])}
+	if err := validName(n.Name); err != nil {
+		return err
+	}
+	if n.Size == 0 || n.Size > MaxLen {
+		return fmt.Errorf("%w: remote region size %d", ErrInvalid, n.Size)
+	}
+	*r = n
+	return nil
+}
+
+// Name is the region's name.
+func (r *Region) Name() string { return r.name }
+
+// Bytes is the region's memory.
+func (r *Region) Bytes() []byte { return r.buf }
+
+// Remote is what a peer needs to address the region.
+func (r *Region) Remote() RemoteRegion {
+	return RemoteRegion{Name: r.name, ID: r.id, Key: r.key, Size: uint64(len(r.buf))}
+}
+
+func (r *Region) label() string { return fmt.Sprintf("%q", r.name) }
+
+// Register makes mem readable and writable by the endpoint's peers and
+// returns its Region, with a fresh random 64-bit key that a request must
+// carry. mem is a []byte, or a device.Buffer of host memory
+// (*device.HostBuffer, symmetric or not). GPU memory (device.CUDABuffer)
+// is not supported yet: ErrInvalid. Registration costs a map insert; it
+// pins nothing (Go's heap does not move).
+func (e *Endpoint) Register(name string, mem any) (*Region, error) {
+	if err := validName(name); err != nil {
+		return nil, &OpError{Op: "register", Region: name, Err: err}
+	}
+	var buf []byte
+	switch m := mem.(type) {
+	case []byte:
+		buf = m
+	case interface{ Bytes() []byte }:
+		buf = m.Bytes()
+	case device.Buffer:
+		return nil, opErr("register", "", name, ErrInvalid, "memory of kind %v: only host memory can be registered yet", m.Kind())
+	default:
+		return nil, opErr("register", "", name, ErrInvalid, "memory of type %T", mem)
+	}
+	if len(buf) == 0 || uint64(len(buf)) > MaxLen {
+		return nil, opErr("register", "", name, ErrInvalid, "%d bytes", len(buf))
+	}
+	var k [8]byte
+	rand.Read(k[:])
+	r := &Region{e: e, name: name, key: binary.LittleEndian.Uint64(k[:]), buf: buf, users: map[*part]struct{}{}, drained: make(chan struct{})}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.shut {
+		return nil, opErr("register", "", name, ErrClosed, "the endpoint is closed")
+	}
+	r.id = e.next
+	e.next++
+	e.regs[r.id] = r
+	return r, nil
+}
+
+// Deregister withdraws r: new requests for it are refused at once
+// (ErrRefused on the peer's side), this side's transfers that use it fail
+// with ErrClosed, and requests being served on it stop at their next chunk
+// and fail on the peer's side. It returns when nothing touches r's memory
+// any more, or with ErrTimeout when ctx (or Options.Timeout) ends first,
+// in which case r's memory must not be reused.
+func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
+	if r == nil || r.e != e {
+		return opErr("deregister", "", "", ErrInvalid, "not a region of this endpoint")
+	}
+	e.mu.Lock()
+	delete(e.regs, r.id)
+	e.mu.Unlock()
+	r.mu.Lock()
+	first := !r.closed.Swap(true)
+	users := make([]*part, 0, len(r.users))
+	for p := range r.users {
+		users = append(users, p)
+	}
+	if first && r.refs == 0 {
+		close(r.drained)
+	}
+	r.mu.Unlock()
+	for _, p := range users {
+		p.finish(opErr(p.f.op, p.f.peer, r.label(), ErrClosed, "the region was deregistered during the transfer"))
+	}
+	ctx, cancel := e.bound(ctx)
+	defer cancel()
+	select {
+	case <-r.drained:
+		return nil
+	case <-ctx.Done():
+		return opErr("deregister", "", r.label(), ErrTimeout, "a peer's request still uses it")
+	}
+}
+
+// bound is ctx, bounded by Options.Timeout when it has no deadline.
+func (e *Endpoint) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, e.opts.Timeout)
+}
+
+// acquire checks the descriptors of a request as its target: every region
+// registered and not deregistered, every key right (compared in constant
+// time), every range inside its region. On success it takes a reference on
+// each region (released by release) and returns the memory of each range;
+// on failure it takes nothing and says why.
+func (e *Endpoint) acquire(ds []desc, segs [][]byte, regs []*Region) ([][]byte, []*Region, uint8, string) {
+	segs, regs = segs[:0], regs[:0]
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, d := range ds {
+		r := e.regs[d.region]
+		var k [8]byte
+		binary.LittleEndian.PutUint64(k[:], d.key)
+		var rk [8]byte
+		if r != nil {
+			binary.LittleEndian.PutUint64(rk[:], r.key)
+		}
+		switch {
+		case r == nil || r.closed.Load():
+			return segs, regs, stNoRegion, fmt.Sprintf("descriptor %d: region id %d", i, d.region)
+		case subtle.ConstantTimeCompare(k[:], rk[:]) != 1:
+			return segs, regs, stKey, fmt.Sprintf("descriptor %d: region %s: a wrong key", i, r.label())
+		case d.off > uint64(len(r.buf)) || d.len > uint64(len(r.buf))-d.off:
+			return segs, regs, stBounds, fmt.Sprintf("descriptor %d: region %s: bytes %d to %d of %d", i, r.label(), d.off, d.off+d.len, len(r.buf))
+		}
+		segs = append(segs, r.buf[d.off:d.off+d.len])
+		regs = append(regs, r)
+	}
+	for _, r := range regs {
+		r.mu.Lock()
+		r.refs++
+		r.mu.Unlock()
+	}
+	return segs, regs, stOK, ""
+}
+
+func (e *Endpoint) release(regs []*Region) {
+	for _, r := range regs {
+		r.mu.Lock()
+		r.refs--
+		if r.refs == 0 && r.closed.Load() {
+			select {
+			case <-r.drained:
+			default:
+				close(r.drained)
+			}
+		}
+		r.mu.Unlock()
+	}
+}
+
+// refuse records a refusal as a target.
+func (e *Endpoint) refuse(peer, op string, st uint8, detail string) {
+	e.refused.Add(1)
+	if e.opts.OnRefuse != nil {
+		e.opts.OnRefuse(opErr("serve "+op, peer, "", ErrRefused, "%s: %s", statusText[st], detail))
+	}
+}
+
+// Info is the endpoint's description for out-of-band exchange: its name,
+// address, host and the regions registered now (up to MaxInfoRegions).
+// A peer passes it to ConnectInfo.
+func (e *Endpoint) Info() []byte {
+	in := info{name: e.opts.Name, addr: e.addr, host: e.host, pid: uint32(os.Getpid())}
+	e.mu.Lock()
+	for _, r := range e.regs {
+		if len(in.regions) < MaxInfoRegions {
+			in.regions = append(in.regions, r.Remote())
+		}
+	}
+	e.mu.Unlock()
+	return in.encode()
+}
+
+func (e *Endpoint) infoKey(name string) string { return e.opts.Prefix + "/info/" + name }
+
+// Publish puts Info in the store, where Connect finds it. Publish again
+// after registering regions that peers should find by name.
+func (e *Endpoint) Publish(ctx context.Context) error {
+	if e.opts.Store == nil {
+		return opErr("publish", "", "", ErrInvalid, "no store in Options")
+	}
+	ctx, cancel := e.bound(ctx)
+	defer cancel()
+	if err := e.opts.Store.Set(ctx, e.infoKey(e.opts.Name), e.Info()); err != nil {
+		return opErr("publish", "", "", ErrPeerLost, "the store: %v", err)
+	}
+	return nil
+}
+
+// Connect returns the link to the endpoint named name, waiting in the
+// store for its Info (bounded by ctx, or Options.Timeout) and connecting
+// when there is no link yet. Both ends may call it, at once or not: there
+// is one link per pair, and either side may start any operation on it.
+func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
+	if e.opts.Store == nil {
+		return nil, opErr("connect", name, "", ErrInvalid, "no store in Options: use ConnectInfo")
+	}
+	if err := validName(name); err != nil || name == "" {
+		return nil, opErr("connect", name, "", ErrInvalid, "a peer's name")
+	}
+	ctx, cancel := e.bound(ctx)
+	defer cancel()
+	v, err := e.opts.Store.Get(ctx, e.infoKey(name))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, opErr("connect", name, "", ErrTimeout, "it never published its info: %v", err)
+		}
+		return nil, opErr("connect", name, "", ErrPeerLost, "the store: %v", err)
+	}
+	return e.ConnectInfo(ctx, v)
+}
+
+// ConnectInfo is Connect with the peer's Info handed over out of band.
+// Nothing in it is trusted: it is parsed strictly, and its address must be
+// a literal ip:port.
+func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, error) {
+	in, err := decodeInfo(infoBytes)
+	if err != nil {
+		return nil, &OpError{Op: "connect", Err: err}
+	}
+	if in.name == e.opts.Name {
+		return nil, opErr("connect", in.name, "", ErrInvalid, "that is this endpoint's own name")
+	}
+	ctx, cancel := e.bound(ctx)
+	defer cancel()
+	e.mu.Lock()
+	if e.shut {
+		e.mu.Unlock()
+		return nil, opErr("connect", in.name, "", ErrClosed, "the endpoint is closed")
+	}
+	p := e.peers[in.name]
+	dial := p == nil
+	if dial {
+		p = newPeer(e, in.name)
+		p.dialing = true
+		e.peers[in.name] = p
+	}
+	p.setInfo(in)
+	e.mu.Unlock()
+	if dial {
+		if err := e.dial(ctx, p, in); err != nil && !errors.Is(err, errDup) {
+			e.dropPeer(p, err)
+			return nil, err
+		}
+	}
+	select {
+	case <-p.ready:
+		if p.err != nil {
+			return nil, p.err
+		}
+		return p, nil
+	case <-ctx.Done():
+		err := opErr("connect", in.name, "", ErrTimeout, "the link was not made in time")
+		e.dropPeer(p, err)
+		return nil, err
+	}
+}
+
+// dropPeer forgets p if it is not linked yet, failing its waiters.
+func (e *Endpoint) dropPeer(p *Peer, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if p.l == nil && p.err == nil {
+		p.err = err
+		close(p.ready)
+	}
+	if e.peers[p.name] == p && p.l == nil {
+		delete(e.peers, p.name)
+	}
+}
+
+var errDup = errors.New("p2p: the peer links to this endpoint itself")
+
+// dial makes the link's connections to in.addr: each dialed, proven
+// (internal/auth) and introduced by a hello naming this endpoint, the
+// channel and a session id.
+func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
+	addr, err := inter.ParseAddr(in.addr)
+	if err != nil {
+		return opErr("connect", in.name, "", ErrInvalid, "%v", err)
+	}
+	var s [8]byte
+	rand.Read(s[:])
+	session := binary.LittleEndian.Uint64(s[:])
+	n := e.opts.Channels
+	conns := make([]*net.TCPConn, 0, n)
+	closeAll := func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	d := net.Dialer{Timeout: time.Second}
+	for ch := range n {
+		var c net.Conn
+		for wait := 10 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+			c, err = d.DialContext(ctx, "tcp", addr)
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+			}
+		}
+		if err != nil {
+			closeAll()
+			return opErr("connect", in.name, "", ErrTimeout, "dial %s: %v", addr, err)
+		}
+		tc := c.(*net.TCPConn)
+		conns = append(conns, tc)
+		dl := time.Now().Add(e.opts.HandshakeTimeout)
+		if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+			dl = d
+		}
+		if err := auth.Connect(tc, e.key, purpose, dl); err != nil {
+			closeAll()
+			return opErr("connect", in.name, "", ErrRefused, "%s: %v", addr, err)
+		}
+		h := header{kind: kHello, id: session, a: uint64(ch), b: uint32(n), payload: uint32(len(e.opts.Name))}
+		var b [HeaderSize + MaxName]byte
+		h.put(b[:])
+		copy(b[HeaderSize:], e.opts.Name)
+		tc.SetDeadline(dl)
+		if _, err := tc.Write(b[:HeaderSize+len(e.opts.Name)]); err != nil {
+			closeAll()
+			return opErr("connect", in.name, "", ErrPeerLost, "hello to %s: %v", addr, err)
+		}
+		if _, err := readFull(tc, b[:HeaderSize]); err != nil {
+			closeAll()
+			return opErr("connect", in.name, "", ErrPeerLost, "hello's answer from %s: %v", addr, err)
+		}
+		ah, err := decodeHeader(b[:HeaderSize])
+		if err == nil && ah.kind != kHelloAck {
+			err = fmt.Errorf("%w: kind %d, want a hello's answer", ErrFrame, ah.kind)
+		}
+		if err != nil {
+			closeAll()
+			return opErr("connect", in.name, "", ErrRefused, "%s: %v", addr, err)
+		}
+		switch ah.status {
+		case stDup:
+			closeAll()
+			return errDup
+		case stRefusedHello:
+			closeAll()
+			return opErr("connect", in.name, "", ErrRefused, "%s refused the link", addr)
+		}
+		tc.SetDeadline(time.Time{})
+	}
+	if err := e.install(p, conns, in, session); err != nil {
+		closeAll()
+		return err
+	}
+	return nil
+}
+
+// readFull is io.ReadFull on a net.Conn.
+func readFull(c net.Conn, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := c.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// install makes a link of conns for p and starts its goroutines; if p
+// already has one (the peer's own dial won), conns are surplus.
+func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, in info, session uint64) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.shut {
+		return opErr("connect", p.name, "", ErrClosed, "the endpoint is closed")
+	}
+	if p.l != nil {
+		return errDup
+	}
+	if p.err != nil {
+		return p.err
+	}
+	p.l = newLink(e, p, conns, in)
+	p.dialing = false
+	close(p.ready)
+	p.l.start()
+	return nil
+}
+
+// acceptLoop accepts connections until Close; each one's handshake and
+// hello run in a goroutine of their own, bounded by HandshakeTimeout.
+func (e *Endpoint) acceptLoop() {
+	defer e.wg.Done()
+	var pendMu sync.Mutex
+	pending := map[uint64]*pendingLink{}
+	for {
+		c, err := e.ln.AcceptTCP()
+		if err != nil {
+			select {
+			case <-e.done:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.greet(c, &pendMu, pending)
+		}()
+	}
+}
+
+// pendingLink gathers the connections of a link being accepted.
+type pendingLink struct {
+	name  string
+	conns []*net.TCPConn
+	n     int
+	at    time.Time
+}
+
+// greet runs the acceptor's side of one connection: the handshake, the
+// hello, and, when the hello's session has all its channels, the link.
+func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pendingLink) {
+	dl := time.Now().Add(e.opts.HandshakeTimeout)
+	if err := auth.Accept(c, e.key, purpose, dl); err != nil {
+		c.Close()
+		return
+	}
+	c.SetDeadline(dl)
+	var b [HeaderSize + MaxName]byte
+	if _, err := readFull(c, b[:HeaderSize]); err != nil {
+		c.Close()
+		return
+	}
+	h, err := decodeHeader(b[:HeaderSize])
+	if err != nil || h.kind != kHello {
+		c.Close()
+		return
+	}
+	if _, err := readFull(c, b[HeaderSize:HeaderSize+int(h.payload)]); err != nil {
+		c.Close()
+		return
+	}
+	name := string(b[HeaderSize : HeaderSize+int(h.payload)])
+	answer := func(st uint8) bool {
+		a := header{kind: kHelloAck, status: st}
+		a.put(b[:])
+		_, err := c.Write(b[:HeaderSize])
+		return err == nil
+	}
+	if validName(name) != nil || name == e.opts.Name || int(h.b) != e.opts.Channels {
+		answer(stRefusedHello)
+		c.Close()
+		return
+	}
+	// A link to this peer made, or being made by the lower name, wins.
+	e.mu.Lock()
+	p := e.peers[name]
+	dup := p != nil && (p.l != nil || p.dialing && e.opts.Name < name)
+	e.mu.Unlock()
+	if dup {
+		answer(stDup)
+		c.Close()
+		return
+	}
+	if !answer(stOK) {
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Time{})
+	mu.Lock()
+	pl := pending[h.id]
+	if pl == nil {
+		pl = &pendingLink{name: name, conns: make([]*net.TCPConn, h.b), at: time.Now()}
+		pending[h.id] = pl
+	}
+	for id, q := range pending { // forget sessions that never completed
+		if time.Since(q.at) > 2*e.opts.HandshakeTimeout {
+			for _, c := range q.conns {
+				if c != nil {
+					c.Close()
+				}
+			}
+			delete(pending, id)
+		}
+	}
+	if pl.name != name || pl.conns[h.a] != nil {
+		mu.Unlock()
+		c.Close()
+		return
+	}
+	pl.conns[h.a] = c
+	pl.n++
+	if pl.n < len(pl.conns) {
+		mu.Unlock()
+		return
+	}
+	delete(pending, h.id)
+	mu.Unlock()
+	e.mu.Lock()
+	p = e.peers[name]
+	if p == nil || p.l != nil || p.err != nil {
+		if p != nil && p.l != nil {
+			e.mu.Unlock()
+			for _, c := range pl.conns {
+				c.Close()
+			}
+			return
+		}
+		p = newPeer(e, name)
+		e.peers[name] = p
+	}
+	e.mu.Unlock()
+	// The peer's info (its pid and host) is in the store or was handed
+	// over; an accepted link knows the peer by its connections alone.
+	if err := e.install(p, pl.conns, p.getInfo(), h.id); err != nil {
+		for _, c := range pl.conns {
+			c.Close()
+		}
+	}
+}
+
+// Peer returns the link to the endpoint named name if one is made (by
+// either side), or nil.
+func (e *Endpoint) Peer(name string) *Peer {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if p := e.peers[name]; p != nil && p.l != nil {
+		return p
+	}
+	return nil
+}
+
+// Imm returns the next immediate a peer's WriteWithImm delivered (in the
+// order they arrived), waiting until ctx ends (or Options.Timeout).
+func (e *Endpoint) Imm(ctx context.Context) (Imm, error) {
+	ctx, cancel := e.bound(ctx)
+	defer cancel()
+	for {
+		e.immMu.Lock()
+		if len(e.imms) > 0 {
+			v := e.imms[0]
+			e.imms = e.imms[1:]
+			e.immMu.Unlock()
+			return v, nil
+		}
+		e.immMu.Unlock()
+		select {
+		case <-e.immWake:
+		case <-e.done:
+			return Imm{}, opErr("imm", "", "", ErrClosed, "the endpoint is closed")
+		case <-ctx.Done():
+			return Imm{}, opErr("imm", "", "", ErrTimeout, "no immediate arrived")
+		}
+	}
+}
+
+func (e *Endpoint) pushImm(v Imm) bool {
+	e.immMu.Lock()
+	defer e.immMu.Unlock()
+	if len(e.imms) >= maxImm {
+		return false
+	}
+	e.imms = append(e.imms, v)
+	select {
+	case e.immWake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// Close closes every link (their transfers fail with ErrClosed) and the
+// listener, and returns when every goroutine of the endpoint has ended.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	if e.shut {
+		e.mu.Unlock()
+		return nil
+	}
+	e.shut = true
+	close(e.done)
+	peers := make([]*Peer, 0, len(e.peers))
+	for _, p := range e.peers {
+		peers = append(peers, p)
+	}
+	e.mu.Unlock()
+	e.ln.Close()
+	for _, p := range peers {
+		if p.l != nil {
+			p.l.fail(opErr("close", p.name, "", ErrClosed, "the endpoint was closed"))
+		} else {
+			e.dropPeer(p, opErr("connect", p.name, "", ErrClosed, "the endpoint was closed"))
+		}
+	}
+	e.wg.Wait()
+	return nil
+}
+
+func itoa(n uint64) string { return strconv.FormatUint(n, 10) }

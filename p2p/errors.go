@@ -1,0 +1,67 @@
+package p2p
+
+import (
+	"errors"
+	"fmt"
+)
+
+// The sentinels every error of this package wraps; test with errors.Is.
+var (
+	// ErrRefused: the target refused a request (outside a registered
+	// region, a wrong key, a region never registered or deregistered, a
+	// message larger than the posted receive), or refused the connection.
+	// Nothing was read or written.
+	ErrRefused = errors.New("p2p: refused")
+	// ErrTimeout: a deadline passed (the call's context, Options.Timeout,
+	// or the heartbeat deadline of a link gone silent).
+	ErrTimeout = errors.New("p2p: timeout")
+	// ErrPeerLost: the peer's process exited or its connection closed.
+	ErrPeerLost = errors.New("p2p: peer lost")
+	// ErrInvalid: an argument is wrong on this side alone (an operation
+	// outside a local region, a batch too large, a malformed Info).
+	ErrInvalid = errors.New("p2p: invalid argument")
+	// ErrClosed: the endpoint was closed, or the region deregistered.
+	ErrClosed = errors.New("p2p: closed")
+	// ErrCancelled: the transfer was given up (its context ended, or the
+	// other side cancelled its half).
+	ErrCancelled = errors.New("p2p: cancelled")
+)
+
+// OpError is what a failed call returns: the operation, the peer and the
+// region it concerns (empty when none), and the cause, which wraps one of
+// the sentinels.
+type OpError struct {
+	Op     string // "read", "write", "imm", "send", "recv", "connect", "deregister", "serve read"...
+	Peer   string
+	Region string
+	Err    error
+}
+
+func (e *OpError) Error() string {
+	s := "p2p: " + e.Op
+	if e.Peer != "" {
+		s += " peer " + fmt.Sprintf("%q", e.Peer)
+	}
+	if e.Region != "" {
+		s += " region " + e.Region
+	}
+	return s + ": " + e.Err.Error()
+}
+
+func (e *OpError) Unwrap() error { return e.Err }
+
+func opErr(op, peer, region string, sentinel error, format string, args ...any) *OpError {
+	return &OpError{Op: op, Peer: peer, Region: region, Err: fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)}
+}
+
+// statusErr is the sentinel and text of a refusal by status.
+func statusErr(st uint8) error {
+	s := "status " + fmt.Sprint(st)
+	if int(st) < len(statusText) {
+		s = statusText[st]
+	}
+	if st == stCancelled {
+		return fmt.Errorf("%w by the peer", ErrCancelled)
+	}
+	return fmt.Errorf("%w: %s", ErrRefused, s)
+}

@@ -1,0 +1,110 @@
+package p2p
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// Future is the result of one call (a batched Read or Write, an
+// immediate, a Send or a Recv), which may have been split into parts over
+// several connections.
+type Future struct {
+	op, peer  string
+	transport string
+	done      chan struct{}
+	left      atomic.Int32
+	mu        sync.Mutex
+	err       error
+	parts     []*part
+	n         int // Recv: the message's length
+	// WriteWithImm: the immediate's part, sent when writesLeft parts have
+	// succeeded.
+	then       *part
+	writesLeft atomic.Int32
+}
+
+func newFuture(op, peer, transport string) *Future {
+	return &Future{op: op, peer: peer, transport: transport, done: make(chan struct{})}
+}
+
+// failed returns a Future that is already done with err.
+func failed(op, peer string, err error) *Future {
+	f := newFuture(op, peer, "")
+	f.err = err
+	close(f.done)
+	return f
+}
+
+func (f *Future) partDone(err error) {
+	if err != nil {
+		f.mu.Lock()
+		if f.err == nil {
+			f.err = err
+		}
+		parts := f.parts
+		f.mu.Unlock()
+		// One part failed: the call has, so the others stop too.
+		for _, p := range parts {
+			p.finish(err)
+		}
+	}
+	if f.left.Add(-1) == 0 {
+		close(f.done)
+	}
+}
+
+// Wait returns when the transfer is done: nil once every byte is in place
+// (a Write's bytes in the peer's region, a Read's in this side's), or the
+// first error. If ctx ends first (or Options.Timeout passes, when ctx has
+// no deadline), the transfer is cancelled and Wait returns ErrCancelled or
+// ErrTimeout; once it has returned nothing of the transfer touches this
+// side's memory any more (a late answer is dropped), so the buffers may be
+// reused at once. A Write's bytes in the peer's region are then undefined.
+func (f *Future) Wait(ctx context.Context) error {
+	select {
+	case <-f.done:
+		return f.result()
+	default:
+	}
+	var to <-chan struct{}
+	if len(f.parts) > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = f.parts[0].l.e.bound(ctx)
+		defer cancel()
+		to = ctx.Done()
+	} else {
+		to = ctx.Done()
+	}
+	select {
+	case <-f.done:
+	case <-to:
+		sentinel := ErrCancelled
+		if ctx.Err() == context.DeadlineExceeded {
+			sentinel = ErrTimeout
+		}
+		err := opErr(f.op, f.peer, "", sentinel, "the wait ended: %v", ctx.Err())
+		for _, p := range f.parts {
+			p.finish(err)
+		}
+		<-f.done // every part is finished: this does not block
+	}
+	return f.result()
+}
+
+func (f *Future) result() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
+// Done is closed when the transfer is done (Wait then returns at once).
+func (f *Future) Done() <-chan struct{} { return f.done }
+
+// Transport names the transport that carried the transfer: "tcp" (or ""
+// for a call that failed before it started).
+func (f *Future) Transport() string { return f.transport }
+
+// Len is the length of the message a Recv received (valid after Wait
+// returned nil).
+func (f *Future) Len() int { return f.n }

@@ -1,0 +1,846 @@
+package p2p
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/slimego/slimego/inter"
+)
+
+// transport carries one peer's transfers. A link chooses it at Connect
+// and every Future reports its name. The TCP link is the one there is; a
+// verbs (RDMA) transport would implement submit by posting work requests
+// against the peer's registered memory (its rkey is RemoteRegion.Key)
+// and complete parts from its completion queue, with the same part and
+// Future bookkeeping, so that cancellation, deregistration and a lost
+// peer keep their meaning.
+type transport interface {
+	// name is what Future.Transport reports.
+	name() string
+	// submit starts part p (registered in the link's maps already).
+	submit(p *part)
+	// fail ends every transfer of the transport with err.
+	fail(err error)
+}
+
+// Peer is the link to one other endpoint. Its methods start transfers and
+// return at once; each returns a *Future. They are safe for concurrent use;
+// Sends are matched with the peer's Recvs in the order each side called
+// them.
+type Peer struct {
+	e       *Endpoint
+	name    string
+	ready   chan struct{} // closed when l or err is set
+	dialing bool
+	l       *link
+	err     error
+	imu     sync.Mutex
+	in      info
+}
+
+func newPeer(e *Endpoint, name string) *Peer { return &Peer{e: e, name: name, ready: make(chan struct{})} }
+
+func (p *Peer) setInfo(in info) { p.imu.Lock(); p.in = in; p.imu.Unlock() }
+func (p *Peer) getInfo() info   { p.imu.Lock(); defer p.imu.Unlock(); return p.in }
+
+// Name is the peer's name.
+func (p *Peer) Name() string { return p.name }
+
+// Transport names the transport of the link: "tcp".
+func (p *Peer) Transport() string { return p.l.name() }
+
+// Remote returns the peer's region named name as its Info listed it at
+// Connect (ok false when it did not).
+func (p *Peer) Remote(name string) (RemoteRegion, bool) {
+	for _, r := range p.getInfo().regions {
+		if r.Name == name {
+			return r, true
+		}
+	}
+	return RemoteRegion{}, false
+}
+
+// Op is one range of a batched Read or Write: Len bytes at LocalOff of
+// Local and at RemoteOff of Remote.
+type Op struct {
+	Local     *Region
+	LocalOff  int
+	Remote    RemoteRegion
+	RemoteOff int
+	Len       int
+}
+
+// part is one request of a call on one connection. Its memory is touched
+// only by a goroutine that holds mu and finds it active, so that once
+// finish returns nothing touches it again.
+type part struct {
+	l      *link
+	f      *Future
+	kind   uint8
+	id     uint64
+	ch     int
+	mu     sync.Mutex
+	active bool
+	local  [][]byte // this side's ranges, in order
+	descs  []desc // the whole batch's
+	lo     uint64 // where the part's stripe starts in the batch's bytes
+	total  uint64 // the stripe's bytes
+	imm    uint32
+	regs   []*Region // this side's regions (Deregister fails the part)
+	cts    bool      // a send: the receiver is ready
+}
+
+// finish ends p with err (nil: success) unless it has ended already.
+func (p *part) finish(err error) {
+	p.mu.Lock()
+	if !p.active {
+		p.mu.Unlock()
+		return
+	}
+	p.active = false
+	p.mu.Unlock()
+	for _, r := range p.regs {
+		r.mu.Lock()
+		delete(r.users, p)
+		r.mu.Unlock()
+	}
+	p.l.forget(p)
+	if f := p.f; err == nil && p.kind == rWrite && f.then != nil && f.writesLeft.Add(-1) == 0 {
+		p.l.submit(f.then)
+	}
+	p.f.partDone(err)
+}
+
+// link is the TCP transport of one peer: Channels connections, each with
+// a reader and a writer goroutine. Either end may start requests on any
+// connection; a request and its bytes travel on one connection, whole.
+type link struct {
+	e     *Endpoint
+	p     *Peer
+	conns []*conn
+	hb    time.Duration
+
+	mu      sync.Mutex
+	err     error
+	nextID  uint64
+	parts   map[uint64]*part // this side's reads, writes and immediates
+	sends   map[uint64]*part // this side's sends, by sequence
+	recvs   map[uint64]*part // this side's posted receives, by sequence
+	rts     map[uint64]uint64
+	sendSeq uint64
+	recvSeq uint64
+	rr      int // the next connection for a small request
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+type conn struct {
+	l   *link
+	idx int
+	c   *net.TCPConn
+	rd  inter.Reader
+
+	qmu  sync.Mutex
+	q    []job
+	dead bool // the writer has ended: jobs are dropped
+	wake chan struct{}
+
+	whdr    [HeaderSize]byte
+	rhdr    [HeaderSize]byte
+	desc    []byte
+	descs   []desc
+	segs    [][]byte
+	regs    []*Region
+	scratch []byte
+	bufs    net.Buffers
+}
+
+// job is what a connection's writer writes, whole, before the next.
+type job interface{ write(c *conn) error }
+
+func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, in info) *link {
+	l := &link{e: e, p: p, hb: e.opts.Heartbeat, parts: map[uint64]*part{}, sends: map[uint64]*part{},
+		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, stop: make(chan struct{})}
+	for i, tc := range tcs {
+		tc.SetNoDelay(true)
+		tc.SetWriteBuffer(inter.DefaultSockBuf)
+		l.conns = append(l.conns, &conn{l: l, idx: i, c: tc, rd: inter.NewReader(tc, inter.DefaultLowat), wake: make(chan struct{}, 1)})
+	}
+	return l
+}
+
+func (l *link) name() string { return "tcp" }
+
+func (l *link) start() {
+	for _, c := range l.conns {
+		l.wg.Add(3)
+		go func() { defer l.wg.Done(); c.reader() }()
+		go func() { defer l.wg.Done(); c.writer() }()
+		go func() { defer l.wg.Done(); c.pinger() }()
+	}
+	l.e.wg.Add(1)
+	go func() { defer l.e.wg.Done(); <-l.stop; l.wg.Wait() }()
+}
+
+// fail ends the link: its connections close, and every transfer on it
+// fails with err (the first cause wins).
+func (l *link) fail(err error) {
+	l.mu.Lock()
+	if l.err != nil {
+		l.mu.Unlock()
+		return
+	}
+	l.err = err
+	close(l.stop)
+	var all []*part
+	for _, m := range []map[uint64]*part{l.parts, l.sends, l.recvs} {
+		for _, p := range m {
+			all = append(all, p)
+		}
+	}
+	l.mu.Unlock()
+	for _, c := range l.conns {
+		c.c.Close()
+	}
+	for _, p := range all {
+		p.finish(err)
+	}
+	// The peer may be linked again by a later Connect.
+	e := l.e
+	e.mu.Lock()
+	if e.peers[l.p.name] == l.p {
+		delete(e.peers, l.p.name)
+	}
+	e.mu.Unlock()
+}
+
+func (l *link) failed() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+func (l *link) forget(p *part) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch p.kind {
+	case rSend:
+		if l.sends[p.id] == p {
+			delete(l.sends, p.id)
+		}
+	case rCTS:
+		if l.recvs[p.id] == p {
+			delete(l.recvs, p.id)
+		}
+	default:
+		if l.parts[p.id] == p {
+			delete(l.parts, p.id)
+		}
+	}
+}
+
+// enqueue hands j to connection ch's writer.
+func (l *link) enqueue(ch int, j job) {
+	fenceRelease()
+	c := l.conns[ch]
+	c.qmu.Lock()
+	if c.dead {
+		c.qmu.Unlock()
+		dropJob(l, j)
+		return
+	}
+	c.q = append(c.q, j)
+	c.qmu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// dropJob releases what a job that will never be written holds.
+func dropJob(l *link, j job) {
+	if s, ok := j.(serveRead); ok {
+		l.e.release(s.regs)
+	}
+}
+
+func (c *conn) writer() {
+	defer func() {
+		c.qmu.Lock()
+		c.dead = true
+		q := c.q
+		c.q = nil
+		c.qmu.Unlock()
+		for _, j := range q {
+			dropJob(c.l, j)
+		}
+	}()
+	for {
+		c.qmu.Lock()
+		var j job
+		if len(c.q) > 0 {
+			j = c.q[0]
+			c.q[0] = nil
+			c.q = c.q[1:]
+		}
+		c.qmu.Unlock()
+		if j == nil {
+			select {
+			case <-c.wake:
+				continue
+			case <-c.l.stop:
+				return
+			}
+		}
+		if err := j.write(c); err != nil {
+			c.l.fail(c.classify(err, "sending"))
+			return
+		}
+	}
+}
+
+// pinger queues a ping every Heartbeat/4 while the writer has nothing
+// queued, so that a live peer is never silent for a heartbeat.
+func (c *conn) pinger() {
+	t := time.NewTicker(c.l.hb / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			c.qmu.Lock()
+			idle := len(c.q) == 0
+			c.qmu.Unlock()
+			if idle {
+				c.l.enqueue(c.idx, frame{kind: kPing})
+			}
+		case <-c.l.stop:
+			return
+		}
+	}
+}
+
+// classify maps a socket error to the package's errors.
+func (c *conn) classify(err error, what string) error {
+	peer := c.l.p.name
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return opErr(what, peer, "", ErrTimeout, "the link was silent for the heartbeat deadline (%v)", c.l.hb)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed):
+		return opErr(what, peer, "", ErrPeerLost, "connection %d closed", c.idx)
+	case errors.Is(err, ErrFrame):
+		return opErr(what, peer, "", ErrPeerLost, "connection %d: %v", c.idx, err)
+	}
+	return opErr(what, peer, "", ErrPeerLost, "connection %d: %v", c.idx, err)
+}
+
+// send writes the header h and the payload pieces in one vectored write,
+// within the heartbeat deadline.
+func (c *conn) send(h header, pieces ...[]byte) error {
+	h.put(c.whdr[:])
+	c.bufs = append(c.bufs[:0], c.whdr[:])
+	for _, p := range pieces {
+		if len(p) > 0 {
+			c.bufs = append(c.bufs, p)
+		}
+	}
+	c.c.SetWriteDeadline(time.Now().Add(c.l.hb))
+	_, err := c.bufs.WriteTo(c.c)
+	c.bufs = c.bufs[:0]
+	return err
+}
+
+// frame is a job of one frame without payload.
+type frame header
+
+func (f frame) write(c *conn) error { return c.send(header(f)) }
+
+// cursor walks a list of ranges.
+type cursor struct {
+	segs [][]byte
+	i, o int
+}
+
+// next returns up to n bytes of the current range and advances past them.
+func (k *cursor) next(n int) []byte {
+	for k.i < len(k.segs) && k.o == len(k.segs[k.i]) {
+		k.i, k.o = k.i+1, 0
+	}
+	if k.i == len(k.segs) {
+		return nil
+	}
+	s := k.segs[k.i][k.o:]
+	s = s[:min(n, len(s))]
+	k.o += len(s)
+	return s
+}
+
+// sendChunks writes total bytes of segs as data frames of up to ChunkMax,
+// each under lock (nil: none), checking ok before each; when ok says
+// stop, it writes an end frame for id with the status it gives instead of
+// the rest.
+func (c *conn) sendChunks(id uint64, segs [][]byte, total uint64, lock *sync.Mutex, ok func() uint8) error {
+	k := cursor{segs: segs}
+	for sent := uint64(0); sent < total; {
+		n := int(min(total-sent, ChunkMax))
+		if lock != nil {
+			lock.Lock()
+		}
+		if st := ok(); st != stOK {
+			if lock != nil {
+				lock.Unlock()
+			}
+			return c.send(header{kind: kEnd, id: id, status: st})
+		}
+		pieces := make([][]byte, 0, 4)
+		for got := 0; got < n; {
+			s := k.next(n - got)
+			pieces = append(pieces, s)
+			got += len(s)
+		}
+		err := c.send(header{kind: kData, id: id, payload: uint32(n)}, pieces...)
+		if lock != nil {
+			lock.Unlock()
+		}
+		if err != nil {
+			return err
+		}
+		sent += uint64(n)
+	}
+	return nil
+}
+
+// reqJob writes a read or write request, and a write's bytes.
+type reqJob struct{ p *part }
+
+func (j reqJob) write(c *conn) error {
+	p := j.p
+	p.mu.Lock()
+	if !p.active { // cancelled before it was sent: the peer never hears of it
+		p.mu.Unlock()
+		return nil
+	}
+	size := stripeSize + len(p.descs)*DescSize
+	if len(c.desc) < size {
+		c.desc = make([]byte, size)
+	}
+	binary.LittleEndian.PutUint64(c.desc, p.lo)
+	for i := range p.descs {
+		p.descs[i].put(c.desc[stripeSize+i*DescSize:])
+	}
+	h := header{kind: kReq, sub: p.kind, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)}
+	if p.kind == rImm {
+		h = header{kind: kReq, sub: rImm, id: p.id, a: uint64(p.imm)}
+	}
+	err := c.send(h, c.desc[:h.payload])
+	p.mu.Unlock()
+	if err != nil || p.kind != rWrite {
+		return err
+	}
+	return c.sendChunks(p.id, p.local, p.total, &p.mu, func() uint8 {
+		if !p.active {
+			return stCancelled
+		}
+		return stOK
+	})
+}
+
+// sendJob writes a send's bytes once the receiver is ready.
+type sendJob struct{ p *part }
+
+func (j sendJob) write(c *conn) error {
+	p := j.p
+	if err := c.send(header{kind: kReq, sub: rSend, id: p.id, a: p.total}); err != nil {
+		return err
+	}
+	return c.sendChunks(p.id, p.local, p.total, &p.mu, func() uint8 {
+		if !p.active {
+			return stCancelled
+		}
+		return stOK
+	})
+}
+
+// abandonedSend answers a clear-to-send whose send was cancelled: the
+// receiver learns at once.
+func abandonedSend(id uint64) frame {
+	return frame{kind: kReq, sub: rSend, id: id, status: stCancelled}
+}
+
+// serveRead answers a read request this side accepted: its bytes, chunk
+// by chunk, stopping at the first chunk after a region was deregistered.
+type serveRead struct {
+	id    uint64
+	total uint64
+	segs  [][]byte
+	regs  []*Region
+}
+
+func (j serveRead) write(c *conn) error {
+	defer c.l.e.release(j.regs)
+	if err := c.send(header{kind: kResp, sub: rRead, id: j.id, a: j.total}); err != nil {
+		return err
+	}
+	return c.sendChunks(j.id, j.segs, j.total, nil, func() uint8 {
+		for _, r := range j.regs {
+			if r.closed.Load() {
+				c.l.e.refuse(c.l.p.name, "read", stNoRegion, "region "+r.label()+" deregistered during the transfer")
+				return stNoRegion
+			}
+		}
+		return stOK
+	})
+}
+
+// reader reads frames until the link ends; every read must start within
+// the heartbeat deadline.
+func (c *conn) reader() {
+	for {
+		h, err := c.header()
+		if err == nil {
+			err = c.dispatch(h)
+		}
+		if err != nil {
+			c.l.fail(c.classify(err, "receiving"))
+			return
+		}
+	}
+}
+
+func (c *conn) header() (header, error) {
+	c.c.SetReadDeadline(time.Now().Add(c.l.hb))
+	if err := c.rd.ReadFull(c.rhdr[:]); err != nil {
+		return header{}, err
+	}
+	return decodeHeader(c.rhdr[:])
+}
+
+func (c *conn) readFull(b []byte) error {
+	c.c.SetReadDeadline(time.Now().Add(c.l.hb))
+	return c.rd.ReadFull(b)
+}
+
+// discard reads n bytes to nowhere.
+func (c *conn) discard(n int) error {
+	if c.scratch == nil {
+		c.scratch = make([]byte, 64<<10)
+	}
+	for n > 0 {
+		m := min(n, len(c.scratch))
+		if err := c.readFull(c.scratch[:m]); err != nil {
+			return err
+		}
+		n -= m
+	}
+	return nil
+}
+
+// recvChunks reads total bytes of data frames for id into segs (to
+// nowhere when into is false), each chunk under lock when it is not nil
+// and only while ok holds; it returns the end frame's status if the
+// sender stopped early.
+func (c *conn) recvChunks(id, total uint64, segs [][]byte, lock *sync.Mutex, ok func() bool) (uint8, error) {
+	k := cursor{segs: segs}
+	for got := uint64(0); got < total; {
+		h, err := c.header()
+		if err != nil {
+			return 0, err
+		}
+		if h.id != id || (h.kind != kData && h.kind != kEnd) {
+			return 0, fmt.Errorf("%w: kind %d for request %d inside the bytes of request %d", ErrFrame, h.kind, h.id, id)
+		}
+		if h.kind == kEnd {
+			return h.status, nil
+		}
+		n := uint64(h.payload)
+		if n > total-got {
+			return 0, fmt.Errorf("%w: %d bytes more than request %d's %d", ErrFrame, got+n-total, id, total)
+		}
+		if lock != nil {
+			lock.Lock()
+		}
+		if segs == nil || !ok() {
+			err = c.discard(int(n))
+			segs = nil
+		} else {
+			for left := int(n); left > 0 && err == nil; {
+				s := k.next(left)
+				err = c.readFull(s)
+				left -= len(s)
+			}
+		}
+		if lock != nil {
+			lock.Unlock()
+		}
+		if err != nil {
+			return 0, err
+		}
+		got += n
+	}
+	return stOK, nil
+}
+
+// stripe cuts segs, in place, to the n bytes from lo of their
+// concatenation (which holds them: decodeDescs checked).
+func stripe(segs [][]byte, lo, n uint64) [][]byte {
+	out := segs[:0]
+	for _, s := range segs {
+		if lo >= uint64(len(s)) {
+			lo -= uint64(len(s))
+			continue
+		}
+		s = s[lo:]
+		lo = 0
+		if uint64(len(s)) > n {
+			s = s[:n]
+		}
+		if len(s) > 0 {
+			out = append(out, s)
+		}
+		n -= uint64(len(s))
+		if n == 0 {
+			break
+		}
+	}
+	return out
+}
+
+// dispatch handles one frame and everything that belongs to it.
+func (c *conn) dispatch(h header) error {
+	fenceAcquire()
+	l := c.l
+	switch h.kind {
+	case kPing:
+		return nil
+	case kHello, kHelloAck, kData, kEnd:
+		return fmt.Errorf("%w: a frame of kind %d out of place", ErrFrame, h.kind)
+	case kResp:
+		return c.response(h)
+	}
+	// A request.
+	switch h.sub {
+	case rRead, rWrite:
+		if cap(c.desc) < int(h.payload) {
+			c.desc = make([]byte, h.payload)
+		}
+		if err := c.readFull(c.desc[:h.payload]); err != nil {
+			return err
+		}
+		var err error
+		var lo uint64
+		if c.descs, lo, err = decodeDescs(c.desc[:h.payload], int(h.b), h.a, c.descs); err != nil {
+			return err
+		}
+		var st uint8
+		var why string
+		c.segs, c.regs, st, why = l.e.acquire(c.descs, c.segs, c.regs)
+		if st == stOK {
+			c.segs = stripe(c.segs, lo, h.a)
+		}
+		op := map[uint8]string{rRead: "read", rWrite: "write"}[h.sub]
+		if st != stOK {
+			l.e.refuse(l.p.name, op, st, why)
+			l.enqueue(c.idx, frame{kind: kResp, sub: h.sub, id: h.id, status: st})
+			if h.sub == rWrite {
+				_, err := c.recvChunks(h.id, h.a, nil, nil, nil)
+				return err
+			}
+			return nil
+		}
+		if h.sub == rRead {
+			segs := append([][]byte(nil), c.segs...)
+			regs := append([]*Region(nil), c.regs...)
+			l.enqueue(c.idx, serveRead{id: h.id, total: h.a, segs: segs, regs: regs})
+			return nil
+		}
+		regs := c.regs
+		closed := false
+		st, err = c.recvChunks(h.id, h.a, c.segs, nil, func() bool {
+			for _, r := range regs {
+				if r.closed.Load() {
+					if !closed {
+						closed = true
+						l.e.refuse(l.p.name, "write", stNoRegion, "region "+r.label()+" deregistered during the transfer")
+						l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id, status: stNoRegion})
+					}
+					return false
+				}
+			}
+			return true
+		})
+		l.e.release(regs)
+		if err != nil || closed || st != stOK { // an end frame: the writer gave up; it expects no answer
+			return err
+		}
+		l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id})
+	case rImm:
+		st := stOK
+		if !l.e.pushImm(Imm{Peer: l.p.name, Value: uint32(h.a)}) {
+			st = stBusy
+		}
+		l.enqueue(c.idx, frame{kind: kResp, sub: rImm, id: h.id, status: st})
+	case rRTS:
+		l.rtsArrived(c, h.id, h.a)
+	case rCTS:
+		l.ctsArrived(h.id, h.status)
+	case rSend:
+		return c.sendArrived(h)
+	}
+	return nil
+}
+
+// response handles the answer to one of this side's requests.
+func (c *conn) response(h header) error {
+	l := c.l
+	l.mu.Lock()
+	var p *part
+	if h.sub == rSend {
+		p = l.sends[h.id]
+	} else {
+		p = l.parts[h.id]
+	}
+	l.mu.Unlock()
+	if h.status != stOK {
+		if p != nil {
+			p.finish(c.refusal(p, h.status))
+		}
+		return nil
+	}
+	if h.sub != rRead {
+		if p != nil {
+			p.finish(nil)
+		}
+		return nil
+	}
+	// A read's bytes follow; a part given up reads them to nowhere.
+	var segs [][]byte
+	var lock *sync.Mutex
+	if p != nil {
+		if p.total != h.a {
+			return fmt.Errorf("%w: a read of %d bytes answered with %d", ErrFrame, p.total, h.a)
+		}
+		segs, lock = p.local, &p.mu
+	}
+	st, err := c.recvChunks(h.id, h.a, segs, lock, func() bool { return p.active })
+	if err != nil {
+		return err
+	}
+	if p != nil {
+		if st != stOK {
+			p.finish(c.refusal(p, st))
+		} else {
+			p.finish(nil)
+		}
+	}
+	return nil
+}
+
+func (c *conn) refusal(p *part, st uint8) error {
+	region := ""
+	if len(p.descs) == 1 {
+		region = "id " + itoa(p.descs[0].region)
+	}
+	return &OpError{Op: p.f.op, Peer: c.l.p.name, Region: region, Err: statusErr(st)}
+}
+
+// rtsArrived: the peer will send seq, of n bytes. It is matched with this
+// side's receive of the same sequence, now or when that is posted.
+func (l *link) rtsArrived(c *conn, seq, n uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r := l.recvs[seq]; r != nil {
+		l.matchLocked(r, n)
+		return
+	}
+	if seq < l.recvSeq { // its receive was cancelled
+		l.enqueue(int(seq%uint64(len(l.conns))), frame{kind: kReq, sub: rCTS, id: seq, status: stCancelled})
+		return
+	}
+	if len(l.rts) >= maxPendingRTS {
+		l.enqueue(int(seq%uint64(len(l.conns))), frame{kind: kReq, sub: rCTS, id: seq, status: stBusy})
+		return
+	}
+	l.rts[seq] = n
+}
+
+// matchLocked answers the sender of r's sequence, which sends n bytes.
+func (l *link) matchLocked(r *part, n uint64) {
+	ch := int(r.id % uint64(len(l.conns)))
+	if n > r.total {
+		l.enqueue(ch, frame{kind: kReq, sub: rCTS, id: r.id, status: stTooLarge})
+		go r.finish(opErr("recv", l.p.name, "", ErrRefused, "a message of %d bytes, the receive holds %d", n, r.total))
+		return
+	}
+	r.f.n = int(n)
+	r.total = n
+	r.cts = true
+	l.enqueue(ch, frame{kind: kReq, sub: rCTS, id: r.id})
+}
+
+// ctsArrived: the peer posted the receive for this side's send seq.
+func (l *link) ctsArrived(seq uint64, st uint8) {
+	l.mu.Lock()
+	p := l.sends[seq]
+	l.mu.Unlock()
+	ch := int(seq % uint64(len(l.conns)))
+	if p == nil {
+		if st == stOK { // the send was cancelled: tell the receiver
+			l.enqueue(ch, abandonedSend(seq))
+		}
+		return
+	}
+	if st != stOK {
+		p.finish(&OpError{Op: "send", Peer: l.p.name, Err: statusErr(st)})
+		return
+	}
+	l.enqueue(ch, sendJob{p: p})
+}
+
+// sendArrived reads the bytes of a send into its receive.
+func (c *conn) sendArrived(h header) error {
+	l := c.l
+	l.mu.Lock()
+	r := l.recvs[h.id]
+	l.mu.Unlock()
+	if h.status != stOK { // the sender gave the send up
+		if r != nil {
+			r.finish(&OpError{Op: "recv", Peer: l.p.name, Err: statusErr(h.status)})
+		}
+		return nil
+	}
+	var segs [][]byte
+	var lock *sync.Mutex
+	if r != nil && r.cts {
+		if h.a != r.total {
+			return fmt.Errorf("%w: a send of %d bytes announced as %d", ErrFrame, h.a, r.total)
+		}
+		segs, lock = r.local, &r.mu
+	}
+	st, err := c.recvChunks(h.id, h.a, segs, lock, func() bool { return r.active })
+	if err != nil {
+		return err
+	}
+	if r == nil {
+		return nil
+	}
+	if st != stOK {
+		r.finish(&OpError{Op: "recv", Peer: l.p.name, Err: statusErr(st)})
+		return nil
+	}
+	r.mu.Lock()
+	live := r.active
+	r.mu.Unlock()
+	if live {
+		l.enqueue(c.idx, frame{kind: kResp, sub: rSend, id: h.id})
+	} else {
+		l.enqueue(c.idx, frame{kind: kResp, sub: rSend, id: h.id, status: stCancelled})
+	}
+	r.finish(nil)
+	return nil
+}

@@ -1,0 +1,191 @@
+package p2p
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/teststore"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// The test binary doubles as a peer process: with P2P_TEST_CHILD set it
+// runs child instead of the tests.
+func TestMain(m *testing.M) {
+	if os.Getenv("P2P_TEST_CHILD") != "" {
+		if err := child(); err != nil {
+			fmt.Fprintln(os.Stderr, "child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// fill is the content the child's region starts with: random bytes from
+// seed.
+func fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := r.Uint64()
+		for j := range 8 {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	for i := len(b) &^ 7; i < len(b); i++ {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+// child is a target process: it registers a region "mem" of P2P_SIZE
+// bytes filled from P2P_SEED, publishes its info as "child" in the store
+// at P2P_STORE, prints "ready", and serves until its stdin closes (or it
+// is killed). With P2P_TEST_CHILD=echo it also receives messages from
+// "parent" and sends each back.
+func child() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	st, err := rendezvous.Dial(ctx, os.Getenv("P2P_STORE"), rendezvous.Auth{Secret: []byte("s3cret"), Job: "p2p-test"})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	e, err := New(ctx, Options{Name: "child", Store: st, Auth: rendezvous.Auth{Secret: []byte("s3cret"), Job: "p2p-test"}, Heartbeat: time.Second})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	n, _ := strconv.Atoi(os.Getenv("P2P_SIZE"))
+	seed, _ := strconv.ParseUint(os.Getenv("P2P_SEED"), 10, 64)
+	mem := make([]byte, n)
+	fill(mem, seed)
+	if _, err := e.Register("mem", mem); err != nil {
+		return err
+	}
+	if err := e.Publish(ctx); err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	if os.Getenv("P2P_TEST_CHILD") == "echo" {
+		p, err := e.Connect(ctx, "parent")
+		if err != nil {
+			return err
+		}
+		buf := make([]byte, 1<<20)
+		for {
+			f := p.Recv(buf)
+			if err := f.Wait(ctx); err != nil {
+				return nil // the parent went away
+			}
+			if err := p.Send(buf[:f.Len()]).Wait(ctx); err != nil {
+				return nil
+			}
+		}
+	}
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	return nil
+}
+
+// startChild runs the test binary as a child of the given role whose
+// region holds size bytes from seed; it returns once the child is ready,
+// and kills it when the test ends.
+func startChild(t *testing.T, role, store string, size int, seed uint64) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "P2P_TEST_CHILD="+role, "P2P_STORE="+store,
+		"P2P_SIZE="+strconv.Itoa(size), "P2P_SEED="+strconv.FormatUint(seed, 10))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(out).ReadString('\n')
+		line <- s
+	}()
+	select {
+	case s := <-line:
+		if strings.TrimSpace(s) != "ready" {
+			t.Fatalf("child said %q", s)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the child did not get ready")
+	}
+	return cmd
+}
+
+// storeFor serves a store for the test (with the children's secret) and
+// returns its address and a client.
+func storeFor(t *testing.T) (string, *rendezvous.Client) {
+	t.Helper()
+	a := rendezvous.Auth{Secret: []byte("s3cret"), Job: "p2p-test"}
+	addr := teststore.Serve(t, rendezvous.ServerConfig{Auth: a})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := rendezvous.Dial(ctx, addr, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return addr, st
+}
+
+func testAuth() rendezvous.Auth { return rendezvous.Auth{Secret: []byte("s3cret"), Job: "p2p-test"} }
+
+// pair makes two endpoints in this process, "a" and "b", linked over
+// loopback TCP, with the given options tuned.
+func pair(t *testing.T, tune func(*Options)) (*Endpoint, *Endpoint, *Peer, *Peer) {
+	t.Helper()
+	_, st := storeFor(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	mk := func(name string) *Endpoint {
+		o := Options{Name: name, Store: st, Auth: testAuth(), Heartbeat: 2 * time.Second, Timeout: 30 * time.Second}
+		if tune != nil {
+			tune(&o)
+		}
+		e, err := New(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		if err := e.Publish(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	a, b := mk("a"), mk("b")
+	ab, err := a.Connect(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ba, err := b.Connect(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, b, ab, ba
+}
+
+func rendezvous_Auth(secret string) rendezvous.Auth {
+	return rendezvous.Auth{Secret: []byte(secret), Job: "p2p-test"}
+}

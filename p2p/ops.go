@@ -1,0 +1,196 @@
+package p2p
+
+import (
+	"fmt"
+
+	"github.com/slimego/slimego/inter"
+)
+
+// Read copies, for each op, Len bytes at RemoteOff of the peer's region
+// Remote into Local at LocalOff. The peer checks every range against its
+// regions and keys first; a refused batch reads nothing (ErrRefused).
+// Until Wait returns, the local ranges must not be touched.
+func (p *Peer) Read(ops []Op) *Future { return p.oneSided("read", rRead, ops, nil) }
+
+// Write copies, for each op, Len bytes at LocalOff of Local into the
+// peer's region Remote at RemoteOff. A refused batch writes nothing.
+func (p *Peer) Write(ops []Op) *Future { return p.oneSided("write", rWrite, ops, nil) }
+
+// WriteWithImm is Write, after which the peer receives imm (Endpoint.Imm)
+// once every byte of the batch is in its regions. Wait returns nil once
+// the peer has taken the immediate in.
+func (p *Peer) WriteWithImm(ops []Op, imm uint32) *Future {
+	return p.oneSided("write", rWrite, ops, &imm)
+}
+
+// check validates a batch on this side.
+func (p *Peer) check(op string, ops []Op) (uint64, error) {
+	if len(ops) == 0 || len(ops) > MaxBatch {
+		return 0, opErr(op, p.name, "", ErrInvalid, "a batch of %d operations (1 to %d)", len(ops), MaxBatch)
+	}
+	var total uint64
+	for i, o := range ops {
+		if o.Local == nil || o.Local.e != p.e {
+			return 0, opErr(op, p.name, "", ErrInvalid, "operation %d: its local region is not this endpoint's", i)
+		}
+		if o.Len <= 0 || o.LocalOff < 0 || o.RemoteOff < 0 || o.LocalOff > len(o.Local.buf)-o.Len {
+			return 0, opErr(op, p.name, o.Local.label(), ErrInvalid, "operation %d: %d bytes at %d of a local region of %d", i, o.Len, o.LocalOff, len(o.Local.buf))
+		}
+		if uint64(o.RemoteOff) > o.Remote.Size || uint64(o.Len) > o.Remote.Size-uint64(o.RemoteOff) {
+			return 0, opErr(op, p.name, fmt.Sprintf("%q", o.Remote.Name), ErrInvalid, "operation %d: %d bytes at %d of a remote region of %d", i, o.Len, o.RemoteOff, o.Remote.Size)
+		}
+		total += uint64(o.Len)
+	}
+	if total > MaxLen {
+		return 0, opErr(op, p.name, "", ErrInvalid, "a batch of %d bytes", total)
+	}
+	return total, nil
+}
+
+func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
+	total, err := p.check(op, ops)
+	if err != nil {
+		return failed(op, p.name, err)
+	}
+	l := p.l
+	f := newFuture(op, p.name, l.name())
+	n := len(l.conns)
+	k := inter.Stripes(int(min(total, MaxLen)), n)
+	l.mu.Lock()
+	first := l.rr
+	l.rr = (l.rr + k) % n
+	l.mu.Unlock()
+	// Cut the batch's bytes into k contiguous stripes, one request each.
+	// Every request carries the whole batch's descriptors, so that the
+	// target accepts or refuses every stripe alike: a refused batch writes
+	// nothing anywhere.
+	descs := make([]desc, len(ops))
+	for i, o := range ops {
+		descs[i] = desc{region: o.Remote.ID, key: o.Remote.Key, off: uint64(o.RemoteOff), len: uint64(o.Len)}
+	}
+	var parts []*part
+	i, off := 0, 0 // the op and the offset in it where the next stripe starts
+	for s := range k {
+		lo, hi := inter.Stripe(int(total), k, s)
+		pt := &part{l: l, f: f, kind: kind, ch: (first + s) % n, lo: uint64(lo), total: uint64(hi - lo), descs: descs, active: true}
+		for need := hi - lo; need > 0; {
+			o := ops[i]
+			m := min(need, o.Len-off)
+			pt.local = append(pt.local, o.Local.buf[o.LocalOff+off:o.LocalOff+off+m])
+			if len(pt.regs) == 0 || pt.regs[len(pt.regs)-1] != o.Local {
+				pt.regs = append(pt.regs, o.Local)
+			}
+			need -= m
+			off += m
+			if off == o.Len {
+				i, off = i+1, 0
+			}
+		}
+		parts = append(parts, pt)
+	}
+	var then *part
+	if imm != nil {
+		then = &part{l: l, f: f, kind: rImm, ch: first, imm: *imm, active: true}
+		f.then = then
+		f.writesLeft.Store(int32(len(parts)))
+		parts = append(parts, then)
+	}
+	f.parts = parts
+	f.left.Store(int32(len(parts)))
+	if ff := l.register(parts, l.parts); ff != nil {
+		return ff
+	}
+	for _, pt := range parts {
+		if pt != then {
+			l.enqueue(pt.ch, reqJob{p: pt})
+		}
+	}
+	return f
+}
+
+// register gives parts their ids and records them in m and in their local
+// regions; if the link has failed or a region is deregistered, the call
+// fails instead.
+func (l *link) register(parts []*part, m map[uint64]*part) *Future {
+	f := parts[0].f
+	l.mu.Lock()
+	if l.err != nil {
+		err := l.err
+		l.mu.Unlock()
+		return failed(f.op, f.peer, err)
+	}
+	for _, pt := range parts {
+		pt.id = l.nextID
+		l.nextID++
+		m[pt.id] = pt
+	}
+	l.mu.Unlock()
+	for _, pt := range parts {
+		for _, r := range pt.regs {
+			r.mu.Lock()
+			closed := r.closed.Load()
+			if !closed {
+				r.users[pt] = struct{}{}
+			}
+			r.mu.Unlock()
+			if closed {
+				pt.finish(opErr(f.op, f.peer, r.label(), ErrClosed, "the local region is deregistered"))
+				return f
+			}
+		}
+	}
+	return nil
+}
+
+// Send sends buf to the peer, to be received by the peer's Recv of the
+// same rank in order (the first Send by the first Recv, and so on). Its
+// bytes move once the receive is posted; Wait returns nil once they are in
+// the receiver's buffer. buf must not be touched until Wait returns.
+func (p *Peer) Send(buf []byte) *Future {
+	if uint64(len(buf)) > MaxLen {
+		return failed("send", p.name, opErr("send", p.name, "", ErrInvalid, "%d bytes", len(buf)))
+	}
+	l := p.l
+	f := newFuture("send", p.name, l.name())
+	pt := &part{l: l, f: f, kind: rSend, total: uint64(len(buf)), local: [][]byte{buf}, active: true}
+	f.parts = []*part{pt}
+	f.left.Store(1)
+	l.mu.Lock()
+	if l.err != nil {
+		err := l.err
+		l.mu.Unlock()
+		return failed("send", p.name, err)
+	}
+	pt.id = l.sendSeq
+	l.sendSeq++
+	l.sends[pt.id] = pt
+	l.mu.Unlock()
+	l.enqueue(int(pt.id%uint64(len(l.conns))), frame{kind: kReq, sub: rRTS, id: pt.id, a: pt.total})
+	return f
+}
+
+// Recv receives the peer's next Send into buf, which must hold it (a
+// larger message fails both sides with ErrRefused); Future.Len is its
+// length. buf must not be touched until Wait returns.
+func (p *Peer) Recv(buf []byte) *Future {
+	l := p.l
+	f := newFuture("recv", p.name, l.name())
+	pt := &part{l: l, f: f, kind: rCTS, total: uint64(len(buf)), local: [][]byte{buf}, active: true}
+	f.parts = []*part{pt}
+	f.left.Store(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return failed("recv", p.name, l.err)
+	}
+	pt.id = l.recvSeq
+	l.recvSeq++
+	l.recvs[pt.id] = pt
+	if n, ok := l.rts[pt.id]; ok {
+		delete(l.rts, pt.id)
+		l.matchLocked(pt, n)
+	}
+	return f
+}
+
+func (l *link) submit(p *part) { l.enqueue(p.ch, reqJob{p: p}) }

@@ -1,0 +1,619 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/auth"
+)
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestProcessReadWrite: a child process registers a region of random
+// bytes; this process reads it whole (striped over the connections),
+// checks every byte, writes fresh random bytes over it, reads them back,
+// and does the same with a batch of 64 scattered ranges. The transfers
+// report the transport that carried them.
+func TestProcessReadWrite(t *testing.T) {
+	const size = 24<<20 + 12345
+	addr, st := storeFor(t)
+	startChild(t, "target", addr, size, 7)
+	ctx := ctxT(t, 60*time.Second)
+	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	p, err := e.Connect(ctx, "child")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, ok := p.Remote("mem")
+	if !ok || rr.Size != size {
+		t.Fatalf("the child's info lists %+v (%v)", rr, ok)
+	}
+	want := make([]byte, size)
+	fill(want, 7)
+	local := make([]byte, size)
+	lr, err := e.Register("local", local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := p.Read([]Op{{Local: lr, Remote: rr, Len: size}})
+	if err := f.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if f.Transport() != "tcp" {
+		t.Errorf("transport %q", f.Transport())
+	}
+	if !bytes.Equal(local, want) {
+		t.Fatal("the bytes read differ from the child's")
+	}
+	// Write fresh bytes, read them back into a cleared buffer.
+	fill(local, 99)
+	copy(want, local)
+	if err := p.Write([]Op{{Local: lr, Remote: rr, Len: size}}).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clear(local)
+	if err := p.Read([]Op{{Local: lr, Remote: rr, Len: size}}).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(local, want) {
+		t.Fatal("the bytes written then read back differ")
+	}
+	// A batch of 64 ranges of random lengths at random places.
+	rng := rand.New(rand.NewPCG(1, 2))
+	var ops []Op
+	slot := size / 64
+	for i := range 64 {
+		n := 1 + rng.IntN(slot/2)
+		ops = append(ops, Op{Local: lr, LocalOff: i*slot + rng.IntN(slot/2), Remote: rr, RemoteOff: (63-i)*slot + rng.IntN(slot/2), Len: n})
+	}
+	fill(local, 5)
+	src := append([]byte(nil), local...)
+	if err := p.Write(ops).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range ops {
+		copy(want[o.RemoteOff:o.RemoteOff+o.Len], src[o.LocalOff:o.LocalOff+o.Len])
+	}
+	clear(local)
+	if err := p.Read([]Op{{Local: lr, Remote: rr, Len: size}}).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(local, want) {
+		t.Fatal("after the batched write the child's region is not what was written")
+	}
+	// And a batched read of the same ranges.
+	clear(local)
+	if err := p.Read(ops).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range ops {
+		if !bytes.Equal(local[o.LocalOff:o.LocalOff+o.Len], want[o.RemoteOff:o.RemoteOff+o.Len]) {
+			t.Fatalf("batched read, range %d differs", i)
+		}
+	}
+}
+
+// TestProcessKilled: a peer process that is killed fails the transfers
+// waiting on it with ErrPeerLost, long before their deadline.
+func TestProcessKilled(t *testing.T) {
+	addr, st := storeFor(t)
+	cmd := startChild(t, "echo", addr, 1<<20, 1)
+	ctx := ctxT(t, 30*time.Second)
+	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := e.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p, err := e.Connect(ctx, "child")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The echo works.
+	msg := make([]byte, 1000)
+	fill(msg, 3)
+	got := make([]byte, 1000)
+	if err := p.Send(msg).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Recv(got).Wait(ctx); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("echo: %v", err)
+	}
+	// A receive the child will never answer, then the child dies.
+	f := p.Recv(got)
+	cmd.Process.Kill()
+	if err := f.Wait(ctx); !errors.Is(err, ErrPeerLost) {
+		t.Fatalf("a receive from a killed peer: %v, want ErrPeerLost", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the failure came only at the test's deadline")
+	}
+	// Calls after the loss fail at once.
+	if err := p.Send(msg).Wait(ctx); !errors.Is(err, ErrPeerLost) {
+		t.Fatalf("a send after the loss: %v", err)
+	}
+}
+
+// TestRefused: requests outside a region, with a wrong key, to a region
+// never registered and to a deregistered one are refused on both sides
+// (ErrRefused here, OnRefuse there), and nothing is read or written.
+func TestRefused(t *testing.T) {
+	var refusedMu sync.Mutex
+	var refused []error
+	_, b, ab, _ := pair(t, func(o *Options) {
+		o.OnRefuse = func(err error) { refusedMu.Lock(); refused = append(refused, err); refusedMu.Unlock() }
+	})
+	a := ab.e
+	ctx := ctxT(t, 30*time.Second)
+	tmem := make([]byte, 1<<20)
+	fill(tmem, 11)
+	orig := append([]byte(nil), tmem...)
+	tr, err := b.Register("t", tmem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := b.Register("gone", make([]byte, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goneRemote := gone.Remote()
+	if err := b.Deregister(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	lmem := make([]byte, 2<<20)
+	fill(lmem, 12)
+	lorig := append([]byte(nil), lmem...)
+	lr, err := a.Register("l", lmem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := tr.Remote()
+	big := good
+	big.Size = 4 << 20 // a forged size: this side's check passes, the target's must not
+	wrongKey := good
+	wrongKey.Key ^= 1
+	unknown := good
+	unknown.ID += 1000
+	cases := []struct {
+		name string
+		op   Op
+	}{
+		{"past the end", Op{Local: lr, Remote: big, RemoteOff: 1<<20 - 10, Len: 100}},
+		{"far outside", Op{Local: lr, Remote: big, RemoteOff: 3 << 20, Len: 1 << 20}},
+		{"wrong key", Op{Local: lr, Remote: wrongKey, Len: 100}},
+		{"never registered", Op{Local: lr, Remote: unknown, Len: 100}},
+		{"deregistered", Op{Local: lr, Remote: goneRemote, Len: 100}},
+	}
+	for _, c := range cases {
+		for _, write := range []bool{false, true} {
+			// A large valid op first in the batch, so that the batch is
+			// striped and its first stripe is all valid: the whole batch
+			// is refused all the same.
+			ops := []Op{{Local: lr, LocalOff: 5000, Remote: good, RemoteOff: 7, Len: 1<<20 - 7}, c.op}
+			before := b.Refused()
+			f := ab.Read(ops)
+			if write {
+				f = ab.Write(ops)
+			}
+			err := f.Wait(ctx)
+			if !errors.Is(err, ErrRefused) {
+				t.Fatalf("%s (write %v): %v, want ErrRefused", c.name, write, err)
+			}
+			var oe *OpError
+			if !errors.As(err, &oe) || oe.Peer != "b" {
+				t.Errorf("%s: the error does not name the peer: %v", c.name, err)
+			}
+			if !bytes.Equal(tmem, orig) || !bytes.Equal(lmem, lorig) {
+				t.Fatalf("%s (write %v): a refused request changed memory", c.name, write)
+			}
+			if b.Refused() == before {
+				t.Errorf("%s (write %v): the target recorded no refusal", c.name, write)
+			}
+		}
+	}
+	refusedMu.Lock()
+	n := len(refused)
+	refusedMu.Unlock()
+	if n != int(b.Refused()) {
+		t.Fatalf("the target reported %d refusals and counted %d", n, b.Refused())
+	}
+	refusedMu.Lock()
+	for _, err := range refused {
+		var oe *OpError
+		if !errors.Is(err, ErrRefused) || !errors.As(err, &oe) || oe.Peer != "a" {
+			t.Errorf("the target's refusal does not name the peer: %v", err)
+		}
+	}
+	refusedMu.Unlock()
+	// The link is still good after refusals.
+	if err := ab.Read([]Op{{Local: lr, Remote: good, Len: 1 << 20}}).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(lmem[:1<<20], orig) {
+		t.Fatal("read after refusals differs")
+	}
+}
+
+// TestLocalChecks: operations that are wrong on this side fail at once
+// with ErrInvalid, and none reaches the peer.
+func TestLocalChecks(t *testing.T) {
+	_, b, ab, _ := pair(t, nil)
+	a := ab.e
+	ctx := ctxT(t, 10*time.Second)
+	lr, _ := a.Register("l", make([]byte, 100))
+	tr, _ := b.Register("t", make([]byte, 100))
+	other, _ := b.Register("o", make([]byte, 100))
+	many := make([]Op, MaxBatch+1)
+	for i := range many {
+		many[i] = Op{Local: lr, Remote: tr.Remote(), Len: 1}
+	}
+	for name, ops := range map[string][]Op{
+		"empty":        nil,
+		"too many":     many,
+		"zero length":  {{Local: lr, Remote: tr.Remote()}},
+		"local past":   {{Local: lr, LocalOff: 50, Remote: tr.Remote(), Len: 51}},
+		"remote past":  {{Local: lr, Remote: tr.Remote(), RemoteOff: 99, Len: 2}},
+		"negative":     {{Local: lr, LocalOff: -1, Remote: tr.Remote(), Len: 2}},
+		"nil local":    {{Remote: tr.Remote(), Len: 2}},
+		"not my local": {{Local: other, Remote: tr.Remote(), Len: 2}},
+	} {
+		if err := ab.Write(ops).Wait(ctx); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+	if b.Refused() != 0 {
+		t.Errorf("the peer saw %d requests", b.Refused())
+	}
+}
+
+// TestCancelReuse: a read cancelled mid-transfer returns at once with
+// ErrCancelled, and nothing of it lands in the buffer afterwards: the
+// buffer, refilled by the caller, keeps the caller's bytes while the
+// link carries on (the race detector would also see a late write).
+func TestCancelReuse(t *testing.T) {
+	_, b, ab, _ := pair(t, nil)
+	a := ab.e
+	ctx := ctxT(t, 60*time.Second)
+	const size = 64 << 20
+	tmem := make([]byte, size)
+	fill(tmem, 21)
+	tr, _ := b.Register("t", tmem)
+	lmem := make([]byte, size)
+	lr, _ := a.Register("l", lmem)
+	for round := range 5 {
+		f := ab.Read([]Op{{Local: lr, Remote: tr.Remote(), Len: size}})
+		cctx, cancel := context.WithCancel(ctx)
+		go func() { time.Sleep(time.Duration(round) * time.Millisecond); cancel() }()
+		err := f.Wait(cctx)
+		cancel()
+		if err == nil {
+			continue // it finished first
+		}
+		if !errors.Is(err, ErrCancelled) {
+			t.Fatalf("round %d: %v, want ErrCancelled", round, err)
+		}
+		for i := range lmem {
+			lmem[i] = 0xA5
+		}
+		// Other transfers on the link carry on, in both directions.
+		small := make([]byte, 4096)
+		sr, _ := a.Register("s", small)
+		if err := ab.Read([]Op{{Local: sr, Remote: tr.Remote(), Len: 4096}}).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		a.Deregister(ctx, sr)
+		for i := range lmem {
+			if lmem[i] != 0xA5 {
+				t.Fatalf("round %d: byte %d of the reused buffer was overwritten after the cancel", round, i)
+			}
+		}
+	}
+	// A cancelled write, then the buffer reused for a full write that
+	// lands whole.
+	fill(lmem, 22)
+	f := ab.Write([]Op{{Local: lr, Remote: tr.Remote(), Len: size}})
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := f.Wait(cctx); err != nil && !errors.Is(err, ErrCancelled) {
+		t.Fatal(err)
+	}
+	fill(lmem, 23)
+	if err := ab.Write([]Op{{Local: lr, Remote: tr.Remote(), Len: size}}).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(tmem, lmem) {
+		t.Fatal("the write after a cancelled one did not land whole")
+	}
+}
+
+// TestSendRecvOrder: sends are matched with receives in order, whether
+// the receive is posted before or after the send, in both directions at
+// once; a message larger than the receive fails both sides.
+func TestSendRecvOrder(t *testing.T) {
+	_, _, ab, ba := pair(t, nil)
+	ctx := ctxT(t, 60*time.Second)
+	const n = 200
+	msgs := make([][]byte, n)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range msgs {
+		msgs[i] = make([]byte, 1+rng.IntN(3<<20>>(i%8)))
+		fill(msgs[i], uint64(i))
+	}
+	run := func(from, to *Peer) error {
+		var wg sync.WaitGroup
+		var sendErr atomic.Value
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var fs []*Future
+			for i, m := range msgs {
+				fs = append(fs, from.Send(m))
+				if i%7 == 0 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			for _, f := range fs {
+				if err := f.Wait(ctx); err != nil {
+					sendErr.Store(err)
+				}
+			}
+		}()
+		bufs := make([][]byte, n)
+		var fs []*Future
+		for i := range msgs {
+			bufs[i] = make([]byte, 3<<20)
+			fs = append(fs, to.Recv(bufs[i]))
+			if i%5 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		for i, f := range fs {
+			if err := f.Wait(ctx); err != nil {
+				return err
+			}
+			if f.Len() != len(msgs[i]) || !bytes.Equal(bufs[i][:f.Len()], msgs[i]) {
+				t.Errorf("message %d: %d bytes, want %d, or they differ", i, f.Len(), len(msgs[i]))
+			}
+		}
+		wg.Wait()
+		if e := sendErr.Load(); e != nil {
+			return e.(error)
+		}
+		return nil
+	}
+	errs := make(chan error, 2)
+	go func() { errs <- run(ab, ba) }()
+	go func() { errs <- run(ba, ab) }()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Too large for the receive: both sides fail, and the next pair works.
+	fs := ab.Send(make([]byte, 100))
+	fr := ba.Recv(make([]byte, 10))
+	if err := fs.Wait(ctx); !errors.Is(err, ErrRefused) {
+		t.Fatalf("send larger than the receive: %v", err)
+	}
+	if err := fr.Wait(ctx); !errors.Is(err, ErrRefused) {
+		t.Fatalf("receive smaller than the send: %v", err)
+	}
+	fs = ab.Send([]byte("next"))
+	buf := make([]byte, 10)
+	if err := ba.Recv(buf).Wait(ctx); err != nil || string(buf[:4]) != "next" {
+		t.Fatalf("the pair after a refused one: %v %q", err, buf)
+	}
+	if err := fs.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A cancelled receive: its send fails, the next pair matches.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := ba.Recv(buf).Wait(cctx); !errors.Is(err, ErrCancelled) {
+		t.Fatalf("cancelled receive: %v", err)
+	}
+	if err := ab.Send([]byte("lost")).Wait(ctx); !errors.Is(err, ErrCancelled) {
+		t.Fatalf("a send to a cancelled receive: %v", err)
+	}
+	fs = ab.Send([]byte("again"))
+	if err := ba.Recv(buf).Wait(ctx); err != nil || string(buf[:5]) != "again" {
+		t.Fatalf("after a cancelled receive: %v %q", err, buf)
+	}
+	if err := fs.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWriteWithImm: the target takes the immediate in after the batch's
+// bytes are in its region.
+func TestWriteWithImm(t *testing.T) {
+	a, b, ab, _ := pair(t, nil)
+	ctx := ctxT(t, 30*time.Second)
+	const pages, page = 64, 4096 + 17
+	tmem := make([]byte, pages*page)
+	tr, _ := b.Register("kv", tmem)
+	lmem := make([]byte, pages*page)
+	fill(lmem, 31)
+	lr, _ := a.Register("src", lmem)
+	for round := range 3 {
+		var ops []Op
+		for i := range pages {
+			ops = append(ops, Op{Local: lr, LocalOff: i * page, Remote: tr.Remote(), RemoteOff: (pages - 1 - i) * page, Len: page})
+		}
+		if err := ab.WriteWithImm(ops, uint32(100+round)).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		im, err := b.Imm(ctx)
+		if err != nil || im.Value != uint32(100+round) || im.Peer != "a" {
+			t.Fatalf("immediate %+v, %v", im, err)
+		}
+		for i := range pages {
+			if !bytes.Equal(tmem[(pages-1-i)*page:(pages-i)*page], lmem[i*page:(i+1)*page]) {
+				t.Fatalf("page %d differs when the immediate arrived", i)
+			}
+		}
+	}
+}
+
+// TestDeregisterFailsLocal: deregistering a region this side's transfer
+// uses fails that transfer with ErrClosed, and Deregister returns.
+func TestDeregisterFailsLocal(t *testing.T) {
+	a, b, ab, _ := pair(t, nil)
+	ctx := ctxT(t, 30*time.Second)
+	const size = 64 << 20
+	tr, _ := b.Register("t", make([]byte, size))
+	lr, _ := a.Register("l", make([]byte, size))
+	f := ab.Read([]Op{{Local: lr, Remote: tr.Remote(), Len: size}})
+	if err := a.Deregister(ctx, lr); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Wait(ctx); err != nil && !errors.Is(err, ErrClosed) {
+		t.Fatalf("a read into a deregistered region: %v", err)
+	}
+	if err := ab.Read([]Op{{Local: lr, Remote: tr.Remote(), Len: 10}}).Wait(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("a read into a region deregistered before: %v", err)
+	}
+	// Deregistering the target's region stops a write being served.
+	lr2, _ := a.Register("l2", make([]byte, size))
+	f = ab.Write([]Op{{Local: lr2, Remote: tr.Remote(), Len: size}})
+	if err := b.Deregister(ctx, tr); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Wait(ctx); err != nil && !errors.Is(err, ErrRefused) {
+		t.Fatalf("a write to a region deregistered meanwhile: %v", err)
+	}
+}
+
+// TestSilentPeer: a peer that passes the handshake and then neither reads
+// nor writes nor closes fails the transfers within the heartbeat deadline
+// with ErrTimeout.
+func TestSilentPeer(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	e, err := New(ctx, Options{Name: "a", Auth: testAuth(), Heartbeat: 300 * time.Millisecond, Channels: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	defer func() {
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	go func() {
+		k := auth.NewKey(testAuth().Secret, testAuth().Job)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+			if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
+				continue
+			}
+			var b [HeaderSize + MaxName]byte
+			readFull(c, b[:HeaderSize])
+			h, _ := decodeHeader(b[:HeaderSize])
+			readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
+			ack := header{kind: kHelloAck}
+			ack.put(b[:])
+			c.Write(b[:HeaderSize])
+			// then silence
+		}
+	}()
+	in := info{name: "silent", addr: ln.Addr().String(), regions: []RemoteRegion{{Name: "m", ID: 1, Key: 2, Size: 1 << 20}}}
+	p, err := e.ConnectInfo(ctx, in.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lr, _ := e.Register("l", make([]byte, 1<<20))
+	rr, _ := p.Remote("m")
+	err = p.Read([]Op{{Local: lr, Remote: rr, Len: 1 << 20}}).Wait(ctx)
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("a read from a silent peer: %v, want ErrTimeout", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("it failed only at the test's deadline")
+	}
+}
+
+// TestWrongSecret: an endpoint of another job (another secret) cannot
+// link.
+func TestWrongSecret(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := New(ctx, Options{Name: "b", Auth: rendezvous_Auth("other")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := b.ConnectInfo(ctx, a.Info()); !errors.Is(err, ErrRefused) {
+		t.Fatalf("connect with another secret: %v", err)
+	}
+}
+
+// TestConnectBothSides: both ends connecting at once get one link.
+func TestConnectBothSides(t *testing.T) {
+	for range 5 {
+		ctx := ctxT(t, 20*time.Second)
+		a, err := New(ctx, Options{Name: "a", Auth: testAuth()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pa, pb *Peer
+		var ea, eb error
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); pa, ea = a.ConnectInfo(ctx, b.Info()) }()
+		go func() { defer wg.Done(); pb, eb = b.ConnectInfo(ctx, a.Info()) }()
+		wg.Wait()
+		if ea != nil || eb != nil {
+			t.Fatal(ea, eb)
+		}
+		buf := make([]byte, 5)
+		fs := pa.Send([]byte("hello"))
+		if err := pb.Recv(buf).Wait(ctx); err != nil || string(buf) != "hello" {
+			t.Fatalf("%v %q", err, buf)
+		}
+		if err := fs.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		a.Close()
+		b.Close()
+	}
+}

@@ -1,0 +1,242 @@
+package p2p
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// The wire protocol (docs/P2P.md). Every connection of a link starts with
+// internal/auth's handshake (purpose "p2p"), then a hello and its answer;
+// after that each direction is a sequence of frames, each a header and a
+// payload of the header's Payload bytes:
+//
+//	u16 magic "P2"  u8 version  u8 kind
+//	u8  sub (the request's kind in a request or response)  u8 status  u16 zero
+//	u64 id   (the request; ids are never reused on a link)
+//	u64 a    (a length, an immediate, a session)
+//	u32 b    (the number of descriptors, a channel count)
+//	u32 payload bytes that follow
+//
+// A frame is decoded by Decode, which checks every field before anything
+// is allocated or read for its payload.
+const (
+	wireMagic   = 0x5032 // "P2"
+	wireVersion = 1
+	// HeaderSize is the size of an encoded frame header.
+	HeaderSize = 32
+	// DescSize is the size of one encoded remote descriptor.
+	DescSize = 32
+	// MaxBatch bounds the operations of one batched call, and so the
+	// descriptors of one request.
+	MaxBatch = 4096
+	// ChunkMax bounds one data frame's payload: a sender checks for
+	// cancellation between chunks, so it also bounds how long a
+	// cancelled transfer may still touch its buffer.
+	ChunkMax = 1 << 20
+	// MaxLen bounds the bytes of one operation and of one request.
+	MaxLen = 1 << 40
+	// MaxName bounds an endpoint's name.
+	MaxName = 128
+	// stripeSize is the u64 that starts a read or write request's
+	// payload: where its stripe starts in the batch's bytes.
+	stripeSize = 8
+)
+
+// Frame kinds.
+const (
+	kHello    uint8 = 1 // connector → acceptor: id session, a channel, b channels, payload name
+	kHelloAck uint8 = 2 // acceptor → connector: status
+	kReq      uint8 = 3 // a request: sub says which
+	kData     uint8 = 4 // a chunk of a request's or a response's bytes
+	kEnd      uint8 = 5 // the bytes of id end early (status says why)
+	kResp     uint8 = 6 // the answer to request id of kind sub
+	kPing     uint8 = 7 // heartbeat
+	kindLast        = kPing
+)
+
+// Request kinds (sub of kReq and kResp).
+const (
+	rRead  uint8 = 1 // u64 lo and the batch's b descriptors: a bytes from lo; answered by kResp, then a bytes of kData
+	rWrite uint8 = 2 // u64 lo and the batch's b descriptors, then a bytes of kData; answered by kResp
+	rImm   uint8 = 3 // a = the immediate; answered by kResp
+	rRTS   uint8 = 4 // a send of a bytes, sequence id, is ready (no answer until matched)
+	rCTS   uint8 = 5 // the receive for sequence id is posted (status: or refused)
+	rSend  uint8 = 6 // the bytes of send id: a bytes of kData, answered by kResp; or, with a status, a send given up
+	subLast      = rSend
+)
+
+// Status codes, in a response, an end and a hello's answer.
+const (
+	stOK           uint8 = 0
+	stBounds       uint8 = 1 // outside the region
+	stKey          uint8 = 2 // wrong key
+	stNoRegion     uint8 = 3 // no such region, or deregistered
+	stInvalid      uint8 = 4 // a malformed request
+	stCancelled    uint8 = 5 // the other side gave the transfer up
+	stTooLarge     uint8 = 6 // a message larger than the posted receive
+	stBusy         uint8 = 7 // the target holds too many undelivered immediates
+	stDup          uint8 = 8 // hello: a link to this peer exists or is being made by the lower name
+	stRefusedHello uint8 = 9 // hello: not accepted
+	statusLast           = stRefusedHello
+)
+
+var statusText = [...]string{
+	stOK: "ok", stBounds: "outside the registered region", stKey: "wrong region key",
+	stNoRegion: "no such region (never registered, or deregistered)", stInvalid: "malformed request",
+	stCancelled: "cancelled", stTooLarge: "message larger than the posted receive",
+	stBusy: "too many undelivered immediates", stDup: "duplicate link", stRefusedHello: "refused",
+}
+
+// ErrFrame marks a frame that breaks the format: the link is closed.
+var ErrFrame = errors.New("p2p: malformed frame")
+
+type header struct {
+	kind, sub, status uint8
+	id, a             uint64
+	b                 uint32
+	payload           uint32
+}
+
+func (h *header) put(p []byte) {
+	_ = p[HeaderSize-1]
+	binary.LittleEndian.PutUint16(p[0:], wireMagic)
+	p[2], p[3], p[4], p[5] = wireVersion, h.kind, h.sub, h.status
+	binary.LittleEndian.PutUint16(p[6:], 0)
+	binary.LittleEndian.PutUint64(p[8:], h.id)
+	binary.LittleEndian.PutUint64(p[16:], h.a)
+	binary.LittleEndian.PutUint32(p[24:], h.b)
+	binary.LittleEndian.PutUint32(p[28:], h.payload)
+}
+
+// decodeHeader parses and checks a frame header; it never panics and
+// allocates nothing. What it accepts is bounded: a payload is at most
+// ChunkMax (data), MaxBatch descriptors (a request) or MaxName (a hello),
+// and every other frame has none.
+func decodeHeader(p []byte) (header, error) {
+	var h header
+	if len(p) < HeaderSize {
+		return h, fmt.Errorf("%w: %d bytes, want %d", ErrFrame, len(p), HeaderSize)
+	}
+	if m := binary.LittleEndian.Uint16(p[0:]); m != wireMagic {
+		return h, fmt.Errorf("%w: magic %#x", ErrFrame, m)
+	}
+	if p[2] != wireVersion {
+		return h, fmt.Errorf("%w: version %d, want %d", ErrFrame, p[2], wireVersion)
+	}
+	if z := binary.LittleEndian.Uint16(p[6:]); z != 0 {
+		return h, fmt.Errorf("%w: reserved field %#x", ErrFrame, z)
+	}
+	h.kind, h.sub, h.status = p[3], p[4], p[5]
+	h.id = binary.LittleEndian.Uint64(p[8:])
+	h.a = binary.LittleEndian.Uint64(p[16:])
+	h.b = binary.LittleEndian.Uint32(p[24:])
+	h.payload = binary.LittleEndian.Uint32(p[28:])
+	if h.kind == 0 || h.kind > kindLast {
+		return h, fmt.Errorf("%w: kind %d", ErrFrame, h.kind)
+	}
+	if h.status > statusLast {
+		return h, fmt.Errorf("%w: status %d", ErrFrame, h.status)
+	}
+	bad := func(what string) (header, error) {
+		return h, fmt.Errorf("%w: kind %d sub %d: %s", ErrFrame, h.kind, h.sub, what)
+	}
+	switch h.kind {
+	case kHello:
+		if h.sub != 0 || h.status != 0 || h.payload == 0 || h.payload > MaxName || h.b == 0 || h.b > maxChannels || h.a >= uint64(h.b) {
+			return bad("hello fields")
+		}
+	case kHelloAck:
+		if h.sub != 0 || h.payload != 0 || h.a != 0 || h.b != 0 || (h.status != stOK && h.status != stDup && h.status != stRefusedHello) {
+			return bad("hello answer fields")
+		}
+	case kReq:
+		if h.status != 0 && h.sub != rCTS && !(h.sub == rSend && h.a == 0) {
+			return bad("status in a request")
+		}
+		switch h.sub {
+		case rRead, rWrite:
+			if h.b == 0 || h.b > MaxBatch || h.payload != stripeSize+h.b*DescSize || h.a == 0 || h.a > MaxLen {
+				return bad("descriptor count, payload or length")
+			}
+		case rImm:
+			if h.b != 0 || h.payload != 0 || h.a > 0xffffffff {
+				return bad("immediate fields")
+			}
+		case rRTS, rSend:
+			if h.b != 0 || h.payload != 0 || h.a > MaxLen {
+				return bad("send fields")
+			}
+		case rCTS:
+			if h.b != 0 || h.payload != 0 || h.a != 0 {
+				return bad("clear-to-send fields")
+			}
+		default:
+			return bad("unknown request")
+		}
+	case kData:
+		if h.sub != 0 || h.status != 0 || h.a != 0 || h.b != 0 || h.payload == 0 || h.payload > ChunkMax {
+			return bad("data fields")
+		}
+	case kEnd, kResp:
+		if h.payload != 0 || h.b != 0 || (h.kind == kEnd && h.sub != 0) || (h.kind == kResp && (h.sub == 0 || h.sub > subLast)) {
+			return bad("fields")
+		}
+		if h.kind == kResp && (h.a > MaxLen || h.a != 0 && (h.sub != rRead || h.status != stOK)) {
+			return bad("response length")
+		}
+		if h.kind == kEnd && (h.status == stOK || h.a != 0) {
+			return bad("end without a cause")
+		}
+	case kPing:
+		if h.sub != 0 || h.status != 0 || h.id != 0 || h.a != 0 || h.b != 0 || h.payload != 0 {
+			return bad("ping fields")
+		}
+	}
+	return h, nil
+}
+
+// desc names a range of a remote region, as a request carries it.
+type desc struct {
+	region, key, off, len uint64
+}
+
+func (d *desc) put(p []byte) {
+	_ = p[DescSize-1]
+	binary.LittleEndian.PutUint64(p[0:], d.region)
+	binary.LittleEndian.PutUint64(p[8:], d.key)
+	binary.LittleEndian.PutUint64(p[16:], d.off)
+	binary.LittleEndian.PutUint64(p[24:], d.len)
+}
+
+// decodeDescs parses a read or write request's payload, the stripe's
+// start lo and n descriptors, into ds (reused), and checks what can be
+// checked without the regions: each length is 1 to MaxLen, each range
+// does not overflow, and the stripe [lo, lo+total) lies inside the
+// batch's bytes. The regions, keys and bounds are checked by the endpoint
+// (Endpoint.acquire).
+func decodeDescs(p []byte, n int, total uint64, ds []desc) ([]desc, uint64, error) {
+	if n <= 0 || n > MaxBatch || len(p) != stripeSize+n*DescSize {
+		return ds, 0, fmt.Errorf("%w: %d descriptors in %d bytes", ErrFrame, n, len(p))
+	}
+	lo := binary.LittleEndian.Uint64(p)
+	p = p[stripeSize:]
+	ds = ds[:0]
+	var sum uint64
+	for i := range n {
+		q := p[i*DescSize:]
+		d := desc{binary.LittleEndian.Uint64(q[0:]), binary.LittleEndian.Uint64(q[8:]), binary.LittleEndian.Uint64(q[16:]), binary.LittleEndian.Uint64(q[24:])}
+		if d.len == 0 || d.len > MaxLen || d.off > MaxLen {
+			return ds, 0, fmt.Errorf("%w: descriptor %d: offset %d length %d", ErrFrame, i, d.off, d.len)
+		}
+		sum += d.len
+		if sum > MaxLen {
+			return ds, 0, fmt.Errorf("%w: descriptors total more than %d bytes", ErrFrame, uint64(MaxLen))
+		}
+		ds = append(ds, d)
+	}
+	if lo > sum || total > sum-lo {
+		return ds, 0, fmt.Errorf("%w: a stripe of %d bytes at %d of a batch of %d", ErrFrame, total, lo, sum)
+	}
+	return ds, lo, nil
+}
