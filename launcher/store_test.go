@@ -227,6 +227,7 @@ func TestChooseBlamed(t *testing.T) {
 		{"the accused failed too", []int{0, 1, 3}, map[int]int{0: 3, 1: 3}, 3},
 		{"self-blame ignored", []int{0, 1}, map[int]int{0: 0, 1: 0}, 0},
 		{"a remote voter", []int{0}, map[int]int{0: 5, 2: 5}, 5},
+		{"exactly half is no majority", []int{0, 1, 2, 3, 4}, map[int]int{0: 4, 1: 4}, -1},
 	} {
 		got, ok := chooseBlamed(tc.failed, tc.blames)
 		if ok != (tc.want >= 0) || got != tc.want {
