@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/auth"
@@ -61,6 +62,10 @@ type Options struct {
 	// not block) with each request this endpoint refused as a target: the
 	// peer, the region and the cause. Refused() counts them.
 	OnRefuse func(error)
+	// TCPOnly carries every transfer over TCP, even to a peer on this
+	// host (which otherwise copies with process_vm_readv/writev): to
+	// measure TCP on one host, or where ptrace is not allowed.
+	TCPOnly bool
 }
 
 // Defaults.
@@ -99,6 +104,9 @@ type Endpoint struct {
 	immWake chan struct{}
 
 	refused atomic.Int64
+	// token, at an address its Info gives, proves to a peer on this host
+	// that it may copy from this process (cma_linux.go).
+	token *uint64
 }
 
 // Imm is an immediate a peer's WriteWithImm delivered, after the write's
@@ -153,6 +161,9 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	e := &Endpoint{opts: o, key: auth.NewKey(o.Auth.Secret, o.Auth.Job), ln: ln.(*net.TCPListener), addr: ln.Addr().String(),
 		host: hostID(), done: make(chan struct{}), regs: map[uint64]*Region{}, peers: map[string]*Peer{},
 		immWake: make(chan struct{}, 1), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
+	e.token = new(uint64)
+	rand.Read(first[:])
+	*e.token = binary.LittleEndian.Uint64(first[:]) | 1
 	e.wg.Add(1)
 	go e.acceptLoop()
 	return e, nil
@@ -383,7 +394,8 @@ func (e *Endpoint) refuse(peer, op string, st uint8, detail string) {
 // address, host and the regions registered now (up to MaxInfoRegions).
 // A peer passes it to ConnectInfo.
 func (e *Endpoint) Info() []byte {
-	in := info{name: e.opts.Name, addr: e.addr, host: e.host, pid: uint32(os.Getpid())}
+	in := info{name: e.opts.Name, addr: e.addr, host: e.host, pid: uint32(os.Getpid()),
+		token: *e.token, tokenAddr: uint64(uintptr(unsafe.Pointer(e.token)))}
 	e.mu.Lock()
 	for _, r := range e.regs {
 		if len(in.regions) < MaxInfoRegions {
@@ -471,6 +483,7 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 		if p.err != nil {
 			return nil, p.err
 		}
+		p.l.enableCMA(in)
 		return p, nil
 	case <-ctx.Done():
 		err := opErr("connect", in.name, "", ErrTimeout, "the link was not made in time")

@@ -17,6 +17,8 @@ import (
 //	u8 len, address       its listener, a literal ip:port
 //	u8 len, host          boot id and pid namespace: equal means same host
 //	u32 pid
+//	u64 token, u64 its address: a peer on the same host that reads the
+//	    token there with process_vm_readv may copy with it
 //	u16 regions, then each: u8 len, name, u64 id, u64 key, u64 size
 const (
 	infoMagic   = "SLP2"
@@ -29,6 +31,7 @@ const (
 type info struct {
 	name, addr, host string
 	pid              uint32
+	token, tokenAddr uint64
 	regions          []RemoteRegion
 }
 
@@ -39,6 +42,8 @@ func (in *info) encode() []byte {
 	str(in.addr)
 	str(in.host)
 	b = binary.LittleEndian.AppendUint32(b, in.pid)
+	b = binary.LittleEndian.AppendUint64(b, in.token)
+	b = binary.LittleEndian.AppendUint64(b, in.tokenAddr)
 	n := min(len(in.regions), MaxInfoRegions)
 	b = binary.LittleEndian.AppendUint16(b, uint16(n))
 	for _, r := range in.regions[:n] {
@@ -83,12 +88,14 @@ func decodeInfo(b []byte) (info, error) {
 	if in.host, ok = str(128); !ok {
 		return bad("host")
 	}
-	if len(b) < 6 {
+	if len(b) < 22 {
 		return bad("truncated")
 	}
 	in.pid = binary.LittleEndian.Uint32(b)
-	n := int(binary.LittleEndian.Uint16(b[4:]))
-	b = b[6:]
+	in.token = binary.LittleEndian.Uint64(b[4:])
+	in.tokenAddr = binary.LittleEndian.Uint64(b[12:])
+	n := int(binary.LittleEndian.Uint16(b[20:]))
+	b = b[22:]
 	if n > MaxInfoRegions {
 		return bad("too many regions")
 	}

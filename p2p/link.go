@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,7 +84,8 @@ type Op struct {
 type part struct {
 	l      *link
 	f      *Future
-	kind   uint8
+	kind   uint8 // rRead, rWrite, rImm, rSend; rCTS for a receive
+	sub    uint8 // the request's kind on the wire (rReadV, rWriteV on the same host)
 	id     uint64
 	ch     int
 	mu     sync.Mutex
@@ -137,6 +139,9 @@ type link struct {
 	sendSeq uint64
 	recvSeq uint64
 	rr      int // the next connection for a small request
+	grants  map[uint64][]*Region // same host: ranges lent to the peer, by its request id
+	cma     atomic.Bool          // same host: copy with process_vm_readv/writev (cma_linux.go)
+	pid     int                  // the peer's process, when cma
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }
@@ -167,7 +172,7 @@ type job interface{ write(c *conn) error }
 
 func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, in info) *link {
 	l := &link{e: e, p: p, hb: e.opts.Heartbeat, parts: map[uint64]*part{}, sends: map[uint64]*part{},
-		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, stop: make(chan struct{})}
+		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, stop: make(chan struct{})}
 	for i, tc := range tcs {
 		tc.SetNoDelay(true)
 		tc.SetWriteBuffer(inter.DefaultSockBuf)
@@ -176,7 +181,12 @@ func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, in info) *link {
 	return l
 }
 
-func (l *link) name() string { return "tcp" }
+func (l *link) name() string {
+	if l.cma.Load() {
+		return "cma"
+	}
+	return "tcp"
+}
 
 func (l *link) start() {
 	for _, c := range l.conns {
@@ -205,7 +215,13 @@ func (l *link) fail(err error) {
 			all = append(all, p)
 		}
 	}
+	var lent []*Region
+	for id, regs := range l.grants {
+		lent = append(lent, regs...)
+		delete(l.grants, id)
+	}
 	l.mu.Unlock()
+	l.e.release(lent)
 	for _, c := range l.conns {
 		c.c.Close()
 	}
@@ -434,13 +450,13 @@ func (j reqJob) write(c *conn) error {
 	for i := range p.descs {
 		p.descs[i].put(c.desc[stripeSize+i*DescSize:])
 	}
-	h := header{kind: kReq, sub: p.kind, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)}
+	h := header{kind: kReq, sub: p.sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)}
 	if p.kind == rImm {
 		h = header{kind: kReq, sub: rImm, id: p.id, a: uint64(p.imm)}
 	}
 	err := c.send(h, c.desc[:h.payload])
 	p.mu.Unlock()
-	if err != nil || p.kind != rWrite {
+	if err != nil || p.sub != rWrite {
 		return err
 	}
 	return c.sendChunks(p.id, p.local, p.total, &p.mu, func() uint8 {
@@ -622,10 +638,13 @@ func (c *conn) dispatch(h header) error {
 		return fmt.Errorf("%w: a frame of kind %d out of place", ErrFrame, h.kind)
 	case kResp:
 		return c.response(h)
+	case kRelease:
+		l.released(h.id)
+		return nil
 	}
 	// A request.
 	switch h.sub {
-	case rRead, rWrite:
+	case rRead, rWrite, rReadV, rWriteV:
 		if cap(c.desc) < int(h.payload) {
 			c.desc = make([]byte, h.payload)
 		}
@@ -643,7 +662,7 @@ func (c *conn) dispatch(h header) error {
 		if st == stOK {
 			c.segs = stripe(c.segs, lo, h.a)
 		}
-		op := map[uint8]string{rRead: "read", rWrite: "write"}[h.sub]
+		op := map[uint8]string{rRead: "read", rWrite: "write", rReadV: "read", rWriteV: "write"}[h.sub]
 		if st != stOK {
 			l.e.refuse(l.p.name, op, st, why)
 			l.enqueue(c.idx, frame{kind: kResp, sub: h.sub, id: h.id, status: st})
@@ -651,6 +670,10 @@ func (c *conn) dispatch(h header) error {
 				_, err := c.recvChunks(h.id, h.a, nil, nil, nil)
 				return err
 			}
+			return nil
+		}
+		if h.sub == rReadV || h.sub == rWriteV {
+			c.grant(h.id, h.sub, c.segs, c.regs)
 			return nil
 		}
 		if h.sub == rRead {
@@ -711,6 +734,9 @@ func (c *conn) response(h header) error {
 			p.finish(c.refusal(p, h.status))
 		}
 		return nil
+	}
+	if h.sub == rReadV || h.sub == rWriteV {
+		return c.granted(h, p)
 	}
 	if h.sub != rRead {
 		if p != nil {

@@ -56,6 +56,11 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	f := newFuture(op, p.name, l.name())
 	n := len(l.conns)
 	k := inter.Stripes(int(min(total, MaxLen)), n)
+	sub := kind
+	if l.cma.Load() { // one request: the copy is one thread's either way
+		k = 1
+		sub = map[uint8]uint8{rRead: rReadV, rWrite: rWriteV}[kind]
+	}
 	l.mu.Lock()
 	first := l.rr
 	l.rr = (l.rr + k) % n
@@ -72,7 +77,7 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	i, off := 0, 0 // the op and the offset in it where the next stripe starts
 	for s := range k {
 		lo, hi := inter.Stripe(int(total), k, s)
-		pt := &part{l: l, f: f, kind: kind, ch: (first + s) % n, lo: uint64(lo), total: uint64(hi - lo), descs: descs, active: true}
+		pt := &part{l: l, f: f, kind: kind, sub: sub, ch: (first + s) % n, lo: uint64(lo), total: uint64(hi - lo), descs: descs, active: true}
 		for need := hi - lo; need > 0; {
 			o := ops[i]
 			m := min(need, o.Len-off)
@@ -90,7 +95,7 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	}
 	var then *part
 	if imm != nil {
-		then = &part{l: l, f: f, kind: rImm, ch: first, imm: *imm, active: true}
+		then = &part{l: l, f: f, kind: rImm, sub: rImm, ch: first, imm: *imm, active: true}
 		f.then = then
 		f.writesLeft.Store(int32(len(parts)))
 		parts = append(parts, then)

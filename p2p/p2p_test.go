@@ -14,6 +14,13 @@ import (
 	"github.com/slimego/slimego/internal/auth"
 )
 
+// transports runs test over TCP and, to a peer on this host, over the
+// same-host transport, naming the transport each must report.
+func transports(t *testing.T, test func(t *testing.T, tcpOnly bool, want string)) {
+	t.Run("tcp", func(t *testing.T) { test(t, true, "tcp") })
+	t.Run("cma", func(t *testing.T) { test(t, false, "cma") })
+}
+
 func ctxT(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -25,12 +32,14 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 // checks every byte, writes fresh random bytes over it, reads them back,
 // and does the same with a batch of 64 scattered ranges. The transfers
 // report the transport that carried them.
-func TestProcessReadWrite(t *testing.T) {
+func TestProcessReadWrite(t *testing.T) { transports(t, testProcessReadWrite) }
+
+func testProcessReadWrite(t *testing.T, tcpOnly bool, wantT string) {
 	const size = 24<<20 + 12345
 	addr, st := storeFor(t)
 	startChild(t, "target", addr, size, 7)
 	ctx := ctxT(t, 60*time.Second)
-	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth()})
+	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth(), TCPOnly: tcpOnly})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,8 +63,8 @@ func TestProcessReadWrite(t *testing.T) {
 	if err := f.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if f.Transport() != "tcp" {
-		t.Errorf("transport %q", f.Transport())
+	if f.Transport() != wantT {
+		t.Errorf("transport %q, want %q", f.Transport(), wantT)
 	}
 	if !bytes.Equal(local, want) {
 		t.Fatal("the bytes read differ from the child's")
@@ -110,11 +119,13 @@ func TestProcessReadWrite(t *testing.T) {
 
 // TestProcessKilled: a peer process that is killed fails the transfers
 // waiting on it with ErrPeerLost, long before their deadline.
-func TestProcessKilled(t *testing.T) {
+func TestProcessKilled(t *testing.T) { transports(t, testProcessKilled) }
+
+func testProcessKilled(t *testing.T, tcpOnly bool, wantT string) {
 	addr, st := storeFor(t)
 	cmd := startChild(t, "echo", addr, 1<<20, 1)
 	ctx := ctxT(t, 30*time.Second)
-	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth()})
+	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth(), TCPOnly: tcpOnly})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +136,9 @@ func TestProcessKilled(t *testing.T) {
 	p, err := e.Connect(ctx, "child")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if p.Transport() != wantT {
+		t.Errorf("transport %q, want %q", p.Transport(), wantT)
 	}
 	// The echo works.
 	msg := make([]byte, 1000)
@@ -154,10 +168,13 @@ func TestProcessKilled(t *testing.T) {
 // TestRefused: requests outside a region, with a wrong key, to a region
 // never registered and to a deregistered one are refused on both sides
 // (ErrRefused here, OnRefuse there), and nothing is read or written.
-func TestRefused(t *testing.T) {
+func TestRefused(t *testing.T) { transports(t, testRefused) }
+
+func testRefused(t *testing.T, tcpOnly bool, wantT string) {
 	var refusedMu sync.Mutex
 	var refused []error
 	_, b, ab, _ := pair(t, func(o *Options) {
+		o.TCPOnly = tcpOnly
 		o.OnRefuse = func(err error) { refusedMu.Lock(); refused = append(refused, err); refusedMu.Unlock() }
 	})
 	a := ab.e
@@ -287,8 +304,10 @@ func TestLocalChecks(t *testing.T) {
 // ErrCancelled, and nothing of it lands in the buffer afterwards: the
 // buffer, refilled by the caller, keeps the caller's bytes while the
 // link carries on (the race detector would also see a late write).
-func TestCancelReuse(t *testing.T) {
-	_, b, ab, _ := pair(t, nil)
+func TestCancelReuse(t *testing.T) { transports(t, testCancelReuse) }
+
+func testCancelReuse(t *testing.T, tcpOnly bool, wantT string) {
+	_, b, ab, _ := pair(t, func(o *Options) { o.TCPOnly = tcpOnly })
 	a := ab.e
 	ctx := ctxT(t, 60*time.Second)
 	const size = 64 << 20
@@ -443,8 +462,10 @@ func TestSendRecvOrder(t *testing.T) {
 
 // TestWriteWithImm: the target takes the immediate in after the batch's
 // bytes are in its region.
-func TestWriteWithImm(t *testing.T) {
-	a, b, ab, _ := pair(t, nil)
+func TestWriteWithImm(t *testing.T) { transports(t, testWriteWithImm) }
+
+func testWriteWithImm(t *testing.T, tcpOnly bool, wantT string) {
+	a, b, ab, _ := pair(t, func(o *Options) { o.TCPOnly = tcpOnly })
 	ctx := ctxT(t, 30*time.Second)
 	const pages, page = 64, 4096 + 17
 	tmem := make([]byte, pages*page)
@@ -457,8 +478,12 @@ func TestWriteWithImm(t *testing.T) {
 		for i := range pages {
 			ops = append(ops, Op{Local: lr, LocalOff: i * page, Remote: tr.Remote(), RemoteOff: (pages - 1 - i) * page, Len: page})
 		}
-		if err := ab.WriteWithImm(ops, uint32(100+round)).Wait(ctx); err != nil {
+		f := ab.WriteWithImm(ops, uint32(100+round))
+		if err := f.Wait(ctx); err != nil {
 			t.Fatal(err)
+		}
+		if f.Transport() != wantT {
+			t.Errorf("transport %q, want %q", f.Transport(), wantT)
 		}
 		im, err := b.Imm(ctx)
 		if err != nil || im.Value != uint32(100+round) || im.Peer != "a" {
@@ -474,8 +499,10 @@ func TestWriteWithImm(t *testing.T) {
 
 // TestDeregisterFailsLocal: deregistering a region this side's transfer
 // uses fails that transfer with ErrClosed, and Deregister returns.
-func TestDeregisterFailsLocal(t *testing.T) {
-	a, b, ab, _ := pair(t, nil)
+func TestDeregisterFailsLocal(t *testing.T) { transports(t, testDeregisterFailsLocal) }
+
+func testDeregisterFailsLocal(t *testing.T, tcpOnly bool, wantT string) {
+	a, b, ab, _ := pair(t, func(o *Options) { o.TCPOnly = tcpOnly })
 	ctx := ctxT(t, 30*time.Second)
 	const size = 64 << 20
 	tr, _ := b.Register("t", make([]byte, size))

@@ -52,7 +52,8 @@ const (
 	kEnd      uint8 = 5 // the bytes of id end early (status says why)
 	kResp     uint8 = 6 // the answer to request id of kind sub
 	kPing     uint8 = 7 // heartbeat
-	kindLast        = kPing
+	kRelease  uint8 = 8 // the initiator is done with the memory granted for request id
+	kindLast        = kRelease
 )
 
 // Request kinds (sub of kReq and kResp).
@@ -63,7 +64,15 @@ const (
 	rRTS   uint8 = 4 // a send of a bytes, sequence id, is ready (no answer until matched)
 	rCTS   uint8 = 5 // the receive for sequence id is posted (status: or refused)
 	rSend  uint8 = 6 // the bytes of send id: a bytes of kData, answered by kResp; or, with a status, a send given up
-	subLast      = rSend
+	// Same host: a read or write request as rRead and rWrite, whose
+	// answer grants the stripe's memory (b iovecs of u64 address, u64
+	// length) for the initiator to copy with process_vm_readv/writev,
+	// until it sends kRelease.
+	rReadV  uint8 = 7
+	rWriteV uint8 = 8
+	subLast       = rWriteV
+	// IovSize is the size of one granted iovec.
+	IovSize = 16
 )
 
 // Status codes, in a response, an end and a hello's answer.
@@ -155,7 +164,7 @@ func decodeHeader(p []byte) (header, error) {
 			return bad("status in a request")
 		}
 		switch h.sub {
-		case rRead, rWrite:
+		case rRead, rWrite, rReadV, rWriteV:
 			if h.b == 0 || h.b > MaxBatch || h.payload != stripeSize+h.b*DescSize || h.a == 0 || h.a > MaxLen {
 				return bad("descriptor count, payload or length")
 			}
@@ -178,7 +187,15 @@ func decodeHeader(p []byte) (header, error) {
 		if h.sub != 0 || h.status != 0 || h.a != 0 || h.b != 0 || h.payload == 0 || h.payload > ChunkMax {
 			return bad("data fields")
 		}
-	case kEnd, kResp:
+	case kResp:
+		if (h.sub == rReadV || h.sub == rWriteV) && h.status == stOK {
+			if h.a != 0 || h.b == 0 || h.b > MaxBatch || h.payload != h.b*IovSize {
+				return bad("grant fields")
+			}
+			break
+		}
+		fallthrough
+	case kEnd:
 		if h.payload != 0 || h.b != 0 || (h.kind == kEnd && h.sub != 0) || (h.kind == kResp && (h.sub == 0 || h.sub > subLast)) {
 			return bad("fields")
 		}
@@ -187,6 +204,10 @@ func decodeHeader(p []byte) (header, error) {
 		}
 		if h.kind == kEnd && (h.status == stOK || h.a != 0) {
 			return bad("end without a cause")
+		}
+	case kRelease:
+		if h.sub != 0 || h.status != 0 || h.a != 0 || h.b != 0 || h.payload != 0 {
+			return bad("release fields")
 		}
 	case kPing:
 		if h.sub != 0 || h.status != 0 || h.id != 0 || h.a != 0 || h.b != 0 || h.payload != 0 {

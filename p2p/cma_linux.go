@@ -1,0 +1,238 @@
+package p2p
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The same-host transport ("cma", cross-memory attach). The request and
+// its answer travel on the link's connections as over TCP, and the target
+// checks the request just as it does there; but instead of the bytes its
+// answer grants the memory of the checked ranges (their addresses), and
+// the initiator copies them itself with one process_vm_readv or
+// process_vm_writev per chunk: one copy, kernel to kernel, no socket. The
+// initiator copies under its part's lock, chunk by chunk, so that a
+// cancelled transfer stops touching this side's memory at once, as over
+// TCP; it then releases the grant (kRelease), and until then the target
+// counts the request as in flight on its regions (Deregister waits for
+// it). A link uses it when the peer's Info says it runs on this host (the
+// same boot and pid namespace) and a probe read of the peer's token at the
+// address its Info gives returns the token (ptrace permission, same
+// process); then a pidfd watches the peer, so that its exit fails the
+// link at once even before its sockets close.
+
+// cmaChunk is the most one process_vm call copies.
+const cmaChunk = 4 << 20
+
+// iovMax bounds the iovecs of one process_vm call (the kernel's UIO_MAXIOV).
+const iovMax = 1024
+
+// enableCMA switches l to the same-host transport if the peer described
+// by in can be reached so; it reports whether l uses it.
+func (l *link) enableCMA(in info) bool {
+	e := l.e
+	if l.cma.Load() {
+		return true
+	}
+	if e.opts.TCPOnly || in.host != e.host || in.pid == 0 || in.tokenAddr == 0 {
+		return false
+	}
+	var got uint64
+	local := []unix.Iovec{{Base: (*byte)(unsafe.Pointer(&got)), Len: 8}}
+	remote := []unix.RemoteIovec{{Base: uintptr(in.tokenAddr), Len: 8}}
+	if n, err := unix.ProcessVMReadv(int(in.pid), local, remote, 0); err != nil || n != 8 || got != in.token {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.shut || l.failed() != nil {
+		return false
+	}
+	l.pid = int(in.pid)
+	if l.cma.Swap(true) {
+		return true
+	}
+	if in.pid != uint32(unix.Getpid()) {
+		if fd, err := unix.PidfdOpen(l.pid, 0); err == nil {
+			e.wg.Add(1)
+			go func() { defer e.wg.Done(); l.watch(fd) }()
+		}
+	}
+	return true
+}
+
+// watch fails l when the peer's process exits (its pidfd becomes
+// readable), or returns when l ends.
+func (l *link) watch(fd int) {
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 100)
+		if err == nil && n > 0 {
+			l.fail(opErr("watch", l.p.name, "", ErrPeerLost, "its process (pid %d) exited", l.pid))
+			return
+		}
+		select {
+		case <-l.stop:
+			return
+		default:
+		}
+	}
+}
+
+// grantJob answers a same-host request with the addresses of its ranges.
+type grantJob struct {
+	id  uint64
+	sub uint8
+	iov []byte
+}
+
+func (j grantJob) write(c *conn) error {
+	return c.send(header{kind: kResp, sub: j.sub, id: j.id, b: uint32(len(j.iov) / IovSize), payload: uint32(len(j.iov))}, j.iov)
+}
+
+// grant records the checked ranges segs (on regs) of request id as lent
+// to the initiator and queues their addresses; the references on regs are
+// dropped when the initiator releases them or the link ends.
+func (c *conn) grant(id uint64, sub uint8, segs [][]byte, regs []*Region) {
+	l := c.l
+	iov := make([]byte, len(segs)*IovSize)
+	for i, s := range segs {
+		binary.LittleEndian.PutUint64(iov[i*IovSize:], uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s)))))
+		binary.LittleEndian.PutUint64(iov[i*IovSize+8:], uint64(len(s)))
+	}
+	regs = append([]*Region(nil), regs...)
+	l.mu.Lock()
+	if l.err != nil || l.grants[id] != nil {
+		l.mu.Unlock()
+		l.e.release(regs)
+		return
+	}
+	l.grants[id] = regs
+	l.mu.Unlock()
+	l.enqueue(c.idx, grantJob{id: id, sub: sub, iov: iov})
+}
+
+// released ends the grant of request id.
+func (l *link) released(id uint64) {
+	l.mu.Lock()
+	regs := l.grants[id]
+	delete(l.grants, id)
+	l.mu.Unlock()
+	l.e.release(regs)
+}
+
+// granted copies a same-host part's bytes through the grant its answer
+// h carries (the iovecs follow h), then releases the grant.
+func (c *conn) granted(h header, p *part) error {
+	if cap(c.desc) < int(h.payload) {
+		c.desc = make([]byte, h.payload)
+	}
+	b := c.desc[:h.payload]
+	if err := c.readFull(b); err != nil {
+		return err
+	}
+	defer c.l.enqueue(c.idx, frame{kind: kRelease, id: h.id})
+	if p == nil { // given up: the grant goes back unused
+		return nil
+	}
+	rem := make([]unix.RemoteIovec, h.b)
+	var sum uint64
+	for i := range rem {
+		a, n := binary.LittleEndian.Uint64(b[i*IovSize:]), binary.LittleEndian.Uint64(b[i*IovSize+8:])
+		if n == 0 || n > MaxLen {
+			return fmt.Errorf("%w: a grant of %d bytes", ErrFrame, n)
+		}
+		sum += n
+		rem[i] = unix.RemoteIovec{Base: uintptr(a), Len: int(n)}
+	}
+	if sum != p.total {
+		return fmt.Errorf("%w: a grant of %d bytes for a request of %d", ErrFrame, sum, p.total)
+	}
+	if err := c.l.cmaCopy(p, rem, h.sub == rWriteV); err != nil {
+		p.finish(opErr(p.f.op, c.l.p.name, "", ErrPeerLost, "copying through the grant: %v", err))
+		return nil
+	}
+	p.finish(nil)
+	return nil
+}
+
+// cmaCopy copies p's bytes from (write false) or to (write true) the
+// peer's ranges rem, a chunk at a time under p's lock, while p is active.
+func (l *link) cmaCopy(p *part, rem []unix.RemoteIovec, write bool) error {
+	lk := cursor{segs: p.local}
+	ri, ro := 0, 0
+	var liov []unix.Iovec
+	var riov []unix.RemoteIovec
+	for done := uint64(0); done < p.total; {
+		liov, riov = liov[:0], riov[:0]
+		n := 0
+		for n < cmaChunk && len(liov) < iovMax && done+uint64(n) < p.total {
+			for ri < len(rem) && ro == rem[ri].Len {
+				ri, ro = ri+1, 0
+			}
+			s := lk.next(min(cmaChunk-n, rem[ri].Len-ro))
+			v := unix.Iovec{Base: unsafe.SliceData(s)}
+			v.SetLen(len(s))
+			liov = append(liov, v)
+			riov = append(riov, unix.RemoteIovec{Base: rem[ri].Base + uintptr(ro), Len: len(s)})
+			ro += len(s)
+			n += len(s)
+		}
+		if err := vmCopy(&p.mu, &p.active, l.pid, liov, riov, n, write); err != nil {
+			return err
+		}
+		done += uint64(n)
+	}
+	return nil
+}
+
+// vmCopy moves n bytes between liov (here) and riov (in pid) under mu,
+// if *active, retrying after short copies.
+func vmCopy(mu *sync.Mutex, active *bool, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int, write bool) error {
+	mu.Lock()
+	defer mu.Unlock()
+	for n > 0 && *active {
+		var m int
+		var err error
+		if write {
+			m, err = unix.ProcessVMWritev(pid, liov, riov, 0)
+		} else {
+			m, err = unix.ProcessVMReadv(pid, liov, riov, 0)
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if m <= 0 {
+			return fmt.Errorf("process_vm copied nothing")
+		}
+		n -= m
+		liov, riov = advance(liov, riov, m)
+	}
+	return nil
+}
+
+// advance drops the first m bytes of both iovec lists (which describe
+// equal pieces).
+func advance(liov []unix.Iovec, riov []unix.RemoteIovec, m int) ([]unix.Iovec, []unix.RemoteIovec) {
+	for m > 0 && len(riov) > 0 {
+		if m >= riov[0].Len {
+			m -= riov[0].Len
+			liov, riov = liov[1:], riov[1:]
+			continue
+		}
+		liov[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(liov[0].Base), m))
+		liov[0].SetLen(int(liov[0].Len) - m)
+		riov[0].Base += uintptr(m)
+		riov[0].Len -= m
+		m = 0
+	}
+	return liov, riov
+}
