@@ -209,6 +209,13 @@ func (l *link) fail(err error) {
 	}
 	l.err = err
 	close(l.stop)
+	// The peer may be linked again by a later Connect.
+	e := l.e
+	e.mu.Lock()
+	if e.peers[l.p.name] == l.p {
+		delete(e.peers, l.p.name)
+	}
+	e.mu.Unlock()
 	var all []*part
 	for _, m := range []map[uint64]*part{l.parts, l.sends, l.recvs} {
 		for _, p := range m {
@@ -228,13 +235,6 @@ func (l *link) fail(err error) {
 	for _, p := range all {
 		p.finish(err)
 	}
-	// The peer may be linked again by a later Connect.
-	e := l.e
-	e.mu.Lock()
-	if e.peers[l.p.name] == l.p {
-		delete(e.peers, l.p.name)
-	}
-	e.mu.Unlock()
 }
 
 func (l *link) failed() error {

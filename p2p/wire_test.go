@@ -1,0 +1,249 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/auth"
+)
+
+func hdr(h header) []byte {
+	b := make([]byte, HeaderSize)
+	h.put(b)
+	return b
+}
+
+// FuzzDecodeHeader: the header decoder never panics, and what it accepts
+// encodes back to the same bytes, within the bounds it promises.
+func FuzzDecodeHeader(f *testing.F) {
+	for _, h := range []header{
+		{kind: kHello, id: 5, a: 1, b: 4, payload: 3},
+		{kind: kHelloAck, status: stDup},
+		{kind: kReq, sub: rRead, id: 1, a: 100, b: 2, payload: stripeSize + 2*DescSize},
+		{kind: kReq, sub: rWriteV, id: 1, a: 100, b: 1, payload: stripeSize + DescSize},
+		{kind: kReq, sub: rImm, id: 9, a: 0xffffffff},
+		{kind: kReq, sub: rCTS, id: 9, status: stCancelled},
+		{kind: kReq, sub: rSend, id: 9, status: stCancelled},
+		{kind: kData, id: 3, payload: ChunkMax},
+		{kind: kEnd, id: 3, status: stNoRegion},
+		{kind: kResp, sub: rRead, id: 3, a: 77},
+		{kind: kResp, sub: rReadV, id: 3, b: 2, payload: 2 * IovSize},
+		{kind: kRelease, id: 3},
+		{kind: kPing},
+	} {
+		f.Add(hdr(h))
+	}
+	f.Add(make([]byte, HeaderSize))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := decodeHeader(b)
+		if err != nil {
+			if !errors.Is(err, ErrFrame) {
+				t.Fatalf("an error that is not ErrFrame: %v", err)
+			}
+			return
+		}
+		if !bytes.Equal(hdr(h), b[:HeaderSize]) {
+			t.Fatalf("%+v does not encode back to %x", h, b[:HeaderSize])
+		}
+		switch {
+		case h.kind == kData && (h.payload == 0 || h.payload > ChunkMax),
+			h.kind == kReq && h.payload > stripeSize+MaxBatch*DescSize,
+			h.kind == kResp && h.payload > MaxBatch*IovSize,
+			h.kind == kHello && h.payload > MaxName,
+			h.kind != kData && h.kind != kReq && h.kind != kResp && h.kind != kHello && h.payload != 0,
+			h.a > MaxLen && !(h.kind == kHello):
+			t.Fatalf("accepted out of bounds: %+v", h)
+		}
+	})
+}
+
+// FuzzDecodeDescs: the descriptor decoder never panics, and what it
+// accepts is a batch whose every range is non-empty and bounded and whose
+// bytes hold the stripe it names.
+func FuzzDecodeDescs(f *testing.F) {
+	enc := func(lo uint64, ds ...desc) []byte {
+		b := binary.LittleEndian.AppendUint64(nil, lo)
+		for _, d := range ds {
+			p := make([]byte, DescSize)
+			d.put(p)
+			b = append(b, p...)
+		}
+		return b
+	}
+	f.Add(enc(0, desc{1, 2, 3, 4}), 1, uint64(4))
+	f.Add(enc(2, desc{1, 2, 3, 4}, desc{5, 6, 0, 10}), 2, uint64(12))
+	f.Add(enc(0, desc{1, 2, 1 << 62, 1 << 62}), 1, uint64(1))
+	f.Fuzz(func(t *testing.T, b []byte, n int, total uint64) {
+		ds, lo, err := decodeDescs(b, n, total, nil)
+		if err != nil {
+			return
+		}
+		var sum uint64
+		for _, d := range ds {
+			if d.len == 0 || d.len > MaxLen || d.off > MaxLen {
+				t.Fatalf("accepted %+v", d)
+			}
+			sum += d.len
+		}
+		if len(ds) != n || lo+total > sum || sum > MaxLen {
+			t.Fatalf("accepted a stripe of %d at %d of %d bytes in %d descriptors", total, lo, sum, len(ds))
+		}
+	})
+}
+
+// FuzzDecodeInfo: the Info parser never panics, and what it accepts
+// encodes back to the same bytes, with an address that is a literal
+// ip:port and valid names.
+func FuzzDecodeInfo(f *testing.F) {
+	in := info{name: "a", addr: "127.0.0.1:5", host: "h/x", pid: 3, token: 4, tokenAddr: 5,
+		regions: []RemoteRegion{{Name: "r", ID: 1, Key: 2, Size: 3}}}
+	f.Add(in.encode())
+	f.Add((&info{name: "b", addr: "[::1]:80"}).encode())
+	f.Add((&info{name: "b", addr: "example.com:80"}).encode())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		in, err := decodeInfo(b)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("an error that is not ErrInvalid: %v", err)
+			}
+			return
+		}
+		if !bytes.Equal(in.encode(), b) {
+			t.Fatalf("%+v does not encode back", in)
+		}
+		if host, _, err := net.SplitHostPort(in.addr); err != nil || net.ParseIP(host) == nil {
+			t.Fatalf("accepted the address %q", in.addr)
+		}
+		if validName(in.name) != nil || in.name == "" {
+			t.Fatalf("accepted the name %q", in.name)
+		}
+	})
+}
+
+// TestInfoRejects: Info values that are not to be trusted are refused.
+func TestInfoRejects(t *testing.T) {
+	good := info{name: "a", addr: "127.0.0.1:5", host: "h"}
+	for name, in := range map[string]info{
+		"host name":   {name: "a", addr: "localhost:5"},
+		"port 0":      {name: "a", addr: "127.0.0.1:0"},
+		"no port":     {name: "a", addr: "127.0.0.1"},
+		"slash":       {name: "a/b", addr: "127.0.0.1:5"},
+		"empty name":  {addr: "127.0.0.1:5"},
+		"zero region": {name: "a", addr: "127.0.0.1:5", regions: []RemoteRegion{{Name: "r"}}},
+	} {
+		if _, err := decodeInfo(in.encode()); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	b := good.encode()
+	if _, err := decodeInfo(b); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := decodeInfo(append(b, 0)); err == nil {
+		t.Error("trailing bytes accepted")
+	}
+	if _, err := decodeInfo(b[:len(b)-1]); err == nil {
+		t.Error("a truncated info accepted")
+	}
+}
+
+// TestHostileFrames: a member of the job (it holds the secret) that sends
+// malformed frames, or requests outside every region, has its link closed
+// or its requests refused; the endpoint writes nothing and goes on
+// serving its other peers.
+func TestHostileFrames(t *testing.T) {
+	_, b, ab, _ := pair(t, func(o *Options) { o.Channels = 1 })
+	a := ab.e
+	ctx := ctxT(t, 20*time.Second)
+	mem := make([]byte, 4096)
+	fill(mem, 1)
+	orig := append([]byte(nil), mem...)
+	r, _ := b.Register("m", mem)
+	rr := r.Remote()
+	k := auth.NewKey(testAuth().Secret, testAuth().Job)
+	// dial opens a raw link to b as "evil" with one channel.
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		c.Write(append(hdr(header{kind: kHello, id: 77, a: 0, b: 1, payload: 4}), "evil"...))
+		var ack [HeaderSize]byte
+		if _, err := readFull(c, ack[:]); err != nil {
+			t.Fatal(err)
+		}
+		if h, err := decodeHeader(ack[:]); err != nil || h.status != stOK {
+			t.Fatalf("hello refused: %+v %v", h, err)
+		}
+		return c
+	}
+	// The hostile link's requests: out of bounds with the right key, and
+	// a write whose data frames lie about their length.
+	req := func(sub uint8, id uint64, d desc) []byte {
+		p := make([]byte, stripeSize+DescSize)
+		d.put(p[stripeSize:])
+		return append(hdr(header{kind: kReq, sub: sub, id: id, a: d.len, b: 1, payload: uint32(len(p))}), p...)
+	}
+	c := dial()
+	defer c.Close()
+	c.Write(req(rWrite, 1, desc{rr.ID, rr.Key, 4000, 200}))
+	c.Write(append(hdr(header{kind: kData, id: 1, payload: 200}), make([]byte, 200)...))
+	c.Write(req(rWriteV, 2, desc{rr.ID, rr.Key, 1 << 40, 1}))
+	c.Write(req(rRead, 3, desc{rr.ID, rr.Key ^ 1, 0, 1}))
+	for want := range 3 {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		var buf [HeaderSize]byte
+		for {
+			if _, err := readFull(c, buf[:]); err != nil {
+				t.Fatalf("answer %d: %v", want, err)
+			}
+			if h, _ := decodeHeader(buf[:]); h.kind != kPing {
+				if h.kind != kResp || h.status == stOK {
+					t.Fatalf("answer %d: %+v, want a refusal", want, h)
+				}
+				break
+			}
+		}
+	}
+	// Garbage: the link is closed.
+	c.Write(bytes.Repeat([]byte{0xff}, HeaderSize))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		var buf [HeaderSize]byte
+		if _, err := readFull(c, buf[:]); err != nil {
+			break
+		}
+	}
+	// A data frame longer than its write: the link is closed.
+	c2 := dial()
+	defer c2.Close()
+	c2.Write(req(rWrite, 1, desc{rr.ID, rr.Key, 0, 10}))
+	c2.Write(append(hdr(header{kind: kData, id: 1, payload: 20}), make([]byte, 20)...))
+	c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		var buf [HeaderSize]byte
+		if _, err := readFull(c2, buf[:]); err != nil {
+			break
+		}
+	}
+	if !bytes.Equal(mem, orig) {
+		t.Fatal("a hostile request changed the region")
+	}
+	// The honest peer is still served.
+	lr, _ := a.Register("l", make([]byte, 4096))
+	if err := ab.Read([]Op{{Local: lr, Remote: rr, Len: 4096}}).Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(lr.Bytes(), orig) {
+		t.Fatal("the honest read differs")
+	}
+	_ = ctx
+}
