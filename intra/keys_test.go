@@ -25,7 +25,7 @@ func TestAllocFreeKeepsStoreBounded(t *testing.T) {
 	const (
 		L       = 2
 		maxKeys = 1000
-		iters   = 40000 // far beyond maxKeys / 2 keys per Alloc, and DefaultMaxKeys / 2
+		iters   = 4000 // 8 times what maxKeys holds at 2 keys per Alloc
 		every   = 100   // allocations between barriers
 	)
 	addr := teststore.Serve(t, rendezvous.ServerConfig{MaxKeys: maxKeys})
