@@ -529,8 +529,21 @@ func (c *conn) reader() {
 	}
 }
 
+// readDeadline makes the next reads end by the heartbeat deadline. A
+// Reader that keeps a deadline of its own (one that polls before it
+// parks) is told through its SetDeadline; otherwise the socket's read
+// deadline is set.
+func (c *conn) readDeadline() {
+	d := time.Now().Add(c.l.hb)
+	if r, ok := any(&c.rd).(interface{ SetDeadline(time.Time) }); ok {
+		r.SetDeadline(d)
+		return
+	}
+	c.c.SetReadDeadline(d)
+}
+
 func (c *conn) header() (header, error) {
-	c.c.SetReadDeadline(time.Now().Add(c.l.hb))
+	c.readDeadline()
 	if err := c.rd.ReadFull(c.rhdr[:]); err != nil {
 		return header{}, err
 	}
@@ -538,7 +551,7 @@ func (c *conn) header() (header, error) {
 }
 
 func (c *conn) readFull(b []byte) error {
-	c.c.SetReadDeadline(time.Now().Add(c.l.hb))
+	c.readDeadline()
 	return c.rd.ReadFull(b)
 }
 
