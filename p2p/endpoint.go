@@ -68,8 +68,15 @@ type Options struct {
 	TCPOnly bool
 }
 
+// heartbeatMS is d in milliseconds, as a hello carries it.
+func heartbeatMS(d time.Duration) uint32 {
+	return uint32(min(max(d.Milliseconds(), 1), maxHeartbeatMS))
+}
+
 // Defaults.
 const (
+	// minHeartbeat bounds the heartbeat a link takes from its peer's hello.
+	minHeartbeat = 10 * time.Millisecond
 	DefaultTimeout   = 5 * time.Minute
 	DefaultHeartbeat = 5 * time.Second
 	// maxChannels bounds the connections of one link (and a hello's count).
@@ -526,6 +533,7 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 		}
 	}
 	d := net.Dialer{Timeout: time.Second}
+	var peerHB uint64
 	for ch := range n {
 		var c net.Conn
 		for wait := 10 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
@@ -552,12 +560,13 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 			closeAll()
 			return opErr("connect", in.name, "", ErrRefused, "%s: %v", addr, err)
 		}
-		h := header{kind: kHello, id: session, a: uint64(ch), b: uint32(n), payload: uint32(len(e.opts.Name))}
-		var b [HeaderSize + MaxName]byte
+		h := header{kind: kHello, id: session, a: uint64(ch), b: uint32(n), payload: uint32(4 + len(e.opts.Name))}
+		var b [HeaderSize + 4 + MaxName]byte
 		h.put(b[:])
-		copy(b[HeaderSize:], e.opts.Name)
+		binary.LittleEndian.PutUint32(b[HeaderSize:], heartbeatMS(e.opts.Heartbeat))
+		copy(b[HeaderSize+4:], e.opts.Name)
 		tc.SetDeadline(dl)
-		if _, err := tc.Write(b[:HeaderSize+len(e.opts.Name)]); err != nil {
+		if _, err := tc.Write(b[:HeaderSize+4+len(e.opts.Name)]); err != nil {
 			closeAll()
 			return opErr("connect", in.name, "", ErrPeerLost, "hello to %s: %v", addr, err)
 		}
@@ -573,6 +582,7 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 			closeAll()
 			return opErr("connect", in.name, "", ErrRefused, "%s: %v", addr, err)
 		}
+		peerHB = ah.a
 		switch ah.status {
 		case stDup:
 			closeAll()
@@ -583,7 +593,7 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 		}
 		tc.SetDeadline(time.Time{})
 	}
-	if err := e.install(p, conns, in, session); err != nil {
+	if err := e.install(p, conns, in, peerHB); err != nil {
 		closeAll()
 		return err
 	}
@@ -605,7 +615,7 @@ func readFull(c net.Conn, b []byte) (int, error) {
 
 // install makes a link of conns for p and starts its goroutines; if p
 // already has one (the peer's own dial won), conns are surplus.
-func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, in info, session uint64) error {
+func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, in info, peerHB uint64) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.shut {
@@ -617,7 +627,11 @@ func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, in info, session uint6
 	if p.err != nil {
 		return p.err
 	}
-	p.l = newLink(e, p, conns, in)
+	hb := e.opts.Heartbeat
+	if peerHB > 0 {
+		hb = max(min(hb, time.Duration(peerHB)*time.Millisecond), minHeartbeat)
+	}
+	p.l = newLink(e, p, conns, hb)
 	p.dialing = false
 	close(p.ready)
 	p.l.start()
@@ -654,6 +668,7 @@ func (e *Endpoint) acceptLoop() {
 
 // pendingLink gathers the connections of a link being accepted.
 type pendingLink struct {
+	hb    uint64 // the peer's heartbeat, ms
 	name  string
 	conns []*net.TCPConn
 	n     int
@@ -669,7 +684,7 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 		return
 	}
 	c.SetDeadline(dl)
-	var b [HeaderSize + MaxName]byte
+	var b [HeaderSize + 4 + MaxName]byte
 	if _, err := readFull(c, b[:HeaderSize]); err != nil {
 		c.Close()
 		return
@@ -683,9 +698,10 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 		c.Close()
 		return
 	}
-	name := string(b[HeaderSize : HeaderSize+int(h.payload)])
+	peerHB := uint64(binary.LittleEndian.Uint32(b[HeaderSize:]))
+	name := string(b[HeaderSize+4 : HeaderSize+int(h.payload)])
 	answer := func(st uint8) bool {
-		a := header{kind: kHelloAck, status: st}
+		a := header{kind: kHelloAck, status: st, a: uint64(heartbeatMS(e.opts.Heartbeat))}
 		a.put(b[:])
 		_, err := c.Write(b[:HeaderSize])
 		return err == nil
@@ -713,7 +729,7 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 	mu.Lock()
 	pl := pending[h.id]
 	if pl == nil {
-		pl = &pendingLink{name: name, conns: make([]*net.TCPConn, h.b), at: time.Now()}
+		pl = &pendingLink{name: name, conns: make([]*net.TCPConn, h.b), at: time.Now(), hb: peerHB}
 		pending[h.id] = pl
 	}
 	for id, q := range pending { // forget sessions that never completed
@@ -755,7 +771,7 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 	e.mu.Unlock()
 	// The peer's info (its pid and host) is in the store or was handed
 	// over; an accepted link knows the peer by its connections alone.
-	if err := e.install(p, pl.conns, p.getInfo(), h.id); err != nil {
+	if err := e.install(p, pl.conns, p.getInfo(), pl.hb); err != nil {
 		for _, c := range pl.conns {
 			c.Close()
 		}

@@ -170,8 +170,10 @@ type conn struct {
 // job is what a connection's writer writes, whole, before the next.
 type job interface{ write(c *conn) error }
 
-func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, in info) *link {
-	l := &link{e: e, p: p, hb: e.opts.Heartbeat, parts: map[uint64]*part{}, sends: map[uint64]*part{},
+// newLink makes the link of tcs to p, whose heartbeat deadline is hb (the
+// shorter of the two ends').
+func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, hb time.Duration) *link {
+	l := &link{e: e, p: p, hb: hb, parts: map[uint64]*part{}, sends: map[uint64]*part{},
 		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, stop: make(chan struct{})}
 	for i, tc := range tcs {
 		tc.SetNoDelay(true)

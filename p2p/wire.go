@@ -41,12 +41,15 @@ const (
 	// stripeSize is the u64 that starts a read or write request's
 	// payload: where its stripe starts in the batch's bytes.
 	stripeSize = 8
+	// maxHeartbeatMS bounds the heartbeat a hello proposes; a link takes
+	// the shorter of its two ends' (at least minHeartbeat).
+	maxHeartbeatMS = 1 << 31
 )
 
 // Frame kinds.
 const (
-	kHello    uint8 = 1 // connector → acceptor: id session, a channel, b channels, payload name
-	kHelloAck uint8 = 2 // acceptor → connector: status
+	kHello    uint8 = 1 // connector → acceptor: id session, a channel, b channels, payload u32 heartbeat ms and name
+	kHelloAck uint8 = 2 // acceptor → connector: status, a heartbeat ms
 	kReq      uint8 = 3 // a request: sub says which
 	kData     uint8 = 4 // a chunk of a request's or a response's bytes
 	kEnd      uint8 = 5 // the bytes of id end early (status says why)
@@ -152,11 +155,11 @@ func decodeHeader(p []byte) (header, error) {
 	}
 	switch h.kind {
 	case kHello:
-		if h.sub != 0 || h.status != 0 || h.payload == 0 || h.payload > MaxName || h.b == 0 || h.b > maxChannels || h.a >= uint64(h.b) {
+		if h.sub != 0 || h.status != 0 || h.payload <= 4 || h.payload > 4+MaxName || h.b == 0 || h.b > maxChannels || h.a >= uint64(h.b) {
 			return bad("hello fields")
 		}
 	case kHelloAck:
-		if h.sub != 0 || h.payload != 0 || h.a != 0 || h.b != 0 || (h.status != stOK && h.status != stDup && h.status != stRefusedHello) {
+		if h.sub != 0 || h.payload != 0 || h.a > maxHeartbeatMS || h.b != 0 || (h.status != stOK && h.status != stDup && h.status != stRefusedHello) {
 			return bad("hello answer fields")
 		}
 	case kReq:
