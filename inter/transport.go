@@ -12,6 +12,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -60,6 +61,12 @@ type Config struct {
 	// HandshakeTimeout bounds one connection's handshake and hello
 	// (default DefaultHandshakeTimeout; never beyond New's deadline).
 	HandshakeTimeout time.Duration
+	// PollMax bounds how long a receive in the caller's goroutine (Direct)
+	// polls its socket before it parks in the netpoller (see Reader;
+	// default DefaultPollMax; negative: never polls). A node whose ranks
+	// outnumber its cores sets it negative: there the peer awaited may
+	// need the very core that would poll.
+	PollMax time.Duration
 }
 
 // Connection setup.
@@ -147,6 +154,14 @@ type conn struct {
 	vec   [2][]byte
 	bufs  net.Buffers
 	rd    Reader
+	// sendNow's vectored write, made once (see sendNow)
+	wrc       syscall.RawConn
+	writeFn   func(fd uintptr) bool
+	iov       [2]unix.Iovec
+	iovAt     int // the first iov entry not yet written
+	wErr      error
+	wDeadline time.Time
+	wArmed    bool // the socket's write deadline is set to wDeadline
 }
 
 type job struct {
@@ -189,6 +204,10 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = DefaultHandshakeTimeout
 	}
+	if cfg.PollMax == 0 {
+		cfg.PollMax = DefaultPollMax
+	}
+	cfg.PollMax = max(cfg.PollMax, 0)
 	ctx, cancel := context.WithDeadline(ctx, connectDeadline(ctx, cfg.Timeout))
 	defer cancel()
 	ip, err := netaddr.ListenIP(cfg.IfName, cfg.MasterAddr, true)
@@ -585,8 +604,15 @@ func (t *Transport) attach(tc *net.TCPConn, p, ch int) {
 	tc.SetWriteBuffer(t.cfg.SockBuf)
 	tc.SetDeadline(time.Time{})
 	pr := t.peers[p]
-	pr.conns[ch] = &conn{c: tc, p: pr, me: uint32(t.cfg.Rank), sendq: make(chan job, 1), recvq: make(chan job, 1),
+	c := &conn{c: tc, p: pr, me: uint32(t.cfg.Rank), sendq: make(chan job, 1), recvq: make(chan job, 1),
 		done: make(chan struct{}), rd: NewReader(tc, t.cfg.Lowat)}
+	c.rd.bind()
+	c.rd.PollMax, c.rd.spin = t.cfg.PollMax, t.cfg.PollMax/2
+	if rc, err := tc.SyscallConn(); err == nil {
+		c.wrc = rc
+		c.writeFn = c.writev
+	}
+	pr.conns[ch] = c
 }
 
 // callDeadline is when one call gives up: after timeout, or at the
@@ -710,7 +736,7 @@ func (t *Transport) SendCopy(p int, epoch, hash uint64, buf, also []byte, deadli
 		}
 		if !pr.sendDirect {
 			pr.conns[ch].sendq <- j
-		} else if err := pr.conns[ch].send(j); err != nil && pr.sendErr == nil {
+		} else if err := pr.conns[ch].sendNow(j); err != nil && pr.sendErr == nil {
 			pr.sendErr = err
 		}
 	}
@@ -748,12 +774,17 @@ func (t *Transport) WaitRecv(p int) error {
 	}
 	// In this goroutine: the first frame, then any others the sender
 	// striped a larger message over (to drain them).
+	// The first frame is awaited by polling before parking (see Reader):
+	// a small message's wait is a round trip, shorter than a wake-up.
 	lead := pr.conns[0]
+	lead.rd.Poll = true
 	h, err := lead.header(pr.recvJob)
 	if err != nil {
+		lead.rd.Poll = false
 		return err
 	}
 	err = lead.first(pr.recvJob, h, lead.plan(pr.recvJob, h))
+	lead.rd.Poll = false
 	for ch := 1; ch < int(h.Stripes); ch++ {
 		if e := pr.conns[ch].receive(pr.rest[ch]); e != nil && (err == nil || errors.Is(err, ErrMismatch) && !errors.Is(e, ErrMismatch)) {
 			err = e
@@ -785,7 +816,7 @@ func (c *conn) send(j job) error {
 	h := Header{Kind: KindData, Sender: c.me, Epoch: j.epoch, Hash: j.hash, Count: uint64(len(j.buf)),
 		Total: uint64(j.total), Stripes: uint32(j.stripes)}
 	h.Put(c.whdr[:])
-	c.c.SetWriteDeadline(j.deadline)
+	c.armWrite(j.deadline)
 	n := len(j.buf)
 	if j.also != nil {
 		n = min(n, CopyChunk)
@@ -804,6 +835,91 @@ func (c *conn) send(j job) error {
 		copy(j.also[lo:hi], j.buf[lo:hi])
 	}
 	return nil
+}
+
+// armWrite sets the socket's write deadline to d (see sendNow).
+func (c *conn) armWrite(d time.Time) {
+	if !c.wArmed || !c.wDeadline.Equal(d) {
+		c.c.SetWriteDeadline(d)
+	}
+	c.wDeadline, c.wArmed = d, true
+}
+
+// sendNow is send in the caller's goroutine (Direct): the header and the
+// payload in one vectored write through the connection's RawConn, with no
+// write deadline on the socket unless the write must wait for room, when
+// it sets one and parks. A pending deadline is a runtime timer, which keeps
+// an idle processor of the process waiting in the netpoller, where every
+// arriving segment wakes it (see Reader); a message that fits the send
+// buffer never waits. A job that copies its payload too goes through send.
+func (c *conn) sendNow(j job) error {
+	if j.also != nil || c.writeFn == nil {
+		return c.send(j)
+	}
+	h := Header{Kind: KindData, Sender: c.me, Epoch: j.epoch, Hash: j.hash, Count: uint64(len(j.buf)),
+		Total: uint64(j.total), Stripes: uint32(j.stripes)}
+	h.Put(c.whdr[:])
+	if c.wArmed {
+		c.c.SetWriteDeadline(time.Time{})
+		c.wArmed = false
+	}
+	c.wDeadline = j.deadline
+	c.iov[0].Base = &c.whdr[0]
+	c.iov[0].SetLen(HeaderSize)
+	c.iov[1].Base, c.iovAt = nil, 0
+	c.iov[1].SetLen(0)
+	if len(j.buf) > 0 {
+		c.iov[1].Base = &j.buf[0]
+		c.iov[1].SetLen(len(j.buf))
+	}
+	c.wErr = nil
+	err := c.wrc.Write(c.writeFn)
+	c.iov[0].Base, c.iov[1].Base = nil, nil // keep no buffer alive
+	if c.wArmed {
+		c.c.SetWriteDeadline(time.Time{})
+		c.wArmed = false
+	}
+	if err == nil {
+		err = c.wErr
+	}
+	return c.classify(err, "sending")
+}
+
+// writev is sendNow's RawConn callback: it writes what is left of c.iov,
+// and where the socket has no room sets the write deadline and returns
+// false to park until it has.
+func (c *conn) writev(fd uintptr) bool {
+	for c.iovAt < len(c.iov) {
+		if c.iov[c.iovAt].Len == 0 {
+			c.iovAt++
+			continue
+		}
+		n, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&c.iov[c.iovAt])), uintptr(len(c.iov)-c.iovAt))
+		switch e {
+		case 0:
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			c.armWrite(c.wDeadline)
+			return false
+		default:
+			c.wErr = e
+			return true
+		}
+		for left := uint64(n); left > 0 && c.iovAt < len(c.iov); {
+			v := &c.iov[c.iovAt]
+			k := min(left, v.Len)
+			left -= k
+			if k == v.Len { // never a pointer past the buffer's end
+				v.Base, v.Len = nil, 0
+				c.iovAt++
+				continue
+			}
+			v.Base = (*byte)(unsafe.Add(unsafe.Pointer(v.Base), k))
+			v.Len -= k
+		}
+	}
+	return true
 }
 
 // reader serves receives on this connection: on the first connection it
@@ -849,7 +965,7 @@ func (c *conn) reader() {
 // header reads and checks the header of the frame of the message j
 // expects on this connection.
 func (c *conn) header(j job) (Header, error) {
-	c.c.SetReadDeadline(j.deadline)
+	c.rd.SetDeadline(j.deadline)
 	if err := c.rd.ReadFull(c.rhdr[:]); err != nil {
 		return Header{}, c.classify(err, "receiving a header")
 	}
@@ -927,6 +1043,7 @@ func (c *conn) receive(j job) error {
 // step after a mismatch.
 func (c *conn) discard(n uint64) error {
 	c.rd.SetLowat(1) // the header's read may have left it higher
+	c.rd.arm()       // a polling reader leaves the socket without its deadline
 	if _, err := io.CopyN(io.Discard, c.c, int64(n)); err != nil {
 		return c.classify(err, "draining a mismatched block")
 	}
