@@ -166,11 +166,12 @@ bench: build
 	$(BIN)/slimerun -q --standalone --nproc-per-node $(P) $(BIN)/slimebench overlap --m-min 64 --m-max 1024 --nk 256,512 \
 	  --iters 5 --quiet --plot $(OUT)/bench/overlap.png | sed 's/^\[0\]: //' | tee $(OUT)/bench/overlap.txt
 
-# Across two network namespaces: raw TCP, slimego, OpenMPI's TCP transport,
+# Across two network namespaces: raw TCP, slimego beside OpenMPI's TCP
+# transport (REPS interleaved runs of each, 2 x 1 and 2 x 2; BENCH_ARGS),
 # and the hierarchical schedule against a flat ring (root and iproute2).
 bench-netns: build
 	@if command -v mpicc >/dev/null; then mpicc -O2 -o $(BIN)/allgather_mpi bench/mpi/allgather_mpi.c -lm; fi
-	OUT=$(OUT) scripts/bench-netns.sh
+	OUT=$(OUT) REPS=$(REPS) BENCH_ARGS="$(BENCH_ARGS)" scripts/bench-netns.sh
 
 # GEMM GFLOP/s of gonum's pure Go and, where libopenblas-dev is installed,
 # of OpenBLAS through gonum's netlib binding (build tag openblas).

@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}/bench-netns
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd) # absolute: mpirun's launch agent and the plots are named from other directories
 . scripts/netns.sh
 netns_up 2
 strip() { sed 's/^\[0\]: //'; }
@@ -20,10 +21,15 @@ netns_run 2 1 29500 bin/slimebench tcp | strip | tee "$OUT/tcp.txt"
 echo "== slimego AllGather beside the link, 2 nodes x 1 rank, interleaved (slimebench link)"
 netns_run 2 1 29510 bin/slimebench link -b 1M -e 64M -f 4 --min-time 2s --quiet | strip | tee "$OUT/link.txt"
 
-echo "== slimego AllGather, 2 nodes x 1 rank (BENCH.md sweep)"
-netns_run 2 1 29511 bin/slimebench allgather --mode inter --quiet --csv | strip > "$OUT/slimego-2x1.csv"
-
+# slimego and OpenMPI alternate, REPS runs of each (default 3), 2 x 1 then
+# 2 x 2, and each table is the median of its runs (slimebench compare).
+# BENCH_ARGS narrows the sweep (both programs take -b, -e, -f).
+REPS=${REPS:-3}
+BENCH_ARGS=${BENCH_ARGS:-}
+rm -f "$OUT"/slimego-2x*.csv "$OUT"/openmpi-2x*.csv
+have_mpi=0
 if command -v mpirun >/dev/null && [ -x bin/allgather_mpi ]; then
+  have_mpi=1
   # mpirun runs in node 0's namespace; its launch agent starts the remote
   # daemon in node 1's.
   cat > "$OUT/rsh-agent" <<AGENT
@@ -33,47 +39,57 @@ while [ "\${host#-}" != "\$host" ]; do host=\$1; shift; done
 exec ip netns exec $(netns_name 1) sh -c "\$*"
 AGENT
   chmod +x "$OUT/rsh-agent"
-  # Each node's daemon sees the whole machine as its own: left to bind
-  # ranks to cores, both daemons put their rank on core 0, and the two ranks
-  # time-slice one core. --bind-to none lets the scheduler place them, as it
-  # places slimego's ranks; pml ob1 keeps the TCP BTL that btl names (no UCX).
-  # Nor does either daemon know that the two nodes share the machine's cores:
-  # where the job's ranks outnumber them, OpenMPI's own advice for
-  # oversubscription applies (mpi_yield_when_idle 1), which mpirun would
-  # have set itself had it seen the oversubscription (without it, spinning
-  # ranks hold the cores for whole scheduler slices: milliseconds per call).
-  mpi_netns() { # ranks-per-node csv-name
-    local yield=0
-    [ $((2 * $1)) -gt "$(nproc)" ] && yield=1
-    ip netns exec "$(netns_name 0)" mpirun --allow-run-as-root -np $((2 * $1)) \
-      --host "$(netns_addr 0):$1,$(netns_addr 1):$1" --bind-to none --mca mpi_yield_when_idle $yield \
-      --mca plm_rsh_agent "$PWD/$OUT/rsh-agent" --mca pml ob1 --mca btl self,vader,tcp \
-      --mca btl_tcp_if_include 192.0.2.0/24 --mca oob_tcp_if_include 192.0.2.0/24 \
-      bin/allgather_mpi -m inter 2>"$OUT/openmpi-$2.err" > "$OUT/openmpi-$2.csv" \
-      || { echo "OpenMPI across namespaces ($2) failed (see $OUT/openmpi-$2.err)"; rm -f "$OUT/openmpi-$2.csv"; }
-  }
-  echo "== OpenMPI MPI_Allgather over TCP, 2 nodes x 1 rank (unpinned)"
-  mpi_netns 1 2x1
-  echo "== OpenMPI MPI_Allgather over TCP, 2 nodes x 2 ranks (unpinned)"
-  mpi_netns 2 2x2
 fi
+# Each node's daemon sees the whole machine as its own: left to bind ranks
+# to cores, both daemons put their rank on core 0, and the two ranks
+# time-slice one core. --bind-to none lets the scheduler place them, as it
+# places slimego's ranks; pml ob1 keeps the TCP BTL that btl names (no UCX).
+# Nor does either daemon know that the two nodes share the machine's cores:
+# where the job's ranks outnumber them, OpenMPI's own advice for
+# oversubscription applies (mpi_yield_when_idle 1), which mpirun would have
+# set itself had it seen the oversubscription (without it, spinning ranks
+# hold the cores for whole scheduler slices: milliseconds per call).
+mpi_netns() { # ranks-per-node csv-name
+  local yield=0
+  [ $((2 * $1)) -gt "$(nproc)" ] && yield=1
+  # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
+  ip netns exec "$(netns_name 0)" mpirun --allow-run-as-root -np $((2 * $1)) \
+    --host "$(netns_addr 0):$1,$(netns_addr 1):$1" --bind-to none --mca mpi_yield_when_idle $yield \
+    --mca plm_rsh_agent "$OUT/rsh-agent" --mca pml ob1 --mca btl self,vader,tcp \
+    --mca btl_tcp_if_include 192.0.2.0/24 --mca oob_tcp_if_include 192.0.2.0/24 \
+    bin/allgather_mpi -m inter $BENCH_ARGS 2>"$OUT/openmpi-$2.err" > "$OUT/openmpi-$2.csv" \
+    || { echo "OpenMPI across namespaces ($2) failed (see $OUT/openmpi-$2.err)"; rm -f "$OUT/openmpi-$2.csv"; }
+}
+for i in $(seq "$REPS"); do
+  echo "== run $i of $REPS: slimego and OpenMPI (TCP, unpinned) alternating, 2 nodes x 1 rank, then 2 x 2 (hierarchical, ring)"
+  # shellcheck disable=SC2086
+  netns_run 2 1 $((29520 + i)) bin/slimebench allgather --mode inter --quiet --csv $BENCH_ARGS | strip > "$OUT/slimego-2x1.$i.csv"
+  [ $have_mpi = 1 ] && mpi_netns 1 "2x1.$i"
+  # shellcheck disable=SC2086
+  netns_run 2 2 $((29540 + i)) bin/slimebench allgather --mode inter --quiet --csv $BENCH_ARGS | strip > "$OUT/slimego-2x2-hier.$i.csv"
+  # shellcheck disable=SC2086
+  SLIME_ALGO=ring netns_run 2 2 $((29560 + i)) bin/slimebench allgather --mode inter --quiet --csv $BENCH_ARGS | strip \
+    | sed 's/^slimego/slimego-ring/' > "$OUT/slimego-2x2-ring.$i.csv"
+  [ $have_mpi = 1 ] && mpi_netns 2 "2x2.$i"
+done
 
-echo "== slimego AllGather, 2 nodes x 2 ranks: rail-aligned hierarchical vs flat ring"
-netns_run 2 2 29503 bin/slimebench allgather --mode inter --quiet --csv | strip > "$OUT/slimego-2x2-hier.csv"
-SLIME_ALGO=ring netns_run 2 2 29504 bin/slimebench allgather --mode inter --quiet --csv | strip \
-  | sed 's/^slimego/slimego-ring/' > "$OUT/slimego-2x2-ring.csv"
-
-# Side by side, a ratio per row (slimego's time over each other's).
-echo; echo "== 2 x 1: slimego vs OpenMPI (TCP, unpinned)"
-bin/slimebench compare "$OUT/slimego-2x1.csv" $(ls "$OUT/openmpi-2x1.csv" 2>/dev/null) | tee "$OUT/compare-2x1.txt"
-echo; echo "== 2 x 2: slimego (hierarchical) vs ring and OpenMPI (TCP, unpinned)"
-bin/slimebench compare "$OUT/slimego-2x2-hier.csv" "$OUT/slimego-2x2-ring.csv" $(ls "$OUT/openmpi-2x2.csv" 2>/dev/null) \
+# Side by side, a ratio per row (each other's time over slimego's: above 1,
+# slimego is faster). Without OpenMPI, 2 x 1 is slimego's runs alone.
+echo; echo "== 2 x 1: slimego vs OpenMPI (TCP, unpinned), medians of $REPS interleaved runs"
+if ls "$OUT"/openmpi-2x1.*.csv >/dev/null 2>&1; then
+  bin/slimebench compare "$OUT"/slimego-2x1.*.csv "$OUT"/openmpi-2x1.*.csv | tee "$OUT/compare-2x1.txt"
+else
+  cat "$OUT"/slimego-2x1.*.csv | tee "$OUT/compare-2x1.txt"
+fi
+echo; echo "== 2 x 2: slimego (hierarchical) vs ring and OpenMPI (TCP, unpinned), medians of $REPS interleaved runs"
+# shellcheck disable=SC2046
+bin/slimebench compare "$OUT"/slimego-2x2-hier.*.csv "$OUT"/slimego-2x2-ring.*.csv $(ls "$OUT"/openmpi-2x2.*.csv 2>/dev/null) \
   | tee "$OUT/compare-2x2.txt"
 
 echo; echo "== AllGather+GEMM overlap across the namespaces, 2 nodes x 1 rank (plot: $OUT/overlap.png)"
 # n small against k makes t_comm and t_gemm comparable on these machines.
 netns_run 2 1 29505 bin/slimebench overlap --quiet --m-min 256 --m-max 2048 --nk 1024 --n 32 --iters 5 \
-  --plot "$PWD/$OUT/overlap.png" | strip | tee "$OUT/overlap.txt"
+  --plot "$OUT/overlap.png" | strip | tee "$OUT/overlap.txt"
 
 # Unlimited, the veth link is as fast as the kernel copies, so the gather
 # keeps the processors as busy as the GEMMs do. Slowed with tc, the wire
@@ -86,6 +102,6 @@ for spec in "1gbit 1024 896 512 2048" "500mbit 1024 2048 512 2048" "250mbit 4096
   echo; echo "== AllGather+GEMM overlap, 2 nodes x 1 rank, links limited to $rate (tc tbf)"
   netns_shape 2 "$rate"
   netns_run 2 1 29506 bin/slimebench overlap --quiet --m-min "$mlo" --m-max "$mhi" --nk "$k" --n "$n" --iters 15 \
-    --min-piece 256K --plot "$PWD/$OUT/overlap-$rate.png" | strip | tee "$OUT/overlap-$rate.txt"
+    --min-piece 256K --plot "$OUT/overlap-$rate.png" | strip | tee "$OUT/overlap-$rate.txt"
   netns_shape 2 none
 done
