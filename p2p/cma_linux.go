@@ -98,12 +98,17 @@ func (j grantJob) write(c *conn) error {
 // grant records the checked ranges segs (on regs) of request id as lent
 // to the initiator and queues their addresses; the references on regs are
 // dropped when the initiator releases them or the link ends.
-func (c *conn) grant(id uint64, sub uint8, segs [][]byte, regs []*Region) {
+func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 	l := c.l
 	iov := make([]byte, len(segs)*IovSize)
 	for i, s := range segs {
-		binary.LittleEndian.PutUint64(iov[i*IovSize:], uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s)))))
-		binary.LittleEndian.PutUint64(iov[i*IovSize+8:], uint64(len(s)))
+		if s.d != nil { // GPU memory has no address to lend: over TCP instead
+			l.e.release(regs)
+			l.enqueue(c.idx, frame{kind: kResp, sub: sub, id: id, status: stNotHost})
+			return
+		}
+		binary.LittleEndian.PutUint64(iov[i*IovSize:], uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.b)))))
+		binary.LittleEndian.PutUint64(iov[i*IovSize+8:], uint64(len(s.b)))
 	}
 	regs = append([]*Region(nil), regs...)
 	l.mu.Lock()
@@ -175,7 +180,7 @@ func (l *link) cmaCopy(p *part, rem []unix.RemoteIovec, write bool) error {
 			for ri < len(rem) && ro == rem[ri].Len {
 				ri, ro = ri+1, 0
 			}
-			s := lk.next(min(cmaChunk-n, rem[ri].Len-ro))
+			s := lk.next(min(cmaChunk-n, rem[ri].Len-ro)).b // host memory: oneSided saw to it
 			v := unix.Iovec{Base: unsafe.SliceData(s)}
 			v.SetLen(len(s))
 			liov = append(liov, v)

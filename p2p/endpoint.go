@@ -200,7 +200,9 @@ type Region struct {
 	name string
 	id   uint64
 	key  uint64
-	buf  []byte
+	buf  []byte             // host memory, or
+	dev  *device.CUDABuffer // GPU memory
+	size int
 	mu   sync.Mutex
 	refs int // requests served on it now (as a target)
 	// users are this side's transfers that read or write it.
@@ -246,43 +248,59 @@ func (r *RemoteRegion) UnmarshalBinary(b []byte) error {
 // Name is the region's name.
 func (r *Region) Name() string { return r.name }
 
-// Bytes is the region's memory.
+// Bytes is the region's memory (nil for GPU memory).
 func (r *Region) Bytes() []byte { return r.buf }
+
+// seg is the region's memory whole.
+func (r *Region) seg() seg {
+	if r.dev != nil {
+		return seg{d: r.dev, n: r.size}
+	}
+	return host(r.buf)
+}
 
 // Remote is what a peer needs to address the region.
 func (r *Region) Remote() RemoteRegion {
-	return RemoteRegion{Name: r.name, ID: r.id, Key: r.key, Size: uint64(len(r.buf))}
+	return RemoteRegion{Name: r.name, ID: r.id, Key: r.key, Size: uint64(r.size)}
 }
 
 func (r *Region) label() string { return fmt.Sprintf("%q", r.name) }
 
 // Register makes mem readable and writable by the endpoint's peers and
 // returns its Region, with a fresh random 64-bit key that a request must
-// carry. mem is a []byte, or a device.Buffer of host memory
-// (*device.HostBuffer, symmetric or not). GPU memory (device.CUDABuffer)
-// is not supported yet: ErrInvalid. Registration costs a map insert; it
-// pins nothing (Go's heap does not move).
+// carry. mem is a []byte, a device.Buffer of host memory
+// (*device.HostBuffer, symmetric or not), or GPU memory
+// (*device.CUDABuffer), which transfers stage through host memory a chunk
+// at a time, over TCP (also on the same host). Registration costs a map
+// insert; it pins nothing (Go's heap does not move).
 func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 	if err := validName(name); err != nil {
 		return nil, &OpError{Op: "register", Region: name, Err: err}
 	}
 	var buf []byte
+	var dev *device.CUDABuffer
+	size := 0
 	switch m := mem.(type) {
 	case []byte:
 		buf = m
 	case interface{ Bytes() []byte }:
 		buf = m.Bytes()
+	case *device.CUDABuffer:
+		dev, size = m, m.Len
 	case device.Buffer:
 		return nil, opErr("register", "", name, ErrInvalid, "memory of kind %v: only host memory can be registered yet", m.Kind())
 	default:
 		return nil, opErr("register", "", name, ErrInvalid, "memory of type %T", mem)
 	}
-	if len(buf) == 0 || uint64(len(buf)) > MaxLen {
-		return nil, opErr("register", "", name, ErrInvalid, "%d bytes", len(buf))
+	if dev == nil {
+		size = len(buf)
+	}
+	if size == 0 || uint64(size) > MaxLen {
+		return nil, opErr("register", "", name, ErrInvalid, "%d bytes", size)
 	}
 	var k [8]byte
 	rand.Read(k[:])
-	r := &Region{e: e, name: name, key: binary.LittleEndian.Uint64(k[:]), buf: buf, users: map[*part]struct{}{}, drained: make(chan struct{})}
+	r := &Region{e: e, name: name, key: binary.LittleEndian.Uint64(k[:]), buf: buf, dev: dev, size: size, users: map[*part]struct{}{}, drained: make(chan struct{})}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.shut {
@@ -343,7 +361,7 @@ func (e *Endpoint) bound(ctx context.Context) (context.Context, context.CancelFu
 // time), every range inside its region. On success it takes a reference on
 // each region (released by release) and returns the memory of each range;
 // on failure it takes nothing and says why.
-func (e *Endpoint) acquire(ds []desc, segs [][]byte, regs []*Region) ([][]byte, []*Region, uint8, string) {
+func (e *Endpoint) acquire(ds []desc, segs []seg, regs []*Region) ([]seg, []*Region, uint8, string) {
 	segs, regs = segs[:0], regs[:0]
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -360,10 +378,10 @@ func (e *Endpoint) acquire(ds []desc, segs [][]byte, regs []*Region) ([][]byte, 
 			return segs, regs, stNoRegion, fmt.Sprintf("descriptor %d: region id %d", i, d.region)
 		case subtle.ConstantTimeCompare(k[:], rk[:]) != 1:
 			return segs, regs, stKey, fmt.Sprintf("descriptor %d: region %s: a wrong key", i, r.label())
-		case d.off > uint64(len(r.buf)) || d.len > uint64(len(r.buf))-d.off:
-			return segs, regs, stBounds, fmt.Sprintf("descriptor %d: region %s: bytes %d to %d of %d", i, r.label(), d.off, d.off+d.len, len(r.buf))
+		case d.off > uint64(r.size) || d.len > uint64(r.size)-d.off:
+			return segs, regs, stBounds, fmt.Sprintf("descriptor %d: region %s: bytes %d to %d of %d", i, r.label(), d.off, d.off+d.len, r.size)
 		}
-		segs = append(segs, r.buf[d.off:d.off+d.len])
+		segs = append(segs, r.seg().sub(int(d.off), int(d.len)))
 		regs = append(regs, r)
 	}
 	for _, r := range regs {

@@ -101,8 +101,10 @@ func (f *Future) result() error {
 // Done is closed when the transfer is done (Wait then returns at once).
 func (f *Future) Done() <-chan struct{} { return f.done }
 
-// Transport names the transport that carried the transfer: "tcp" (or ""
-// for a call that failed before it started).
+// Transport names the transport that carried the transfer: "tcp" or
+// "cma" (same host), or "" for a call that failed before it started. It
+// is final once the Future is done (a same-host request for the peer's
+// GPU memory goes over TCP after all).
 func (f *Future) Transport() string { return f.transport }
 
 // Len is the length of the message a Recv received (valid after Wait

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/inter"
 )
 
@@ -90,7 +91,7 @@ type part struct {
 	ch     int
 	mu     sync.Mutex
 	active bool
-	local  [][]byte // this side's ranges, in order
+	local  []seg // this side's ranges, in order
 	descs  []desc // the whole batch's
 	lo     uint64 // where the part's stripe starts in the batch's bytes
 	total  uint64 // the stripe's bytes
@@ -161,8 +162,10 @@ type conn struct {
 	rhdr    [HeaderSize]byte
 	desc    []byte
 	descs   []desc
-	segs    [][]byte
+	segs    []seg
 	regs    []*Region
+	wstage  []byte // GPU bytes staged for the writer
+	rstage  []byte // and by the reader
 	scratch []byte
 	bufs    net.Buffers
 }
@@ -379,31 +382,71 @@ type frame header
 
 func (f frame) write(c *conn) error { return c.send(header(f)) }
 
+// seg is a range of memory: host bytes, or n bytes at off of a GPU
+// buffer, which crosses the wire staged through host memory a chunk at a
+// time.
+type seg struct {
+	b      []byte
+	d      *device.CUDABuffer
+	off, n int
+}
+
+func host(b []byte) seg { return seg{b: b, n: len(b)} }
+
+// sub is the n bytes at lo of s.
+func (s seg) sub(lo, n int) seg {
+	if s.d == nil {
+		return host(s.b[lo : lo+n])
+	}
+	return seg{d: s.d, off: s.off + lo, n: n}
+}
+
+// toHost copies s into dst (len s.n) or returns its host bytes.
+func (s seg) toHost(dst []byte) ([]byte, error) {
+	if s.d == nil {
+		return s.b, nil
+	}
+	v, err := s.d.Slice(s.off, s.n)
+	if err == nil {
+		err = v.CopyToHost(dst[:s.n])
+	}
+	return dst[:s.n], err
+}
+
+// fromHost copies src (len s.n) into s, when s is GPU memory.
+func (s seg) fromHost(src []byte) error {
+	v, err := s.d.Slice(s.off, s.n)
+	if err == nil {
+		err = v.CopyFromHost(src[:s.n])
+	}
+	return err
+}
+
 // cursor walks a list of ranges.
 type cursor struct {
-	segs [][]byte
+	segs []seg
 	i, o int
 }
 
 // next returns up to n bytes of the current range and advances past them.
-func (k *cursor) next(n int) []byte {
-	for k.i < len(k.segs) && k.o == len(k.segs[k.i]) {
+func (k *cursor) next(n int) seg {
+	for k.i < len(k.segs) && k.o == k.segs[k.i].n {
 		k.i, k.o = k.i+1, 0
 	}
 	if k.i == len(k.segs) {
-		return nil
+		return seg{}
 	}
-	s := k.segs[k.i][k.o:]
-	s = s[:min(n, len(s))]
-	k.o += len(s)
-	return s
+	s := k.segs[k.i]
+	m := min(n, s.n-k.o)
+	k.o += m
+	return s.sub(k.o-m, m)
 }
 
 // sendChunks writes total bytes of segs as data frames of up to ChunkMax,
 // each under lock (nil: none), checking ok before each; when ok says
 // stop, it writes an end frame for id with the status it gives instead of
-// the rest.
-func (c *conn) sendChunks(id uint64, segs [][]byte, total uint64, lock *sync.Mutex, ok func() uint8) error {
+// the rest. It returns the status of the end frame it sent (stOK: none).
+func (c *conn) sendChunks(id uint64, segs []seg, total uint64, lock *sync.Mutex, ok func() uint8) (uint8, error) {
 	k := cursor{segs: segs}
 	for sent := uint64(0); sent < total; {
 		n := int(min(total-sent, ChunkMax))
@@ -414,24 +457,47 @@ func (c *conn) sendChunks(id uint64, segs [][]byte, total uint64, lock *sync.Mut
 			if lock != nil {
 				lock.Unlock()
 			}
-			return c.send(header{kind: kEnd, id: id, status: st})
+			return st, c.send(header{kind: kEnd, id: id, status: st})
 		}
 		pieces := make([][]byte, 0, 4)
-		for got := 0; got < n; {
+		var err error
+		for got := 0; got < n && err == nil; {
 			s := k.next(n - got)
-			pieces = append(pieces, s)
-			got += len(s)
+			b := s.b
+			if s.d != nil {
+				if c.wstage == nil {
+					c.wstage = make([]byte, ChunkMax)
+				}
+				b, err = s.toHost(c.wstage[got:])
+			}
+			pieces = append(pieces, b)
+			got += s.n
 		}
-		err := c.send(header{kind: kData, id: id, payload: uint32(n)}, pieces...)
+		if err != nil { // GPU memory that cannot be read: the transfer ends here
+			if lock != nil {
+				lock.Unlock()
+			}
+			return stDevice, c.send(header{kind: kEnd, id: id, status: stDevice})
+		}
+		err = c.send(header{kind: kData, id: id, payload: uint32(n)}, pieces...)
 		if lock != nil {
 			lock.Unlock()
 		}
 		if err != nil {
-			return err
+			return stOK, err
 		}
 		sent += uint64(n)
 	}
-	return nil
+	return stOK, nil
+}
+
+// sent ends p when its bytes stopped because its GPU memory could not be
+// read (the peer expects no answer then).
+func (p *part) sent(st uint8, err error) error {
+	if st == stDevice {
+		p.finish(opErr(p.f.op, p.l.p.name, "", ErrInvalid, "reading this side's GPU memory failed"))
+	}
+	return err
 }
 
 // reqJob writes a read or write request, and a write's bytes.
@@ -461,12 +527,12 @@ func (j reqJob) write(c *conn) error {
 	if err != nil || p.sub != rWrite {
 		return err
 	}
-	return c.sendChunks(p.id, p.local, p.total, &p.mu, func() uint8 {
+	return p.sent(c.sendChunks(p.id, p.local, p.total, &p.mu, func() uint8 {
 		if !p.active {
 			return stCancelled
 		}
 		return stOK
-	})
+	}))
 }
 
 // sendJob writes a send's bytes once the receiver is ready.
@@ -477,12 +543,12 @@ func (j sendJob) write(c *conn) error {
 	if err := c.send(header{kind: kReq, sub: rSend, id: p.id, a: p.total}); err != nil {
 		return err
 	}
-	return c.sendChunks(p.id, p.local, p.total, &p.mu, func() uint8 {
+	return p.sent(c.sendChunks(p.id, p.local, p.total, &p.mu, func() uint8 {
 		if !p.active {
 			return stCancelled
 		}
 		return stOK
-	})
+	}))
 }
 
 // abandonedSend answers a clear-to-send whose send was cancelled: the
@@ -496,7 +562,7 @@ func abandonedSend(id uint64) frame {
 type serveRead struct {
 	id    uint64
 	total uint64
-	segs  [][]byte
+	segs  []seg
 	regs  []*Region
 }
 
@@ -505,7 +571,7 @@ func (j serveRead) write(c *conn) error {
 	if err := c.send(header{kind: kResp, sub: rRead, id: j.id, a: j.total}); err != nil {
 		return err
 	}
-	return c.sendChunks(j.id, j.segs, j.total, nil, func() uint8 {
+	_, err := c.sendChunks(j.id, j.segs, j.total, nil, func() uint8 {
 		for _, r := range j.regs {
 			if r.closed.Load() {
 				c.l.e.refuse(c.l.p.name, "read", stNoRegion, "region "+r.label()+" deregistered during the transfer")
@@ -514,6 +580,7 @@ func (j serveRead) write(c *conn) error {
 		}
 		return stOK
 	})
+	return err
 }
 
 // reader reads frames until the link ends; every read must start within
@@ -576,8 +643,9 @@ func (c *conn) discard(n int) error {
 // nowhere when into is false), each chunk under lock when it is not nil
 // and only while ok holds; it returns the end frame's status if the
 // sender stopped early.
-func (c *conn) recvChunks(id, total uint64, segs [][]byte, lock *sync.Mutex, ok func() bool) (uint8, error) {
+func (c *conn) recvChunks(id, total uint64, segs []seg, lock *sync.Mutex, ok func() bool) (uint8, error) {
 	k := cursor{segs: segs}
+	var devErr error
 	for got := uint64(0); got < total; {
 		h, err := c.header()
 		if err != nil {
@@ -602,8 +670,17 @@ func (c *conn) recvChunks(id, total uint64, segs [][]byte, lock *sync.Mutex, ok 
 		} else {
 			for left := int(n); left > 0 && err == nil; {
 				s := k.next(left)
-				err = c.readFull(s)
-				left -= len(s)
+				if s.d == nil {
+					err = c.readFull(s.b)
+				} else {
+					if c.rstage == nil {
+						c.rstage = make([]byte, ChunkMax)
+					}
+					if err = c.readFull(c.rstage[:s.n]); err == nil && devErr == nil {
+						devErr = s.fromHost(c.rstage)
+					}
+				}
+				left -= s.n
 			}
 		}
 		if lock != nil {
@@ -614,27 +691,27 @@ func (c *conn) recvChunks(id, total uint64, segs [][]byte, lock *sync.Mutex, ok 
 		}
 		got += n
 	}
+	if devErr != nil { // the bytes could not be put in GPU memory
+		return stDevice, nil
+	}
 	return stOK, nil
 }
 
 // stripe cuts segs, in place, to the n bytes from lo of their
 // concatenation (which holds them: decodeDescs checked).
-func stripe(segs [][]byte, lo, n uint64) [][]byte {
+func stripe(segs []seg, lo, n uint64) []seg {
 	out := segs[:0]
 	for _, s := range segs {
-		if lo >= uint64(len(s)) {
-			lo -= uint64(len(s))
+		if lo >= uint64(s.n) {
+			lo -= uint64(s.n)
 			continue
 		}
-		s = s[lo:]
+		s = s.sub(int(lo), int(min(uint64(s.n)-lo, n)))
 		lo = 0
-		if uint64(len(s)) > n {
-			s = s[:n]
-		}
-		if len(s) > 0 {
+		if s.n > 0 {
 			out = append(out, s)
 		}
-		n -= uint64(len(s))
+		n -= uint64(s.n)
 		if n == 0 {
 			break
 		}
@@ -692,7 +769,7 @@ func (c *conn) dispatch(h header) error {
 			return nil
 		}
 		if h.sub == rRead {
-			segs := append([][]byte(nil), c.segs...)
+			segs := append([]seg(nil), c.segs...)
 			regs := append([]*Region(nil), c.regs...)
 			l.enqueue(c.idx, serveRead{id: h.id, total: h.a, segs: segs, regs: regs})
 			return nil
@@ -713,6 +790,9 @@ func (c *conn) dispatch(h header) error {
 			return true
 		})
 		l.e.release(regs)
+		if st == stDevice && err == nil && !closed {
+			l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id, status: stDevice})
+		}
 		if err != nil || closed || st != stOK { // an end frame: the writer gave up; it expects no answer
 			return err
 		}
@@ -744,6 +824,13 @@ func (c *conn) response(h header) error {
 		p = l.parts[h.id]
 	}
 	l.mu.Unlock()
+	if h.status == stNotHost && p != nil && (p.sub == rReadV || p.sub == rWriteV) {
+		// The peer's range is GPU memory: the same request over TCP.
+		p.sub = map[uint8]uint8{rReadV: rRead, rWriteV: rWrite}[p.sub]
+		p.f.transport = "tcp" // read by Transport only after the Future is done
+		l.enqueue(c.idx, reqJob{p: p})
+		return nil
+	}
 	if h.status != stOK {
 		if p != nil {
 			p.finish(c.refusal(p, h.status))
@@ -760,7 +847,7 @@ func (c *conn) response(h header) error {
 		return nil
 	}
 	// A read's bytes follow; a part given up reads them to nowhere.
-	var segs [][]byte
+	var segs []seg
 	var lock *sync.Mutex
 	if p != nil {
 		if p.total != h.a {
@@ -855,7 +942,7 @@ func (c *conn) sendArrived(h header) error {
 		}
 		return nil
 	}
-	var segs [][]byte
+	var segs []seg
 	var lock *sync.Mutex
 	if r != nil && r.cts {
 		if h.a != r.total {
@@ -871,6 +958,9 @@ func (c *conn) sendArrived(h header) error {
 		return nil
 	}
 	if st != stOK {
+		if st == stDevice {
+			l.enqueue(c.idx, frame{kind: kResp, sub: rSend, id: h.id, status: stDevice})
+		}
 		r.finish(&OpError{Op: "recv", Peer: l.p.name, Err: statusErr(st)})
 		return nil
 	}

@@ -12,9 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/teststore"
 	"github.com/slimego/slimego/rendezvous"
 )
+
+// gpuErr says why the CUDA backend could not be set up (the GPU tests
+// then skip).
+var gpuErr error
 
 // The test binary doubles as a peer process: with P2P_TEST_CHILD set it
 // runs child instead of the tests.
@@ -25,6 +30,10 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		os.Exit(0)
+	}
+	// The GPU tests run on the emulated CUDA library where there is no GPU.
+	if err := device.UseEmulator(0); err != nil {
+		gpuErr = err
 	}
 	os.Exit(m.Run())
 }

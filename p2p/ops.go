@@ -33,8 +33,8 @@ func (p *Peer) check(op string, ops []Op) (uint64, error) {
 		if o.Local == nil || o.Local.e != p.e {
 			return 0, opErr(op, p.name, "", ErrInvalid, "operation %d: its local region is not this endpoint's", i)
 		}
-		if o.Len <= 0 || o.LocalOff < 0 || o.RemoteOff < 0 || o.LocalOff > len(o.Local.buf)-o.Len {
-			return 0, opErr(op, p.name, o.Local.label(), ErrInvalid, "operation %d: %d bytes at %d of a local region of %d", i, o.Len, o.LocalOff, len(o.Local.buf))
+		if o.Len <= 0 || o.LocalOff < 0 || o.RemoteOff < 0 || o.LocalOff > o.Local.size-o.Len {
+			return 0, opErr(op, p.name, o.Local.label(), ErrInvalid, "operation %d: %d bytes at %d of a local region of %d", i, o.Len, o.LocalOff, o.Local.size)
 		}
 		if uint64(o.RemoteOff) > o.Remote.Size || uint64(o.Len) > o.Remote.Size-uint64(o.RemoteOff) {
 			return 0, opErr(op, p.name, fmt.Sprintf("%q", o.Remote.Name), ErrInvalid, "operation %d: %d bytes at %d of a remote region of %d", i, o.Len, o.RemoteOff, o.Remote.Size)
@@ -57,7 +57,13 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	n := len(l.conns)
 	k := inter.Stripes(int(min(total, MaxLen)), n)
 	sub := kind
-	if l.cma.Load() { // one request: the copy is one thread's either way
+	gpu := false
+	for _, o := range ops {
+		gpu = gpu || o.Local.dev != nil
+	}
+	if gpu {
+		f.transport = "tcp"
+	} else if l.cma.Load() { // one request: the copy is one thread's either way
 		k = 1
 		sub = map[uint8]uint8{rRead: rReadV, rWrite: rWriteV}[kind]
 	}
@@ -81,7 +87,7 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 		for need := hi - lo; need > 0; {
 			o := ops[i]
 			m := min(need, o.Len-off)
-			pt.local = append(pt.local, o.Local.buf[o.LocalOff+off:o.LocalOff+off+m])
+			pt.local = append(pt.local, o.Local.seg().sub(o.LocalOff+off, m))
 			if len(pt.regs) == 0 || pt.regs[len(pt.regs)-1] != o.Local {
 				pt.regs = append(pt.regs, o.Local)
 			}
@@ -157,7 +163,7 @@ func (p *Peer) Send(buf []byte) *Future {
 	}
 	l := p.l
 	f := newFuture("send", p.name, l.name())
-	pt := &part{l: l, f: f, kind: rSend, total: uint64(len(buf)), local: [][]byte{buf}, active: true}
+	pt := &part{l: l, f: f, kind: rSend, total: uint64(len(buf)), local: []seg{host(buf)}, active: true}
 	f.parts = []*part{pt}
 	f.left.Store(1)
 	l.mu.Lock()
@@ -180,7 +186,7 @@ func (p *Peer) Send(buf []byte) *Future {
 func (p *Peer) Recv(buf []byte) *Future {
 	l := p.l
 	f := newFuture("recv", p.name, l.name())
-	pt := &part{l: l, f: f, kind: rCTS, total: uint64(len(buf)), local: [][]byte{buf}, active: true}
+	pt := &part{l: l, f: f, kind: rCTS, total: uint64(len(buf)), local: []seg{host(buf)}, active: true}
 	f.parts = []*part{pt}
 	f.left.Store(1)
 	l.mu.Lock()

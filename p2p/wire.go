@@ -89,8 +89,10 @@ const (
 	stTooLarge     uint8 = 6 // a message larger than the posted receive
 	stBusy         uint8 = 7 // the target holds too many undelivered immediates
 	stDup          uint8 = 8 // hello: a link to this peer exists or is being made by the lower name
-	stRefusedHello uint8 = 9 // hello: not accepted
-	statusLast           = stRefusedHello
+	stRefusedHello uint8 = 9  // hello: not accepted
+	stNotHost      uint8 = 10 // a same-host grant asked for GPU memory: ask again over TCP
+	stDevice       uint8 = 11 // copying to or from GPU memory failed
+	statusLast           = stDevice
 )
 
 var statusText = [...]string{
@@ -98,6 +100,7 @@ var statusText = [...]string{
 	stNoRegion: "no such region (never registered, or deregistered)", stInvalid: "malformed request",
 	stCancelled: "cancelled", stTooLarge: "message larger than the posted receive",
 	stBusy: "too many undelivered immediates", stDup: "duplicate link", stRefusedHello: "refused",
+	stNotHost: "GPU memory cannot be granted", stDevice: "a copy to or from GPU memory failed",
 }
 
 // ErrFrame marks a frame that breaks the format: the link is closed.
