@@ -82,11 +82,12 @@ type Group struct {
 	stamps [][]*uint64
 	slots  [][][]byte
 
-	spin   time.Duration
-	oversb bool
-	cma    bool // every rank reads peers' memory with process_vm_readv
-	iov    [1]iovec
-	riov   [1]remoteIovec
+	spin    time.Duration
+	oversb  bool
+	goYield bool // waits yield to this process's goroutines too (see watchPeers)
+	cma     bool // every rank reads peers' memory with process_vm_readv
+	iov     [1]iovec
+	riov    [1]remoteIovec
 
 	pidfds  []int    // per peer; -1 when the peer shares this process
 	pollfds []pollFD // per peer, for pidfds >= 0
@@ -386,6 +387,13 @@ func (g *Group) watchPeers() error {
 		g.pollfds[p] = pollFD{Fd: int32(fd), Events: pollIn}
 	}
 	g.oversb = g.size > runtime.NumCPU() || inProc > runtime.GOMAXPROCS(0)
+	// A waiting rank hands its processor over with sched_yield. It
+	// yields to this process's goroutines too (runtime.Gosched) only where
+	// they may need the very processor: where ranks share the process, or
+	// the runtime has one processor. Elsewhere a Gosched only wakes an
+	// idle thread of the runtime to look for work that is not there, a
+	// wake-up and a sleep on a core the peers need on every try.
+	g.goYield = inProc > 1 || runtime.GOMAXPROCS(0) < 2
 	return nil
 }
 

@@ -6,9 +6,22 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/slimego/slimego/internal/fault"
 	"github.com/slimego/slimego/internal/futex"
 )
+
+// pureSpin is how long a wait polls before each further poll yields the
+// processor (sched_yield). A peer on a core of its own answers within it.
+// A longer wait may be for a peer that waits for this very processor: when
+// another process holds the other core, the ranks of a pair take turns on
+// one, and a pure spin keeps the peer off it until the spin ends (half of
+// SpinTime each way, every call). A yield lets it run at once, and costs
+// next to nothing where nothing else waits for the processor. Sleeping
+// sooner is no cure: a futex wake-up moves the sleeper to the waker's core,
+// which keeps such a pair together.
+const pureSpin = 2 * time.Microsecond
 
 // maxSleep bounds one futex sleep, so that a sleeping rank checks its
 // deadline and its peers' liveness at least this often.
@@ -70,10 +83,14 @@ func (w *waiter) idle(peer int, what string) error {
 		w.idleSince = now
 		return nil
 	}
-	if now.Sub(w.idleSince) < w.g.spin {
-		if w.g.oversb {
-			runtime.Gosched()
-			schedYield()
+	if d := now.Sub(w.idleSince); d < w.g.spin {
+		// Polls past pureSpin, and every poll where ranks outnumber
+		// cores, hand the processor over first (see pureSpin).
+		if w.g.oversb || d > pureSpin {
+			if w.g.oversb && w.g.goYield {
+				runtime.Gosched()
+			}
+			rawYield()
 		}
 		return nil
 	}
@@ -187,3 +204,10 @@ func (g *Group) ringAll() {
 		}
 	}
 }
+
+// rawYield is sched_yield(2) without the runtime's system-call
+// bookkeeping: the call never blocks, but it may leave this thread off
+// its processor while other ranks run, and a system call that lasts
+// that long would have the runtime's monitor hand the goroutine's
+// processor to another thread, a wake-up for nothing.
+func rawYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
