@@ -160,7 +160,8 @@ type conn struct {
 
 	whdr    [HeaderSize]byte
 	rhdr    [HeaderSize]byte
-	desc    []byte
+	wdesc   []byte // the writer's encoded descriptors
+	desc    []byte // the reader's payloads
 	descs   []desc
 	segs    []seg
 	regs    []*Region
@@ -511,20 +512,23 @@ func (j reqJob) write(c *conn) error {
 		return nil
 	}
 	size := stripeSize + len(p.descs)*DescSize
-	if len(c.desc) < size {
-		c.desc = make([]byte, size)
+	if len(c.wdesc) < size {
+		c.wdesc = make([]byte, size)
 	}
-	binary.LittleEndian.PutUint64(c.desc, p.lo)
+	binary.LittleEndian.PutUint64(c.wdesc, p.lo)
 	for i := range p.descs {
-		p.descs[i].put(c.desc[stripeSize+i*DescSize:])
+		p.descs[i].put(c.wdesc[stripeSize+i*DescSize:])
 	}
-	h := header{kind: kReq, sub: p.sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)}
+	// The sub-kind as sent: the reader may switch the part to TCP
+	// (stNotHost) as soon as the request is out.
+	sub := p.sub
+	h := header{kind: kReq, sub: sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)}
 	if p.kind == rImm {
 		h = header{kind: kReq, sub: rImm, id: p.id, a: uint64(p.imm)}
 	}
-	err := c.send(h, c.desc[:h.payload])
+	err := c.send(h, c.wdesc[:h.payload])
 	p.mu.Unlock()
-	if err != nil || p.sub != rWrite {
+	if err != nil || sub != rWrite {
 		return err
 	}
 	return p.sent(c.sendChunks(p.id, p.local, p.total, &p.mu, func() uint8 {
@@ -826,7 +830,9 @@ func (c *conn) response(h header) error {
 	l.mu.Unlock()
 	if h.status == stNotHost && p != nil && (p.sub == rReadV || p.sub == rWriteV) {
 		// The peer's range is GPU memory: the same request over TCP.
+		p.mu.Lock()
 		p.sub = map[uint8]uint8{rReadV: rRead, rWriteV: rWrite}[p.sub]
+		p.mu.Unlock()
 		p.f.transport = "tcp" // read by Transport only after the Future is done
 		l.enqueue(c.idx, reqJob{p: p})
 		return nil

@@ -66,7 +66,7 @@ func child() error {
 		return err
 	}
 	defer st.Close()
-	e, err := New(ctx, Options{Name: "child", Store: st, Auth: rendezvous.Auth{Secret: []byte("s3cret"), Job: "p2p-test"}, Heartbeat: time.Second})
+	e, err := New(ctx, Options{Name: "child", Store: st, Auth: rendezvous.Auth{Secret: []byte("s3cret"), Job: "p2p-test"}, Heartbeat: 3 * time.Second})
 	if err != nil {
 		return err
 	}
@@ -169,7 +169,7 @@ func pair(t *testing.T, tune func(*Options)) (*Endpoint, *Endpoint, *Peer, *Peer
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	mk := func(name string) *Endpoint {
-		o := Options{Name: name, Store: st, Auth: testAuth(), Heartbeat: 2 * time.Second, Timeout: 30 * time.Second}
+		o := Options{Name: name, Store: st, Auth: testAuth(), Heartbeat: 10 * time.Second, Timeout: 30 * time.Second}
 		if tune != nil {
 			tune(&o)
 		}
