@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -735,4 +736,95 @@ func testGPU(t *testing.T, tcpOnly bool, wantT string) {
 		t.Errorf("a read into this side's GPU memory reports %q", f.Transport())
 	}
 	_ = wantT
+}
+
+// TestConcurrent: both ends at once, 8 goroutines each, write random
+// batches into slots of the other's region and read them back, while
+// sends and receives cross; every byte is checked.
+func TestConcurrent(t *testing.T) { transports(t, testConcurrent) }
+
+func testConcurrent(t *testing.T, tcpOnly bool, wantT string) {
+	a, b, ab, ba := pair(t, func(o *Options) { o.TCPOnly = tcpOnly })
+	ctx := ctxT(t, 60*time.Second)
+	const workers, slot = 8, 1 << 20
+	run := func(me *Endpoint, peer *Peer, target *Region, seed uint64) error {
+		var wg sync.WaitGroup
+		errs := make(chan error, workers+1)
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(seed, uint64(w)))
+				src := make([]byte, slot)
+				dst := make([]byte, slot)
+				sr, _ := me.Register("src", src)
+				dr, _ := me.Register("dst", dst)
+				defer me.Deregister(ctx, sr)
+				defer me.Deregister(ctx, dr)
+				for round := range 10 {
+					fill(src, rng.Uint64())
+					var ops []Op
+					for off := 0; off < slot; {
+						n := min(1+rng.IntN(slot/4), slot-off)
+						ops = append(ops, Op{Local: sr, LocalOff: off, Remote: target.Remote(), RemoteOff: w*slot + off, Len: n})
+						off += n
+					}
+					if err := peer.Write(ops).Wait(ctx); err != nil {
+						errs <- err
+						return
+					}
+					clear(dst)
+					f := peer.Read([]Op{{Local: dr, Remote: target.Remote(), RemoteOff: w * slot, Len: slot}})
+					if err := f.Wait(ctx); err != nil {
+						errs <- err
+						return
+					}
+					if f.Transport() != wantT {
+						errs <- fmt.Errorf("transport %q, want %q", f.Transport(), wantT)
+						return
+					}
+					if !bytes.Equal(src, dst) {
+						errs <- fmt.Errorf("worker %d round %d: read back differs", w, round)
+						return
+					}
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				msg := []byte(fmt.Sprintf("message %d from %s", i, me.Name()))
+				fs := peer.Send(msg)
+				buf := make([]byte, 64)
+				fr := peer.Recv(buf)
+				if err := fs.Wait(ctx); err != nil {
+					errs <- err
+					return
+				}
+				if err := fr.Wait(ctx); err != nil {
+					errs <- err
+					return
+				}
+				want := fmt.Sprintf("message %d from %s", i, peer.Name())
+				if string(buf[:fr.Len()]) != want {
+					errs <- fmt.Errorf("got %q, want %q", buf[:fr.Len()], want)
+					return
+				}
+			}
+		}()
+		wg.Wait()
+		close(errs)
+		return <-errs
+	}
+	ra, _ := a.Register("region", make([]byte, workers*slot))
+	rb, _ := b.Register("region", make([]byte, workers*slot))
+	done := make(chan error, 2)
+	go func() { done <- run(a, ab, rb, 1) }()
+	go func() { done <- run(b, ba, ra, 2) }()
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
 }
