@@ -108,7 +108,13 @@ func (p *part) finish(err error) {
 		return
 	}
 	p.active = false
+	sub := p.sub
 	p.mu.Unlock()
+	if err != nil && sub == rRead {
+		// The target may still be sending the bytes: tell it to stop
+		// (it ignores an id it is not serving).
+		p.l.enqueue(p.ch, frame{kind: kCancel, id: p.id})
+	}
 	for _, r := range p.regs {
 		r.mu.Lock()
 		delete(r.users, p)
@@ -141,6 +147,7 @@ type link struct {
 	recvSeq uint64
 	rr      int // the next connection for a small request
 	grants  map[uint64][]*Region // same host: ranges lent to the peer, by its request id
+	serving map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
 	cma     atomic.Bool          // same host: copy with process_vm_readv/writev (cma_linux.go)
 	pid     int                  // the peer's process, when cma
 	stop    chan struct{}
@@ -178,7 +185,7 @@ type job interface{ write(c *conn) error }
 // shorter of the two ends').
 func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, hb time.Duration) *link {
 	l := &link{e: e, p: p, hb: hb, parts: map[uint64]*part{}, sends: map[uint64]*part{},
-		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, stop: make(chan struct{})}
+		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, serving: map[uint64]*atomic.Bool{}, stop: make(chan struct{})}
 	for i, tc := range tcs {
 		tc.SetNoDelay(true)
 		tc.SetWriteBuffer(inter.DefaultSockBuf)
@@ -290,6 +297,9 @@ func (l *link) enqueue(ch int, j job) {
 func dropJob(l *link, j job) {
 	if s, ok := j.(serveRead); ok {
 		l.e.release(s.regs)
+		l.mu.Lock()
+		delete(l.serving, s.id)
+		l.mu.Unlock()
 	}
 }
 
@@ -568,14 +578,23 @@ type serveRead struct {
 	total uint64
 	segs  []seg
 	regs  []*Region
+	stop  *atomic.Bool // the initiator gave the read up (kCancel)
 }
 
 func (j serveRead) write(c *conn) error {
 	defer c.l.e.release(j.regs)
+	defer func() {
+		c.l.mu.Lock()
+		delete(c.l.serving, j.id)
+		c.l.mu.Unlock()
+	}()
 	if err := c.send(header{kind: kResp, sub: rRead, id: j.id, a: j.total}); err != nil {
 		return err
 	}
 	_, err := c.sendChunks(j.id, j.segs, j.total, nil, func() uint8 {
+		if j.stop.Load() {
+			return stCancelled
+		}
 		for _, r := range j.regs {
 			if r.closed.Load() {
 				c.l.e.refuse(c.l.p.name, "read", stNoRegion, "region "+r.label()+" deregistered during the transfer")
@@ -737,6 +756,13 @@ func (c *conn) dispatch(h header) error {
 	case kRelease:
 		l.released(h.id)
 		return nil
+	case kCancel:
+		l.mu.Lock()
+		if stop := l.serving[h.id]; stop != nil {
+			stop.Store(true)
+		}
+		l.mu.Unlock()
+		return nil
 	}
 	// A request.
 	switch h.sub {
@@ -775,7 +801,11 @@ func (c *conn) dispatch(h header) error {
 		if h.sub == rRead {
 			segs := append([]seg(nil), c.segs...)
 			regs := append([]*Region(nil), c.regs...)
-			l.enqueue(c.idx, serveRead{id: h.id, total: h.a, segs: segs, regs: regs})
+			stop := new(atomic.Bool)
+			l.mu.Lock()
+			l.serving[h.id] = stop
+			l.mu.Unlock()
+			l.enqueue(c.idx, serveRead{id: h.id, total: h.a, segs: segs, regs: regs, stop: stop})
 			return nil
 		}
 		regs := c.regs

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -362,6 +363,62 @@ func testCancelReuse(t *testing.T, tcpOnly bool, wantT string) {
 	if !bytes.Equal(tmem, lmem) {
 		t.Fatal("the write after a cancelled one did not land whole")
 	}
+	// Nothing is left behind: no part on this side, nothing served or
+	// lent on the other, and the regions deregister at once.
+	ba := b.Peer("a")
+	eventually(t, "the cancelled transfers' state to drain", func() bool {
+		n := 0
+		for _, l := range []*link{ab.l, ba.l} {
+			l.mu.Lock()
+			n += len(l.parts) + len(l.sends) + len(l.recvs) + len(l.serving) + len(l.grants)
+			l.mu.Unlock()
+		}
+		return n == 0
+	})
+	if err := b.Deregister(ctx, tr); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Deregister(ctx, lr); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// eventually polls cond for up to 10 s (state that settles as goroutines
+// finish), failing the test if it never holds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(end) {
+			t.Fatalf("waited 10 s for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestCloseEndsGoroutines: closing two linked endpoints ends every
+// goroutine they started.
+func TestCloseEndsGoroutines(t *testing.T) {
+	before := runtime.NumGoroutine()
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := a.ConnectInfo(ctx, b.Info())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := p.Recv(make([]byte, 10)) // never matched: Close fails it
+	a.Close()
+	b.Close()
+	if err := pending.Wait(ctx); !errors.Is(err, ErrClosed) && !errors.Is(err, ErrPeerLost) {
+		t.Fatalf("a receive pending at Close: %v", err)
+	}
+	eventually(t, "the endpoints' goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
 }
 
 // TestSendRecvOrder: sends are matched with receives in order, whether

@@ -56,7 +56,8 @@ const (
 	kResp     uint8 = 6 // the answer to request id of kind sub
 	kPing     uint8 = 7 // heartbeat
 	kRelease  uint8 = 8 // the initiator is done with the memory granted for request id
-	kindLast        = kRelease
+	kCancel   uint8 = 9 // the initiator gave read id up: stop sending its bytes
+	kindLast        = kCancel
 )
 
 // Request kinds (sub of kReq and kResp).
@@ -211,7 +212,7 @@ func decodeHeader(p []byte) (header, error) {
 		if h.kind == kEnd && (h.status == stOK || h.a != 0) {
 			return bad("end without a cause")
 		}
-	case kRelease:
+	case kRelease, kCancel:
 		if h.sub != 0 || h.status != 0 || h.a != 0 || h.b != 0 || h.payload != 0 {
 			return bad("release fields")
 		}

@@ -34,6 +34,7 @@ func FuzzDecodeHeader(f *testing.F) {
 		{kind: kResp, sub: rRead, id: 3, a: 77},
 		{kind: kResp, sub: rReadV, id: 3, b: 2, payload: 2 * IovSize},
 		{kind: kRelease, id: 3},
+		{kind: kCancel, id: 3},
 		{kind: kPing},
 	} {
 		f.Add(hdr(h))
