@@ -44,9 +44,10 @@ type Options struct {
 	ListenIP   string
 	IfName     string
 	MasterAddr string
-	// Channels is the number of TCP connections to each peer (default
-	// inter.DefaultChannels); an operation of n bytes is striped over
-	// inter.Stripes(n, Channels) of them.
+	// Channels is the number of TCP connections of a link this endpoint
+	// dials (default inter.DefaultChannels; a link has its dialer's); an
+	// operation of n bytes is striped over inter.Stripes(n, Channels) of
+	// them.
 	Channels int
 	// Timeout bounds Connect and every Wait whose context has no deadline
 	// (default 5 minutes).
@@ -662,6 +663,14 @@ func (e *Endpoint) acceptLoop() {
 	defer e.wg.Done()
 	var pendMu sync.Mutex
 	pending := map[uint64]*pendingLink{}
+	defer func() { // Close: the links half accepted go too
+		pendMu.Lock()
+		for id, pl := range pending {
+			pl.close()
+			delete(pending, id)
+		}
+		pendMu.Unlock()
+	}()
 	for {
 		c, err := e.ln.AcceptTCP()
 		if err != nil {
@@ -681,6 +690,14 @@ func (e *Endpoint) acceptLoop() {
 			defer e.wg.Done()
 			e.greet(c, &pendMu, pending)
 		}()
+	}
+}
+
+func (pl *pendingLink) close() {
+	for _, c := range pl.conns {
+		if c != nil {
+			c.Close()
+		}
 	}
 }
 
@@ -724,7 +741,7 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 		_, err := c.Write(b[:HeaderSize])
 		return err == nil
 	}
-	if validName(name) != nil || name == e.opts.Name || int(h.b) != e.opts.Channels {
+	if validName(name) != nil || name == e.opts.Name {
 		answer(stRefusedHello)
 		c.Close()
 		return
@@ -752,11 +769,7 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 	}
 	for id, q := range pending { // forget sessions that never completed
 		if time.Since(q.at) > 2*e.opts.HandshakeTimeout {
-			for _, c := range q.conns {
-				if c != nil {
-					c.Close()
-				}
-			}
+			q.close()
 			delete(pending, id)
 		}
 	}
@@ -767,6 +780,14 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 	}
 	pl.conns[h.a] = c
 	pl.n++
+	select {
+	case <-e.done: // closed meanwhile (its accept loop may have swept already)
+		pl.close()
+		delete(pending, h.id)
+		mu.Unlock()
+		return
+	default:
+	}
 	if pl.n < len(pl.conns) {
 		mu.Unlock()
 		return
