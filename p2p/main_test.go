@@ -61,6 +61,10 @@ func fill(b []byte, seed uint64) {
 func child() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	switch os.Getenv("P2P_TEST_CHILD") {
+	case "netns-target", "netns-initiator":
+		return netnsChild(ctx)
+	}
 	st, err := rendezvous.Dial(ctx, os.Getenv("P2P_STORE"), rendezvous.Auth{Secret: []byte("s3cret"), Job: "p2p-test"})
 	if err != nil {
 		return err
