@@ -17,9 +17,9 @@ import (
 	"unsafe"
 
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/internal/netaddr"
-	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/rendezvous"
 )
 
@@ -77,7 +77,7 @@ func heartbeatMS(d time.Duration) uint32 {
 // Defaults.
 const (
 	// minHeartbeat bounds the heartbeat a link takes from its peer's hello.
-	minHeartbeat = 10 * time.Millisecond
+	minHeartbeat     = 10 * time.Millisecond
 	DefaultTimeout   = 5 * time.Minute
 	DefaultHeartbeat = 5 * time.Second
 	// maxChannels bounds the connections of one link (and a hello's count).

@@ -47,7 +47,9 @@ type Peer struct {
 	in      info
 }
 
-func newPeer(e *Endpoint, name string) *Peer { return &Peer{e: e, name: name, ready: make(chan struct{})} }
+func newPeer(e *Endpoint, name string) *Peer {
+	return &Peer{e: e, name: name, ready: make(chan struct{})}
+}
 
 func (p *Peer) setInfo(in info) { p.imu.Lock(); p.in = in; p.imu.Unlock() }
 func (p *Peer) getInfo() info   { p.imu.Lock(); defer p.imu.Unlock(); return p.in }
@@ -91,7 +93,7 @@ type part struct {
 	ch     int
 	mu     sync.Mutex
 	active bool
-	local  []seg // this side's ranges, in order
+	local  []seg  // this side's ranges, in order
 	descs  []desc // the whole batch's
 	lo     uint64 // where the part's stripe starts in the batch's bytes
 	total  uint64 // the stripe's bytes
@@ -145,11 +147,11 @@ type link struct {
 	rts     map[uint64]uint64
 	sendSeq uint64
 	recvSeq uint64
-	rr      int // the next connection for a small request
-	grants  map[uint64][]*Region // same host: ranges lent to the peer, by its request id
+	rr      int                     // the next connection for a small request
+	grants  map[uint64][]*Region    // same host: ranges lent to the peer, by its request id
 	serving map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
-	cma     atomic.Bool          // same host: copy with process_vm_readv/writev (cma_linux.go)
-	pid     int                  // the peer's process, when cma
+	cma     atomic.Bool             // same host: copy with process_vm_readv/writev (cma_linux.go)
+	pid     int                     // the peer's process, when cma
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }

@@ -82,14 +82,14 @@ const (
 // Status codes, in a response, an end and a hello's answer.
 const (
 	stOK           uint8 = 0
-	stBounds       uint8 = 1 // outside the region
-	stKey          uint8 = 2 // wrong key
-	stNoRegion     uint8 = 3 // no such region, or deregistered
-	stInvalid      uint8 = 4 // a malformed request
-	stCancelled    uint8 = 5 // the other side gave the transfer up
-	stTooLarge     uint8 = 6 // a message larger than the posted receive
-	stBusy         uint8 = 7 // the target holds too many undelivered immediates
-	stDup          uint8 = 8 // hello: a link to this peer exists or is being made by the lower name
+	stBounds       uint8 = 1  // outside the region
+	stKey          uint8 = 2  // wrong key
+	stNoRegion     uint8 = 3  // no such region, or deregistered
+	stInvalid      uint8 = 4  // a malformed request
+	stCancelled    uint8 = 5  // the other side gave the transfer up
+	stTooLarge     uint8 = 6  // a message larger than the posted receive
+	stBusy         uint8 = 7  // the target holds too many undelivered immediates
+	stDup          uint8 = 8  // hello: a link to this peer exists or is being made by the lower name
 	stRefusedHello uint8 = 9  // hello: not accepted
 	stNotHost      uint8 = 10 // a same-host grant asked for GPU memory: ask again over TCP
 	stDevice       uint8 = 11 // copying to or from GPU memory failed
