@@ -57,7 +57,10 @@ func (p *Peer) getInfo() info   { p.imu.Lock(); defer p.imu.Unlock(); return p.i
 // Name is the peer's name.
 func (p *Peer) Name() string { return p.name }
 
-// Transport names the transport of the link: "tcp".
+// Transport names the link's transport for host memory: "cma" when the
+// peer is on this host and may be copied from with process_vm_readv/writev,
+// else "tcp" (sends, receives, immediates and GPU memory always go over
+// TCP; each Future says what carried it).
 func (p *Peer) Transport() string { return p.l.name() }
 
 // Remote returns the peer's region named name as its Info listed it at
@@ -129,8 +132,9 @@ func (p *part) finish(err error) {
 	p.f.partDone(err)
 }
 
-// link is the TCP transport of one peer: Channels connections, each with
-// a reader and a writer goroutine. Either end may start requests on any
+// link is one peer's transport: Channels TCP connections, each with a
+// reader and a writer goroutine (and, on the same host, the grants of
+// cma_linux.go). Either end may start requests on any
 // connection; a request and its bytes travel on one connection, whole.
 type link struct {
 	e     *Endpoint
