@@ -23,6 +23,8 @@ import (
 // and complete parts from its completion queue, with the same part and
 // Future bookkeeping, so that cancellation, deregistration and a lost
 // peer keep their meaning.
+var _ transport = (*link)(nil)
+
 type transport interface {
 	// name is what Future.Transport reports.
 	name() string
