@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin
 OUT     ?= out
 P       ?= 2
-MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe --mca btl self,vader
+MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
 
 # Where libopenblas-dev is installed, the commands' GEMMs use OpenBLAS
 # (make bench-gemm measures both); elsewhere gonum's pure Go. OPENBLAS=0
