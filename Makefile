@@ -96,7 +96,7 @@ test:
 
 # Nodes in network namespaces joined by veth pairs (root and iproute2).
 test-netns:
-	SLIME_NETNS=1 $(GO) test -count=1 -timeout 10m -run Netns -v ./collective/
+	SLIME_NETNS=1 $(GO) test -count=1 -timeout 10m -run Netns -v ./collective/ ./p2p/
 
 test-short:
 	$(GO) test -count=1 ./...
