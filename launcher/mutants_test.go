@@ -1,0 +1,351 @@
+package launcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/shm"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// logLines collects what a Run reports through Logf.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) logf(format string, a ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, fmt.Sprintf(format, a...))
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines, "\n")
+}
+
+// TestPrefixWriterLines: the console gets each whole line once behind the
+// rank's prefix, an empty line included; a partial line waits for its end
+// up to 64 KiB (exactly 64 KiB still waits), a longer one is emitted, and
+// flush ends what is pending and adds nothing when nothing is.
+func TestPrefixWriterLines(t *testing.T) {
+	big := strings.Repeat("a", 64<<10)
+	for _, tc := range []struct {
+		name   string
+		writes []string
+		want   string
+	}{
+		{"lines", []string{"x\ny\n"}, "[0]: x\n[0]: y\n"},
+		{"an empty line", []string{"x\n\ny\n"}, "[0]: x\n[0]: \n[0]: y\n"},
+		{"an empty line first", []string{"\n", "z\n"}, "[0]: \n[0]: z\n"},
+		{"a line in pieces", []string{"ab", "c", "d\n"}, "[0]: abcd\n"},
+		{"a partial line flushed", []string{"x\nrest"}, "[0]: x\n[0]: rest\n"},
+		{"nothing pending at flush", []string{"x\n"}, "[0]: x\n"},
+		{"nothing at all", nil, ""},
+		{"64 KiB waits for its end", []string{big, "b\n"}, "[0]: " + big + "b\n"},
+		{"over 64 KiB is emitted", []string{big + "a", "b\n"}, "[0]: " + big + "a\n[0]: b\n"},
+	} {
+		var out bytes.Buffer
+		p := &prefixWriter{mu: new(sync.Mutex), out: &out, prefix: "[0]: "}
+		for _, w := range tc.writes {
+			if n, err := p.Write([]byte(w)); n != len(w) || err != nil {
+				t.Errorf("%s: Write = %d, %v; want %d, nil", tc.name, n, err, len(w))
+			}
+		}
+		p.flush()
+		if got := out.String(); got != tc.want {
+			if len(got) > 200 || len(tc.want) > 200 {
+				t.Errorf("%s: console got %d bytes (%d lines), want %d (%d lines)", tc.name, len(got), strings.Count(got, "\n"), len(tc.want), strings.Count(tc.want, "\n"))
+			} else {
+				t.Errorf("%s: console got %q, want %q", tc.name, got, tc.want)
+			}
+		}
+	}
+}
+
+// TestLookupEnv: the last assignment of a key wins, the first entry is
+// looked at too, and an entry without '=' is skipped (not a crash).
+func TestLookupEnv(t *testing.T) {
+	for _, tc := range []struct {
+		env      []string
+		key      string
+		want     string
+		wantSeen bool
+	}{
+		{[]string{"A=1", "B=2"}, "A", "1", true},
+		{[]string{"A=1"}, "A", "1", true},
+		{[]string{"A=1", "A=2"}, "A", "2", true},
+		{[]string{"A="}, "A", "", true},
+		{[]string{"A=x=y"}, "A", "x=y", true},
+		{[]string{"NOEQUALS", "A=1"}, "NOEQUALS", "", false},
+		{[]string{"B=1"}, "A", "", false},
+		{nil, "A", "", false},
+	} {
+		got, ok := lookupEnv(tc.env, tc.key)
+		if got != tc.want || ok != tc.wantSeen {
+			t.Errorf("lookupEnv(%q, %q) = %q, %v; want %q, %v", tc.env, tc.key, got, ok, tc.want, tc.wantSeen)
+		}
+	}
+}
+
+// TestSummarize: what became of the blamed rank comes from its own worker
+// only (not from the others'), and a group of one failed rank says "rank",
+// of several "ranks".
+func TestSummarize(t *testing.T) {
+	j := &job{cfg: &Config{NNodes: 1, NProcPerNode: 4}}
+	code1 := func(r int) *WorkerError { return &WorkerError{Rank: r, ExitCode: 1} }
+	killed := &WorkerError{Rank: 2, ExitCode: -1, Signal: syscall.SIGKILL}
+	for _, tc := range []struct {
+		name     string
+		blamed   int
+		failures []*WorkerError
+		workers  []*worker
+		want     string
+	}{
+		{"blamed did not exit, the rank before it exited 0", 2, []*WorkerError{code1(0)},
+			[]*worker{{rank: 0}, {rank: 1, cleanExit: true}, {rank: 2}, nil},
+			"rank 2 did not exit; rank 0 exited with code 1"},
+		{"blamed exited 0, the others did not", 0, []*WorkerError{code1(1)},
+			[]*worker{{rank: 0, cleanExit: true}, {rank: 1}, {rank: 2}, nil},
+			"rank 0 exited with code 0; rank 1 exited with code 1"},
+		{"groups of one and of two", 3, []*WorkerError{code1(1), killed, code1(0)},
+			[]*worker{nil, nil, nil, {rank: 3}},
+			"rank 3 did not exit; ranks 0,1 exited with code 1; rank 2 was killed by signal 9 (killed)"},
+		{"the blamed rank failed", 1, []*WorkerError{code1(1), code1(0)},
+			nil,
+			"rank 1 exited with code 1; rank 0 exited with code 1"},
+	} {
+		if got := j.summarize(tc.blamed, tc.failures, tc.workers); got != tc.want {
+			t.Errorf("%s: summary %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestFailureWithoutBlame: when no worker blames anyone, the job's error
+// blames no rank (Blamed -1) and says only what failed first.
+func TestFailureWithoutBlame(t *testing.T) {
+	_, _, err := run(t, Config{NProcPerNode: 1}, `exit 3`)
+	var je *JobError
+	if !errors.As(err, &je) {
+		t.Fatalf("err = %v, want a *JobError", err)
+	}
+	if je.Blamed != -1 || je.Summary != "" || !strings.HasPrefix(err.Error(), "first failure: rank 0 (local rank 0, pid ") || !strings.HasSuffix(err.Error(), "exited with code 3") {
+		t.Errorf("blamed %d (%q), err %q; want -1 and only the first failure", je.Blamed, je.Summary, err)
+	}
+}
+
+// TestStartFailure: a worker that cannot be started (its log directory
+// cannot be made) fails the job with that error, after the workers
+// already started are stopped; it is not a success.
+func TestStartFailure(t *testing.T) {
+	dir := t.TempDir()
+	notDir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Rank 0 writes no log; rank 1's stdout goes to a log under a file.
+	_, _, err := run(t, Config{NProcPerNode: 2, LogDir: notDir, Redirects: []Std{0, Stdout}, StopGrace: time.Second},
+		`exec sleep 30`)
+	if err == nil || !strings.Contains(err.Error(), "launcher: log dir") {
+		t.Fatalf("err = %v; want the log directory's error", err)
+	}
+}
+
+// TestCleanupLogged: the launcher reports the shared-memory segments it
+// removes, those a failed attempt's workers left (under the job's prefix)
+// and orphans of killed jobs (swept at start), names them, and reports
+// nothing when there is nothing (no "removed 0"); a restart is counted
+// from 1.
+func TestCleanupLogged(t *testing.T) {
+	runID := "mutclean" + strconv.Itoa(os.Getpid())
+	left := shm.JobPrefix(runID) + "left"
+	// An orphan: a name tagged with this process's pid but another start
+	// time, as a process that has gone and whose pid was reused.
+	orphan := fmt.Sprintf("%smutorphan%d-o%d.1-abc123", shm.Prefix, os.Getpid(), os.Getpid())
+	if err := os.WriteFile(filepath.Join(shm.Dir, orphan), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		os.Remove(filepath.Join(shm.Dir, orphan))
+		os.Remove(filepath.Join(shm.Dir, left))
+	})
+	var logs logLines
+	_, _, err := run(t, Config{NProcPerNode: 1, RunID: runID, MaxRestarts: 1, Logf: logs.logf},
+		`if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then : > `+shm.Dir+`/`+left+`; exit 1; fi`)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, logs.String())
+	}
+	got := logs.String()
+	for _, want := range []string{
+		"removed 1 shared-memory segment(s) the workers left: [" + left + "]",
+		"that killed jobs left: [",
+		orphan,
+		"restarting the workers (1 of 1 restarts)",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the log lacks %q:\n%s", want, got)
+		}
+	}
+	for _, not := range []string{"removed 0 ", "sweeping orphaned shared memory"} {
+		if strings.Contains(got, not) {
+			t.Errorf("the log says %q with nothing to say:\n%s", not, got)
+		}
+	}
+	// A second job finds nothing to remove, and says nothing of it.
+	var again logLines
+	if _, _, err := run(t, Config{NProcPerNode: 1, RunID: runID, Logf: again.logf}, `true`); err != nil {
+		t.Fatal(err)
+	}
+	if got := again.String(); strings.Contains(got, "removed 0 ") {
+		t.Errorf("the second job's log says \"removed 0\":\n%s", got)
+	}
+	for _, name := range []string{left, orphan} {
+		if _, err := os.Stat(filepath.Join(shm.Dir, name)); err == nil {
+			t.Errorf("%s was not removed", name)
+		}
+	}
+}
+
+// hostIP is an IPv4 address of this host other than loopback.
+func hostIP(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && !ipn.IP.IsLoopback() && !ipn.IP.IsLinkLocalUnicast() {
+			return ipn.IP.String()
+		}
+	}
+	t.Skip("this host has no IPv4 address but loopback")
+	return ""
+}
+
+// TestOneNodeWorkersGetLoopback: a job on one node gives its workers
+// MASTER_ADDR 127.0.0.1 whatever master address it was given.
+func TestOneNodeWorkersGetLoopback(t *testing.T) {
+	out, _, err := run(t, Config{NProcPerNode: 1, MasterAddr: "127.0.0.2"}, `echo A=$MASTER_ADDR`)
+	if err != nil || !strings.Contains(out, "[0]: A=127.0.0.1\n") {
+		t.Fatalf("err %v; want MASTER_ADDR=127.0.0.1:\n%s", err, out)
+	}
+}
+
+// TestTwoNodesOnHostAddress: two nodes whose master is a non-loopback
+// address of this host. Node 0 hosts its store on that address, where
+// node 1 (and a client) reach it; the workers get it as MASTER_ADDR and,
+// without a job secret, no SLIME_JOB_SECRET at all. When node 1's worker
+// fails, node 1 tells node 0's store (a waiter fails at once, naming rank
+// 1), says nothing of failing to, and reads the blame recorded there.
+func TestTwoNodesOnHostAddress(t *testing.T) {
+	ip := hostIP(t)
+	dir := t.TempDir()
+	port := freeTCPPort(t, ip)
+	runID := "twohost" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Rank 1 (node 1) exits 1 once dir/fail exists, rank 0 exits 0 once
+	// dir/end does.
+	script := `echo "A=$MASTER_ADDR S=${SLIME_JOB_SECRET+set}"; f=` + dir + `/end; c=0; [ $RANK = 1 ] && f=` + dir + `/fail && c=1; ` +
+		`while [ ! -e $f ]; do sleep 0.01; done; exit $c`
+	errs := make([]chan error, 2)
+	var outs [2]syncBuffer
+	var logs [2]logLines
+	for node := range 2 {
+		errs[node] = make(chan error, 1)
+		go func() {
+			errs[node] <- Run(ctx, Config{NNodes: 2, NodeRank: node, NProcPerNode: 1, MasterAddr: ip, MasterPort: port,
+				RunID: runID, RdzvTimeout: 5 * time.Second, StopGrace: time.Second, Env: []string{"PATH=" + os.Getenv("PATH")},
+				Program: "sh", Args: []string{"-c", script}, Stdout: &outs[node], Stderr: &outs[node], Logf: logs[node].logf})
+		}()
+	}
+	ended := [2]bool{}
+	result := func(node int) error {
+		select {
+		case err := <-errs[node]:
+			ended[node] = true
+			return err
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("node %d did not end within 30 s", node)
+		}
+	}
+	defer func() {
+		os.WriteFile(filepath.Join(dir, "fail"), nil, 0o600)
+		os.WriteFile(filepath.Join(dir, "end"), nil, 0o600)
+		for node := range 2 {
+			if !ended[node] {
+				result(node)
+			}
+		}
+	}()
+	dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer dcancel()
+	st, err := rendezvous.Dial(dctx, net.JoinHostPort(ip, strconv.Itoa(port)), rendezvous.Auth{Job: runID})
+	if err != nil {
+		t.Fatalf("node 0's store is not on %s: %v", ip, err)
+	}
+	defer st.Close()
+	if err := st.Wait(dctx, "slimerun/"+runID+"/nodes/0", "slimerun/"+runID+"/nodes/1"); err != nil {
+		t.Fatalf("the nodes did not join: %v\nnode 1: %s", err, logs[1].String())
+	}
+	// Rank 1 blames rank 0.
+	if err := st.Set(dctx, BlameKey(runID, 0, 1), []byte("0")); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, err := st.Get(ctx, rendezvous.AttemptPrefix(runID, 0)+"never")
+		got <- err
+	}()
+	os.WriteFile(filepath.Join(dir, "fail"), nil, 0o600)
+	select {
+	case err := <-got:
+		var ae *rendezvous.AbortError
+		if !errors.As(err, &ae) || ae.Rank != 1 {
+			t.Errorf("the waiter got %v; want an *AbortError naming rank 1", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("the waiter still waits 10 s after rank 1 failed")
+	}
+	err1 := result(1)
+	var je *JobError
+	if !errors.As(err1, &je) || je.First.Rank != 1 || je.Blamed != 0 || je.Summary != "rank 0 is on node 0; rank 1 exited with code 1" {
+		t.Errorf("node 1: err = %v; want rank 1's exit, blaming rank 0 on node 0", err1)
+	}
+	st.Close()
+	os.WriteFile(filepath.Join(dir, "end"), nil, 0o600)
+	if err := result(0); err != nil {
+		t.Errorf("node 0: %v", err)
+	}
+	for node := range 2 {
+		if want := "[" + strconv.Itoa(node) + "]: A=" + ip + " S=\n"; !strings.Contains(outs[node].String(), want) {
+			t.Errorf("node %d's worker printed\n%s\nwant %q", node, outs[node].String(), want)
+		}
+		if l := logs[node].String(); strings.Contains(l, "could not tell the store") {
+			t.Errorf("node %d: %s", node, l)
+		}
+	}
+}
+
+// freeTCPPort is a TCP port free on host a moment ago.
+func freeTCPPort(t *testing.T, host string) int {
+	t.Helper()
+	p, err := freePort(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
