@@ -43,6 +43,8 @@ func main() {
 		err = tcp(os.Args[2:])
 	case "link":
 		err = linkCmd(os.Args[2:])
+	case "p2p":
+		err = p2pCmd(os.Args[2:])
 	case "d2d":
 		err = d2d(os.Args[2:])
 	case "overlap":
@@ -73,6 +75,7 @@ commands:
   d2d         GPU device-to-device copy bandwidth: the GPU all-gather's ceiling
   tcp         raw TCP latency and bandwidth between two ranks (one per node)
   link        AllGather between two nodes beside raw TCP on the same link, interleaved
+  p2p         the p2p engine's reads and writes between two ranks, beside raw TCP and memcpy
   overlap     AllGather+GEMM: t_comm, t_gemm, t_seq, t_overlap, efficiency
   gemm        GFLOP/s of the GEMM the overlap uses (gonum, or OpenBLAS with -tags openblas)
   compare     CSV files side by side, the first as the base, with time ratios
@@ -370,6 +373,103 @@ func tcp(args []string) error {
 			continue
 		}
 		fmt.Printf(" %12d %9d %8v %8s %11.2f %9.3f\n", r.S, r.Channels, r.Duplex, bytesize.Format(int64(r.Lowat)), r.Median, r.GBps)
+	}
+	return nil
+}
+
+func p2pCmd(args []string) error {
+	fs := pflag.NewFlagSet("slimebench p2p", pflag.ContinueOnError)
+	sw := sweepFlags(fs)
+	batches := fs.IntSlice("batch", []int{1, 64}, "operations per batched call (one sweep each)")
+	conc := fs.IntSlice("concurrency", []int{1, 8}, "batches in flight at once (one sweep each)")
+	ops := fs.StringSlice("op", []string{"read", "write"}, "read, write or both")
+	tcpOnly := fs.Bool("tcp-only", false, "carry every transfer over TCP, even to a peer on this host")
+	channels := fs.Int("channels", 0, "TCP connections of the link (default p2p's, inter.DefaultChannels)")
+	inFlight := fs.String("max-in-flight", "256M", "skip combinations moving more bytes at once than this (size x batch x concurrency)")
+	register := fs.String("register", "1G", "memory whose registration is timed, as 4K pages and as one region (0: none)")
+	noBase := fs.Bool("no-baselines", false, "leave out raw TCP, the 8-byte read and memcpy")
+	minTime := fs.Duration("min-time", 200*time.Millisecond, "timed time per combination (at least 5 rounds)")
+	asCSV := fs.Bool("csv", false, "print CSV ("+strings.Join(bench.P2PCSVHeader, ",")+") instead of the table")
+	plotFile := fs.String("plot", "", "write a PNG of GB/s against S")
+	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
+	for _, op := range *ops {
+		if op != "read" && op != "write" {
+			return fmt.Errorf("p2p: --op %q: want read or write", op)
+		}
+	}
+	if fs.Changed("min-bytes") || fs.Changed("max-bytes") || fs.Changed("step-factor") {
+		if !fs.Changed("step-factor") {
+			*sw.factor = "2"
+		}
+		if !fs.Changed("min-bytes") {
+			*sw.min = "2K"
+		}
+		if !fs.Changed("max-bytes") {
+			*sw.max = "128M"
+		}
+		var err error
+		if cfg.Sizes, err = sw.sizes(); err != nil {
+			return err
+		}
+	}
+	n, err := bytesize.Parse(*inFlight)
+	if err != nil {
+		return fmt.Errorf("p2p: --max-in-flight %q: %v", *inFlight, err)
+	}
+	cfg.MaxInFlight = n
+	if cfg.RegisterBytes, err = bytesize.Parse(*register); err != nil {
+		return fmt.Errorf("p2p: --register %q: %v", *register, err)
+	}
+	ctx := context.Background()
+	c, err := collective.Init(ctx, collective.Options{})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if c.Rank() == 0 {
+		for _, s := range cfg.Skipped() {
+			fmt.Fprintf(os.Stderr, "slimebench p2p: skipped %s (over --max-in-flight %s)\n", s, *inFlight)
+		}
+		if !*quiet {
+			cfg.Progress = func(r bench.P2PResult) {
+				fmt.Fprintf(os.Stderr, "slimebench p2p: %s %s %s S=%s batch=%d concurrency=%d: %.3f GB/s p50 %.1f us wrong %d\n",
+					r.Impl, r.Transport, r.Op, bytesize.Format(r.S), r.Batch, r.Concurrency, r.GBps, r.P50, r.Wrong)
+			}
+		}
+	}
+	rs, err := bench.P2P(ctx, c, cfg)
+	if err != nil {
+		return err
+	}
+	if c.Rank() != 0 {
+		return nil
+	}
+	title := fmt.Sprintf("slimebench p2p: rank 1 reads/writes rank 0's region, %d node(s), tcp-only %v, %s", c.Nodes(), *tcpOnly, time.Now().UTC().Format("2006-01-02"))
+	if *asCSV {
+		if err := bench.WriteP2PCSV(os.Stdout, rs); err != nil {
+			return err
+		}
+		for _, l := range bench.P2PTargets(rs) {
+			fmt.Fprintln(os.Stderr, "slimebench p2p: "+l)
+		}
+	} else {
+		bench.WriteP2PTable(os.Stdout, rs, title)
+	}
+	if *plotFile != "" {
+		if err := bench.PlotP2P(rs, title, *plotFile); err != nil {
+			return err
+		}
+	}
+	var wrong int64
+	for _, r := range rs {
+		wrong += r.Wrong
+	}
+	if wrong != 0 {
+		return fmt.Errorf("p2p: %d wrong bytes", wrong)
 	}
 	return nil
 }

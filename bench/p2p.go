@@ -1,0 +1,715 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/inter"
+	"github.com/slimego/slimego/internal/bytesize"
+	"github.com/slimego/slimego/p2p"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// P2PCSVHeader is the column list of slimebench p2p's CSV (issue 16).
+var P2PCSVHeader = []string{"impl", "transport", "op", "S", "batch", "concurrency", "p50_us", "p99_us", "GBps", "cpu_s_per_GB", "wrong"}
+
+// P2PResult is one row of slimebench p2p.
+//
+//   - impl "p2p", op read or write: Concurrency batches of Batch operations of
+//     S bytes each are started at once, then waited; P50 and P99 are the
+//     latencies of one batch (its start to its completion), GBps the bytes
+//     of all batches over the time of the rounds, CPUPerGB the CPU seconds
+//     of both processes (getrusage) per 10⁹ bytes moved, Wrong the bytes
+//     that differed from the random data sent, over every transfer.
+//   - impl "p2p", op register: the time (P50 = P99, µs) to register Batch
+//     regions of S bytes (1 GiB as 4 KiB pages, or as one region).
+//   - impl "tcp": the raw TCP link (TCP): op pingpong, S 8, P50 the median
+//     round trip; op oneway, the median time and bandwidth of S bytes
+//     striped over the transport's channels (Transport "tcp-N"). TCP gives
+//     medians only: P99 is 0.
+//   - impl "memcpy": one thread copying S bytes (Memcpy); P99 is 0.
+type P2PResult struct {
+	Impl, Transport, Op string
+	S                   int64
+	Batch, Concurrency  int
+	P50, P99            float64 // µs
+	GBps                float64
+	CPUPerGB            float64
+	Wrong               int64
+}
+
+// P2PConfig is what P2P measures.
+type P2PConfig struct {
+	Sizes       []int64  // bytes per operation (default 2 KiB … 128 MiB by ×2)
+	Batches     []int    // operations per batched call (default 1, 64)
+	Concurrency []int    // batches in flight at once (default 1, 8)
+	Ops         []string // "read", "write" (default both)
+	// MaxInFlight skips the (size, batch, concurrency) combinations that
+	// would move more bytes at once than this (default 256 MiB): each
+	// operation has its own range on both sides, so that every byte is
+	// checked, and the grid's largest corner is 64 GiB.
+	MaxInFlight int64
+	TCPOnly     bool          // carry every transfer over TCP, even on one host
+	Channels    int           // TCP connections of the link (0: p2p's default)
+	MinTime     time.Duration // timed time per combination (default 200 ms), at least 5 rounds
+	MaxRounds   int           // at most this many timed rounds per combination (default 2000)
+	// RegisterBytes, if positive, is the memory whose registration is
+	// timed, as 4 KiB pages and as one region (issue 16 asks for 1 GiB).
+	RegisterBytes int64
+	// Baselines adds raw TCP (8-byte ping-pong and one-way transfers of
+	// the sizes the targets compare with), an 8-byte read, and
+	// single-thread memcpy, all from this run.
+	Baselines bool
+	// Progress, if set, is called on rank 0 with each row.
+	Progress func(P2PResult)
+}
+
+func (cfg *P2PConfig) defaults() {
+	if len(cfg.Sizes) == 0 {
+		for s := int64(2 << 10); s <= 128<<20; s *= 2 {
+			cfg.Sizes = append(cfg.Sizes, s)
+		}
+	}
+	if len(cfg.Batches) == 0 {
+		cfg.Batches = []int{1, 64}
+	}
+	if len(cfg.Concurrency) == 0 {
+		cfg.Concurrency = []int{1, 8}
+	}
+	if len(cfg.Ops) == 0 {
+		cfg.Ops = []string{"read", "write"}
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 256 << 20
+	}
+	if cfg.MinTime <= 0 {
+		cfg.MinTime = 200 * time.Millisecond
+	}
+	if cfg.MaxRounds <= 0 {
+		cfg.MaxRounds = 2000
+	}
+}
+
+// p2pCase is one combination of the grid.
+type p2pCase struct {
+	op          string
+	s           int64
+	batch, conc int
+}
+
+func (k p2pCase) bytes() int64 { return k.s * int64(k.batch) * int64(k.conc) }
+
+// cases is the grid in the order both ranks run it, without the
+// combinations over MaxInFlight.
+func (cfg *P2PConfig) cases() []p2pCase {
+	var ks []p2pCase
+	if cfg.Baselines {
+		ks = append(ks, p2pCase{"read", 8, 1, 1})
+	}
+	for _, op := range cfg.Ops {
+		for _, b := range cfg.Batches {
+			for _, k := range cfg.Concurrency {
+				for _, s := range cfg.Sizes {
+					if c := (p2pCase{op, s, b, k}); c.bytes() <= cfg.MaxInFlight {
+						ks = append(ks, c)
+					}
+				}
+			}
+		}
+	}
+	return ks
+}
+
+// Skipped lists the grid's combinations that MaxInFlight leaves out.
+func (cfg P2PConfig) Skipped() []string {
+	cfg.defaults()
+	var out []string
+	for _, op := range cfg.Ops {
+		for _, b := range cfg.Batches {
+			for _, k := range cfg.Concurrency {
+				for _, s := range cfg.Sizes {
+					if c := (p2pCase{op, s, b, k}); c.bytes() > cfg.MaxInFlight {
+						out = append(out, fmt.Sprintf("%s S=%s batch=%d concurrency=%d", op, bytesize.Format(s), b, k))
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// ErrP2PBench marks a failure of the p2p benchmark's own protocol.
+var ErrP2PBench = errors.New("bench: p2p")
+
+// Control messages from the initiator (rank 1) to the target (rank 0).
+const (
+	ctlEnd   = 0 // the combination is over: answer with the CPU seconds
+	ctlRound = 1 // a round of writes is done: check, clear, answer wrong
+)
+
+// P2P measures the p2p engine between the two ranks of c: rank 1 reads
+// from and writes to a region rank 0 registered, over the transport the
+// link chose (the same-host copy, or TCP; TCPOnly forces TCP). Both ranks
+// return the rows; rank 0's carry the figures.
+//
+// Each round starts Concurrency batches at once and waits for them. The
+// source of every round is random (a ChaCha8 stream both sides derive from
+// a seed they agreed on), and the destination is cleared before each round
+// and compared byte for byte after it (reads by rank 1, writes by rank 0,
+// told over the link's Send/Recv), outside the timed window. CPU time is
+// getrusage's, of rank 1 over the rounds and of rank 0 from the first
+// round to the last, less its checking.
+func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PResult, error) {
+	cfg.defaults()
+	if c.Size() != 2 {
+		return nil, fmt.Errorf("%w: two ranks measure a link; this job has %d", ErrP2PBench, c.Size())
+	}
+	// A seed both ranks agree on: the random data's, and the store prefix
+	// of this run's endpoints.
+	seeds := make([]uint64, 2)
+	if err := collective.AllGatherOf(ctx, c, seeds, []uint64{rand.Uint64()}); err != nil {
+		return nil, err
+	}
+	o := c.Options()
+	st, err := rendezvous.Dial(ctx, net.JoinHostPort(o.MasterAddr, strconv.Itoa(o.MasterPort)), rendezvous.Auth{Secret: o.JobSecret, Job: o.JobID})
+	if err != nil {
+		return nil, fmt.Errorf("%w: rank %d: the store: %w", ErrP2PBench, c.Rank(), err)
+	}
+	defer st.Close()
+	st.Timeout = c.Timeout()
+	prefix := fmt.Sprintf("p2pbench-%x", seeds[0])
+	e, err := p2p.New(ctx, p2p.Options{Name: fmt.Sprintf("rank%d", c.Rank()), Store: st, Prefix: prefix,
+		Auth: rendezvous.Auth{Secret: o.JobSecret, Job: o.JobID}, IfName: o.SocketIfName, MasterAddr: o.MasterAddr,
+		Channels: cfg.Channels, TCPOnly: cfg.TCPOnly, Timeout: c.Timeout()})
+	if err != nil {
+		return nil, fmt.Errorf("%w: rank %d: %w", ErrP2PBench, c.Rank(), err)
+	}
+	defer e.Close()
+	cases := cfg.cases()
+	var need int64 = 8
+	for _, k := range cases {
+		need = max(need, k.bytes())
+	}
+	region := make([]byte, need)
+	expect := make([]byte, need)
+	reg, err := e.Register("bench", region)
+	if err != nil {
+		return nil, err
+	}
+	if err := e.Publish(ctx); err != nil {
+		return nil, err
+	}
+	peer, err := e.Connect(ctx, fmt.Sprintf("rank%d", 1-c.Rank()))
+	if err != nil {
+		return nil, err
+	}
+	remote, ok := peer.Remote("bench")
+	if !ok {
+		return nil, fmt.Errorf("%w: rank %d: rank %d's Info lists no region \"bench\"", ErrP2PBench, c.Rank(), 1-c.Rank())
+	}
+	b := &p2pBench{c: c, cfg: cfg, e: e, peer: peer, local: reg, remote: remote, region: region, expect: expect, seed: seeds[1], timeout: c.Timeout()}
+	var rows []P2PResult
+	emit := func(r P2PResult) {
+		rows = append(rows, r)
+		if cfg.Progress != nil && c.Rank() == 0 {
+			cfg.Progress(r)
+		}
+	}
+	for i, k := range cases {
+		r, err := b.run(ctx, i, k)
+		if err != nil {
+			return nil, err
+		}
+		emit(r)
+	}
+	if cfg.Baselines {
+		if err := b.baselines(ctx, emit); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.RegisterBytes > 0 {
+		if err := b.register(ctx, emit); err != nil {
+			return nil, err
+		}
+	}
+	return rows, nil
+}
+
+type p2pBench struct {
+	c              *collective.Communicator
+	cfg            P2PConfig
+	e              *p2p.Endpoint
+	peer           *p2p.Peer
+	local          *p2p.Region
+	remote         p2p.RemoteRegion
+	region, expect []byte
+	seed           uint64
+	timeout        time.Duration
+}
+
+// fill writes combination i's random data into b.
+func (b *p2pBench) fill(i int, buf []byte) {
+	var seed [32]byte
+	binary.LittleEndian.PutUint64(seed[:], b.seed)
+	binary.LittleEndian.PutUint64(seed[8:], uint64(i))
+	rand.NewChaCha8(seed).Read(buf)
+}
+
+// countWrongBytes counts the bytes of got that differ from want.
+func countWrongBytes(got, want []byte) int64 {
+	var n int64
+	const chunk = 64 << 10
+	for off := 0; off < len(got); off += chunk {
+		g, w := got[off:min(off+chunk, len(got))], want[off:min(off+chunk, len(want))]
+		if bytes.Equal(g, w) {
+			continue
+		}
+		for j := range g {
+			if g[j] != w[j] {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// cpuSeconds is this process's user and system CPU time.
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
+// ctl sends one control word to the peer and waits for its answer.
+func (b *p2pBench) ctl(ctx context.Context, what string, v uint64) (uint64, error) {
+	var out, in [8]byte
+	binary.LittleEndian.PutUint64(out[:], v)
+	if err := b.peer.Send(out[:]).Wait(ctx); err != nil {
+		return 0, fmt.Errorf("%w: rank %d: %s: %w", ErrP2PBench, b.c.Rank(), what, err)
+	}
+	if err := b.peer.Recv(in[:]).Wait(ctx); err != nil {
+		return 0, fmt.Errorf("%w: rank %d: %s: %w", ErrP2PBench, b.c.Rank(), what, err)
+	}
+	return binary.LittleEndian.Uint64(in[:]), nil
+}
+
+// recvCtl waits for the peer's next control word.
+func (b *p2pBench) recvCtl(ctx context.Context) (uint64, error) {
+	var in [8]byte
+	if err := b.peer.Recv(in[:]).Wait(ctx); err != nil {
+		return 0, fmt.Errorf("%w: rank %d: waiting for rank 1: %w", ErrP2PBench, b.c.Rank(), err)
+	}
+	return binary.LittleEndian.Uint64(in[:]), nil
+}
+
+func (b *p2pBench) answer(ctx context.Context, v uint64) error {
+	var out [8]byte
+	binary.LittleEndian.PutUint64(out[:], v)
+	if err := b.peer.Send(out[:]).Wait(ctx); err != nil {
+		return fmt.Errorf("%w: rank %d: answering rank 1: %w", ErrP2PBench, b.c.Rank(), err)
+	}
+	return nil
+}
+
+// run measures combination i on both ranks.
+func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, error) {
+	ctx, cancel := context.WithTimeout(parent, b.timeout)
+	defer cancel()
+	n := int(k.bytes())
+	res := P2PResult{Impl: "p2p", Op: k.op, S: k.s, Batch: k.batch, Concurrency: k.conc}
+	if b.c.Rank() == 0 {
+		// The target: its region is the source of reads (random) and the
+		// destination of writes (cleared, checked after each round).
+		if k.op == "read" {
+			b.fill(i, b.region[:n])
+		} else {
+			b.fill(i, b.expect[:n])
+			clear(b.region[:n])
+		}
+		if err := b.answer(ctx, 0); err != nil { // ready
+			return res, err
+		}
+		cpu0, checking := cpuSeconds(), 0.0
+		for {
+			v, err := b.recvCtl(ctx)
+			if err != nil {
+				return res, err
+			}
+			if v == ctlEnd {
+				cpu := cpuSeconds() - cpu0 - checking
+				if err := b.answer(ctx, uint64(cpu*1e9)); err != nil {
+					return res, err
+				}
+				break
+			}
+			t := cpuSeconds()
+			wrong := countWrongBytes(b.region[:n], b.expect[:n])
+			clear(b.region[:n])
+			checking += cpuSeconds() - t
+			if err := b.answer(ctx, uint64(wrong)); err != nil {
+				return res, err
+			}
+		}
+		// Rank 1 sends the figures.
+		return b.recvResult(ctx, res)
+	}
+	// The initiator.
+	src := b.region[:n]
+	if k.op == "read" {
+		b.fill(i, b.expect[:n])
+	} else {
+		b.fill(i, src)
+	}
+	if _, err := b.recvCtl(ctx); err != nil { // the target is ready
+		return res, err
+	}
+	batches := make([][]p2p.Op, k.conc)
+	for j := range batches {
+		for o := range k.batch {
+			off := (j*k.batch + o) * int(k.s)
+			batches[j] = append(batches[j], p2p.Op{Local: b.local, LocalOff: off, Remote: b.remote, RemoteOff: off, Len: int(k.s)})
+		}
+	}
+	futs := make([]*p2p.Future, k.conc)
+	lat := make([]float64, k.conc)
+	var lats []float64
+	var busy, cpu float64
+	transports := map[string]bool{}
+	var wg sync.WaitGroup
+	round := func(timed bool) error {
+		if k.op == "read" {
+			clear(src)
+		}
+		c0 := cpuSeconds()
+		t0 := time.Now()
+		for j, ops := range batches {
+			if k.op == "read" {
+				futs[j] = b.peer.Read(ops)
+			} else {
+				futs[j] = b.peer.Write(ops)
+			}
+		}
+		errs := make([]error, k.conc)
+		if k.conc == 1 {
+			errs[0] = futs[0].Wait(ctx)
+			lat[0] = float64(time.Since(t0).Nanoseconds()) / 1e3
+		} else {
+			wg.Add(k.conc)
+			for j, f := range futs {
+				go func() {
+					defer wg.Done()
+					errs[j] = f.Wait(ctx)
+					lat[j] = float64(time.Since(t0).Nanoseconds()) / 1e3
+				}()
+			}
+			wg.Wait()
+		}
+		el := time.Since(t0).Seconds()
+		dc := cpuSeconds() - c0
+		for j, err := range errs {
+			if err != nil {
+				return fmt.Errorf("%w: rank 1: %s of %d × %s, batch %d of %d: %w", ErrP2PBench, k.op, k.batch, bytesize.Format(k.s), j, k.conc, err)
+			}
+			transports[futs[j].Transport()] = true
+		}
+		if timed {
+			busy += el
+			cpu += dc
+			lats = append(lats, lat...)
+		}
+		if k.op == "read" {
+			res.Wrong += countWrongBytes(src, b.expect[:n])
+			return nil
+		}
+		wrong, err := b.ctl(ctx, "checking a round of writes", ctlRound)
+		res.Wrong += int64(wrong)
+		return err
+	}
+	if err := round(false); err != nil { // warm-up, checked too
+		return res, err
+	}
+	rounds := 0
+	for rounds < 5 || (busy < b.cfg.MinTime.Seconds() && rounds < b.cfg.MaxRounds) {
+		if err := round(true); err != nil {
+			return res, err
+		}
+		rounds++
+	}
+	tcpu, err := b.ctl(ctx, "ending a combination", ctlEnd)
+	if err != nil {
+		return res, err
+	}
+	cpu += float64(tcpu) / 1e9
+	moved := float64(rounds) * float64(n)
+	sort.Float64s(lats)
+	res.P50, res.P99 = quantile(lats, 0.5), quantile(lats, 0.99)
+	res.GBps = moved / busy / 1e9
+	res.CPUPerGB = cpu / (moved / 1e9)
+	var ts []string
+	for t := range transports {
+		ts = append(ts, t)
+	}
+	sort.Strings(ts)
+	res.Transport = joinOr(ts, "+", "-")
+	return res, b.sendResult(ctx, res)
+}
+
+// quantile is the q-quantile of sorted xs (nearest rank).
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(xs))+0.5) - 1
+	return xs[min(max(i, 0), len(xs)-1)]
+}
+
+func joinOr(xs []string, sep, none string) string {
+	if len(xs) == 0 {
+		return none
+	}
+	s := xs[0]
+	for _, x := range xs[1:] {
+		s += sep + x
+	}
+	return s
+}
+
+// sendResult hands rank 1's figures to rank 0, which prints them.
+func (b *p2pBench) sendResult(ctx context.Context, r P2PResult) error {
+	var buf [48]byte
+	binary.LittleEndian.PutUint64(buf[0:], uint64(r.P50*1e3))
+	binary.LittleEndian.PutUint64(buf[8:], uint64(r.P99*1e3))
+	binary.LittleEndian.PutUint64(buf[16:], uint64(r.GBps*1e9))
+	binary.LittleEndian.PutUint64(buf[24:], uint64(r.CPUPerGB*1e9))
+	binary.LittleEndian.PutUint64(buf[32:], uint64(r.Wrong))
+	copy(buf[40:], r.Transport)
+	if err := b.peer.Send(buf[:]).Wait(ctx); err != nil {
+		return fmt.Errorf("%w: rank 1: sending the figures: %w", ErrP2PBench, err)
+	}
+	return nil
+}
+
+func (b *p2pBench) recvResult(ctx context.Context, r P2PResult) (P2PResult, error) {
+	var buf [48]byte
+	if err := b.peer.Recv(buf[:]).Wait(ctx); err != nil {
+		return r, fmt.Errorf("%w: rank 0: receiving rank 1's figures: %w", ErrP2PBench, err)
+	}
+	r.P50 = float64(binary.LittleEndian.Uint64(buf[0:])) / 1e3
+	r.P99 = float64(binary.LittleEndian.Uint64(buf[8:])) / 1e3
+	r.GBps = float64(binary.LittleEndian.Uint64(buf[16:])) / 1e9
+	r.CPUPerGB = float64(binary.LittleEndian.Uint64(buf[24:])) / 1e9
+	r.Wrong += int64(binary.LittleEndian.Uint64(buf[32:]))
+	r.Transport = string(bytes.TrimRight(buf[40:], "\x00"))
+	return r, nil
+}
+
+// tcpSizes are the one-way sizes the targets compare p2p with: each
+// batch's bytes from 64 KiB up.
+func (cfg *P2PConfig) tcpSizes() []int64 {
+	var out []int64
+	for _, s := range cfg.Sizes {
+		for _, bt := range cfg.Batches {
+			if n := s * int64(bt); n >= 64<<10 && n <= cfg.MaxInFlight && !slices.Contains(out, n) {
+				out = append(out, n)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// baselines measures raw TCP between the ranks, with the link's channels,
+// and single-thread memcpy on rank 0.
+func (b *p2pBench) baselines(ctx context.Context, emit func(P2PResult)) error {
+	ch := b.cfg.Channels
+	if ch <= 0 {
+		ch = inter.DefaultChannels
+	}
+	sizes := b.cfg.tcpSizes()
+	o := b.c.Options()
+	rs, err := TCP(ctx, b.c, o.MasterAddr, sizes, ch, false, inter.DefaultLowat, b.cfg.MinTime)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if r.GBps == 0 {
+			emit(P2PResult{Impl: "tcp", Transport: "tcp-1", Op: "pingpong", S: r.S, Batch: 1, Concurrency: 1, P50: 2 * r.Median})
+			continue
+		}
+		emit(P2PResult{Impl: "tcp", Transport: fmt.Sprintf("tcp-%d", r.Channels), Op: "oneway", S: r.S, Batch: 1, Concurrency: 1, P50: r.Median, GBps: r.GBps})
+	}
+	for _, n := range sizes {
+		var us, gbps float64
+		if b.c.Rank() == 0 {
+			us, gbps = Memcpy(int(n), b.cfg.MinTime)
+		}
+		emit(P2PResult{Impl: "memcpy", Transport: "cpu", Op: "copy", S: n, Batch: 1, Concurrency: 1, P50: us, GBps: gbps})
+		if err := b.c.Barrier(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// register times registering (and then deregistering) RegisterBytes on
+// rank 0, as 4 KiB pages and as one region.
+func (b *p2pBench) register(ctx context.Context, emit func(P2PResult)) error {
+	if b.c.Rank() == 0 {
+		mem := make([]byte, b.cfg.RegisterBytes) // untouched: registration pins nothing
+		for _, page := range []int64{4 << 10, b.cfg.RegisterBytes} {
+			count := int(b.cfg.RegisterBytes / page)
+			regs := make([]*p2p.Region, 0, count)
+			c0, t0 := cpuSeconds(), time.Now()
+			for i := range count {
+				r, err := b.e.Register("page"+strconv.Itoa(i), mem[int64(i)*page:int64(i+1)*page])
+				if err != nil {
+					return fmt.Errorf("%w: rank 0: registering page %d of %d: %w", ErrP2PBench, i, count, err)
+				}
+				regs = append(regs, r)
+			}
+			us := float64(time.Since(t0).Nanoseconds()) / 1e3
+			cpu := cpuSeconds() - c0
+			for _, r := range regs {
+				if err := b.e.Deregister(ctx, r); err != nil {
+					return err
+				}
+			}
+			emit(P2PResult{Impl: "p2p", Transport: "-", Op: "register", S: page, Batch: count, Concurrency: 1, P50: us, P99: us,
+				GBps: float64(b.cfg.RegisterBytes) / us / 1e3, CPUPerGB: cpu / (float64(b.cfg.RegisterBytes) / 1e9)})
+		}
+	}
+	return b.c.Barrier(ctx)
+}
+
+// WriteP2PCSV writes rs with P2PCSVHeader.
+func WriteP2PCSV(w io.Writer, rs []P2PResult) error {
+	cw := csv.NewWriter(w)
+	cw.Write(P2PCSVHeader)
+	for _, r := range rs {
+		cw.Write([]string{r.Impl, r.Transport, r.Op, strconv.FormatInt(r.S, 10), strconv.Itoa(r.Batch), strconv.Itoa(r.Concurrency),
+			ff(r.P50, 2), ff(r.P99, 2), ff(r.GBps, 4), ff(r.CPUPerGB, 4), strconv.FormatInt(r.Wrong, 10)})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// WriteP2PTable writes rs as a table under title, then the issue's
+// targets as ratios of this run's rows (P2PTargets).
+func WriteP2PTable(w io.Writer, rs []P2PResult, title string) {
+	fmt.Fprintf(w, "# %s\n", title)
+	fmt.Fprintf(w, "#%-7s %-9s %-9s %10s %6s %5s %11s %11s %9s %9s %6s\n", "impl", "transport", "op", "S", "batch", "conc", "p50 (us)", "p99 (us)", "GB/s", "cpu s/GB", "wrong")
+	for _, r := range rs {
+		fmt.Fprintf(w, " %-7s %-9s %-9s %10s %6d %5d %11.2f %11.2f %9.3f %9.3f %6d\n", r.Impl, r.Transport, r.Op, bytesize.Format(r.S), r.Batch, r.Concurrency, r.P50, r.P99, r.GBps, r.CPUPerGB, r.Wrong)
+	}
+	for _, l := range P2PTargets(rs) {
+		fmt.Fprintln(w, "# "+l)
+	}
+}
+
+// P2PTargets states issue 16's targets as ratios of rows of one run: p2p
+// over TCP at batch 1 and S ≥ 1 MiB against the raw link at S (≥ 0.9),
+// 64 × 64 KiB against the link at 4 MiB (≥ 0.8), the 8-byte read against
+// the TCP round trip (≤ 1.2), and the same-host copy at S ≥ 1 MiB against
+// single-thread memcpy at S (≥ 0.8). Concurrency-1 rows only.
+func P2PTargets(rs []P2PResult) []string {
+	find := func(impl, op string, s int64) *P2PResult {
+		for i := range rs {
+			if rs[i].Impl == impl && rs[i].Op == op && rs[i].S == s {
+				return &rs[i]
+			}
+		}
+		return nil
+	}
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "NOT met"
+	}
+	var out []string
+	for _, r := range rs {
+		if r.Impl != "p2p" || r.Concurrency != 1 || (r.Op != "read" && r.Op != "write") {
+			continue
+		}
+		switch {
+		case r.Op == "read" && r.S == 8 && r.Batch == 1:
+			if t := find("tcp", "pingpong", 8); t != nil && t.P50 > 0 {
+				x := r.P50 / t.P50
+				out = append(out, fmt.Sprintf("target 8-byte read p50 / TCP ping-pong p50 = %.2f / %.2f us = %.2f (<= 1.2: %s; %s)", r.P50, t.P50, x, verdict(x <= 1.2), r.Transport))
+			}
+		case r.Transport == "tcp" && r.Batch == 1 && r.S >= 1<<20:
+			if t := find("tcp", "oneway", r.S); t != nil && t.GBps > 0 {
+				x := r.GBps / t.GBps
+				out = append(out, fmt.Sprintf("target %s %s batch 1 / raw TCP = %.3f / %.3f GB/s = %.2f (>= 0.9 across hosts: %s)", r.Op, bytesize.Format(r.S), r.GBps, t.GBps, x, verdict(x >= 0.9)))
+			}
+		case r.Transport == "tcp" && r.Batch == 64 && r.S == 64<<10:
+			if t := find("tcp", "oneway", 4<<20); t != nil && t.GBps > 0 {
+				x := r.GBps / t.GBps
+				out = append(out, fmt.Sprintf("target %s 64 x 64K / raw TCP 4M = %.3f / %.3f GB/s = %.2f (>= 0.8 across hosts: %s)", r.Op, r.GBps, t.GBps, x, verdict(x >= 0.8)))
+			}
+		case r.Transport == "cma" && r.Batch == 1 && r.S >= 1<<20:
+			if m := find("memcpy", "copy", r.S); m != nil && m.GBps > 0 {
+				x := r.GBps / m.GBps
+				out = append(out, fmt.Sprintf("target %s %s same host / memcpy = %.3f / %.3f GB/s = %.2f (>= 0.8: %s)", r.Op, bytesize.Format(r.S), r.GBps, m.GBps, x, verdict(x >= 0.8)))
+			}
+		}
+	}
+	return out
+}
+
+// PlotP2P draws GB/s against S, one line per (impl, transport, op, batch,
+// concurrency), into a PNG.
+func PlotP2P(rs []P2PResult, title, file string) error {
+	p := plot.New()
+	p.Title.Text = title
+	p.Title.TextStyle.Font.Size = vg.Points(9)
+	p.X.Label.Text = "S, bytes per operation"
+	p.Y.Label.Text = "GB/s"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	series := map[string]plotter.XYs{}
+	for _, r := range rs {
+		if r.GBps <= 0 || r.S <= 0 || r.Op == "register" {
+			continue
+		}
+		key := fmt.Sprintf("%s/%s %s", r.Impl, r.Transport, r.Op)
+		if r.Impl == "p2p" {
+			key += fmt.Sprintf(" b%d c%d", r.Batch, r.Concurrency)
+		}
+		series[key] = append(series[key], plotter.XY{X: float64(r.S), Y: r.GBps})
+	}
+	keys := make([]string, 0, len(series))
+	for k := range series {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var args []any
+	for _, k := range keys {
+		if len(series[k]) > 0 {
+			args = append(args, k, series[k])
+		}
+	}
+	if err := plotutil.AddLinePoints(p, args...); err != nil {
+		return err
+	}
+	return p.Save(7*vg.Inch, 5*vg.Inch, file)
+}

@@ -1,0 +1,82 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/csv"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/internal/testranks"
+)
+
+// TestP2PSweep runs a tiny slimebench p2p sweep between two in-process
+// ranks (each its own endpoint, linked through the job's store), over the
+// same-host transport and over TCP, and checks the CSV: its exact header,
+// a row for every combination with the transport the transfers reported,
+// the raw TCP, memcpy and registration rows beside them, and no wrong
+// byte.
+func TestP2PSweep(t *testing.T) {
+	for _, tcpOnly := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tcpOnly=%v", tcpOnly), func(t *testing.T) {
+			cfg := P2PConfig{Sizes: []int64{2 << 10, 64 << 10}, Batches: []int{1, 4}, Concurrency: []int{1, 3},
+				TCPOnly: tcpOnly, MinTime: time.Millisecond, MaxRounds: 6, Baselines: true, RegisterBytes: 4 << 20}
+			rows := make([][]P2PResult, 2)
+			testranks.Run(t, 2, 1, nil, func(c *collective.Communicator) error {
+				rs, err := P2P(context.Background(), c, cfg)
+				rows[c.Rank()] = rs
+				return err
+			})
+			if t.Failed() {
+				return
+			}
+			var tbl strings.Builder
+			WriteP2PTable(&tbl, rows[0], "TestP2PSweep")
+			t.Log("\n" + tbl.String())
+			var buf bytes.Buffer
+			if err := WriteP2PCSV(&buf, rows[0]); err != nil {
+				t.Fatal(err)
+			}
+			recs, err := csv.NewReader(&buf).ReadAll()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Join(recs[0], ","); got != "impl,transport,op,S,batch,concurrency,p50_us,p99_us,GBps,cpu_s_per_GB,wrong" {
+				t.Fatalf("header %s", got)
+			}
+			want := "cma"
+			if tcpOnly {
+				want = "tcp"
+			}
+			count := map[string]int{}
+			for _, r := range recs[1:] {
+				if len(r) != 11 {
+					t.Fatalf("row %v has %d columns", r, len(r))
+				}
+				if r[10] != "0" {
+					t.Errorf("row %v: wrong bytes", r)
+				}
+				count[r[0]+" "+r[2]]++
+				if r[0] == "p2p" && (r[2] == "read" || r[2] == "write") && r[1] != want {
+					t.Errorf("row %v: transport %q, want %q", r, r[1], want)
+				}
+			}
+			// 2 sizes × 2 batches × 2 concurrencies per op, and the 8-byte read.
+			if count["p2p read"] != 9 || count["p2p write"] != 8 || count["p2p register"] != 2 ||
+				count["tcp pingpong"] != 1 || count["tcp oneway"] == 0 || count["memcpy copy"] != count["tcp oneway"] {
+				t.Errorf("rows per kind %v\n%s", count, recs)
+			}
+			for _, r := range rows[0] {
+				if (r.Op == "read" || r.Op == "write") && (r.GBps <= 0 || r.P50 <= 0 || r.P99 < r.P50) {
+					t.Errorf("row %+v: figures missing", r)
+				}
+			}
+			if len(P2PTargets(rows[0])) == 0 {
+				t.Errorf("no target line from\n%s", recs)
+			}
+		})
+	}
+}
