@@ -147,20 +147,73 @@ func TestFailureWithoutBlame(t *testing.T) {
 	}
 }
 
-// TestStartFailure: a worker that cannot be started (its log directory
-// cannot be made) fails the job with that error, after the workers
-// already started are stopped; it is not a success.
+// TestStartFailure: on node 1 of two, a worker that cannot be started
+// (its log directory cannot be made) fails the node's share with that
+// error, after the workers already started are stopped; it is not a
+// success. The attempt's store waits are aborted at once, naming the
+// global rank that did not start (node 1's second: rank 3).
 func TestStartFailure(t *testing.T) {
 	dir := t.TempDir()
 	notDir := filepath.Join(dir, "file")
 	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// Rank 0 writes no log; rank 1's stdout goes to a log under a file.
-	_, _, err := run(t, Config{NProcPerNode: 2, LogDir: notDir, Redirects: []Std{0, Stdout}, StopGrace: time.Second},
-		`exec sleep 30`)
-	if err == nil || !strings.Contains(err.Error(), "launcher: log dir") {
-		t.Fatalf("err = %v; want the log directory's error", err)
+	port, secret := freeTCPPort(t, "127.0.0.1"), "start-secret"
+	runID := "start" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Node 0's workers end once dir/end exists. On node 1 the first
+	// worker writes no log, the second's stdout goes to a log under a file.
+	errs := make([]chan error, 2)
+	var outs [2]syncBuffer
+	for node := range 2 {
+		errs[node] = make(chan error, 1)
+		cfg := Config{NNodes: 2, NodeRank: node, NProcPerNode: 2, MasterAddr: "127.0.0.1", MasterPort: port,
+			RunID: runID, JobSecret: []byte(secret), RdzvTimeout: 10 * time.Second, StopGrace: time.Second,
+			Program: "sh", Args: []string{"-c", `while [ ! -e ` + dir + `/end ]; do sleep 0.01; done`}, Stdout: &outs[node], Stderr: &outs[node]}
+		if node == 1 {
+			cfg.LogDir, cfg.Redirects = notDir, []Std{0, Stdout}
+		}
+		go func() { errs[node] <- Run(ctx, cfg) }()
+	}
+	result := func(node int) error {
+		select {
+		case err := <-errs[node]:
+			return err
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("node %d did not end within 30 s", node)
+		}
+	}
+	ended := false
+	defer func() {
+		os.WriteFile(filepath.Join(dir, "end"), nil, 0o600)
+		if !ended {
+			result(0)
+			result(1)
+		}
+	}()
+	st, err := dialStore(t, port, secret, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	gctx, gcancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = st.Get(gctx, rendezvous.AttemptPrefix(runID, 0)+"never")
+	gcancel()
+	var ae *rendezvous.AbortError
+	if !errors.As(err, &ae) || ae.Rank != 3 || !strings.Contains(ae.Reason, "launcher: log dir") {
+		t.Errorf("a waiter got %v; want an *AbortError naming rank 3 and its log directory", err)
+	}
+	err1 := result(1)
+	if err1 == nil || !strings.Contains(err1.Error(), "launcher: log dir") {
+		t.Errorf("node 1: err = %v; want the log directory's error", err1)
+	}
+	st.Close()
+	os.WriteFile(filepath.Join(dir, "end"), nil, 0o600)
+	err0 := result(0)
+	ended = true
+	if err0 != nil {
+		t.Errorf("node 0: %v", err0)
 	}
 }
 
@@ -348,4 +401,71 @@ func freeTCPPort(t *testing.T, host string) int {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestBlamedRankExitedZero: a blamed rank that exited 0 before its peers
+// failed is said to have exited with code 0, not to be still running.
+func TestBlamedRankExitedZero(t *testing.T) {
+	dir := t.TempDir()
+	port, secret := freeTCPPort(t, "127.0.0.1"), "zero-secret"
+	runID := "zero" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Rank 2 exits 0 once dir/go exists; ranks 0 and 1 exit 1 once
+	// dir/fail does.
+	script := `f=` + dir + `/fail; c=1; [ $RANK = 2 ] && f=` + dir + `/go && c=0; while [ ! -e $f ]; do sleep 0.01; done; exit $c`
+	ch := make(chan error, 1)
+	var out syncBuffer
+	go func() {
+		ch <- Run(ctx, Config{Standalone: true, NProcPerNode: 3, MasterPort: port, RunID: runID, JobSecret: []byte(secret),
+			MonitorInterval: time.Second, StopGrace: time.Second, Program: "sh", Args: []string{"-c", script}, Stdout: &out, Stderr: &out})
+	}()
+	ended := false
+	defer func() {
+		os.WriteFile(filepath.Join(dir, "go"), nil, 0o600)
+		os.WriteFile(filepath.Join(dir, "fail"), nil, 0o600)
+		if !ended {
+			select {
+			case <-ch:
+			case <-time.After(30 * time.Second):
+			}
+		}
+	}()
+	st, err := dialStore(t, port, secret, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, r := range []int{0, 1} {
+		if err := st.Set(ctx, BlameKey(runID, 0, r), []byte("2")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Rank 2's exit has been handled once its abort reaches a waiter.
+	got := make(chan error, 1)
+	go func() {
+		_, err := st.Get(ctx, rendezvous.AttemptPrefix(runID, 0)+"never")
+		got <- err
+	}()
+	os.WriteFile(filepath.Join(dir, "go"), nil, 0o600)
+	select {
+	case err := <-got:
+		var ae *rendezvous.AbortError
+		if !errors.As(err, &ae) || ae.Rank != 2 {
+			t.Fatalf("the waiter got %v; want an *AbortError naming rank 2", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter still waits 10 s after rank 2 exited")
+	}
+	os.WriteFile(filepath.Join(dir, "fail"), nil, 0o600)
+	select {
+	case err = <-ch:
+		ended = true
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job did not end within 30 s")
+	}
+	var je *JobError
+	if !errors.As(err, &je) || je.Blamed != 2 || !strings.HasPrefix(je.Summary, "rank 2 exited with code 0; rank") {
+		t.Fatalf("err = %v; want rank 2 blamed, which exited with code 0\n%s", err, out.String())
+	}
 }
