@@ -60,21 +60,25 @@ func TestP2PSweep(t *testing.T) {
 					t.Errorf("row %v: wrong bytes", r)
 				}
 				count[r[0]+" "+r[2]]++
-				if r[0] == "p2p" && (r[2] == "read" || r[2] == "write") && r[1] != want {
+				if r[0] == "p2p" && (r[2] == "read" || r[2] == "write" || r[2] == "read-paired") && r[1] != want {
 					t.Errorf("row %v: transport %q, want %q", r, r[1], want)
 				}
 			}
 			// 2 sizes × 2 batches × 2 concurrencies per op, and the 8-byte read.
+			// The paired rows: the 8-byte read with the ping-pong, 64 × 64 KiB
+			// with the link and memcpy at 4 MiB.
 			if count["p2p read"] != 9 || count["p2p write"] != 8 || count["p2p register"] != 2 ||
-				count["tcp pingpong"] != 1 || count["tcp oneway"] == 0 || count["memcpy copy"] != count["tcp oneway"] {
+				count["tcp pingpong"] != 1 || count["tcp oneway"] == 0 || count["memcpy copy"] != count["tcp oneway"] ||
+				count["p2p read-paired"] != 2 || count["tcp pingpong-paired"] != 1 || count["tcp oneway-paired"] != 1 || count["memcpy copy-paired"] != 1 {
 				t.Errorf("rows per kind %v\n%s", count, recs)
 			}
 			for _, r := range rows[0] {
-				if (r.Op == "read" || r.Op == "write") && (r.GBps <= 0 || r.P50 <= 0 || r.P99 < r.P50) {
+				if r.Op != "register" && r.Op != "pingpong" && r.Op != "pingpong-paired" && (r.GBps <= 0 || r.P50 <= 0) ||
+					r.Impl == "p2p" && r.P99 < r.P50 {
 					t.Errorf("row %+v: figures missing", r)
 				}
 			}
-			if len(P2PTargets(rows[0])) == 0 {
+			if n := len(P2PTargets(rows[0])); tcpOnly && n != 2 || !tcpOnly && n != 1 {
 				t.Errorf("no target line from\n%s", recs)
 			}
 		})
