@@ -264,6 +264,11 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 			return nil, err
 		}
 	}
+	// Neither endpoint closes before the other's last call has its answer
+	// (rank 0 may have its last figures before rank 1's Send is answered).
+	if err := c.Barrier(ctx); err != nil {
+		return nil, err
+	}
 	return rows, nil
 }
 
