@@ -52,16 +52,22 @@ func w0round(g *Group) uint64 {
 	return g.rounds
 }
 
+// newWaiter starts the waits of one call. Their deadline is set when the
+// call first finds nothing to do (start): a call whose peers are there
+// already never waits, and reads no clock for it.
 func (g *Group) newWaiter(ctx context.Context, op string) waiter {
-	deadline := time.Now().Add(g.cfg.Timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+	return waiter{g: g, op: op, done: ctx.Done(), ctx: ctx, round: w0round(g)}
+}
+
+// start sets the deadline of the call's waits: Timeout after now, its
+// first wait, or the context's deadline if that comes first.
+func (w *waiter) start(now time.Time) {
+	timeout := w.g.cfg.Timeout
+	w.deadline, w.budget = now.Add(timeout), timeout
+	if d, ok := w.ctx.Deadline(); ok && d.Before(w.deadline) {
+		w.deadline = d
+		w.budget = max(d.Sub(now), 0).Round(time.Millisecond)
 	}
-	budget := g.cfg.Timeout
-	if d := time.Until(deadline); d < budget {
-		budget = d.Round(time.Millisecond)
-	}
-	return waiter{g: g, op: op, done: ctx.Done(), ctx: ctx, deadline: deadline, budget: budget, round: w0round(g)}
 }
 
 // progress says the caller's last poll found work: spin afresh next time.
@@ -80,6 +86,9 @@ func (w *waiter) progress() {
 func (w *waiter) idle(peer int, what string) error {
 	now := time.Now()
 	if w.idleSince.IsZero() {
+		if w.deadline.IsZero() {
+			w.start(now)
+		}
 		w.idleSince = now
 		return nil
 	}
