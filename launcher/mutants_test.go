@@ -225,16 +225,7 @@ func TestStartFailure(t *testing.T) {
 func TestCleanupLogged(t *testing.T) {
 	runID := "mutclean" + strconv.Itoa(os.Getpid())
 	left := shm.JobPrefix(runID) + "left"
-	// An orphan: a name tagged with this process's pid but another start
-	// time, as a process that has gone and whose pid was reused.
-	orphan := fmt.Sprintf("%smutorphan%d-o%d.1-abc123", shm.Prefix, os.Getpid(), os.Getpid())
-	if err := os.WriteFile(filepath.Join(shm.Dir, orphan), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		os.Remove(filepath.Join(shm.Dir, orphan))
-		os.Remove(filepath.Join(shm.Dir, left))
-	})
+	t.Cleanup(func() { os.Remove(filepath.Join(shm.Dir, left)) })
 	var logs logLines
 	_, _, err := run(t, Config{NProcPerNode: 1, RunID: runID, MaxRestarts: 1, Logf: logs.logf},
 		`if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then : > `+shm.Dir+`/`+left+`; exit 1; fi`)
@@ -244,32 +235,45 @@ func TestCleanupLogged(t *testing.T) {
 	got := logs.String()
 	for _, want := range []string{
 		"removed 1 shared-memory segment(s) the workers left: [" + left + "]",
-		"that killed jobs left: [",
-		orphan,
 		"restarting the workers (1 of 1 restarts)",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the log lacks %q:\n%s", want, got)
 		}
 	}
+	// No orphans were planted: whether or not another job's turned up,
+	// none is reported as "removed 0".
 	for _, not := range []string{"removed 0 ", "sweeping orphaned shared memory"} {
 		if strings.Contains(got, not) {
 			t.Errorf("the log says %q with nothing to say:\n%s", not, got)
 		}
 	}
-	// A second job finds nothing to remove, and says nothing of it.
-	var again logLines
-	if _, _, err := run(t, Config{NProcPerNode: 1, RunID: runID, Logf: again.logf}, `true`); err != nil {
-		t.Fatal(err)
+	if _, err := os.Stat(filepath.Join(shm.Dir, left)); err == nil {
+		t.Errorf("%s was not removed", left)
 	}
-	if got := again.String(); strings.Contains(got, "removed 0 ") {
-		t.Errorf("the second job's log says \"removed 0\":\n%s", got)
-	}
-	for _, name := range []string{left, orphan} {
-		if _, err := os.Stat(filepath.Join(shm.Dir, name)); err == nil {
-			t.Errorf("%s was not removed", name)
+
+	// An orphan: a name tagged with this process's pid but another start
+	// time, as a process that has gone and whose pid was reused. Another
+	// test binary's launcher may sweep it first: a job that misses it is
+	// tried again, up to 3 times.
+	var swept string
+	for try := range 3 {
+		orphan := fmt.Sprintf("%smutorphan%d-o%d.1-abc%d", shm.Prefix, os.Getpid(), os.Getpid(), try)
+		if err := os.WriteFile(filepath.Join(shm.Dir, orphan), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var again logLines
+		_, _, err := run(t, Config{NProcPerNode: 1, RunID: runID, Logf: again.logf}, `true`)
+		os.Remove(filepath.Join(shm.Dir, orphan))
+		if err != nil {
+			t.Fatal(err)
+		}
+		swept = again.String()
+		if strings.Contains(swept, "that killed jobs left: [") && strings.Contains(swept, orphan) {
+			return
 		}
 	}
+	t.Errorf("3 jobs did not report the orphan each found; the last logged:\n%s", swept)
 }
 
 // hostIP is an IPv4 address of this host other than loopback.
