@@ -696,19 +696,25 @@ func P2PTargets(rs []P2PResult) []string {
 	return out
 }
 
-// PlotP2P draws GB/s against S, one line per (impl, transport, op, batch,
-// concurrency), into a PNG.
+// PlotP2P draws GB/s against S (from 1 KiB), one line per (impl,
+// transport, op, batch, concurrency), into a PNG.
 func PlotP2P(rs []P2PResult, title, file string) error {
 	p := plot.New()
 	p.Title.Text = title
 	p.Title.TextStyle.Font.Size = vg.Points(9)
-	p.X.Label.Text = "S, bytes per operation"
+	p.X.Label.Text = "S: bytes per operation (p2p), per transfer (tcp, memcpy)"
 	p.Y.Label.Text = "GB/s"
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	// GB/s on a log scale too: memcpy is ten times the rest, small
+	// operations a hundred times less.
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.TextStyle.Font.Size = vg.Points(7)
 	series := map[string]plotter.XYs{}
 	for _, r := range rs {
-		if r.GBps <= 0 || r.S <= 0 || r.Op == "register" || strings.HasSuffix(r.Op, "-paired") {
+		if r.GBps <= 0 || r.S < 1024 || r.Op == "register" || strings.HasSuffix(r.Op, "-paired") {
 			continue
 		}
 		key := fmt.Sprintf("%s/%s %s", r.Impl, r.Transport, r.Op)
