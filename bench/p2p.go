@@ -650,11 +650,11 @@ func WriteP2PTable(w io.Writer, rs []P2PResult, title string) {
 // 8-byte read against the TCP round trip (≤ 1.2), and the same-host copy
 // at S ≥ 1 MiB against single-thread memcpy at S (≥ 0.8).
 func P2PTargets(rs []P2PResult) []string {
-	find := func(impl, op string, s int64) *P2PResult {
-		for i := range rs {
-			if rs[i].Impl == impl && rs[i].Op == op && rs[i].S == s {
-				return &rs[i]
-			}
+	// paired emits each read between the raw transfer and the memcpy it
+	// was measured with.
+	next := func(i int, impl, op string, n int64) *P2PResult {
+		if i >= 0 && i < len(rs) && rs[i].Impl == impl && rs[i].Op == op && rs[i].S == n {
+			return &rs[i]
 		}
 		return nil
 	}
@@ -665,29 +665,29 @@ func P2PTargets(rs []P2PResult) []string {
 		return "NOT met"
 	}
 	var out []string
-	for _, r := range rs {
+	for i, r := range rs {
 		if r.Impl != "p2p" || r.Op != "read-paired" {
 			continue
 		}
 		n := r.S * int64(r.Batch)
 		switch {
 		case r.S == 8 && r.Batch == 1:
-			if t := find("tcp", "pingpong-paired", 8); t != nil && t.P50 > 0 {
+			if t := next(i-1, "tcp", "pingpong-paired", 8); t != nil && t.P50 > 0 {
 				x := r.P50 / t.P50
 				out = append(out, fmt.Sprintf("target 8-byte read p50 / TCP ping-pong p50 = %.2f / %.2f us = %.2f (<= 1.2: %s; %s)", r.P50, t.P50, x, verdict(x <= 1.2), r.Transport))
 			}
 		case r.Transport == "tcp" && r.Batch == 1 && r.S >= 1<<20:
-			if t := find("tcp", "oneway-paired", n); t != nil && t.GBps > 0 {
+			if t := next(i-1, "tcp", "oneway-paired", n); t != nil && t.GBps > 0 {
 				x := r.GBps / t.GBps
 				out = append(out, fmt.Sprintf("target read %s batch 1 / raw TCP = %.3f / %.3f GB/s = %.2f (>= 0.9 across hosts: %s)", bytesize.Format(r.S), r.GBps, t.GBps, x, verdict(x >= 0.9)))
 			}
 		case r.Transport == "tcp" && r.Batch == 64 && r.S == 64<<10:
-			if t := find("tcp", "oneway-paired", n); t != nil && t.GBps > 0 {
+			if t := next(i-1, "tcp", "oneway-paired", n); t != nil && t.GBps > 0 {
 				x := r.GBps / t.GBps
 				out = append(out, fmt.Sprintf("target read 64 x 64K / raw TCP 4M = %.3f / %.3f GB/s = %.2f (>= 0.8 across hosts: %s)", r.GBps, t.GBps, x, verdict(x >= 0.8)))
 			}
 		case r.Transport == "cma" && r.Batch == 1 && r.S >= 1<<20:
-			if m := find("memcpy", "copy-paired", n); m != nil && m.GBps > 0 {
+			if m := next(i+1, "memcpy", "copy-paired", n); m != nil && m.GBps > 0 {
 				x := r.GBps / m.GBps
 				out = append(out, fmt.Sprintf("target read %s same host / memcpy = %.3f / %.3f GB/s = %.2f (>= 0.8: %s)", bytesize.Format(r.S), r.GBps, m.GBps, x, verdict(x >= 0.8)))
 			}
