@@ -84,3 +84,39 @@ func TestP2PSweep(t *testing.T) {
 		})
 	}
 }
+
+// TestPairedStalledPeer: slimebench p2p's paired raw transfer with a peer
+// that opened the plain connections and then sends nothing ends at the
+// communicator's timeout with an error naming the ranks, not a hang (an
+// inter.Reader's first read would otherwise clear the socket's deadline).
+func TestPairedStalledPeer(t *testing.T) {
+	const timeout = 2 * time.Second
+	done := make(chan struct{})
+	testranks.Run(t, 2, 1, func(o *collective.Options) { o.Timeout = timeout }, func(c *collective.Communicator) error {
+		l, err := openLink(context.Background(), c, "127.0.0.1", 2, 4<<20)
+		if err != nil {
+			return err
+		}
+		defer l.close()
+		if c.Rank() == 1 {
+			<-done
+			return nil
+		}
+		defer close(done)
+		res := make(chan error, 1)
+		go func() {
+			armReaders(l)
+			res <- l.oneway(make([]byte, 1<<20), false)
+		}()
+		select {
+		case err = <-res:
+		case <-time.After(3 * timeout):
+			l.close()
+			return fmt.Errorf("a paired receive from a stalled peer still waiting after %v", 3*timeout)
+		}
+		if err == nil || !strings.Contains(err.Error(), "rank 0 with rank 1") {
+			return fmt.Errorf("a paired receive from a stalled peer: %v, want a deadline error naming ranks 0 and 1", err)
+		}
+		return nil
+	})
+}
