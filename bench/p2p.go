@@ -807,7 +807,7 @@ func (b *p2pBench) paired(ctx context.Context, emit func(P2PResult)) error {
 		transport := ""
 		once := func(timed bool) error {
 			// Raw: rank 1 sends, rank 0 receives and answers, as in TCP.
-			armReaders(l)
+			l.arm()
 			t0 := time.Now()
 			var err error
 			if n == 8 {
@@ -891,18 +891,6 @@ func (b *p2pBench) paired(ctx context.Context, emit func(P2PResult)) error {
 		}
 	}
 	return nil
-}
-
-// armReaders bounds every read and write on l's connections until its
-// timeout from now, its Readers' too: an inter.Reader keeps a deadline of
-// its own, which its first read puts on the socket (the zero time, never,
-// unless set), so link.arm's alone does not bound a Reader's first read.
-func armReaders(l *link) {
-	l.arm()
-	deadline := time.Now().Add(l.timeout)
-	for i := range l.readers {
-		l.readers[i].SetDeadline(deadline)
-	}
 }
 
 // pingPong sends 8 bytes and waits for them back (initiator), or echoes

@@ -105,7 +105,7 @@ func TestPairedStalledPeer(t *testing.T) {
 		defer close(done)
 		res := make(chan error, 1)
 		go func() {
-			armReaders(l)
+			l.arm()
 			res <- l.oneway(make([]byte, 1<<20), false)
 		}()
 		select {

@@ -179,6 +179,12 @@ func (l *link) arm() {
 	for _, c := range l.conns {
 		c.SetDeadline(deadline)
 	}
+	// An inter.Reader keeps a deadline of its own, which its reads put on
+	// the socket (the zero time, never, unless set): the socket's alone
+	// would not bound them.
+	for i := range l.readers {
+		l.readers[i].SetDeadline(deadline)
+	}
 }
 
 // openLink connects rank 0 and rank 1 of c with channels connections;
