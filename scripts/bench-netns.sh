@@ -31,12 +31,19 @@ have_mpi=0
 if command -v mpirun >/dev/null && [ -x bin/allgather_mpi ]; then
   have_mpi=1
   # mpirun runs in node 0's namespace; its launch agent starts the remote
-  # daemon in node 1's.
+  # daemon in node 1's. The namespaces share the host name and /dev/shm,
+  # so each node's shared-memory transport (vader) would name its segments
+  # as the other's does (host name, job, local rank), and 2 x 2 crashed in
+  # vader: node 1's daemon, and so its ranks, keep theirs in a directory of
+  # their own.
+  shm1=/dev/shm/$(netns_name 1)-vader
+  mkdir -p "$shm1"
+  trap 'rm -rf "$shm1"; netns_down' EXIT
   cat > "$OUT/rsh-agent" <<AGENT
 #!/bin/sh
 host=\$1; shift
 while [ "\${host#-}" != "\$host" ]; do host=\$1; shift; done
-exec ip netns exec $(netns_name 1) sh -c "\$*"
+exec ip netns exec $(netns_name 1) env OMPI_MCA_btl_vader_backing_directory=$shm1 sh -c "\$*"
 AGENT
   chmod +x "$OUT/rsh-agent"
 fi
