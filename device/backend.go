@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"unsafe"
 
 	"gonum.org/v1/gonum/blas"
@@ -25,6 +27,9 @@ var BLAS = "gonum"
 // ErrMixedBackends: a call joined values of two backends (a CPU event on a
 // CUDA stream, a host buffer in a GPU copy).
 var ErrMixedBackends = errors.New("device: values of different backends")
+
+// ErrFreed: a copy of (or a view into) a buffer that was freed.
+var ErrFreed = errors.New("device: buffer freed")
 
 // Device is one backend's device: it makes buffers, streams, events and
 // GEMMs that work together.
@@ -52,14 +57,19 @@ type Buffer interface {
 	// CopyIn copies src from host memory into the start of the buffer,
 	// and CopyOut the start of the buffer into dst, both synchronously
 	// with respect to the host (not ordered after any stream's work:
-	// synchronize that first).
+	// synchronize that first). The host slice may be shorter than the
+	// buffer (only its length is copied), never longer: src or dst of
+	// more than Size bytes is an error, on both backends. A copy of a
+	// freed buffer is ErrFreed.
 	CopyIn(src []byte) error
 	CopyOut(dst []byte) error
 	// View is the n bytes at off, sharing the buffer's memory: a Buffer in
 	// its own right, for every call that takes one (a GEMM on some rows of
 	// a matrix, a copy, a plan's source). A view of a symmetric buffer is
-	// symmetric. Freeing a view frees nothing; the view is valid while the
-	// buffer is.
+	// symmetric. Freeing a view frees none of the buffer's memory (it
+	// only makes the view unusable, as Free makes any Buffer value); the
+	// view is valid while the buffer is. A view of a freed buffer is
+	// ErrFreed.
 	//
 	// Sub-ranges are views rather than offsets in each call so that every
 	// call keeps one shape (buffer, size) and checks its bounds in one
@@ -68,6 +78,9 @@ type Buffer interface {
 	// because [CUDABuffer.Slice] returns the concrete type, for callers
 	// that need its device pointer.)
 	View(off, n int) (Buffer, error)
+	// Free releases the buffer's memory (a view's: none) and makes the
+	// value unusable: Size is 0 after it, copies and views are ErrFreed.
+	// A second Free is nil.
 	Free() error
 }
 
@@ -95,7 +108,10 @@ type Event interface {
 // is a view of it ([Buffer.View]). With k = 0 the product is zero, and C is
 // written with zeros. F32 multiplies float32 elements, F64 float64. The
 // buffers and s must be of the GEMM's backend (ErrMixedBackends otherwise);
-// a shape larger than its buffers is an error before anything is enqueued.
+// a shape larger than its buffers is an error before anything is enqueued
+// (also where its byte counts overflow int), and so, on CUDA, is a
+// dimension above math.MaxInt32 (cuBLAS takes int). The buffers and the
+// stream of a CUDA GEMM must be of its GPU (ErrMixedBackends otherwise).
 // An enqueued product allocates nothing once the GEMM has run as many
 // products at once as it is given.
 type GEMM interface {
@@ -155,8 +171,9 @@ func (CPUDevice) Copy(s Stream, dst, src Buffer) error {
 // HostBuffer is CPU memory; a symmetric one is a view of a node's shared
 // segment (see NewHostBuffer).
 type HostBuffer struct {
-	b   []byte
-	sym bool
+	b     []byte
+	sym   bool
+	freed bool
 }
 
 // NewHostBuffer wraps b, which symmetric says every rank of the node can
@@ -168,22 +185,57 @@ func (h *HostBuffer) Bytes() []byte   { return h.b }
 func (h *HostBuffer) Kind() Kind      { return CPU }
 func (h *HostBuffer) Size() int       { return len(h.b) }
 func (h *HostBuffer) Symmetric() bool { return h.sym }
-func (h *HostBuffer) Free() error     { h.b = nil; return nil }
+
+// Free drops the buffer's memory (the garbage collector's, or the
+// segment's owner's, to release): Size is 0 after it and copies are
+// ErrFreed.
+func (h *HostBuffer) Free() error { h.b, h.freed = nil, true; return nil }
 
 // View is the n bytes at off (see Buffer.View).
 func (h *HostBuffer) View(off, n int) (Buffer, error) {
-	if off < 0 || n < 0 || off+n > len(h.b) {
-		return nil, fmt.Errorf("device: view [%d, %d) of a %d-byte buffer", off, off+n, len(h.b))
+	if h.freed {
+		return nil, fmt.Errorf("%w: view [%d, +%d) of a freed host buffer", ErrFreed, off, n)
+	}
+	if err := inBounds("view", off, n, len(h.b)); err != nil {
+		return nil, err
 	}
 	return &HostBuffer{b: h.b[off : off+n : off+n], sym: h.sym}, nil
 }
-func (h *HostBuffer) CopyIn(src []byte) error  { return hostCopy(h.b, src) }
-func (h *HostBuffer) CopyOut(dst []byte) error { return hostCopy(dst, h.b[:min(len(dst), len(h.b))]) }
-func hostCopy(dst, src []byte) error {
-	if len(src) > len(dst) {
-		return fmt.Errorf("device: %d bytes into a %d-byte buffer", len(src), len(dst))
+
+// inBounds checks that [off, off+n) lies in size bytes, without forming
+// off+n (which may overflow).
+func inBounds(what string, off, n, size int) error {
+	if off < 0 || off > size || n < 0 || n > size-off {
+		return fmt.Errorf("device: %s of %d bytes at %d of a %d-byte buffer", what, n, off, size)
 	}
-	copy(dst, src)
+	return nil
+}
+
+// CopyIn copies src into the start of the buffer (see Buffer.CopyIn).
+func (h *HostBuffer) CopyIn(src []byte) error {
+	if err := h.copyCheck("into", len(src)); err != nil {
+		return err
+	}
+	copy(h.b, src)
+	return nil
+}
+
+// CopyOut copies the start of the buffer into dst (see Buffer.CopyOut).
+func (h *HostBuffer) CopyOut(dst []byte) error {
+	if err := h.copyCheck("out of", len(dst)); err != nil {
+		return err
+	}
+	copy(dst, h.b)
+	return nil
+}
+
+func (h *HostBuffer) copyCheck(dir string, n int) error {
+	if h.freed {
+		return fmt.Errorf("%w: copy of %d bytes %s a freed host buffer", ErrFreed, n, dir)
+	}
+	if n > len(h.b) {
+		return fmt.Errorf("device: %d bytes %s a %d-byte buffer", n, dir, len(h.b))
+	}
 	return nil
 }
 
@@ -297,11 +349,24 @@ func MultiplyHost[T float32 | float64](a, b, c []T, m, n, k int) error {
 	return nil
 }
 
+// gemmFits checks that A (m×k), B (k×n) and C (m×n) of esz-byte elements
+// fit a, b and c, with the byte counts computed without overflow (a shape
+// whose counts do not fit in int fits no buffer).
 func gemmFits(m, n, k, esz int, a, b, c Buffer) error {
-	if m < 0 || n < 0 || k < 0 || a.Size() < esz*m*k || b.Size() < esz*k*n || c.Size() < esz*m*n {
+	if m < 0 || n < 0 || k < 0 || !fits(a.Size(), esz, m, k) || !fits(b.Size(), esz, k, n) || !fits(c.Size(), esz, m, n) {
 		return fmt.Errorf("device: GEMM %d×%d×%d of %d-byte elements does not fit buffers of %d, %d and %d bytes", m, n, k, esz, a.Size(), b.Size(), c.Size())
 	}
 	return nil
+}
+
+// fits says whether esz·x·y bytes (all three ≥ 0) are at most size.
+func fits(size, esz, x, y int) bool {
+	hi, xy := bits.Mul64(uint64(x), uint64(y))
+	if hi != 0 {
+		return false
+	}
+	hi, n := bits.Mul64(xy, uint64(esz))
+	return hi == 0 && n <= uint64(size)
 }
 
 func f32s(b []byte, n int) []float32 {
@@ -378,6 +443,12 @@ func (d *GPU) Copy(s Stream, dst, src Buffer) error {
 	if !ok || !ok2 || !ok3 {
 		return fmt.Errorf("%w: cuda copy of %T into %T on %T", ErrMixedBackends, src, dst, s)
 	}
+	if err := d.owns("copy", cs, db, sb); err != nil {
+		return err
+	}
+	if db.freed || sb.freed {
+		return fmt.Errorf("%w: cuda copy of a freed buffer", ErrFreed)
+	}
 	if sb.Len > db.Len {
 		return fmt.Errorf("device: copy of %d bytes into a %d-byte buffer", sb.Len, db.Len)
 	}
@@ -419,8 +490,14 @@ func (g *CUDAGEMM) enqueue(s Stream, m, n, k int, a, b, c Buffer, esz int) error
 	if !ok || !ok1 || !ok2 || !ok3 {
 		return fmt.Errorf("%w: cuda GEMM on %T", ErrMixedBackends, s)
 	}
+	if err := g.dev.owns("GEMM", cs, da, db, dc); err != nil {
+		return err
+	}
 	if err := gemmFits(m, n, k, esz, a, b, c); err != nil {
 		return err
+	}
+	if m > math.MaxInt32 || n > math.MaxInt32 || k > math.MaxInt32 {
+		return fmt.Errorf("device: cuda GEMM %d×%d×%d: cuBLAS takes dimensions up to %d", m, n, k, math.MaxInt32)
 	}
 	if m == 0 || n == 0 {
 		return nil
@@ -432,6 +509,20 @@ func (g *CUDAGEMM) enqueue(s Stream, m, n, k int, a, b, c Buffer, esz int) error
 		return g.dev.lib.GemmF64(g.dev.Ordinal, g.h, cs.H, m, n, k, da.Ptr, k, db.Ptr, n, dc.Ptr, n)
 	}
 	return g.dev.lib.GemmF32(g.dev.Ordinal, g.h, cs.H, m, n, k, da.Ptr, k, db.Ptr, n, dc.Ptr, n)
+}
+
+// owns checks that s and bufs are of d (by ordinal: OpenGPU makes a new
+// *GPU per call), naming op: ErrMixedBackends otherwise.
+func (d *GPU) owns(op string, s *CUDAStream, bufs ...*CUDABuffer) error {
+	if s == nil || s.Dev == nil || s.Dev.Ordinal != d.Ordinal {
+		return fmt.Errorf("%w: cuda %s of device %d on a stream of another device", ErrMixedBackends, op, d.Ordinal)
+	}
+	for _, b := range bufs {
+		if b == nil || b.Dev == nil || b.Dev.Ordinal != d.Ordinal {
+			return fmt.Errorf("%w: cuda %s of device %d with a buffer of another device", ErrMixedBackends, op, d.Ordinal)
+		}
+	}
+	return nil
 }
 
 // Close destroys the handle.

@@ -95,11 +95,15 @@ func (d *GPU) Lib() *kernels.Lib { return d.lib }
 
 func (d *GPU) String() string { return fmt.Sprintf("cuda:%d (%s, %s)", d.Ordinal, d.Name, d.BusID) }
 
-// CUDABuffer is device memory.
+// CUDABuffer is device memory: an allocation (Alloc) or a view of one
+// (Slice, View), which shares its memory and releases none of it.
 type CUDABuffer struct {
 	Dev *GPU
 	Ptr kernels.Ptr
 	Len int
+
+	view  bool // made by Slice: Free releases nothing
+	freed bool // Free was called: Len is 0, copies are ErrFreed
 }
 
 // Alloc allocates n bytes of device memory.
@@ -114,38 +118,57 @@ func (d *GPU) Alloc(n int) (*CUDABuffer, error) {
 	return &CUDABuffer{Dev: d, Ptr: p, Len: n}, nil
 }
 
-// Free releases the buffer (once).
+// Free releases the allocation (once); on a view (Slice) it releases
+// nothing, the parent owning the memory. Either way the value is unusable
+// after it: Len is 0 and copies are ErrFreed (see Buffer.Free).
 func (b *CUDABuffer) Free() error {
-	if b == nil || b.Ptr == 0 {
+	if b == nil || b.freed {
 		return nil
 	}
-	err := b.Dev.lib.Free(b.Dev.Ordinal, b.Ptr)
-	b.Ptr = 0
-	return err
+	p := b.Ptr
+	b.Ptr, b.Len, b.freed = 0, 0, true
+	if b.view || p == 0 {
+		return nil
+	}
+	return b.Dev.lib.Free(b.Dev.Ordinal, p)
 }
 
-// Slice is the n bytes at off, sharing the memory.
+// Slice is the n bytes at off, sharing the memory: a view, whose Free
+// releases nothing.
 func (b *CUDABuffer) Slice(off, n int) (*CUDABuffer, error) {
-	if off < 0 || n < 0 || off+n > b.Len {
-		return nil, fmt.Errorf("device: slice [%d, %d) of a %d-byte buffer", off, off+n, b.Len)
+	if b.freed {
+		return nil, fmt.Errorf("%w: slice [%d, +%d) of a freed cuda buffer", ErrFreed, off, n)
 	}
-	return &CUDABuffer{Dev: b.Dev, Ptr: b.Ptr + kernels.Ptr(off), Len: n}, nil
+	if err := inBounds("slice", off, n, b.Len); err != nil {
+		return nil, err
+	}
+	return &CUDABuffer{Dev: b.Dev, Ptr: b.Ptr + kernels.Ptr(off), Len: n, view: true}, nil
 }
 
 // CopyFromHost copies src into the start of the buffer.
 func (b *CUDABuffer) CopyFromHost(src []byte) error {
-	if len(src) > b.Len {
-		return fmt.Errorf("device: %d bytes into a %d-byte buffer", len(src), b.Len)
+	if err := b.copyCheck("into", len(src)); err != nil {
+		return err
 	}
 	return b.Dev.lib.CopyFromHost(b.Dev.Ordinal, b.Ptr, src)
 }
 
 // CopyToHost copies the start of the buffer into dst.
 func (b *CUDABuffer) CopyToHost(dst []byte) error {
-	if len(dst) > b.Len {
-		return fmt.Errorf("device: %d bytes out of a %d-byte buffer", len(dst), b.Len)
+	if err := b.copyCheck("out of", len(dst)); err != nil {
+		return err
 	}
 	return b.Dev.lib.CopyToHost(b.Dev.Ordinal, dst, b.Ptr)
+}
+
+func (b *CUDABuffer) copyCheck(dir string, n int) error {
+	if b.freed {
+		return fmt.Errorf("%w: copy of %d bytes %s a freed cuda buffer", ErrFreed, n, dir)
+	}
+	if n > b.Len {
+		return fmt.Errorf("device: %d bytes %s a %d-byte buffer", n, dir, b.Len)
+	}
+	return nil
 }
 
 // CUDAStream is a CUDA stream (non-blocking with respect to the legacy

@@ -25,9 +25,9 @@ type CPUStream struct {
 	// event (default 10 minutes): a stream never waits forever.
 	WaitTimeout time.Duration
 
-	q      chan item
-	mu     sync.Mutex
-	cond   *sync.Cond
+	q    chan item
+	mu   sync.Mutex
+	cond *sync.Cond
 	// queued and done are written under mu; Synchronize reads them
 	// without it to find an idle stream (a collective's launch asks
 	// every call, and takes no lock there). failed is err != nil, for
