@@ -3,6 +3,8 @@ package collective
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/fault"
@@ -108,8 +110,19 @@ func (c *Communicator) PlanBuffersBlocks(ctx context.Context, dst, src device.Bu
 	if len(sizes) == c.Size() && sizes[c.Rank()] != hs.Size() {
 		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "src holds %d bytes, sizes say %d", hs.Size(), sizes[c.Rank()])
 	}
+	for r := range min(len(sizes), len(offs)) {
+		if !blockIn(sizes[r], offs[r], hd.Size()) {
+			return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "rank %d's block [%d, +%d) is not in dst's %d bytes", r, offs[r], sizes[r], hd.Size())
+		}
+	}
 	p, err := c.PlanBlocks(hd.Bytes(), hs.Bytes(), sizes, offs)
 	return c.onStream(p, err)
+}
+
+// blockIn says whether size bytes at off lie in n bytes, without forming
+// off+size (which may overflow int).
+func blockIn(size, off, n int) bool {
+	return size >= 0 && off >= 0 && off <= n && size <= n-off
 }
 
 // buffers sorts dst and src by backend: both host buffers on the CPU
@@ -149,7 +162,7 @@ func (c *Communicator) onStream(p *Plan, err error) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.eng = streamPlan{op: p.eng.(hostPlan).op, c: c}
+	p.eng = streamPlan{op: p.eng.(hostPlan).op, c: c, closed: new(bool)}
 	return p, nil
 }
 
@@ -157,35 +170,56 @@ func (c *Communicator) onStream(p *Plan, err error) (*Plan, error) {
 // waits for the work pending on the communicator's stream (which may
 // write its source), then gathers to completion, so that the stream's
 // later work sees the result: the order a GPU plan has on its stream.
+//
+// closed is set by the plan's Close, after which a launch is ErrClosed, as
+// a GPU plan's is; it is a pointer made at planning, so that the plan (a
+// value in Plan's interface) copies nothing per launch.
 type streamPlan struct {
-	op planned[[]byte]
-	c  *Communicator
+	op     planned[[]byte]
+	c      *Communicator
+	closed *bool
 }
 
 func (s streamPlan) launch(ctx context.Context) error {
 	st := s.c.stream
-	if st == nil {
+	if st == nil || *s.closed {
 		return s.c.closedErr("allgather")
 	}
-	if err := st.Synchronize(ctx); err != nil {
-		return s.c.streamErr("allgather", err)
+	if err := s.c.syncCPU(ctx, "allgather", st); err != nil {
+		return err
 	}
 	return s.op.Run(ctx)
 }
 
 func (streamPlan) wait(context.Context) error { return nil }
 func (streamPlan) mode() string               { return "host" }
-func (streamPlan) close() error               { return nil }
+func (s streamPlan) close() error             { *s.closed = true; return nil }
+
+// syncCPU waits for the work on st, a CPU stream, within the
+// communicator's timeout as well as ctx (every wait is bounded by
+// Options.Timeout): an idle stream answers at once, without a lock or an
+// allocation; a busy one is waited for (CPUStream.SynchronizeBy, which
+// allocates nothing).
+func (c *Communicator) syncCPU(ctx context.Context, op string, st *device.CPUStream) error {
+	if err := st.SynchronizeBy(ctx, time.Now().Add(c.opts.Timeout)); err != nil {
+		return c.streamErr(op, err)
+	}
+	return nil
+}
 
 // streamErr wraps an error of a CPU stream's wait: ErrTimeout where a
-// deadline passed, the stream's own failure otherwise.
+// deadline (ctx's or the communicator's timeout) passed, ctx's error
+// where ctx was cancelled (as storeFault does), the stream's own failure
+// otherwise.
 func (c *Communicator) streamErr(op string, err error) error {
 	var oe *fault.OpError
 	switch {
 	case errors.As(err, &oe):
 		return err
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), errors.Is(err, device.ErrWaitTimeout):
-		return fault.New(op, c.Rank(), -1, ErrTimeout, "waiting for the stream: %v", err)
+	case errors.Is(err, context.Canceled):
+		return fault.New(op, c.Rank(), -1, err, "waiting for the stream")
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, device.ErrWaitTimeout):
+		return fault.New(op, c.Rank(), -1, fmt.Errorf("%w: %w", ErrTimeout, err), "waiting for the stream (timeout %v)", c.opts.Timeout)
 	}
 	return fault.New(op, c.Rank(), -1, err, "work on the stream failed")
 }
@@ -194,10 +228,11 @@ func (c *Communicator) streamErr(op string, err error) error {
 // communicator's backend (a *device.CPUStream on the CPU, a
 // *device.CUDAStream on CUDA; another is ErrInvalid), then reports what
 // the communicator's kernels saw: a peer that did not arrive is an
-// *OpError naming it. On the GPU the wait is bounded by the
-// communicator's timeout, after which the GPU path is broken; on the CPU
-// by ctx (the stream's own waits have deadlines), and a failure of the
-// stream's work (which a CPUStream keeps until Reset) is returned wrapped.
+// *OpError naming it. On both backends the wait is bounded by the
+// communicator's timeout and by ctx (ErrTimeout when a deadline passes;
+// a cancelled ctx's error otherwise); on the GPU a wait that gives up
+// breaks the GPU path. On the CPU a failure of the stream's work (which a
+// CPUStream keeps until Reset) is returned wrapped.
 // Operators that order their own work after the communicator's plans
 // (package overlap) end a run with it.
 func (c *Communicator) Synchronize(ctx context.Context, s device.Stream) error {
@@ -216,8 +251,5 @@ func (c *Communicator) Synchronize(ctx context.Context, s device.Stream) error {
 	if !ok || cs == nil {
 		return fault.New(op, c.Rank(), -1, ErrInvalid, "a %T on the cpu backend (want *device.CPUStream)", s)
 	}
-	if err := cs.Synchronize(ctx); err != nil {
-		return c.streamErr(op, err)
-	}
-	return nil
+	return c.syncCPU(ctx, op, cs)
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -354,4 +356,102 @@ func TestBuffersSymmetricCPU(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A block whose end (offset + size) overflows int is not in dst: ErrInvalid
+// naming the rank at once, on both backends, with no collective call
+// begun. Each rank's own block is good; the other rank's wraps.
+func TestBuffersBlocksOverflow(t *testing.T) {
+	for _, backend := range []device.Kind{device.CPU, device.CUDA} {
+		t.Run(backend.String(), func(t *testing.T) {
+			bufferRanks(t, backend, 1, 2, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				dst, err := c.Device().NewBuffer(64)
+				if err != nil {
+					return err
+				}
+				defer dst.Free()
+				src, err := dst.View(32*c.Rank(), 32)
+				if err != nil {
+					return err
+				}
+				for _, bad := range [][2]int{{math.MaxInt, 16}, {1, math.MaxInt}, {math.MaxInt - 8, 16}} {
+					sizes, offs := make([]int, 2), make([]int, 2)
+					sizes[c.Rank()], offs[c.Rank()] = 32, 32*c.Rank()
+					sizes[1-c.Rank()], offs[1-c.Rank()] = bad[0], bad[1]
+					_, err := c.PlanBuffersBlocks(ctx, dst, src, sizes, offs)
+					var oe *collective.OpError
+					if !errors.Is(err, collective.ErrInvalid) || !errors.As(err, &oe) || oe.Rank != c.Rank() {
+						return fmt.Errorf("block of %d bytes at %d in 64: %v, want ErrInvalid naming rank %d", bad[0], bad[1], err, c.Rank())
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// On the CPU backend every wait on the communicator's stream is bounded by
+// Options.Timeout even when ctx has none: with work on Stream() that does
+// not end, Synchronize and a plan's Run return ErrTimeout naming the rank
+// (and the work goes on; once it ends, both succeed). A cancelled ctx is
+// reported as such, not as a timeout. A closed plan is ErrClosed, as on
+// the GPU. (The blocked work is released after a minute regardless, so
+// that a wait without its bound reports instead of hanging.)
+func TestBuffersCPUStreamTimeout(t *testing.T) {
+	testranks.Run(t, 1, 2, func(o *collective.Options) {
+		o.Backend, o.Timeout = device.CPU, 2*time.Second
+	}, func(c *collective.Communicator) error {
+		ctx := context.Background()
+		s, ok := c.Stream().(*device.CPUStream)
+		if !ok {
+			return fmt.Errorf("Stream() is a %T", c.Stream())
+		}
+		dst, src := device.NewHostBuffer(make([]byte, 16), false), device.NewHostBuffer(make([]byte, 8), false)
+		p, err := c.PlanBuffers(ctx, dst, src)
+		if err != nil {
+			return err
+		}
+		release := make(chan struct{})
+		var once sync.Once
+		free := func() { once.Do(func() { close(release) }) }
+		defer free()
+		stop := time.AfterFunc(time.Minute, free)
+		defer stop.Stop()
+		s.Launch(func() error { <-release; return nil })
+		timedOut := func(what, op string, err error) error {
+			var oe *collective.OpError
+			if !errors.Is(err, collective.ErrTimeout) || !errors.As(err, &oe) || oe.Rank != c.Rank() || oe.Op != op {
+				return fmt.Errorf("%s over work that does not end: %v, want ErrTimeout from %s naming rank %d", what, err, op, c.Rank())
+			}
+			return nil
+		}
+		if err := timedOut("Synchronize", "synchronize", c.Synchronize(ctx, s)); err != nil {
+			return err
+		}
+		if err := timedOut("Plan.Run", "allgather", p.Run(ctx)); err != nil {
+			return err
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		for what, err := range map[string]error{"Synchronize": c.Synchronize(cctx, s), "Plan.Launch": p.Launch(cctx)} {
+			if !errors.Is(err, context.Canceled) || errors.Is(err, collective.ErrTimeout) {
+				return fmt.Errorf("%s with a cancelled context: %v, want context.Canceled (not ErrTimeout)", what, err)
+			}
+		}
+		free()
+		if err := c.Synchronize(ctx, s); err != nil {
+			return err
+		}
+		if err := p.Run(ctx); err != nil {
+			return err
+		}
+		if err := p.Close(); err != nil {
+			return err
+		}
+		if err := p.Run(ctx); !errors.Is(err, collective.ErrClosed) {
+			return fmt.Errorf("Run of a closed plan: %v, want ErrClosed", err)
+		}
+		return nil
+	})
 }

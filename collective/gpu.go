@@ -324,7 +324,7 @@ func (c *Communicator) planGPUBlocks(ctx context.Context, dst, src *device.CUDAB
 		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "%d sizes and %d offsets for %d ranks", len(sizes), len(offs), c.Size())
 	}
 	for r := range sizes {
-		if sizes[r] < 0 || offs[r] < 0 || offs[r]+sizes[r] > dst.Len {
+		if !blockIn(sizes[r], offs[r], dst.Len) {
 			return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "rank %d's block [%d, +%d) is not in dst's %d bytes", r, offs[r], sizes[r], dst.Len)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -204,6 +205,45 @@ func (s *CPUStream) Synchronize(ctx context.Context) error {
 	n := s.queued.Load()
 	s.mu.Unlock()
 	return s.waitFor(ctx, n)
+}
+
+// SynchronizeBy is Synchronize that also gives up at deadline (unless it
+// is zero), with an error wrapping ErrWaitTimeout (ctx's error when ctx
+// ends first): a bound per call that needs no context of its own, as
+// CUDAStream's. An idle stream answers at once, without a lock; a busy
+// one is polled (its counters are atomic), spinning briefly, then
+// yielding, then sleeping, so that the wait allocates nothing.
+func (s *CPUStream) SynchronizeBy(ctx context.Context, deadline time.Time) error {
+	if s.done.Load() == s.queued.Load() && !s.failed.Load() {
+		return nil // idle: no lock
+	}
+	if deadline.IsZero() {
+		return s.Synchronize(ctx)
+	}
+	s.mu.Lock()
+	n := s.queued.Load()
+	s.mu.Unlock()
+	start := time.Now()
+	for i := 0; s.done.Load() < n && !s.failed.Load(); i++ {
+		if i&63 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if !time.Now().Before(deadline) {
+				return fmt.Errorf("%w: the stream's work was not done after %v", ErrWaitTimeout, time.Since(start).Round(time.Millisecond))
+			}
+		}
+		switch el := time.Since(start); {
+		case el < 20*time.Microsecond:
+		case el < time.Millisecond:
+			runtime.Gosched()
+		default:
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
 }
 
 // Reset clears a failure once the caller has dealt with it.

@@ -240,3 +240,42 @@ func TestSynchronizeIdleTakesNoLock(t *testing.T) {
 		t.Fatalf("after Reset: %v", err)
 	}
 }
+
+// TestSynchronizeBy: a CPU stream's Synchronize with a deadline gives up
+// at it (ErrWaitTimeout) while the work runs on, reports ctx's own error
+// when ctx ends first, then returns the work's outcome once it is done;
+// waiting on busy work that way allocates nothing.
+func TestSynchronizeBy(t *testing.T) {
+	s := NewCPUStream()
+	defer s.Close()
+	release := make(chan struct{})
+	s.Launch(func() error { <-release; return nil })
+	if err := s.SynchronizeBy(context.Background(), time.Now().Add(50*time.Millisecond)); !errors.Is(err, ErrWaitTimeout) {
+		t.Fatalf("SynchronizeBy over blocked work: %v, want ErrWaitTimeout", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.SynchronizeBy(ctx, time.Now().Add(time.Hour)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("SynchronizeBy with a cancelled context: %v, want context.Canceled", err)
+	}
+	close(release)
+	far := time.Now().Add(time.Minute)
+	if err := s.SynchronizeBy(context.Background(), far); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	s.Launch(func() error { time.Sleep(time.Millisecond); return boom })
+	if err := s.SynchronizeBy(context.Background(), far); !errors.Is(err, boom) {
+		t.Fatalf("SynchronizeBy after failed work: %v, want it", err)
+	}
+	s.Reset()
+	fn := func() error { return nil }
+	if a := testing.AllocsPerRun(100, func() {
+		s.Launch(fn)
+		if err := s.SynchronizeBy(context.Background(), far); err != nil {
+			t.Fatal(err)
+		}
+	}); a != 0 {
+		t.Errorf("Launch and SynchronizeBy: %v allocations", a)
+	}
+}
