@@ -517,6 +517,9 @@ func (d *GPU) owns(op string, s *CUDAStream, bufs ...*CUDABuffer) error {
 	if s == nil || s.Dev == nil || s.Dev.Ordinal != d.Ordinal {
 		return fmt.Errorf("%w: cuda %s of device %d on a stream of another device", ErrMixedBackends, op, d.Ordinal)
 	}
+	if err := s.usable(op); err != nil {
+		return err
+	}
 	for _, b := range bufs {
 		if b == nil || b.Dev == nil || b.Dev.Ordinal != d.Ordinal {
 			return fmt.Errorf("%w: cuda %s of device %d with a buffer of another device", ErrMixedBackends, op, d.Ordinal)

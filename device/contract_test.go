@@ -287,3 +287,51 @@ func TestGPUMixedDevices(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCUDAStreamClosed: a closed CUDA stream takes no more work and
+// answers no wait: Record, Wait, a GEMM, a copy and Synchronize on it are
+// ErrStreamClosed (its handle, zeroed by Close, would otherwise name the
+// device's legacy stream, and the work would run there unordered).
+func TestCUDAStreamClosed(t *testing.T) {
+	g := openGPU(t)
+	s, err := g.NewCUDAStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := g.NewCUDAEvent(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	bufs := make([]*device.CUDABuffer, 3)
+	for i := range bufs {
+		if bufs[i], err = g.Alloc(64); err != nil {
+			t.Fatal(err)
+		}
+		defer bufs[i].Free()
+	}
+	gm, err := g.NewGEMM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gm.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for name, call := range map[string]func() error{
+		"Record":      func() error { return e.Record(s) },
+		"Wait":        func() error { return s.Wait(e) },
+		"GEMM":        func() error { return gm.F32(s, 2, 2, 2, bufs[0], bufs[1], bufs[2]) },
+		"Copy":        func() error { return g.Copy(s, bufs[0], bufs[1]) },
+		"Synchronize": func() error { return s.Synchronize(ctx) },
+	} {
+		if err := call(); !errors.Is(err, device.ErrStreamClosed) {
+			t.Errorf("%s on a closed stream: %v, want ErrStreamClosed", name, err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("a second Close: %v", err)
+	}
+}

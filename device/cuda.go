@@ -176,6 +176,19 @@ func (b *CUDABuffer) copyCheck(dir string, n int) error {
 type CUDAStream struct {
 	Dev *GPU
 	H   kernels.Stream
+
+	// closed is set by Close, which zeroes H: handle 0 names the device's
+	// legacy stream, so that a closed stream's work would run there,
+	// unordered. Every call on a closed stream is ErrStreamClosed instead.
+	closed bool
+}
+
+// usable is nil, or ErrStreamClosed naming what for a closed stream.
+func (s *CUDAStream) usable(what string) error {
+	if s.closed {
+		return fmt.Errorf("%w: %s on a closed cuda stream", ErrStreamClosed, what)
+	}
+	return nil
 }
 
 // NewCUDAStream creates a stream on d.
@@ -198,6 +211,9 @@ func (s *CUDAStream) Synchronize(ctx context.Context) error {
 // SynchronizeBy is Synchronize that also gives up at deadline (unless it
 // is zero): a bound per call that needs no context of its own.
 func (s *CUDAStream) SynchronizeBy(ctx context.Context, deadline time.Time) error {
+	if err := s.usable("synchronize"); err != nil {
+		return err
+	}
 	return poll(ctx, deadline, func() error { return s.Dev.lib.StreamQuery(s.Dev.Ordinal, s.H) })
 }
 
@@ -208,12 +224,19 @@ func (s *CUDAStream) Wait(e Event) error {
 	if !ok {
 		return fmt.Errorf("%w: %T on a cuda stream", ErrMixedBackends, e)
 	}
+	if err := s.usable("wait"); err != nil {
+		return err
+	}
 	return s.Dev.lib.StreamWaitEvent(s.Dev.Ordinal, s.H, ce.H)
 }
 
 // Close destroys the stream.
 func (s *CUDAStream) Close() error {
-	if s == nil || s.H == 0 {
+	if s == nil || s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.H == 0 {
 		return nil
 	}
 	err := s.Dev.lib.StreamDestroy(s.Dev.Ordinal, s.H)
@@ -241,6 +264,9 @@ func (e *CUDAEvent) Record(s Stream) error {
 	cs, ok := s.(*CUDAStream)
 	if !ok {
 		return fmt.Errorf("%w: cuda event on %T", ErrMixedBackends, s)
+	}
+	if err := cs.usable("record"); err != nil {
+		return err
 	}
 	return e.Dev.lib.EventRecord(e.Dev.Ordinal, e.H, cs.H)
 }
