@@ -203,7 +203,22 @@ func (e *engine) finish(ctx context.Context, err error) error {
 	return nil
 }
 
+// usable is nil while the communicator's stream is the one the engine
+// kept (comm), and ErrClosed naming the rank once the communicator is
+// closed (its stream closed with it, a CUDA stream's handle destroyed):
+// every run asks first, so that nothing is recorded on a closed stream.
+// It compares two interface values: no allocation, no lock.
+func (e *engine) usable(op string) error {
+	if e.c.Stream() != e.comm {
+		return &collective.OpError{Op: op, Rank: e.c.Rank(), Peer: -1, Err: collective.ErrClosed, Detail: "the communicator is closed"}
+	}
+	return nil
+}
+
 func (e *engine) run(ctx context.Context) error {
+	if err := e.usable("allgather-gemm"); err != nil {
+		return err
+	}
 	if err := e.forkCompute(); err != nil {
 		return e.finish(ctx, err)
 	}
@@ -256,6 +271,9 @@ func (e *engine) launchGEMMs() error {
 }
 
 func (e *engine) sequential(ctx context.Context) error {
+	if err := e.usable("allgather-gemm"); err != nil {
+		return err
+	}
 	err := e.launchGather(ctx)
 	if err == nil {
 		err = e.launchGEMMs()
@@ -264,10 +282,16 @@ func (e *engine) sequential(ctx context.Context) error {
 }
 
 func (e *engine) gather(ctx context.Context) error {
+	if err := e.usable("allgather-gemm"); err != nil {
+		return err
+	}
 	return e.finish(ctx, e.launchGather(ctx))
 }
 
 func (e *engine) gemmOnly(ctx context.Context) error {
+	if err := e.usable("allgather-gemm"); err != nil {
+		return err
+	}
 	return e.finish(ctx, e.launchGEMMs())
 }
 

@@ -3,6 +3,8 @@ package overlap
 import (
 	"context"
 	"fmt"
+	"math"
+	"math/bits"
 	"unsafe"
 
 	"github.com/slimego/slimego/collective"
@@ -55,8 +57,9 @@ func New[T Float](ctx context.Context, c *collective.Communicator, m, n, k, piec
 
 // NewWith is New with its settings in opts.
 func NewWith[T Float](ctx context.Context, c *collective.Communicator, m, n, k int, opts Options) (o *Op[T], err error) {
-	if m < 0 || n < 0 || k < 0 {
-		return nil, fmt.Errorf("overlap: negative shape %d×%d×%d: %w", m, n, k, collective.ErrInvalid)
+	var z T
+	if err := checkShape(c, m, n, k, int(unsafe.Sizeof(z))); err != nil {
+		return nil, err
 	}
 	if opts.Pieces <= 0 {
 		opts.Pieces = DefaultPieces
@@ -74,6 +77,32 @@ func NewWith[T Float](ctx context.Context, c *collective.Communicator, m, n, k i
 		return nil, err
 	}
 	return o, nil
+}
+
+// checkShape refuses, as ErrInvalid naming the rank, a negative shape and
+// one whose matrices' byte counts (A's m·k, B's k·n, C's P·m·n and G's
+// P·m·k elements of esz bytes) do not fit in int: their products would
+// wrap, and the buffers planned from them be smaller than the shape.
+func checkShape(c *collective.Communicator, m, n, k, esz int) error {
+	P := c.Size()
+	bad := func(why string) error {
+		return &collective.OpError{Op: "overlap-plan", Rank: c.Rank(), Peer: -1, Err: collective.ErrInvalid,
+			Detail: fmt.Sprintf("shape %d×%d×%d of %d-byte elements on %d ranks: %s", m, n, k, esz, P, why)}
+	}
+	if m < 0 || n < 0 || k < 0 {
+		return bad("negative")
+	}
+	for _, f := range [][]int{{m, k}, {k, n}, {P, m, n}, {P, m, k}} {
+		prod := uint64(esz)
+		for _, x := range f {
+			hi, lo := bits.Mul64(prod, uint64(x))
+			if hi != 0 || lo > math.MaxInt {
+				return bad("a matrix's size overflows int")
+			}
+			prod = lo
+		}
+	}
+	return nil
 }
 
 // closed is what a call on a closed Op returns.
