@@ -1,0 +1,364 @@
+package intra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/teststore"
+	"github.com/slimego/slimego/kernels"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// Tests that kill survivors of `make mutate MUTATE=intra` (docs/MUTATION.md):
+// the defaults and bounds of the GPU and shared-memory groups, which peer a
+// GPU status word names, and what a group tells after it is closed.
+
+// TestDefaultCap: the GPU scratch block is 16 MiB up to 8 ranks, keeps
+// 2 slots × ranks × block within 256 MiB beyond, and is never under 64 KiB.
+func TestDefaultCap(t *testing.T) {
+	for _, tc := range []struct{ ranks, want int }{
+		{1, 16 << 20},
+		{8, 16 << 20},
+		{9, (256 << 20) / 18},
+		{16, 8 << 20},
+		{64, 2 << 20},
+		{2048, 64 << 10},
+		{4096, 64 << 10},
+	} {
+		if got := defaultCap(tc.ranks); got != tc.want {
+			t.Errorf("defaultCap(%d) = %d, want %d", tc.ranks, got, tc.want)
+		}
+		if tc.ranks <= 2048 && 2*tc.ranks*defaultCap(tc.ranks) > 256<<20 {
+			t.Errorf("%d ranks: scratch of %d bytes exceeds 256 MiB", tc.ranks, 2*tc.ranks*defaultCap(tc.ranks))
+		}
+	}
+}
+
+// TestGPURegionLayout: a GPU region holds its scratch slots, its flags and
+// one 8-byte barrier flag per rank, each part inside the allocation.
+func TestGPURegionLayout(t *testing.T) {
+	for size := 1; size <= kernels.MaxLocal; size++ {
+		g := &GPUGroup{cfg: GPUConfig{Size: size}, cap: 4096}
+		if g.flagsOff() < 2*uint64(size)*g.cap {
+			t.Fatalf("%d ranks: flags at %d overlap the scratch", size, g.flagsOff())
+		}
+		if g.barrierOff() < g.flagsOff()+kernels.FlagBytes(size) {
+			t.Fatalf("%d ranks: barrier flags at %d overlap the flags", size, g.barrierOff())
+		}
+		if g.regionBytes() < g.barrierOff()+8*uint64(size) {
+			t.Fatalf("%d ranks: region of %d bytes ends before its barrier flags (%d + %d)", size, g.regionBytes(), g.barrierOff(), 8*size)
+		}
+	}
+}
+
+// TestGPUPlanRoundCount: a block of exactly the scratch size is one round,
+// one byte more is two, and empty blocks are one.
+func TestGPUPlanRoundCount(t *testing.T) {
+	for _, tc := range []struct {
+		sizes  []int
+		rounds int
+	}{
+		{[]int{256, 256}, 1},
+		{[]int{0, 257}, 2},
+		{[]int{0, 0}, 1},
+		{[]int{512, 1}, 2},
+	} {
+		g := &GPUGroup{cfg: GPUConfig{Rank: 0, Size: 2, Ranks: []int{0, 1}, Blocks: 16}, cap: 256, peers: make([]kernels.Ptr, 2)}
+		p, err := g.Plan(0, 0, tc.sizes, []int{0, 1024})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.rounds) != tc.rounds {
+			t.Errorf("sizes %v, scratch 256: %d rounds, want %d", tc.sizes, len(p.rounds), tc.rounds)
+		}
+	}
+}
+
+// TestGPUCheckNamesPeer: a kernel's status word names the local rank that
+// it gave up on; Check reports that rank's global rank, and no peer (-1)
+// for a word whose rank is outside the group.
+func TestGPUCheckNamesPeer(t *testing.T) {
+	for _, tc := range []struct {
+		src  int32
+		peer int
+	}{
+		{0, 5}, {1, 6}, {2, -1}, {3, -1}, {200, -1}, {-1, -1},
+	} {
+		w := tc.src<<8 | kernels.StatusTimeout
+		g := &GPUGroup{cfg: GPUConfig{Rank: 1, Size: 2, Ranks: []int{5, 6}, Timeout: time.Second}, status: unsafe.Pointer(&w)}
+		err := g.Check("allgather")
+		var oe *fault.OpError
+		if !errors.As(err, &oe) || !errors.Is(err, fault.ErrTimeout) || oe.Rank != 6 || oe.Peer != tc.peer {
+			t.Errorf("status word of local rank %d: want ErrTimeout of rank 6 naming peer %d, got %v", tc.src, tc.peer, err)
+		}
+	}
+}
+
+// TestNewGPUArguments: NewGPU refuses ranks outside [0, Size) and sizes
+// outside [1, kernels.MaxLocal]; it accepts the bounds themselves; it fills
+// in the defaults of Blocks, Timeout and Cap and keeps what is set; Close
+// frees and forgets every allocation of the group.
+func TestNewGPUArguments(t *testing.T) {
+	dev, err := device.OpenGPU(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := teststore.Run(t, 1, 60*time.Second, func(ctx context.Context, st *rendezvous.Client, _ int) error {
+		for _, c := range []struct{ rank, size int }{{0, 0}, {-1, 2}, {2, 2}, {3, 2}, {0, kernels.MaxLocal + 1}} {
+			g, err := NewGPU(ctx, GPUConfig{Store: st, Key: fmt.Sprintf("bad%d.%d", c.rank, c.size), Rank: c.rank, Size: c.size, Dev: dev, Cap: 4096, Timeout: time.Second})
+			if !errors.Is(err, fault.ErrInvalid) {
+				if g != nil {
+					g.Close(ctx)
+				}
+				return fmt.Errorf("rank %d of %d: want ErrInvalid, got %v", c.rank, c.size, err)
+			}
+		}
+		// One rank, defaults.
+		g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "one", Rank: 0, Size: 1, Dev: dev})
+		if err != nil {
+			return fmt.Errorf("a group of one rank: %v", err)
+		}
+		if g.cfg.Blocks != 16 || g.cfg.Timeout != DefaultTimeout || g.cfg.Cap != defaultCap(1) {
+			g.Close(ctx)
+			return fmt.Errorf("defaults: Blocks %d, Timeout %v, Cap %d", g.cfg.Blocks, g.cfg.Timeout, g.cfg.Cap)
+		}
+		if err := g.Close(ctx); err != nil {
+			return err
+		}
+		if g.region != 0 || g.counters != 0 || g.status != nil {
+			return fmt.Errorf("after Close: region %#x, counters %#x, status %p still held", g.region, g.counters, g.status)
+		}
+		// One rank, settings kept.
+		g, err = NewGPU(ctx, GPUConfig{Store: st, Key: "set", Rank: 0, Size: 1, Dev: dev, Blocks: 3, Timeout: 7 * time.Second, Cap: 4096})
+		if err != nil {
+			return err
+		}
+		defer g.Close(ctx)
+		if g.cfg.Blocks != 3 || g.cfg.Timeout != 7*time.Second || g.cfg.Cap != 4096 {
+			return fmt.Errorf("settings: Blocks %d, Timeout %v, Cap %d", g.cfg.Blocks, g.cfg.Timeout, g.cfg.Cap)
+		}
+		return nil
+	})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	// The largest group is accepted.
+	errs = teststore.Run(t, kernels.MaxLocal, 60*time.Second, func(ctx context.Context, st *rendezvous.Client, r int) error {
+		g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "most", Rank: r, Size: kernels.MaxLocal, Dev: dev, Cap: 256, Timeout: 20 * time.Second})
+		if err != nil {
+			return err
+		}
+		return g.Close(ctx)
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("a group of %d ranks, rank %d: %v", kernels.MaxLocal, r, err)
+		}
+	}
+}
+
+// TestNewArguments: New refuses a rank outside [0, Size) at once.
+func TestNewArguments(t *testing.T) {
+	errs := teststore.Run(t, 1, 20*time.Second, func(ctx context.Context, st *rendezvous.Client, _ int) error {
+		for _, c := range []struct{ rank, size int }{{0, 0}, {-1, 2}, {2, 2}, {1, 1}} {
+			short, cancel := context.WithTimeout(ctx, 2*time.Second)
+			g, err := New(short, Config{Store: st, Key: fmt.Sprintf("bad%d.%d", c.rank, c.size), ShmPrefix: fmt.Sprintf("slimego-test-%d-", os.Getpid()), Rank: c.rank, Size: c.size})
+			cancel()
+			if !errors.Is(err, fault.ErrInvalid) {
+				if g != nil {
+					g.Close()
+				}
+				return fmt.Errorf("rank %d of %d: want ErrInvalid, got %v", c.rank, c.size, err)
+			}
+		}
+		return nil
+	})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+}
+
+// TestNewDefaults: New fills in every zero setting (a ctx without deadline
+// is bounded by the default Timeout, not by a zero one) and keeps what is
+// set.
+func TestNewDefaults(t *testing.T) {
+	prefix := fmt.Sprintf("slimego-test-%d-", os.Getpid())
+	errs := teststore.Run(t, 1, 60*time.Second, func(_ context.Context, st *rendezvous.Client, _ int) error {
+		g, err := New(context.Background(), Config{Store: st, Key: "zero", ShmPrefix: prefix, Rank: 0, Size: 1})
+		if err != nil {
+			return fmt.Errorf("defaults: %v", err)
+		}
+		c := g.cfg
+		spin := 50 * time.Microsecond
+		if g.oversb {
+			spin = time.Millisecond
+		}
+		g.Close()
+		if c.Timeout != DefaultTimeout || c.SlotBytes != DefaultSlotBytes || c.Slots != DefaultSlots ||
+			c.ZeroCopyMin != DefaultZeroCopyMin || c.CMAMin != DefaultCMAMin || c.BigCopy != DefaultBigCopy || g.spin != spin {
+			return fmt.Errorf("defaults: %+v, spin %v (want %v)", c, g.spin, spin)
+		}
+		set := Config{Store: st, Key: "set", ShmPrefix: prefix, Rank: 0, Size: 1, Timeout: 9 * time.Second,
+			SlotBytes: lineBytes, Slots: 2, ZeroCopyMin: 77, CMAMin: 99, BigCopy: 12345, SpinTime: 7 * time.Microsecond}
+		g, err = New(context.Background(), set)
+		if err != nil {
+			return fmt.Errorf("settings: %v", err)
+		}
+		c = g.cfg
+		g.Close()
+		if c.Timeout != set.Timeout || c.SlotBytes != set.SlotBytes || c.Slots != set.Slots || c.ZeroCopyMin != set.ZeroCopyMin ||
+			c.CMAMin != set.CMAMin || c.BigCopy != set.BigCopy || g.spin != set.SpinTime {
+			return fmt.Errorf("settings: %+v, spin %v", c, g.spin)
+		}
+		return nil
+	})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+}
+
+// TestNewCMA: ranks use cross-memory attach exactly when every rank can
+// read every peer's memory with it (process_vm_readv may be refused, in a
+// container) and CMAMin is not negative.
+func TestNewCMA(t *testing.T) {
+	for _, cmaMin := range []int{0, -1} {
+		errs := group(t, 2, Config{Timeout: 20 * time.Second, CMAMin: cmaMin}, func(g *Group) error {
+			// Probe again while every rank is still in the group.
+			allowed := g.probeCMA()
+			if err := g.Barrier(context.Background()); err != nil {
+				return err
+			}
+			if want := cmaMin >= 0 && allowed; g.cma != want {
+				return fmt.Errorf("CMAMin %d, process_vm_readv allowed %v: cma %v, want %v", cmaMin, allowed, g.cma, want)
+			}
+			return nil
+		})
+		for r, err := range errs {
+			if err != nil {
+				t.Errorf("rank %d: %v", r, err)
+			}
+		}
+	}
+}
+
+// TestWatchPeersInProcess: peers in this process get no pidfd; ranks
+// oversubscribe when they outnumber the CPUs or the runtime's processors;
+// waits yield to goroutines when ranks share the process or the runtime has
+// one processor.
+func TestWatchPeersInProcess(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	type want struct{ oversb, goYield bool }
+	check := func(L, procs int, w want) {
+		t.Helper()
+		runtime.GOMAXPROCS(procs)
+		errs := group(t, L, Config{Timeout: 30 * time.Second}, func(g *Group) error {
+			for p, fd := range g.pidfds {
+				if fd != -1 {
+					return fmt.Errorf("in-process peer %d has pidfd %d", p, fd)
+				}
+			}
+			if g.oversb != w.oversb || g.goYield != w.goYield {
+				return fmt.Errorf("%d ranks, GOMAXPROCS %d, %d CPUs: oversb %v goYield %v, want %v %v", L, procs, runtime.NumCPU(), g.oversb, g.goYield, w.oversb, w.goYield)
+			}
+			return nil
+		})
+		for r, err := range errs {
+			if err != nil {
+				t.Errorf("rank %d: %v", r, err)
+			}
+		}
+	}
+	cpus := runtime.NumCPU()
+	check(1, 2, want{oversb: 1 > cpus, goYield: false})
+	check(1, 1, want{oversb: 1 > cpus, goYield: true})
+	check(2, 2, want{oversb: 2 > cpus, goYield: true})
+	check(2, 1, want{oversb: true, goYield: true})
+	if cpus <= 64 {
+		check(cpus, cpus, want{oversb: false, goYield: true})
+		check(cpus+1, cpus+1, want{oversb: true, goYield: true})
+	}
+}
+
+// TestClosedGroupIsClosed: every call on a closed group is ErrClosed naming
+// the rank and no peer.
+func TestClosedGroupIsClosed(t *testing.T) {
+	errs := group(t, 1, Config{Timeout: 20 * time.Second, Ranks: []int{4}}, func(g *Group) error {
+		g.Close()
+		err := g.Barrier(context.Background())
+		var oe *fault.OpError
+		if !errors.Is(err, fault.ErrClosed) || !errors.As(err, &oe) || oe.Rank != 4 || oe.Peer != -1 {
+			return fmt.Errorf("Barrier after Close: want ErrClosed of rank 4 naming no peer, got %v", err)
+		}
+		return nil
+	})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+}
+
+// TestSingleRankSweepsOrphans: local rank 0 sweeps /dev/shm when it is the
+// group's only rank too.
+func TestSingleRankSweepsOrphans(t *testing.T) {
+	const gonePID = 1<<22 + 3 // above every pid_max Linux allows
+	orphan := filepath.Join("/dev/shm", fmt.Sprintf("slimego-testorphan1-%d-seg-o%d.5-0123456789ab", os.Getpid(), gonePID))
+	if err := os.WriteFile(orphan, []byte("left"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(orphan) })
+	errs := group(t, 1, Config{Timeout: 20 * time.Second}, func(g *Group) error { return nil })
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if _, err := os.Stat(orphan); err == nil {
+		t.Errorf("orphan %s not removed by a group of one rank", orphan)
+	}
+}
+
+// TestSegmentErrorsNameNoPeer: when rank 0 cannot create a segment, or
+// cannot publish its name, its error names no peer: nobody else failed.
+func TestSegmentErrorsNameNoPeer(t *testing.T) {
+	errs := group(t, 1, Config{Timeout: 20 * time.Second}, func(g *Group) error {
+		_, err := g.Alloc(context.Background(), 1<<50)
+		var oe *fault.OpError
+		if !errors.As(err, &oe) || oe.Rank != 0 || oe.Peer != -1 {
+			return fmt.Errorf("segment too large: want an error of rank 0 naming no peer, got %v", err)
+		}
+		return nil
+	})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+
+	addr := teststore.Serve(t, rendezvous.ServerConfig{MaxKeys: 50})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := rendezvous.Dial(ctx, addr, rendezvous.Auth{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	g, err := New(ctx, Config{Store: st, Key: "t", ShmPrefix: fmt.Sprintf("slimego-test-%d-", os.Getpid()), Rank: 0, Size: 1, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	for i := 0; st.Set(ctx, fmt.Sprintf("fill/%d", i), nil) == nil; i++ {
+		if i > 100 {
+			t.Fatal("the store takes more keys than its limit")
+		}
+	}
+	_, err = g.Alloc(ctx, 64)
+	var oe *fault.OpError
+	if !errors.As(err, &oe) || oe.Rank != 0 || oe.Peer != -1 {
+		t.Errorf("name not published: want an error of rank 0 naming no peer, got %v", err)
+	}
+}
