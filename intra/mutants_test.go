@@ -362,3 +362,28 @@ func TestSegmentErrorsNameNoPeer(t *testing.T) {
 		t.Errorf("name not published: want an error of rank 0 naming no peer, got %v", err)
 	}
 }
+
+// TestRoundUp: roundUp gives the least multiple of m not below n.
+func TestRoundUp(t *testing.T) {
+	for _, tc := range []struct{ n, m, want int }{
+		{0, 64, 0}, {1, 64, 64}, {63, 64, 64}, {64, 64, 64}, {65, 64, 128}, {4095, 4096, 4096}, {8192, 4096, 8192}, {7, 1, 7},
+	} {
+		if got := roundUp(tc.n, tc.m); got != tc.want {
+			t.Errorf("roundUp(%d, %d) = %d, want %d", tc.n, tc.m, got, tc.want)
+		}
+	}
+}
+
+// TestIdentityExactLength: an identity reads back from exactly
+// identityBytes bytes; one byte fewer is refused.
+func TestIdentityExactLength(t *testing.T) {
+	want := identity{kind: kindBuffer, a: 3, b: 4, c: 5, job: 0x1234, total: 1 << 20}
+	mem := make([]byte, identityBytes)
+	want.write(mem)
+	if got, err := readIdentity(mem); err != nil || got != want {
+		t.Errorf("read %+v, %v from %d bytes; want %+v", got, err, len(mem), want)
+	}
+	if _, err := readIdentity(mem[:identityBytes-1]); err == nil {
+		t.Errorf("an identity read from %d bytes", identityBytes-1)
+	}
+}
