@@ -387,3 +387,159 @@ func TestIdentityExactLength(t *testing.T) {
 		t.Errorf("an identity read from %d bytes", identityBytes-1)
 	}
 }
+
+// TestMemoryBounds: the Memory models refuse copies into less room and
+// slices outside their span, and accept the bounds themselves.
+func TestMemoryBounds(t *testing.T) {
+	h := HostMem{}
+	if err := h.Copy(make([]byte, 4), make([]byte, 4), time.Time{}); err != nil {
+		t.Errorf("HostMem: a copy of 4 bytes into 4: %v", err)
+	}
+	if err := h.Copy(make([]byte, 4), make([]byte, 5), time.Time{}); err == nil {
+		t.Error("HostMem: a copy of 5 bytes into 4 accepted")
+	}
+	one := []byte{1, 2}
+	if !h.Same(one, one[:1]) || h.Same(one[:0], one) || h.Same(one, one[:0]) || h.Same(one, one[1:]) {
+		t.Error("HostMem.Same: wrong for a slice and itself, an empty slice or another start")
+	}
+
+	dev, err := device.OpenGPU(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewGPUMem(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.S.Close()
+	buf, err := dev.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	span := Span(buf)
+	if !m.Same(span, m.Slice(span, 0, 1)) || m.Same(m.Slice(span, 0, 0), span) || m.Same(span, m.Slice(span, 0, 0)) || m.Same(span, m.Slice(span, 1, 1)) {
+		t.Error("GPUMem.Same: wrong for a span and itself, an empty span or another start")
+	}
+	if s := m.Slice(span, 60, 4); s.Ptr != span.Ptr+60 || s.N != 4 {
+		t.Errorf("Slice(60, 4) = %+v", s)
+	}
+	for _, c := range []struct{ off, n int }{{-1, 1}, {0, -1}, {61, 4}, {0, 65}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("Slice(%d, %d) of 64 bytes did not panic", c.off, c.n)
+				}
+			}()
+			m.Slice(span, c.off, c.n)
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	in := []byte("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef")
+	if err := m.CopyIn(span, in, deadline); err != nil {
+		t.Errorf("CopyIn of 64 bytes into 64: %v", err)
+	}
+	if err := m.CopyIn(span, make([]byte, 65), deadline); err == nil {
+		t.Error("CopyIn of 65 bytes into 64 accepted")
+	}
+	if err := m.Copy(m.Slice(span, 0, 32), m.Slice(span, 32, 32), deadline); err != nil {
+		t.Errorf("Copy of 32 bytes into 32: %v", err)
+	}
+	if err := m.Copy(m.Slice(span, 0, 32), m.Slice(span, 31, 33), deadline); err == nil {
+		t.Error("Copy of 33 bytes into 32 accepted")
+	}
+	if err := m.Copy(m.Slice(span, 0, 0), m.Slice(span, 5, 0), deadline); err != nil {
+		t.Errorf("Copy of nothing: %v", err)
+	}
+	out := make([]byte, 64)
+	if err := m.CopyOut(out, span, deadline); err != nil {
+		t.Errorf("CopyOut of 64 bytes out of 64: %v", err)
+	}
+	if want := string(in[32:]) + string(in[32:]); string(out) != want {
+		t.Errorf("after the copies: %q, want %q", out, want)
+	}
+	if err := m.CopyOut(make([]byte, 65), span, deadline); err == nil {
+		t.Error("CopyOut of 65 bytes out of 64 accepted")
+	}
+}
+
+// TestGPUNodeSetBounds: a GPU node's plan refuses a source that is not this
+// rank's block and blocks outside the destination, and accepts a block that
+// ends exactly at the destination's end.
+func TestGPUNodeSetBounds(t *testing.T) {
+	g := &GPUGroup{cfg: GPUConfig{Rank: 1, Size: 2, Ranks: []int{0, 1}, Blocks: 16}, cap: 256, peers: make([]kernels.Ptr, 2)}
+	o := &gpuNodeOp{n: &GPUNode{g: g}, name: "allgather"}
+	dst := DevSpan{Ptr: 1 << 20, N: 100}
+	for _, c := range []struct {
+		src         int
+		sizes, offs []int
+		ok          bool
+	}{
+		{60, []int{40, 60}, []int{0, 40}, true},
+		{0, []int{0, 0}, []int{100, 100}, true},
+		{59, []int{40, 60}, []int{0, 40}, false},
+		{60, []int{40, 60}, []int{0, 41}, false},
+		{60, []int{-1, 60}, []int{0, 40}, false},
+		{60, []int{40, 60}, []int{-1, 40}, false},
+		{60, []int{41, 60}, []int{60, 0}, false},
+	} {
+		err := o.Set(dst, DevSpan{Ptr: 1 << 24, N: c.src}, c.sizes, c.offs)
+		if c.ok && err != nil {
+			t.Errorf("source %d, sizes %v at %v into 100 bytes: %v", c.src, c.sizes, c.offs, err)
+		}
+		if !c.ok && !errors.Is(err, fault.ErrInvalid) {
+			t.Errorf("source %d, sizes %v at %v into 100 bytes: want ErrInvalid, got %v", c.src, c.sizes, c.offs, err)
+		}
+	}
+}
+
+// TestLayoutDisjoint: in a group's segment the identity, every rank's
+// control line, its two headers, every reader's acknowledgement line about
+// every owner, and every slot (stamp line and data) lie within the segment
+// and overlap nothing else.
+func TestLayoutDisjoint(t *testing.T) {
+	for _, c := range []struct{ L, K, C int }{{1, 2, 64}, {2, 2, 64}, {3, 4, 4096}, {5, 3, 192}, {64, 2, 128}, {65, 2, 64}} {
+		l, err := newLayout(c.L, c.K, c.C)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem := make([]byte, l.total)
+		base := uintptr(unsafe.Pointer(&mem[0]))
+		type part struct {
+			what     string
+			off, end int
+		}
+		parts := []part{{"identity", 0, identityBytes}}
+		add := func(what string, p unsafe.Pointer, n int) {
+			off := int(uintptr(p) - base)
+			parts = append(parts, part{what, off, off + n})
+		}
+		for r := range c.L {
+			add(fmt.Sprintf("ctrl %d", r), unsafe.Pointer(l.ctrl(mem, r)), lineBytes)
+			for parity := range 2 {
+				add(fmt.Sprintf("header %d.%d", r, parity), unsafe.Pointer(l.header(mem, r, parity)), headerBytes)
+			}
+			for o := range c.L {
+				add(fmt.Sprintf("ack %d about %d", r, o), unsafe.Pointer(l.ack(mem, r, o)), lineBytes)
+			}
+			for k := range c.K {
+				stamp, data := l.slot(mem, r, k)
+				add(fmt.Sprintf("stamp %d.%d", r, k), unsafe.Pointer(stamp), 8)
+				if len(data) != c.C {
+					t.Fatalf("%+v: slot %d.%d holds %d bytes", c, r, k, len(data))
+				}
+				add(fmt.Sprintf("slot %d.%d", r, k), unsafe.Pointer(&data[0]), c.C)
+			}
+		}
+		for i, p := range parts {
+			if p.off < 0 || p.end > l.total {
+				t.Fatalf("%+v: %s at [%d, %d) outside the %d-byte segment", c, p.what, p.off, p.end, l.total)
+			}
+			for _, q := range parts[:i] {
+				if p.off < q.end && q.off < p.end {
+					t.Fatalf("%+v: %s at [%d, %d) overlaps %s at [%d, %d)", c, p.what, p.off, p.end, q.what, q.off, q.end)
+				}
+			}
+		}
+	}
+}
