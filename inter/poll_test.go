@@ -181,3 +181,20 @@ func TestDirectNoAllocs(t *testing.T) {
 		t.Fatal("the exchanged bytes differ from those sent")
 	}
 }
+
+// TestReaderLeavesCallerDeadline: a Reader never given a deadline
+// (SetDeadline) leaves the socket's read deadline to its caller, polling or
+// not: a read with nothing to read ends at the deadline the caller set on
+// the connection.
+func TestReaderLeavesCallerDeadline(t *testing.T) {
+	for _, poll := range []bool{false, true} {
+		_, b := tcpPair(t)
+		r := NewReader(b, DefaultLowat)
+		r.bind()
+		r.Poll = poll
+		b.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if err := r.ReadFull(make([]byte, 8)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("poll %v: a read with nothing to read returned %v, want the caller's deadline", poll, err)
+		}
+	}
+}

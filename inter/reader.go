@@ -45,6 +45,7 @@ type Reader struct {
 	PollMax time.Duration
 
 	deadline time.Time // every read ends by it (SetDeadline)
+	managed  bool      // SetDeadline was called: the Reader owns the socket's read deadline
 	armed    bool      // the socket's read deadline is set to deadline
 
 	rc     syscall.RawConn       // made once; nil where c gives none
@@ -54,6 +55,7 @@ type Reader struct {
 	pn     int                   // what poll read
 	perr   error                 // poll's error (io.EOF at the stream's end)
 	until  time.Time             // poll polls until then
+	parked bool                  // the read parked in the netpoller
 }
 
 // DefaultPollMax bounds a receive's polling (Config.PollMax). A wait for
@@ -78,9 +80,11 @@ func (r *Reader) bind() { r.pollFn = r.poll }
 
 // SetDeadline makes every read end by d (the zero time: never). Without
 // Poll it sets the socket's read deadline; with Poll it clears it, and a
-// read sets it only to park.
+// read sets it only to park. From its first call the Reader owns the
+// socket's read deadline; a Reader never given one leaves the socket's
+// read deadline to its caller (c.SetReadDeadline), polling or not.
 func (r *Reader) SetDeadline(d time.Time) {
-	r.deadline = d
+	r.deadline, r.managed = d, true
 	if r.Poll && r.pollFn != nil {
 		r.disarm()
 		return
@@ -91,7 +95,7 @@ func (r *Reader) SetDeadline(d time.Time) {
 
 // arm sets the socket's read deadline to r.deadline, disarm clears it.
 func (r *Reader) arm() {
-	if !r.armed {
+	if r.managed && !r.armed {
 		r.c.SetReadDeadline(r.deadline)
 		r.armed = true
 	}
@@ -162,9 +166,9 @@ func (r *Reader) readPolled(buf []byte) (int, error) {
 	if !r.deadline.IsZero() && r.deadline.Before(r.until) {
 		r.until = r.deadline
 	}
-	r.pbuf, r.pn, r.perr = buf, 0, nil
+	r.pbuf, r.pn, r.perr, r.parked = buf, 0, nil, false
 	err := r.rc.Read(r.pollFn)
-	n, perr, parked := r.pn, r.perr, r.armed
+	n, perr, parked := r.pn, r.perr, r.parked
 	r.pbuf, r.perr = nil, nil
 	r.disarm()
 	r.adapt(parked, time.Since(t0))
@@ -197,6 +201,7 @@ func (r *Reader) poll(fd uintptr) bool {
 		}
 		if !time.Now().Before(r.until) {
 			r.arm()
+			r.parked = true
 			return false
 		}
 	}
