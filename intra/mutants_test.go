@@ -543,3 +543,44 @@ func TestLayoutDisjoint(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUNodeDeadlineNamesNoPeer: a GPU node that gives up at its caller's
+// deadline cannot tell which peer kept it: its ErrTimeout names this rank
+// and no peer.
+func TestGPUNodeDeadlineNamesNoPeer(t *testing.T) {
+	done := make(chan struct{})
+	errs := teststore.Run(t, 2, 60*time.Second, func(ctx context.Context, st *rendezvous.Client, r int) error {
+		dev, err := device.OpenGPU(0)
+		if err != nil {
+			return err
+		}
+		g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "late", Rank: r, Size: 2, Ranks: []int{3, 4}, Dev: dev, Timeout: time.Second})
+		if err != nil {
+			return err
+		}
+		defer g.Close(ctx)
+		if r == 1 {
+			<-done // never takes part
+			return nil
+		}
+		defer close(done)
+		ng, err := g.Node()
+		if err != nil {
+			return err
+		}
+		defer ng.Close()
+		short, stop := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer stop()
+		err = ng.Barrier(short)
+		var oe *fault.OpError
+		if !errors.Is(err, fault.ErrTimeout) || !errors.As(err, &oe) || oe.Rank != 3 || oe.Peer != -1 {
+			return fmt.Errorf("barrier with a peer that never comes: want ErrTimeout of rank 3 naming no peer, got %v", err)
+		}
+		return ng.S.Synchronize(ctx)
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
