@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"testing"
@@ -582,5 +584,40 @@ func TestGPUNodeDeadlineNamesNoPeer(t *testing.T) {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)
 		}
+	}
+}
+
+// TestExited: exited finds the process that has exited among pidfds, and
+// -1 while all live (or there are none).
+func TestExited(t *testing.T) {
+	if exited(nil) != -1 {
+		t.Error("exited(nil) != -1")
+	}
+	start := func() (*exec.Cmd, io.WriteCloser, int) {
+		cmd := exec.Command("cat")
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		fd, err := pidfdOpen(cmd.Process.Pid)
+		if err != nil {
+			t.Skipf("pidfd_open: %v", err)
+		}
+		t.Cleanup(func() { in.Close(); cmd.Wait(); closeFD(fd) })
+		return cmd, in, fd
+	}
+	_, _, live := start()
+	cmd, in, gone := start()
+	fds := []pollFD{{Fd: -1}, {Fd: int32(live), Events: pollIn}, {Fd: int32(gone), Events: pollIn}}
+	if i := exited(fds); i != -1 {
+		t.Errorf("all live: exited = %d", i)
+	}
+	in.Close()
+	cmd.Wait()
+	if i := exited(fds); i != 2 {
+		t.Errorf("the third exited: exited = %d", i)
 	}
 }
