@@ -621,3 +621,91 @@ func TestExited(t *testing.T) {
 		t.Errorf("the third exited: exited = %d", i)
 	}
 }
+
+// TestOpSetBounds: Plan refuses blocks outside the destination and a
+// source overlapping the destination other than at the rank's own block,
+// and accepts a block ending at the destination's end and a source right
+// before or after the destination.
+func TestOpSetBounds(t *testing.T) {
+	errs := group(t, 1, Config{Timeout: 20 * time.Second}, func(g *Group) error {
+		mem := make([]byte, 300)
+		dst := mem[100:200]
+		for _, c := range []struct {
+			what      string
+			src       []byte
+			size, off int
+			ok        bool
+		}{
+			{"a block ending at the end", make([]byte, 10), 10, 90, true},
+			{"a block one past the end", make([]byte, 10), 10, 91, false},
+			{"a negative offset", make([]byte, 10), 10, -1, false},
+			{"in place", dst[40:50], 10, 40, true},
+			{"a source right before", mem[90:100], 10, 0, true},
+			{"a source right after", mem[200:210], 10, 0, true},
+			{"a source overlapping the start", mem[95:105], 10, 50, false},
+			{"a source overlapping the end", mem[195:205], 10, 0, false},
+			{"a source inside, elsewhere", dst[20:30], 10, 40, false},
+		} {
+			_, err := g.Plan("allgather", dst, c.src, []int{c.size}, []int{c.off})
+			if c.ok && err != nil {
+				return fmt.Errorf("%s: %v", c.what, err)
+			}
+			if !c.ok && !errors.Is(err, fault.ErrInvalid) {
+				return fmt.Errorf("%s: want ErrInvalid, got %v", c.what, err)
+			}
+		}
+		if _, err := g.Plan("allgather", dst, nil, []int{-1}, []int{0}); !errors.Is(err, fault.ErrInvalid) {
+			return fmt.Errorf("a negative size: want ErrInvalid, got %v", err)
+		}
+		return nil
+	})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+}
+
+// TestOpModes: a block of at least ZeroCopyMin bytes in a symmetric buffer
+// is read in place, a smaller one staged; a block of at least CMAMin bytes
+// elsewhere is read with process_vm_readv where every rank can, a smaller
+// one staged.
+func TestOpModes(t *testing.T) {
+	const zc, cma = 2048, 4096
+	errs := group(t, 2, Config{Timeout: 20 * time.Second, ZeroCopyMin: zc, CMAMin: cma}, func(g *Group) error {
+		buf, err := g.Alloc(context.Background(), 2*cma)
+		if err != nil {
+			return err
+		}
+		defer buf.Free()
+		dst := make([]byte, 4*cma)
+		plain := make([]byte, cma)
+		cmaMode := uint32(modeStaged)
+		if g.cma {
+			cmaMode = modeCMA
+		}
+		for _, c := range []struct {
+			what string
+			src  []byte
+			mode uint32
+		}{
+			{"ZeroCopyMin bytes in a buffer", buf.Bytes()[:zc], modeSymmetric},
+			{"ZeroCopyMin-1 bytes in a buffer", buf.Bytes()[:zc-1], modeStaged},
+			{"CMAMin bytes elsewhere", plain, cmaMode},
+			{"CMAMin-1 bytes elsewhere", plain[:cma-1], modeStaged},
+		} {
+			sizes := []int{len(c.src), len(c.src)}
+			op, err := g.Plan("allgather", dst, c.src, sizes, []int{0, len(c.src)})
+			if err != nil {
+				return fmt.Errorf("%s: %v", c.what, err)
+			}
+			if op.mode != c.mode {
+				return fmt.Errorf("%s (cma %v): mode %d, want %d", c.what, g.cma, op.mode, c.mode)
+			}
+		}
+		return g.Barrier(context.Background())
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
