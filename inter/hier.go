@@ -228,7 +228,7 @@ func checkCall(op string, rank, P int, dstLen, srcLen int, sizes, offs []int) er
 		return fault.New(op, rank, -1, fault.ErrInvalid, "%d sizes and %d offsets for %d ranks", len(sizes), len(offs), P)
 	}
 	for r := range P {
-		if sizes[r] < 0 || offs[r] < 0 || offs[r]+sizes[r] > dstLen {
+		if sizes[r] < 0 || offs[r] < 0 || offs[r] > dstLen || sizes[r] > dstLen-offs[r] {
 			return fault.New(op, rank, -1, fault.ErrInvalid, "block of rank %d (%d bytes at %d) does not fit the %d-byte destination", r, sizes[r], offs[r], dstLen)
 		}
 	}

@@ -269,7 +269,7 @@ func (o *gpuNodeOp) Set(dst, src DevSpan, sizes, offs []int) error {
 			return fault.New(o.name, me, -1, fault.ErrInvalid, "source holds %d bytes, this rank's block is %d", src.N, sizes[g.cfg.Rank])
 		}
 		for s := range sizes {
-			if sizes[s] < 0 || offs[s] < 0 || offs[s]+sizes[s] > dst.N {
+			if sizes[s] < 0 || offs[s] < 0 || offs[s] > dst.N || sizes[s] > dst.N-offs[s] {
 				return fault.New(o.name, me, -1, fault.ErrInvalid, "block of local rank %d (%d bytes at %d) does not fit the %d-byte destination", s, sizes[s], offs[s], dst.N)
 			}
 		}

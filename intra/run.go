@@ -63,7 +63,7 @@ func (o *Op) Set(dst, src []byte, sizes, offs []int) error {
 		return bad("source holds %d bytes, this rank's block is %d", len(src), sizes[g.rank])
 	}
 	for p := range g.size {
-		if sizes[p] < 0 || offs[p] < 0 || offs[p]+sizes[p] > len(dst) {
+		if sizes[p] < 0 || offs[p] < 0 || offs[p] > len(dst) || sizes[p] > len(dst)-offs[p] {
 			return bad("block of rank %d (%d bytes at offset %d) does not fit the %d-byte destination", g.global(p), sizes[p], offs[p], len(dst))
 		}
 	}
