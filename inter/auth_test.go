@@ -390,13 +390,37 @@ func TestTransportUnexpectedHello(t *testing.T) {
 		return c
 	}
 	hello := func(rank, ch int) Header { return Header{Kind: KindHello, Sender: uint32(rank), Epoch: uint64(ch)} }
-	dial(hello(0, 0)) // counts
+	first := dial(hello(0, 0)) // counts
 	bound := cfg.HandshakeTimeout + 5*time.Second
+	// The acceptor greets connections concurrently, so a second hello for
+	// the same channel may be greeted before the first: whichever comes
+	// second is closed, and the other keeps the channel.
+	t.Run("channel taken", func(t *testing.T) {
+		dup := dial(hello(0, 0))
+		closed := make(chan net.Conn, 2)
+		for _, c := range []net.Conn{first, dup} {
+			go func() {
+				c.SetReadDeadline(time.Now().Add(bound))
+				if _, err := io.Copy(io.Discard, c); !errors.Is(err, os.ErrDeadlineExceeded) {
+					closed <- c
+				}
+			}()
+		}
+		select {
+		case <-closed:
+		case <-time.After(bound + time.Second):
+			t.Fatalf("the transport left both connections of channel 0 open for %v", bound)
+		}
+		select {
+		case <-closed:
+			t.Fatal("the transport closed both connections of channel 0")
+		case <-time.After(500 * time.Millisecond):
+		}
+	})
 	for _, tc := range []struct {
 		name string
 		h    Header
 	}{
-		{"channel taken", hello(0, 0)},
 		{"unknown rank", hello(7, 1)},
 		{"this rank", hello(1, 1)},
 		{"channel out of range", hello(0, 2)},
