@@ -26,7 +26,7 @@ func TestAllocFreeKeepsStoreBounded(t *testing.T) {
 		L       = 2
 		maxKeys = 1000
 		iters   = 4000 // 8 times what maxKeys holds at 2 keys per Alloc
-		every   = 100   // allocations between barriers
+		every   = 100  // allocations between barriers
 	)
 	addr := teststore.Serve(t, rendezvous.ServerConfig{MaxKeys: maxKeys})
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
