@@ -3,7 +3,14 @@ GO      ?= go
 BIN     := bin
 OUT     ?= out
 P       ?= 2
-MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader
+# OpenMPI on one node as its defaults have it: two ranks bound to two cores,
+# oversubscribed ranks (P > cores) unbound and yielding. (Across network
+# namespaces each daemon believes it has the machine to itself, and its
+# default binding puts both nodes' ranks on core 0: scripts/bench-netns.sh
+# runs it unbound.) MPIBIND=none compares with an unbound OpenMPI, as
+# slimego's ranks are.
+MPIBIND ?=
+MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe $(if $(MPIBIND),--bind-to $(MPIBIND)) --mca btl self,vader
 
 # Where libopenblas-dev is installed, the commands' GEMMs use OpenBLAS
 # (make bench-gemm measures both); elsewhere gonum's pure Go. OPENBLAS=0
