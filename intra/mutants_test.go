@@ -709,3 +709,59 @@ func TestOpModes(t *testing.T) {
 		}
 	}
 }
+
+// TestAllocAndLookupBounds: Alloc of 0 bytes works and a negative size is
+// ErrInvalid; lookup finds exactly the slices within this rank's part of a
+// buffer (its stride), at their offset.
+func TestAllocAndLookupBounds(t *testing.T) {
+	errs := group(t, 2, Config{Timeout: 20 * time.Second}, func(g *Group) error {
+		if _, err := g.Alloc(context.Background(), -1); !errors.Is(err, fault.ErrInvalid) {
+			return fmt.Errorf("Alloc(-1): want ErrInvalid, got %v", err)
+		}
+		empty, err := g.Alloc(context.Background(), 0)
+		if err != nil {
+			return fmt.Errorf("Alloc(0): %v", err)
+		}
+		defer empty.Free()
+		b, err := g.Alloc(context.Background(), 100)
+		if err != nil {
+			return err
+		}
+		defer b.Free()
+		base := g.rank * b.stride
+		part := b.seg.Mem[base : base+b.stride]
+		cases := []struct {
+			what    string
+			p       []byte
+			off     int
+			present bool
+		}{
+			{"the block", b.Bytes(), 0, true},
+			{"the whole stride", part, 0, true},
+			{"the stride's last byte", part[b.stride-1:], b.stride - 1, true},
+			{"a byte before the part", b.seg.Mem[max(base-1, 0) : base+1], 0, g.rank == 0},
+			{"memory elsewhere", make([]byte, 10), 0, false},
+			{"nothing", nil, 0, false},
+		}
+		if g.rank == 0 { // rank 1's part follows
+			cases = append(cases, struct {
+				what    string
+				p       []byte
+				off     int
+				present bool
+			}{"a byte past the stride", b.seg.Mem[base+1 : base+b.stride+1], 0, false})
+		}
+		for _, c := range cases {
+			id, off, ok := g.lookup(c.p)
+			if ok != c.present || ok && (id != b.id || off != c.off) {
+				return fmt.Errorf("%s: lookup = %d, %d, %v; want %d, %d, %v", c.what, id, off, ok, b.id, c.off, c.present)
+			}
+		}
+		return g.Barrier(context.Background())
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
