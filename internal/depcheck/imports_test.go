@@ -38,7 +38,7 @@ var table = map[string][]string{
 	"bench":          {"collective", "overlap", "p2p"},
 	"cmd/slimerun":   {"launcher", "bench"},
 	"cmd/slimebench": {"launcher", "bench"},
-	"examples":       {"collective", "overlap"},
+	"examples":       {"collective", "overlap", "p2p", "rendezvous"},
 	// helpers under internal/ that build on the API (every other internal
 	// package imports no package of the table)
 	"internal/interleave":  {"collective"},
