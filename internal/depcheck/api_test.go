@@ -17,7 +17,7 @@ import (
 // userPackages are what a user imports; engines are what their exported
 // API must not name (issue 14: the backends live underneath).
 var (
-	userPackages = []string{"collective", "overlap", "launcher", "rendezvous"}
+	userPackages = []string{"collective", "overlap", "p2p", "launcher", "rendezvous"}
 	engines      = []string{"intra", "inter", "kernels", "nvshmem", "cudagraph"}
 )
 
