@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"time"
 
@@ -307,13 +306,7 @@ func poll(ctx context.Context, deadline time.Time, query func() error) error {
 				return fmt.Errorf("%w: the GPU's work was not done after %v", ErrWaitTimeout, time.Since(start).Round(time.Millisecond))
 			}
 		}
-		switch el := time.Since(start); {
-		case el < 20*time.Microsecond:
-		case el < time.Millisecond:
-			runtime.Gosched()
-		default:
-			time.Sleep(50 * time.Microsecond)
-		}
+		pause(start)
 	}
 }
 

@@ -233,13 +233,7 @@ func (s *CPUStream) SynchronizeBy(ctx context.Context, deadline time.Time) error
 				return fmt.Errorf("%w: the stream's work was not done after %v", ErrWaitTimeout, time.Since(start).Round(time.Millisecond))
 			}
 		}
-		switch el := time.Since(start); {
-		case el < 20*time.Microsecond:
-		case el < time.Millisecond:
-			runtime.Gosched()
-		default:
-			time.Sleep(50 * time.Microsecond)
-		}
+		pause(start)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -282,4 +276,18 @@ func (e *CPUEvent) Synchronize(ctx context.Context) error {
 		return nil
 	}
 	return src.waitFor(ctx, target)
+}
+
+// pause waits a little between two polls of work that began at start:
+// not at all for the first 20 µs (short work answers fast), then a yield
+// of the processor until 1 ms, then sleeps of 50 µs (long work leaves the
+// processor to others).
+func pause(start time.Time) {
+	switch el := time.Since(start); {
+	case el < 20*time.Microsecond:
+	case el < time.Millisecond:
+		runtime.Gosched()
+	default:
+		time.Sleep(50 * time.Microsecond)
+	}
 }
