@@ -18,6 +18,7 @@ import (
 	"github.com/slimego/slimego/internal/teststore"
 	"github.com/slimego/slimego/kernels"
 	"github.com/slimego/slimego/rendezvous"
+	"golang.org/x/sys/unix"
 )
 
 // Tests that kill survivors of `make mutate MUTATE=intra` (docs/MUTATION.md):
@@ -763,5 +764,82 @@ func TestAllocAndLookupBounds(t *testing.T) {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)
 		}
+	}
+}
+
+// TestProbeCMA: the probe reads every peer's pid from the address the peer
+// published, and fails if any one cannot be read or does not hold the pid.
+func TestProbeCMA(t *testing.T) {
+	pid := uint32(os.Getpid())
+	line := func(self bool, holds uint32) *ctrl {
+		c := new(ctrl)
+		c.pid = holds
+		if self {
+			c.self = uint64(uintptr(unsafe.Pointer(&c.pid)))
+		}
+		return c
+	}
+	me := line(true, pid)
+	readable := []*ctrl{me, line(true, pid), line(true, pid)}
+	var got uint32
+	local := []unix.Iovec{{Base: (*byte)(unsafe.Pointer(&got)), Len: 4}}
+	remote := []unix.RemoteIovec{{Base: uintptr(me.self), Len: 4}}
+	if _, err := unix.ProcessVMReadv(int(pid), local, remote, 0); err != nil {
+		t.Skipf("process_vm_readv is refused here: %v", err)
+	}
+	for _, c := range []struct {
+		what  string
+		ctrls []*ctrl
+		want  bool
+	}{
+		{"every peer readable", readable, true},
+		{"a peer at address 0", []*ctrl{me, line(true, pid), line(false, pid)}, false},
+		{"a peer holding another pid", []*ctrl{me, line(true, pid), {pid: pid, self: uint64(uintptr(unsafe.Pointer(&readable[1].state)))}}, false},
+		{"this rank unreadable, the peers readable", []*ctrl{line(false, pid), line(true, pid)}, true},
+	} {
+		g := &Group{rank: 0, ctrls: c.ctrls}
+		if got := g.probeCMA(); got != c.want {
+			t.Errorf("%s: probeCMA = %v, want %v", c.what, got, c.want)
+		}
+	}
+}
+
+// TestGPURunMismatchedNamesNoPeer: a GPU node that runs with a block no
+// peer expects breaks its group with ErrSizeMismatch naming this rank and no
+// peer (it does not know which peers differ).
+func TestGPURunMismatchedNamesNoPeer(t *testing.T) {
+	dev, err := device.OpenGPU(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := teststore.Run(t, 1, 60*time.Second, func(ctx context.Context, st *rendezvous.Client, _ int) error {
+		g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "mm", Rank: 0, Size: 1, Ranks: []int{7}, Dev: dev, Cap: 4096, Timeout: 10 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer g.Close(ctx)
+		ng, err := g.Node()
+		if err != nil {
+			return err
+		}
+		defer ng.Close()
+		b, err := dev.Alloc(64)
+		if err != nil {
+			return err
+		}
+		defer b.Free()
+		op, err := ng.Plan("allgather", DevSpan{Ptr: b.Ptr, N: 8}, DevSpan{Ptr: b.Ptr + 32, N: 8}, []int{8}, []int{0})
+		if err != nil {
+			return err
+		}
+		err = op.RunMismatched(ctx)
+		var oe *fault.OpError
+		if !errors.Is(err, fault.ErrSizeMismatch) || !errors.As(err, &oe) || oe.Rank != 7 || oe.Peer != -1 {
+			return fmt.Errorf("RunMismatched: want ErrSizeMismatch of rank 7 naming no peer, got %v", err)
+		}
+		return nil
+	})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
 	}
 }
