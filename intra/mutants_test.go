@@ -1,6 +1,7 @@
 package intra
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -841,5 +842,32 @@ func TestGPURunMismatchedNamesNoPeer(t *testing.T) {
 	})
 	if errs[0] != nil {
 		t.Fatal(errs[0])
+	}
+}
+
+// TestCMAReadFault: a cross-memory read that reaches unreadable memory
+// part of the way fails, rather than reading other bytes in its place.
+func TestCMAReadFault(t *testing.T) {
+	page := os.Getpagesize()
+	mem, err := unix.Mmap(-1, 0, 2*page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	fill(mem[:page], 1)
+	if err := unix.Mprotect(mem[page:], unix.PROT_NONE); err != nil {
+		t.Fatal(err)
+	}
+	g := &Group{rank: 1, ctrls: []*ctrl{{pid: uint32(os.Getpid())}, {}}}
+	dst := make([]byte, 200)
+	addr := uint64(uintptr(unsafe.Pointer(&mem[page-100])))
+	if err := g.cmaRead(0, dst[:100], addr); err != nil {
+		t.Skipf("process_vm_readv is refused here: %v", err)
+	}
+	if !bytes.Equal(dst[:100], mem[page-100:page]) {
+		t.Fatal("a readable range read wrong")
+	}
+	if err := g.cmaRead(0, dst, addr); err == nil {
+		t.Errorf("a read running 100 bytes into an unreadable page succeeded")
 	}
 }
