@@ -198,8 +198,8 @@ func (s *CPUStream) waitFor(ctx context.Context, n uint64) error {
 // Synchronize waits until all work enqueued so far is done and returns the
 // stream's first error, if any; the error stays until Reset.
 func (s *CPUStream) Synchronize(ctx context.Context) error {
-	if s.done.Load() == s.queued.Load() && !s.failed.Load() {
-		return nil // idle: no lock
+	if s.Idle() {
+		return nil // no lock
 	}
 	s.mu.Lock()
 	n := s.queued.Load()
@@ -214,8 +214,8 @@ func (s *CPUStream) Synchronize(ctx context.Context) error {
 // one is polled (its counters are atomic), spinning briefly, then
 // yielding, then sleeping, so that the wait allocates nothing.
 func (s *CPUStream) SynchronizeBy(ctx context.Context, deadline time.Time) error {
-	if s.done.Load() == s.queued.Load() && !s.failed.Load() {
-		return nil // idle: no lock
+	if s.Idle() {
+		return nil // no lock
 	}
 	if deadline.IsZero() {
 		return s.Synchronize(ctx)
@@ -290,4 +290,11 @@ func pause(start time.Time) {
 	default:
 		time.Sleep(50 * time.Microsecond)
 	}
+}
+
+// Idle says, without a lock, that all the work enqueued so far is done and
+// none failed: a caller that asks on every call can skip computing a
+// deadline for a wait it will not make.
+func (s *CPUStream) Idle() bool {
+	return s.done.Load() == s.queued.Load() && !s.failed.Load()
 }
