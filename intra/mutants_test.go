@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -869,5 +871,132 @@ func TestCMAReadFault(t *testing.T) {
 	}
 	if err := g.cmaRead(0, dst, addr); err == nil {
 		t.Errorf("a read running 100 bytes into an unreadable page succeeded")
+	}
+}
+
+// TestSilentRankZeroTimesOut: a rank waiting for a chunk from local rank 0,
+// which announced its block but sends nothing, times out naming rank 0 and
+// the chunk (rank 0 is the peer index 0, which a wait must not take for
+// "no peer").
+func TestSilentRankZeroTimesOut(t *testing.T) {
+	done := make(chan struct{})
+	sizes, offs := []int{100_000, 0}, []int{0, 100_000}
+	errs := group(t, 2, ringCfg(300*time.Millisecond), func(g *Group) error {
+		op, err := g.Plan("allgather", make([]byte, 100_000), make([]byte, sizes[g.Rank()]), sizes, offs)
+		if err != nil {
+			return err
+		}
+		if g.Rank() == 0 {
+			announce(op)
+			select {
+			case <-done:
+			case <-time.After(3 * time.Second):
+			}
+			return nil
+		}
+		defer close(done)
+		err = op.Run(context.Background())
+		var oe *fault.OpError
+		if !errors.Is(err, fault.ErrTimeout) || !errors.As(err, &oe) || oe.Peer != 0 || !strings.Contains(err.Error(), "for a chunk") {
+			return fmt.Errorf("want ErrTimeout naming peer 0 and a chunk, got %v", err)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// TestLostReaderWhileWaitingForChunk: a rank that waits for a chunk from
+// one peer (alive, silent) while another peer, which has not freed a slot
+// of its ring, has closed, reports the closed one as lost: a sender
+// depends on its readers too.
+func TestLostReaderWhileWaitingForChunk(t *testing.T) {
+	done := make(chan struct{})
+	sizes, offs := []int{200_000, 100_000, 0}, []int{0, 200_000, 300_000}
+	errs := group(t, 3, ringCfg(2*time.Second), func(g *Group) error {
+		me := g.Rank()
+		op, err := g.Plan("allgather", make([]byte, 300_000), make([]byte, sizes[me]), sizes, offs)
+		if err != nil {
+			return err
+		}
+		switch me {
+		case 1:
+			announce(op)
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+			}
+			return nil
+		case 2:
+			announce(op)
+			return g.Close()
+		}
+		defer close(done)
+		err = op.Run(context.Background())
+		var oe *fault.OpError
+		if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &oe) || oe.Peer != 2 {
+			return fmt.Errorf("want ErrPeerLost naming peer 2, got %v", err)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// TestReaderLeftAfterLastChunkSent: once a rank has sent every chunk of its
+// block, a reader that leaves without reading them is no loss to it: the
+// rank still completes the call with the chunks of a slow, live peer.
+func TestReaderLeftAfterLastChunkSent(t *testing.T) {
+	done := make(chan struct{})
+	sizes, offs := []int{16 << 10, 16 << 10, 0}, []int{0, 16 << 10, 32 << 10}
+	errs := group(t, 3, ringCfg(10*time.Second), func(g *Group) error {
+		me := g.Rank()
+		src := make([]byte, sizes[me])
+		fill(src, uint64(me+1))
+		dst := make([]byte, 32<<10)
+		op, err := g.Plan("allgather", dst, src, sizes, offs)
+		if err != nil {
+			return err
+		}
+		switch me {
+		case 1: // announces, lets rank 0 sleep and check its peers, then sends its chunks
+			announce(op)
+			time.Sleep(500 * time.Millisecond)
+			c := op.chunk[me]
+			for k := range op.count[me] {
+				n := g.sent
+				slot := int(n % uint64(g.lay.K))
+				copy(g.slots[me][slot], src[k*c:min((k+1)*c, len(src))])
+				atomic.StoreUint64(g.stamps[me][slot], n+1)
+				g.ringAll()
+				g.sent++
+			}
+			<-done
+			return nil
+		case 2:
+			announce(op)
+			return g.Close()
+		}
+		defer close(done)
+		if err := op.Run(context.Background()); err != nil {
+			return err
+		}
+		want := make([]byte, sizes[1])
+		fill(want, 2)
+		if !bytes.Equal(dst[offs[1]:offs[1]+sizes[1]], want) {
+			return errors.New("block of rank 1 wrong")
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
 	}
 }
