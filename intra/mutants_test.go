@@ -1043,3 +1043,34 @@ func TestReaderLeftAfterLastChunkSent(t *testing.T) {
 		}
 	}
 }
+
+// TestAbandonTellsPeers: a rank that abandons the group (an error of its
+// own) is ErrPeerLost to a peer waiting for it, and is itself broken with
+// ErrClosed naming no peer.
+func TestAbandonTellsPeers(t *testing.T) {
+	done := make(chan struct{})
+	errs := group(t, 2, Config{Timeout: 3 * time.Second}, func(g *Group) error {
+		if g.Rank() == 1 {
+			g.Abandon(errors.New("network down"))
+			err := g.Barrier(context.Background())
+			var oe *fault.OpError
+			if !errors.Is(err, fault.ErrClosed) || !errors.As(err, &oe) || oe.Peer != -1 {
+				return fmt.Errorf("after Abandon: want ErrClosed naming no peer, got %v", err)
+			}
+			<-done
+			return nil
+		}
+		defer close(done)
+		err := g.Barrier(context.Background())
+		var oe *fault.OpError
+		if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &oe) || oe.Peer != 1 {
+			return fmt.Errorf("want ErrPeerLost naming peer 1, got %v", err)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
