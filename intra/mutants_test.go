@@ -1074,3 +1074,41 @@ func TestAbandonTellsPeers(t *testing.T) {
 		}
 	}
 }
+
+// TestZeroCopyFullStride: a symmetric block that fills its buffer's whole
+// stride (a multiple of the page size) is read in place by every peer.
+func TestZeroCopyFullStride(t *testing.T) {
+	n := os.Getpagesize()
+	errs := group(t, 2, Config{Timeout: 10 * time.Second}, func(g *Group) error {
+		b, err := g.Alloc(context.Background(), n)
+		if err != nil {
+			return err
+		}
+		defer b.Free()
+		fill(b.Bytes(), uint64(g.Rank()+1))
+		dst := make([]byte, 2*n)
+		op, err := g.Plan("allgather", dst, b.Bytes(), []int{n, n}, []int{0, n})
+		if err != nil {
+			return err
+		}
+		if op.mode != modeSymmetric {
+			return fmt.Errorf("mode %d, want zero copy", op.mode)
+		}
+		if err := op.Run(context.Background()); err != nil {
+			return err
+		}
+		for p := range 2 {
+			want := make([]byte, n)
+			fill(want, uint64(p+1))
+			if !bytes.Equal(dst[p*n:(p+1)*n], want) {
+				return fmt.Errorf("block of rank %d wrong", p)
+			}
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
