@@ -99,13 +99,15 @@ func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
 			cfg.Ranks[i] = i
 		}
 	}
-	g = &GPUGroup{cfg: cfg, lib: cfg.Dev.Lib(), dev: cfg.Dev.Ordinal, cap: align256(uint64(cfg.Cap))}
+	// The cleanup holds the group itself: the error returns set g to nil.
+	self := &GPUGroup{cfg: cfg, lib: cfg.Dev.Lib(), dev: cfg.Dev.Ordinal, cap: align256(uint64(cfg.Cap))}
+	g = self
 	defer func() {
 		if err != nil {
 			// Tell the node's other ranks at once rather than letting them
 			// wait for this rank's memory until the timeout.
-			cfg.Store.Set(ctx, g.recordKey("region", cfg.Rank), []byte("error: "+err.Error()))
-			g.release()
+			cfg.Store.Set(ctx, self.recordKey("region", cfg.Rank), []byte("error: "+err.Error()))
+			self.release()
 		}
 	}()
 	if g.region, err = g.lib.Malloc(g.dev, g.regionBytes()); err != nil {

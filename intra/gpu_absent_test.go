@@ -1,0 +1,46 @@
+package intra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/teststore"
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// TestNewGPUPeerAbsent: a GPU group whose other rank never arrives fails
+// NewGPU with ErrTimeout, releasing what it made (it must not crash while
+// cleaning up).
+func TestNewGPUPeerAbsent(t *testing.T) {
+	dev, err := device.OpenGPU(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := teststore.Run(t, 1, 60*time.Second, func(ctx context.Context, st *rendezvous.Client, _ int) (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("NewGPU panicked: %v", p)
+			}
+		}()
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		g, err := NewGPU(ctx, GPUConfig{Store: st, Key: "absent", Rank: 0, Size: 2, Dev: dev, Cap: 4096, Timeout: 500 * time.Millisecond})
+		if g != nil {
+			g.Close(ctx)
+		}
+		if !errors.Is(err, fault.ErrTimeout) {
+			return fmt.Errorf("rank 1 never arrives: want ErrTimeout, got %v", err)
+		}
+		return nil
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
