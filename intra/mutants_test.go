@@ -914,81 +914,50 @@ func TestSilentRankZeroTimesOut(t *testing.T) {
 // of its ring, has closed, reports the closed one as lost: a sender
 // depends on its readers too.
 func TestLostReaderWhileWaitingForChunk(t *testing.T) {
-	done := make(chan struct{})
-	sizes, offs := []int{200_000, 100_000, 0}, []int{0, 200_000, 300_000}
-	errs := group(t, 3, ringCfg(2*time.Second), func(g *Group) error {
-		me := g.Rank()
-		op, err := g.Plan("allgather", make([]byte, 300_000), make([]byte, sizes[me]), sizes, offs)
-		if err != nil {
-			return err
-		}
-		switch me {
-		case 1:
-			announce(op)
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
+	// earlier: complete calls first: the ring's counters run on across
+	// calls, and a reader that has read everything of an earlier call but
+	// not of this one is still a dependency.
+	for _, earlier := range []int{0, 1} {
+		t.Run(fmt.Sprintf("after %d calls", earlier), func(t *testing.T) {
+			done := make(chan struct{})
+			sizes, offs := []int{200_000, 100_000, 0}, []int{0, 200_000, 300_000}
+			errs := group(t, 3, ringCfg(2*time.Second), func(g *Group) error {
+				me := g.Rank()
+				op, err := g.Plan("allgather", make([]byte, 300_000), make([]byte, sizes[me]), sizes, offs)
+				if err != nil {
+					return err
+				}
+				for range earlier {
+					if err := op.Run(context.Background()); err != nil {
+						return fmt.Errorf("earlier call: %v", err)
+					}
+				}
+				switch me {
+				case 1:
+					announce(op)
+					select {
+					case <-done:
+					case <-time.After(5 * time.Second):
+					}
+					return nil
+				case 2:
+					announce(op)
+					return g.Close()
+				}
+				defer close(done)
+				err = op.Run(context.Background())
+				var oe *fault.OpError
+				if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &oe) || oe.Peer != 2 {
+					return fmt.Errorf("want ErrPeerLost naming peer 2, got %v", err)
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
 			}
-			return nil
-		case 2:
-			announce(op)
-			return g.Close()
-		}
-		defer close(done)
-		err = op.Run(context.Background())
-		var oe *fault.OpError
-		if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &oe) || oe.Peer != 2 {
-			return fmt.Errorf("want ErrPeerLost naming peer 2, got %v", err)
-		}
-		return nil
-	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
-}
-
-// TestLostReaderAfterEarlierCalls: as TestLostReaderWhileWaitingForChunk,
-// after a complete call: the ring's counters run on across calls, and the
-// reader that has read everything of the first call but not of the second
-// is still a dependency.
-func TestLostReaderAfterEarlierCalls(t *testing.T) {
-	done := make(chan struct{})
-	sizes, offs := []int{200_000, 100_000, 0}, []int{0, 200_000, 300_000}
-	errs := group(t, 3, ringCfg(2*time.Second), func(g *Group) error {
-		me := g.Rank()
-		op, err := g.Plan("allgather", make([]byte, 300_000), make([]byte, sizes[me]), sizes, offs)
-		if err != nil {
-			return err
-		}
-		if err := op.Run(context.Background()); err != nil {
-			return fmt.Errorf("first call: %v", err)
-		}
-		switch me {
-		case 1:
-			announce(op)
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-			}
-			return nil
-		case 2:
-			announce(op)
-			return g.Close()
-		}
-		defer close(done)
-		err = op.Run(context.Background())
-		var oe *fault.OpError
-		if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &oe) || oe.Peer != 2 {
-			return fmt.Errorf("want ErrPeerLost naming peer 2, got %v", err)
-		}
-		return nil
-	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
+		})
 	}
 }
 
