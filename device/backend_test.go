@@ -274,16 +274,7 @@ func TestBackendsGEMMViews(t *testing.T) {
 	for _, bk := range backends(t) {
 		t.Run(bk.name, func(t *testing.T) {
 			d := bk.dev(t)
-			g, err := d.NewGEMM()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer g.Close()
-			s, err := d.NewStream()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			g, s := gemmAndStream(t, d)
 			for _, tc := range []gemmCase{{37, 29, 41, 5}, {1, 1, 1, 0}, {64, 17, 3, 11}, {70, 65, 66, 2}, {9, 8, 0, 3}, {0, 9, 4, 1}, {5, 0, 7, 2}} {
 				t.Run(fmt.Sprintf("%dx%dx%d", tc.m, tc.n, tc.k), func(t *testing.T) {
 					gemmViews[float32](t, d, g.F32, s, tc, uint64(tc.m*100+tc.k))
@@ -376,15 +367,7 @@ func gemmViews[T float32 | float64](t *testing.T, d device.Device, gemm func(dev
 // that an operator's planned runs stay allocation-free.
 func TestCPUGEMMAllocs(t *testing.T) {
 	d := device.CPUDevice{}
-	g, err := d.NewGEMM()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := d.NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	g, s := gemmAndStream(t, d)
 	const m, n, k = 16, 8, 12
 	a, _ := d.NewBuffer(8 * m * k)
 	b, _ := d.NewBuffer(8 * k * n)
@@ -433,4 +416,20 @@ func TestMultiplyHost(t *testing.T) {
 	if err := device.MultiplyHost(A, B, C[:m*n-1], m, n, k); err == nil {
 		t.Error("a C one element short: no error")
 	}
+}
+
+// gemmAndStream makes a GEMM and a stream of d, closed when the test ends.
+func gemmAndStream(t *testing.T, d device.Device) (device.GEMM, device.Stream) {
+	t.Helper()
+	g, err := d.NewGEMM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return g, s
 }

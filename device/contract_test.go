@@ -51,22 +51,14 @@ func TestGEMMShapeOverflow(t *testing.T) {
 	for _, bk := range backends(t) {
 		t.Run(bk.name, func(t *testing.T) {
 			d := bk.dev(t)
-			g, err := d.NewGEMM()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer g.Close()
-			s, err := d.NewStream()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			g, s := gemmAndStream(t, d)
 			gate := make(chan struct{})
 			if cs, ok := s.(*device.CPUStream); ok {
 				cs.Launch(func() error { <-gate; return nil })
 			}
 			bufs := make([]device.Buffer, 3)
 			for i := range bufs {
+				var err error
 				if bufs[i], err = d.NewBuffer(8); err != nil {
 					t.Fatal(err)
 				}
