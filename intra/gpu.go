@@ -139,6 +139,10 @@ func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
 // otherwise. It returns once every local rank has mapped everyone's, so
 // that no kernel writes into memory a peer has not mapped yet.
 func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (peers []kernels.Ptr, opened []bool, err error) {
+	// The peers' records are waited for within the group's Timeout as well
+	// as ctx's deadline.
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
+	defer cancel()
 	cfg := g.cfg
 	peers, opened = make([]kernels.Ptr, cfg.Size), make([]bool, cfg.Size)
 	defer func() {
