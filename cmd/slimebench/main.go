@@ -701,7 +701,7 @@ func gemmCmd(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	fmt.Printf("# GEMM GFLOP/s, BLAS %s, GOMAXPROCS %d\n#%7s %10s %10s\n", overlap.BLAS, runtime.GOMAXPROCS(0), "size", "float32", "float64")
+	fmt.Printf("# GEMM GFLOP/s, BLAS %s, GOMAXPROCS %d\n#%7s %10s %10s\n", device.BLAS, runtime.GOMAXPROCS(0), "size", "float32", "float64")
 	for _, n := range *sizes {
 		fmt.Printf(" %7d %10.2f %10.2f\n", n, gflops[float32](n), gflops[float64](n))
 	}
