@@ -1081,3 +1081,70 @@ func TestZeroCopyFullStride(t *testing.T) {
 		}
 	}
 }
+
+// TestPeerBufferUnknownOrOverrun: a peer whose header names a symmetric
+// buffer this rank never allocated, or a block running past this rank's
+// view of that buffer, is refused with ErrSizeMismatch naming that peer,
+// not indexed (the ranks' Alloc calls differ). Rank 1 reads its block in
+// place from a buffer of two pages; rank 0, whose source is plain memory,
+// hides the buffer from its group or sees it one page wide.
+func TestPeerBufferUnknownOrOverrun(t *testing.T) {
+	const n = 2 * pageBytes
+	cases := []struct {
+		what, want string
+		skew       func(g *Group, b *Buffer) (restore func())
+	}{
+		{"a buffer never allocated", "has not allocated", func(g *Group, b *Buffer) func() {
+			saved := g.bufs
+			g.bufs = g.bufs[:b.id]
+			return func() { g.bufs = saved }
+		}},
+		{"a block past the buffer's end", "overruns symmetric buffer", func(g *Group, b *Buffer) func() {
+			b.stride = pageBytes
+			return func() { b.stride = n }
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.what, func(t *testing.T) {
+			errs := group(t, 2, Config{Timeout: 5 * time.Second}, func(g *Group) error {
+				b, err := g.Alloc(context.Background(), n)
+				if err != nil {
+					return err
+				}
+				defer b.Free()
+				src := b.Bytes()
+				if g.Rank() == 0 {
+					src = make([]byte, n)
+				}
+				fill(src, uint64(g.Rank()+1))
+				op, err := g.Plan("allgather", make([]byte, 2*n), src, []int{n, n}, []int{0, n})
+				if err != nil {
+					return err
+				}
+				if g.Rank() == 1 {
+					if op.mode != modeSymmetric {
+						return fmt.Errorf("mode %d, want zero copy", op.mode)
+					}
+					var oe *fault.OpError
+					if err := op.Run(context.Background()); !errors.As(err, &oe) || oe.Peer != 0 {
+						return fmt.Errorf("want an error naming peer 0 (which refused this rank's block), got %v", err)
+					}
+					return nil
+				}
+				restore := c.skew(g, b)
+				err = op.Run(context.Background())
+				restore()
+				var oe *fault.OpError
+				if !errors.Is(err, fault.ErrSizeMismatch) || !errors.As(err, &oe) || oe.Peer != 1 || !strings.Contains(err.Error(), c.want) {
+					return fmt.Errorf("want ErrSizeMismatch naming peer 1 (%q), got %v", c.want, err)
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+		})
+	}
+}
