@@ -773,7 +773,10 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 			delete(pending, id)
 		}
 	}
-	if pl.name != name || pl.conns[h.a] != nil {
+	// Every hello of a session must agree on its name and channel count
+	// (a hostile member's may not: a channel past the first hello's count
+	// would index past the session's connections).
+	if pl.name != name || len(pl.conns) != int(h.b) || pl.conns[h.a] != nil {
 		mu.Unlock()
 		c.Close()
 		return

@@ -62,6 +62,9 @@ func (f *Future) partDone(err error) {
 // side's memory any more (a late answer is dropped), so the buffers may be
 // reused at once. A Write's bytes in the peer's region are then undefined.
 func (f *Future) Wait(ctx context.Context) error {
+	if f == nil {
+		return opErr("wait", "", "", ErrInvalid, "a nil Future")
+	}
 	select {
 	case <-f.done:
 		return f.result()
@@ -99,14 +102,32 @@ func (f *Future) result() error {
 }
 
 // Done is closed when the transfer is done (Wait then returns at once).
-func (f *Future) Done() <-chan struct{} { return f.done }
+// A nil Future is done.
+func (f *Future) Done() <-chan struct{} {
+	if f == nil {
+		return closedChan
+	}
+	return f.done
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // Transport names the transport that carried the transfer: "tcp" or
 // "cma" (same host), or "" for a call that failed before it started. It
 // is final once the Future is done (a same-host request for the peer's
 // GPU memory goes over TCP after all).
-func (f *Future) Transport() string { return f.transport }
+func (f *Future) Transport() string {
+	if f == nil {
+		return ""
+	}
+	return f.transport
+}
 
 // Len is the length of the message a Recv received (valid after Wait
 // returned nil).
-func (f *Future) Len() int { return f.n }
+func (f *Future) Len() int {
+	if f == nil {
+		return 0
+	}
+	return f.n
+}

@@ -866,6 +866,17 @@ func (c *conn) response(h header) error {
 		p = l.parts[h.id]
 	}
 	l.mu.Unlock()
+	if p != nil && h.sub != rSend {
+		// The answer must be of the request's kind: a read's answer to a
+		// write would have its bytes land in the write's source, a
+		// grant of the other direction would copy the wrong way.
+		p.mu.Lock()
+		sub := p.sub
+		p.mu.Unlock()
+		if h.sub != sub {
+			return fmt.Errorf("%w: an answer of kind %d to request %d of kind %d", ErrFrame, h.sub, h.id, sub)
+		}
+	}
 	if h.status == stNotHost && p != nil && (p.sub == rReadV || p.sub == rWriteV) {
 		// The peer's range is GPU memory: the same request over TCP.
 		p.mu.Lock()
@@ -979,7 +990,13 @@ func (c *conn) sendArrived(h header) error {
 	l := c.l
 	l.mu.Lock()
 	r := l.recvs[h.id]
+	cleared := r != nil && r.cts
 	l.mu.Unlock()
+	if r != nil && !cleared && h.status == stOK {
+		// Bytes for a receive this side never cleared (no clear-to-send
+		// went out for it): the sender broke the protocol.
+		return fmt.Errorf("%w: the bytes of send %d, which was never cleared to send", ErrFrame, h.id)
+	}
 	if h.status != stOK { // the sender gave the send up
 		if r != nil {
 			r.finish(&OpError{Op: "recv", Peer: l.p.name, Err: statusErr(h.status)})
@@ -988,7 +1005,7 @@ func (c *conn) sendArrived(h header) error {
 	}
 	var segs []seg
 	var lock *sync.Mutex
-	if r != nil && r.cts {
+	if r != nil {
 		if h.a != r.total {
 			return fmt.Errorf("%w: a send of %d bytes announced as %d", ErrFrame, h.a, r.total)
 		}

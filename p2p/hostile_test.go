@@ -1,0 +1,194 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/auth"
+)
+
+// fakeTarget is a hostile peer this endpoint links to: a listener that
+// runs the acceptor's handshake and hello for one connection and then
+// hands the raw connection to the test, which speaks the protocol (or
+// breaks it) itself. e must dial one channel.
+func fakeTarget(t *testing.T, e *Endpoint) (*Peer, net.Conn, RemoteRegion) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	got := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(got)
+			return
+		}
+		k := auth.NewKey(testAuth().Secret, testAuth().Job)
+		if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
+			c.Close()
+			close(got)
+			return
+		}
+		var b [HeaderSize + 4 + MaxName]byte
+		readFull(c, b[:HeaderSize])
+		h, _ := decodeHeader(b[:HeaderSize])
+		readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
+		ack := header{kind: kHelloAck, a: 10000}
+		ack.put(b[:])
+		c.Write(b[:HeaderSize])
+		got <- c
+	}()
+	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 20}
+	in := info{name: "evil", addr: ln.Addr().String(), regions: []RemoteRegion{rr}}
+	p, err := e.ConnectInfo(ctxT(t, 10*time.Second), in.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, ok := <-got
+	if !ok {
+		t.Fatal("the fake target got no connection")
+	}
+	t.Cleanup(func() { c.Close() })
+	return p, c, rr
+}
+
+// nextFrame reads the next frame that is not a ping, and its payload.
+func nextFrame(t *testing.T, c net.Conn) (header, []byte) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		var b [HeaderSize]byte
+		if _, err := readFull(c, b[:]); err != nil {
+			t.Fatalf("reading a frame: %v", err)
+		}
+		h, err := decodeHeader(b[:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := make([]byte, h.payload)
+		if _, err := readFull(c, p); err != nil {
+			t.Fatal(err)
+		}
+		if h.kind != kPing {
+			return h, p
+		}
+	}
+}
+
+// TestHelloChannelMismatch: two hellos of one session that disagree on
+// the session's channel count (a hostile member's) close the connection;
+// the endpoint does not crash and goes on linking.
+func TestHelloChannelMismatch(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	k := auth.NewKey(testAuth().Secret, testAuth().Job)
+	hello := func(ch, n uint32) net.Conn {
+		c, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		c.Write(append(hdr(header{kind: kHello, id: 99, a: uint64(ch), b: n, payload: 8}), "\xe8\x03\x00\x00evil"...))
+		return c
+	}
+	hello(0, 2)
+	c := hello(3, 4) // the session has 2 channels: there is no channel 3
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var buf [HeaderSize]byte
+	readFull(c, buf[:])
+	for { // the connection is closed
+		if _, err := c.Read(buf[:]); err != nil {
+			break
+		}
+	}
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := a.ConnectInfo(ctx, b.Info()); err != nil {
+		t.Fatalf("an honest link after the hostile hellos: %v", err)
+	}
+}
+
+// TestResponseOfAnotherKind: a peer that answers this side's write as if
+// it were a read (a response of another kind, followed by bytes) breaks
+// the protocol: the link closes and the write's source is not written.
+func TestResponseOfAnotherKind(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	p, c, rr := fakeTarget(t, a)
+	src := make([]byte, 4096)
+	fill(src, 5)
+	orig := append([]byte(nil), src...)
+	lr, _ := a.Register("src", src)
+	f := p.Write([]Op{{Local: lr, Remote: rr, Len: len(src)}})
+	h, _ := nextFrame(t, c) // the request
+	if h.kind != kReq || h.sub != rWrite {
+		t.Fatalf("got %+v, want a write request", h)
+	}
+	nextFrame(t, c) // its bytes
+	c.Write(append(hdr(header{kind: kResp, sub: rRead, id: h.id, a: uint64(len(src))}),
+		append(hdr(header{kind: kData, id: h.id, payload: uint32(len(src))}), make([]byte, len(src))...)...))
+	err = f.Wait(ctx)
+	if !bytes.Equal(src, orig) {
+		t.Fatal("the peer's answer wrote into the write's source")
+	}
+	if err == nil {
+		t.Fatal("a write answered as a read succeeded")
+	}
+}
+
+// TestSendWithoutClearToSend: the bytes of a send that this side never
+// cleared (no announcement, no clear-to-send) break the protocol: the
+// posted receive fails instead of succeeding with nothing received.
+func TestSendWithoutClearToSend(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	p, c, _ := fakeTarget(t, a)
+	buf := make([]byte, 100)
+	f := p.Recv(buf)
+	c.Write(append(hdr(header{kind: kReq, sub: rSend, id: 0, a: 100}),
+		append(hdr(header{kind: kData, payload: 100}), bytes.Repeat([]byte{7}, 100)...)...))
+	if err := f.Wait(ctx); err == nil {
+		t.Fatalf("a receive of bytes never cleared succeeded (length %d, buffer %v...)", f.Len(), buf[:4])
+	}
+}
+
+// TestNilFuture: the methods of a nil Future return an error or a zero
+// value; none panics.
+func TestNilFuture(t *testing.T) {
+	var f *Future
+	if err := f.Wait(context.Background()); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Wait: %v, want ErrInvalid", err)
+	}
+	select {
+	case <-f.Done():
+	default:
+		t.Error("Done of a nil Future is not closed")
+	}
+	if f.Transport() != "" || f.Len() != 0 {
+		t.Error("a nil Future has a transport or a length")
+	}
+}
