@@ -3,6 +3,11 @@ package p2p
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -41,6 +46,30 @@ func (l *link) enableCMA(in info) bool {
 	if e.opts.TCPOnly || in.host != e.host || in.pid == 0 || in.tokenAddr == 0 {
 		return false
 	}
+	// The Info is the peer's word, and every member reads every Info in
+	// the store: a hostile one could give another process's pid, host
+	// and token (or this process's own), and its grants would then be
+	// applied to that process's memory. The pid counts only if that
+	// process holds the far end of the link's sockets; a pidfd taken
+	// first pins it, so that it cannot exit and be reused meanwhile.
+	self := in.pid == uint32(unix.Getpid())
+	pidfd := -1
+	if !self {
+		fd, err := unix.PidfdOpen(int(in.pid), 0)
+		if err != nil {
+			return false
+		}
+		pidfd = fd
+	}
+	keep := false
+	defer func() {
+		if !keep && pidfd >= 0 {
+			unix.Close(pidfd)
+		}
+	}()
+	if !l.heldBy(int(in.pid)) {
+		return false
+	}
 	var got uint64
 	local := []unix.Iovec{{Base: (*byte)(unsafe.Pointer(&got)), Len: 8}}
 	remote := []unix.RemoteIovec{{Base: uintptr(in.tokenAddr), Len: 8}}
@@ -52,17 +81,105 @@ func (l *link) enableCMA(in info) bool {
 	if e.shut || l.failed() != nil {
 		return false
 	}
+	if pidfd >= 0 {
+		// Still running: not a process that exited after the checks.
+		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(fds, 0); err != nil || n != 0 {
+			return false
+		}
+	}
 	l.pid = int(in.pid)
 	if l.cma.Swap(true) {
 		return true
 	}
-	if in.pid != uint32(unix.Getpid()) {
-		if fd, err := unix.PidfdOpen(l.pid, 0); err == nil {
-			e.wg.Add(1)
-			go func() { defer e.wg.Done(); l.watch(fd) }()
-		}
+	if pidfd >= 0 {
+		keep = true
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); l.watch(pidfd) }()
 	}
 	return true
+}
+
+// heldBy reports whether process pid holds the far end of every one of
+// l's connections: in its network namespace (/proc/pid/net/tcp and tcp6)
+// a socket's local address is the connection's remote one and its remote
+// address the connection's local one, and that socket is among
+// /proc/pid/fd. A 4-tuple names one socket in a namespace, so no other
+// process can pass this for a link it does not hold.
+func (l *link) heldBy(pid int) bool {
+	type ends struct{ local, remote netip.AddrPort }
+	want := map[ends]bool{}
+	for _, c := range l.conns {
+		lo, ok1 := c.c.LocalAddr().(*net.TCPAddr)
+		re, ok2 := c.c.RemoteAddr().(*net.TCPAddr)
+		if !ok1 || !ok2 {
+			return false
+		}
+		la, ra := lo.AddrPort(), re.AddrPort()
+		want[ends{unmap(ra), unmap(la)}] = true
+	}
+	inodes := map[string]bool{}
+	dir := "/proc/" + strconv.Itoa(pid)
+	for _, table := range []string{"/net/tcp", "/net/tcp6"} {
+		b, err := os.ReadFile(dir + table)
+		if err != nil {
+			continue
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if i == 0 || len(f) < 10 {
+				continue
+			}
+			lo, err1 := procAddr(f[1])
+			re, err2 := procAddr(f[2])
+			if err1 == nil && err2 == nil && want[ends{lo, re}] && f[9] != "0" {
+				inodes["socket:["+f[9]+"]"] = true
+			}
+		}
+	}
+	if len(inodes) != len(want) {
+		return false
+	}
+	fds, err := os.ReadDir(dir + "/fd")
+	if err != nil {
+		return false
+	}
+	found := 0
+	for _, fd := range fds {
+		if t, err := os.Readlink(dir + "/fd/" + fd.Name()); err == nil && inodes[t] {
+			delete(inodes, t)
+			found++
+		}
+	}
+	return found == len(want)
+}
+
+func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
+
+// procAddr parses an address of /proc/net/tcp or tcp6: the address as
+// 32-bit words in hex, each in the host's byte order, a colon and the
+// port in hex.
+func procAddr(s string) (netip.AddrPort, error) {
+	h, p, ok := strings.Cut(s, ":")
+	port, err := strconv.ParseUint(p, 16, 16)
+	if !ok || err != nil || (len(h) != 8 && len(h) != 32) {
+		return netip.AddrPort{}, fmt.Errorf("address %q", s)
+	}
+	var b [16]byte
+	for i := 0; i < len(h)/8; i++ {
+		w, err := strconv.ParseUint(h[8*i:8*i+8], 16, 32)
+		if err != nil {
+			return netip.AddrPort{}, fmt.Errorf("address %q", s)
+		}
+		binary.NativeEndian.PutUint32(b[4*i:], uint32(w))
+	}
+	var a netip.Addr
+	if len(h) == 8 {
+		a = netip.AddrFrom4([4]byte(b[:4]))
+	} else {
+		a = netip.AddrFrom16(b).Unmap()
+	}
+	return netip.AddrPortFrom(a, uint16(port)), nil
 }
 
 // watch fails l when the peer's process exits (its pidfd becomes

@@ -192,3 +192,53 @@ func TestNilFuture(t *testing.T) {
 		t.Error("a nil Future has a transport or a length")
 	}
 }
+
+// TestForgedSameHostInfo: an Info that gives another process's pid (with
+// that process's token and its address, which its own published Info
+// tells every member) does not make the link same-host: the process at
+// the pid must own the link's sockets. Otherwise every grant the peer
+// sends would be applied to that process's memory (or, with this
+// process's own pid, to this process's memory outside its regions).
+func TestForgedSameHostInfo(t *testing.T) {
+	addr, st := storeFor(t)
+	ctx := ctxT(t, 30*time.Second)
+	startChild(t, "plain", addr, 4096, 3)
+	vb, err := st.Get(ctx, "p2p/info/child")
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, err := decodeInfo(vb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	m, err := New(ctx, Options{Name: "m", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	mem := make([]byte, 1<<16)
+	fill(mem, 4)
+	mr, _ := m.Register("mem", mem)
+	forged, err := decodeInfo(m.Info())
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged.host, forged.pid, forged.token, forged.tokenAddr = victim.host, victim.pid, victim.token, victim.tokenAddr
+	p, err := a.ConnectInfo(ctx, forged.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Transport() != "tcp" {
+		t.Errorf("a link to %q whose Info names pid %d (another process) is %q", "m", victim.pid, p.Transport())
+	}
+	lr, _ := a.Register("l", make([]byte, len(mem)))
+	f := p.Read([]Op{{Local: lr, Remote: mr.Remote(), Len: len(mem)}})
+	if err := f.Wait(ctx); err != nil || !bytes.Equal(lr.Bytes(), mem) {
+		t.Fatalf("reading the peer's region over %q: %v (bytes equal: %v)", f.Transport(), err, bytes.Equal(lr.Bytes(), mem))
+	}
+}
