@@ -498,25 +498,48 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 	}
 	p.setInfo(in)
 	e.mu.Unlock()
-	if dial {
-		if err := e.dial(ctx, p, in); err != nil && !errors.Is(err, errDup) {
+	dup := false
+	for {
+		if dial {
+			err := e.dial(ctx, p, in)
+			if err != nil && !errors.Is(err, errDup) {
+				e.dropPeer(p, err)
+				return nil, err
+			}
+			dup = err != nil
+		}
+		// The peer answered that it makes the link itself (or has one):
+		// its connections come to the accept loop. If its own dial
+		// failed, or its old link has not yet noticed that this side's
+		// ended, they never come: ask again after a while.
+		retry := make(<-chan time.Time)
+		if dup {
+			retry = time.After(dupRetry)
+		}
+		select {
+		case <-p.ready:
+			if p.err != nil {
+				return nil, p.err
+			}
+			p.l.enableCMA(in)
+			return p, nil
+		case <-retry:
+			continue
+		case <-ctx.Done():
+			why := "the link was not made in time"
+			if dup {
+				why = "the peer answered that it makes the link itself (its name is lower, or it has a link to this endpoint), and its connections never arrived"
+			}
+			err := opErr("connect", in.name, "", ErrTimeout, "%s", why)
 			e.dropPeer(p, err)
 			return nil, err
 		}
 	}
-	select {
-	case <-p.ready:
-		if p.err != nil {
-			return nil, p.err
-		}
-		p.l.enableCMA(in)
-		return p, nil
-	case <-ctx.Done():
-		err := opErr("connect", in.name, "", ErrTimeout, "the link was not made in time")
-		e.dropPeer(p, err)
-		return nil, err
-	}
 }
+
+// dupRetry is how long Connect waits for a peer's link after the peer
+// answered that it makes the link itself, before it dials again.
+const dupRetry = time.Second
 
 // dropPeer forgets p if it is not linked yet, failing its waiters.
 func (e *Endpoint) dropPeer(p *Peer, err error) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -240,5 +241,134 @@ func TestForgedSameHostInfo(t *testing.T) {
 	f := p.Read([]Op{{Local: lr, Remote: mr.Remote(), Len: len(mem)}})
 	if err := f.Wait(ctx); err != nil || !bytes.Equal(lr.Bytes(), mem) {
 		t.Fatalf("reading the peer's region over %q: %v (bytes equal: %v)", f.Transport(), err, bytes.Equal(lr.Bytes(), mem))
+	}
+}
+
+// dupTarget is a peer that answers the first dups hellos with "dup" (it
+// makes the link itself: its name is lower) and then accepts; it never
+// dials. It returns the peer's Info.
+func dupTarget(t *testing.T, name string, dups int) []byte {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		k := auth.NewKey(testAuth().Secret, testAuth().Job)
+		for i := 0; ; i++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+			if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
+				continue
+			}
+			var b [HeaderSize + 4 + MaxName]byte
+			readFull(c, b[:HeaderSize])
+			h, _ := decodeHeader(b[:HeaderSize])
+			readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
+			ack := header{kind: kHelloAck, a: 10000}
+			if i < dups {
+				ack.status = stDup
+			}
+			ack.put(b[:])
+			c.Write(b[:HeaderSize])
+		}
+	}()
+	in := info{name: name, addr: ln.Addr().String()}
+	return in.encode()
+}
+
+// TestConnectPeerNeverDials: a peer that answers "I make the link
+// myself" and never does is asked again; while it keeps answering so,
+// Connect ends at its deadline with an error that names the peer and
+// says what happened.
+func TestConnectPeerNeverDials(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	// Its own dial failed after it answered "dup" once: the link is made
+	// on a later try.
+	cctx, cancel := context.WithTimeout(ctx, 8*time.Second)
+	defer cancel()
+	if _, err := a.ConnectInfo(cctx, dupTarget(t, "0once", 1)); err != nil {
+		t.Errorf("a peer that answered dup once and then accepts: %v", err)
+	}
+	cctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = a.ConnectInfo(cctx, dupTarget(t, "0lower", 1<<30))
+	var oe *OpError
+	if !errors.Is(err, ErrTimeout) || !errors.As(err, &oe) || oe.Peer != "0lower" || !strings.Contains(err.Error(), "never arrived") {
+		t.Errorf("a peer that never dials: %v, want ErrTimeout naming the peer and saying its link never arrived", err)
+	}
+}
+
+// TestLifecycleMisuse: Close and Deregister twice, use after Close,
+// zero-length sends and receives: errors or success, never a panic or a
+// hang.
+func TestLifecycleMisuse(t *testing.T) {
+	a, b, ab, ba := pair(t, nil)
+	ctx := ctxT(t, 20*time.Second)
+	r, err := b.Register("r", make([]byte, 64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Deregister(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Deregister(ctx, r); err != nil {
+		t.Fatalf("a second Deregister: %v", err)
+	}
+	if err := b.Deregister(ctx, nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Deregister(nil): %v", err)
+	}
+	// Zero-length messages.
+	fs := ab.Send(nil)
+	fr := ba.Recv(nil)
+	if err := fr.Wait(ctx); err != nil || fr.Len() != 0 {
+		t.Fatalf("an empty receive: %v, length %d", err, fr.Len())
+	}
+	if err := fs.Wait(ctx); err != nil {
+		t.Fatalf("an empty send: %v", err)
+	}
+	lr, _ := a.Register("l", make([]byte, 64))
+	tr, _ := b.Register("t", make([]byte, 64))
+	pending := ab.Recv(make([]byte, 8))
+	a.Close()
+	if err := a.Close(); err != nil {
+		t.Fatalf("a second Close: %v", err)
+	}
+	if err := pending.Wait(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("a receive pending at Close: %v", err)
+	}
+	for name, f := range map[string]*Future{
+		"read":  ab.Read([]Op{{Local: lr, Remote: tr.Remote(), Len: 8}}),
+		"write": ab.WriteWithImm([]Op{{Local: lr, Remote: tr.Remote(), Len: 8}}, 1),
+		"send":  ab.Send([]byte{1}),
+		"recv":  ab.Recv(make([]byte, 1)),
+	} {
+		if err := f.Wait(ctx); err == nil {
+			t.Errorf("%s after Close succeeded", name)
+		}
+	}
+	if _, err := a.Register("x", make([]byte, 8)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Register after Close: %v", err)
+	}
+	if err := a.Deregister(ctx, lr); err != nil {
+		t.Errorf("Deregister after Close: %v", err)
+	}
+	if _, err := a.Imm(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Imm after Close: %v", err)
+	}
+	if _, err := a.ConnectInfo(ctx, b.Info()); !errors.Is(err, ErrClosed) {
+		t.Errorf("ConnectInfo after Close: %v", err)
+	}
+	if _, err := a.Connect(ctx, "b"); !errors.Is(err, ErrClosed) {
+		t.Errorf("Connect after Close: %v", err)
 	}
 }
