@@ -372,3 +372,56 @@ func TestLifecycleMisuse(t *testing.T) {
 		t.Errorf("Connect after Close: %v", err)
 	}
 }
+
+// TestDeregisterDuringWrite: Deregister while a peer's write is being
+// received into the region returns once the write has stopped touching
+// the region (at its next chunk), without waiting for the rest of the
+// peer's bytes, which are read to nowhere; the peer is refused.
+func TestDeregisterDuringWrite(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	b, err := New(ctx, Options{Name: "b", Auth: testAuth(), Heartbeat: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	mem := make([]byte, 3*ChunkMax)
+	r, _ := b.Register("m", mem)
+	rr := r.Remote()
+	k := auth.NewKey(testAuth().Secret, testAuth().Job)
+	c, err := net.Dial("tcp", b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	c.Write(append(hdr(header{kind: kHello, id: 5, a: 0, b: 1, payload: 9}), "\x20\x4e\x00\x00peer1"...))
+	var ack [HeaderSize]byte
+	if _, err := readFull(c, ack[:]); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, stripeSize+DescSize)
+	(&desc{rr.ID, rr.Key, 0, uint64(len(mem))}).put(p[stripeSize:])
+	chunk := bytes.Repeat([]byte{9}, ChunkMax)
+	c.Write(append(hdr(header{kind: kReq, sub: rWrite, id: 1, a: uint64(len(mem)), b: 1, payload: uint32(len(p))}), p...))
+	c.Write(append(hdr(header{kind: kData, id: 1, payload: ChunkMax}), chunk...))
+	done := make(chan error, 1)
+	go func() {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		done <- b.Deregister(dctx, r)
+	}()
+	eventually(t, "Deregister to start", r.closed.Load)
+	// The second chunk finds the region gone; the third never comes.
+	c.Write(append(hdr(header{kind: kData, id: 1, payload: ChunkMax}), chunk...))
+	if err := <-done; err != nil {
+		t.Fatalf("Deregister during a stalled write: %v", err)
+	}
+	if bytes.Count(mem, []byte{9}) > ChunkMax {
+		t.Fatal("the write went on into the deregistered region")
+	}
+	if h, _ := nextFrame(t, c); h.kind != kResp || h.status != stNoRegion {
+		t.Fatalf("the writer got %+v, want a refusal", h)
+	}
+}

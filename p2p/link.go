@@ -825,13 +825,19 @@ func (c *conn) dispatch(h header) error {
 						closed = true
 						l.e.refuse(l.p.name, "write", stNoRegion, "region "+r.label()+" deregistered during the transfer")
 						l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id, status: stNoRegion})
+						// Nothing is written from here on (the rest is
+						// read to nowhere): Deregister need not wait for
+						// the peer's remaining bytes.
+						l.e.release(regs)
 					}
 					return false
 				}
 			}
 			return true
 		})
-		l.e.release(regs)
+		if !closed {
+			l.e.release(regs)
+		}
 		if st == stDevice && err == nil && !closed {
 			l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id, status: stDevice})
 		}
