@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1146,5 +1147,44 @@ func TestPeerBufferUnknownOrOverrun(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAllocRefusals: a negative size, and a size whose parts on every rank
+// (plus the identity page and a page of slack) would not fit in an int, are
+// refused at once with ErrInvalid naming no peer; every rank refuses alike
+// and no later Alloc is skewed by them.
+func TestAllocRefusals(t *testing.T) {
+	errs := group(t, 2, Config{Timeout: 5 * time.Second}, func(g *Group) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		limit := (math.MaxInt - 2*pageBytes) / g.size
+		for _, c := range []struct {
+			n    int
+			want string
+		}{{-1, "negative size"}, {limit + 1, "do not fit in memory"}, {math.MaxInt, "do not fit in memory"}} {
+			b, err := g.Alloc(ctx, c.n)
+			var oe *fault.OpError
+			if !errors.Is(err, fault.ErrInvalid) || !errors.As(err, &oe) || oe.Peer != -1 || !strings.Contains(err.Error(), c.want) {
+				if b != nil {
+					b.Free()
+				}
+				return fmt.Errorf("Alloc(%d): want ErrInvalid naming no peer (%q), got %v", c.n, c.want, err)
+			}
+		}
+		b, err := g.Alloc(ctx, 100)
+		if err != nil {
+			return err
+		}
+		defer b.Free()
+		if b.id != 0 || len(b.Bytes()) != 100 {
+			return fmt.Errorf("the Alloc after the refusals: id %d, %d bytes; want id 0, 100 bytes", b.id, len(b.Bytes()))
+		}
+		return g.Barrier(ctx)
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
 	}
 }
