@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"net"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -424,4 +426,79 @@ func TestDeregisterDuringWrite(t *testing.T) {
 	if h, _ := nextFrame(t, c); h.kind != kResp || h.status != stNoRegion {
 		t.Fatalf("the writer got %+v, want a refusal", h)
 	}
+}
+
+// TestCloseDuringTransfers: both endpoints closed while reads, writes,
+// immediates, sends and receives of every size are in flight and more are
+// being started: every Wait returns (nil or an error), nothing panics,
+// and the endpoints' goroutines end.
+func TestCloseDuringTransfers(t *testing.T) { transports(t, testCloseDuringTransfers) }
+
+func testCloseDuringTransfers(t *testing.T, tcpOnly bool, _ string) {
+	a, b, ab, ba := pair(t, func(o *Options) { o.TCPOnly = tcpOnly; o.Channels = 3 })
+	ctx := ctxT(t, 30*time.Second)
+	// Each direction has its own local and target regions, and each kind
+	// of operation its own range of them: only this package's handling
+	// of the memory can race.
+	la, _ := a.Register("l", make([]byte, 16<<20))
+	ta, _ := a.Register("t", make([]byte, 16<<20))
+	lb, _ := b.Register("l", make([]byte, 16<<20))
+	tb, _ := b.Register("t", make([]byte, 16<<20))
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	start := func(p *Peer, local *Region, remote RemoteRegion, seed int) {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n := 1 + (i*7919+seed)%(3<<20)
+			ops := func(at int) []Op {
+				return []Op{{Local: local, LocalOff: at, Remote: remote, RemoteOff: at, Len: n},
+					{Local: local, LocalOff: at + 3<<20, Remote: remote, RemoteOff: at + 3<<20, Len: 1 + i%4096}}
+			}
+			fs := []*Future{p.Read(ops(0)), p.Write(ops(4 << 20)), p.WriteWithImm(ops(8<<20), uint32(i)), p.Send(make([]byte, n%5000)), p.Recv(make([]byte, 5000))}
+			for j, f := range fs {
+				if j == i%len(fs) { // some are given up
+					c, cancel := context.WithCancel(ctx)
+					cancel()
+					f.Wait(c)
+				}
+			}
+			for _, f := range fs {
+				if err := f.Wait(ctx); err != nil && ctx.Err() != nil {
+					t.Errorf("a Wait ended only at the test's deadline: %v", err)
+					return
+				}
+			}
+		}
+	}
+	wg.Add(2)
+	go start(ab, la, tb.Remote(), 1)
+	go start(ba, lb, ta.Remote(), 2)
+	time.Sleep(200 * time.Millisecond)
+	var cw sync.WaitGroup
+	cw.Add(2)
+	go func() { defer cw.Done(); a.Close() }()
+	go func() { defer cw.Done(); b.Close() }()
+	cw.Wait()
+	close(stop)
+	wg.Wait()
+	eventually(t, "the endpoints' goroutines to end", func() bool { return p2pGoroutines() == 0 })
+}
+
+// p2pGoroutines counts the goroutines running this package's code (the
+// test's own aside).
+func p2pGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "slimego/p2p.") && !strings.Contains(g, "p2p.Test") && !strings.Contains(g, "p2p.test") && !strings.Contains(g, "p2p.transports") {
+			n++
+		}
+	}
+	return n
 }
