@@ -234,7 +234,17 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 		l.e.release(regs)
 		return
 	}
+	if len(l.grants) >= maxGrants || l.grantRefs+len(regs) > maxGrantRefs {
+		// A peer holds too many grants (one that never releases them
+		// would make this side hold memory without end): the request
+		// goes over TCP instead, as one for GPU memory does.
+		l.mu.Unlock()
+		l.e.release(regs)
+		l.enqueue(c.idx, frame{kind: kResp, sub: sub, id: id, status: stNotHost})
+		return
+	}
 	l.grants[id] = regs
+	l.grantRefs += len(regs)
 	l.mu.Unlock()
 	l.enqueue(c.idx, grantJob{id: id, sub: sub, iov: iov})
 }
@@ -244,6 +254,7 @@ func (l *link) released(id uint64) {
 	l.mu.Lock()
 	regs := l.grants[id]
 	delete(l.grants, id)
+	l.grantRefs -= len(regs)
 	l.mu.Unlock()
 	l.e.release(regs)
 }

@@ -87,7 +87,11 @@ const (
 	// maxPendingRTS bounds the sends announced by a peer before their
 	// receives are posted.
 	maxPendingRTS = 1 << 16
-	purpose       = "p2p"
+	// maxGrants bounds the same-host grants a peer holds (asked for and
+	// not yet released), and maxGrantRefs their ranges.
+	maxGrants    = 1 << 16
+	maxGrantRefs = 1 << 20
+	purpose      = "p2p"
 )
 
 // Endpoint is one process's side of the engine: its registered regions,

@@ -502,3 +502,63 @@ func p2pGoroutines() int {
 	}
 	return n
 }
+
+// TestGrantsBounded: a member that asks for same-host grants and never
+// releases them holds at most maxGrants of them; past that its requests
+// are answered "not host memory" (an honest initiator then asks again
+// over TCP), so that it cannot make the target hold memory without end.
+func TestGrantsBounded(t *testing.T) {
+	ctx := ctxT(t, 60*time.Second)
+	b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, _ := b.Register("m", make([]byte, 4096))
+	rr := r.Remote()
+	k := auth.NewKey(testAuth().Secret, testAuth().Job)
+	c, err := net.Dial("tcp", b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	c.Write(append(hdr(header{kind: kHello, id: 5, a: 0, b: 1, payload: 9}), "\x20\x4e\x00\x00peer1"...))
+	var ack [HeaderSize]byte
+	if _, err := readFull(c, ack[:]); err != nil {
+		t.Fatal(err)
+	}
+	const n = maxGrants + 1000
+	go func() {
+		p := make([]byte, stripeSize+DescSize)
+		(&desc{rr.ID, rr.Key, 0, 1}).put(p[stripeSize:])
+		var batch []byte
+		for id := range uint64(n) {
+			batch = append(batch, hdr(header{kind: kReq, sub: rReadV, id: id + 1, a: 1, b: 1, payload: uint32(len(p))})...)
+			batch = append(batch, p...)
+			if len(batch) > 1<<20 || id == n-1 {
+				if _, err := c.Write(batch); err != nil {
+					return
+				}
+				batch = batch[:0]
+			}
+		}
+	}()
+	granted, notHost := 0, 0
+	for granted+notHost < n {
+		h, _ := nextFrame(t, c)
+		switch {
+		case h.kind == kResp && h.status == stOK:
+			granted++
+		case h.kind == kResp && h.status == stNotHost:
+			notHost++
+		default:
+			t.Fatalf("got %+v", h)
+		}
+	}
+	if granted > maxGrants || notHost == 0 {
+		t.Fatalf("%d grants held by a peer that releases none (at most %d), %d answered not host", granted, maxGrants, notHost)
+	}
+}

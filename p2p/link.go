@@ -153,13 +153,15 @@ type link struct {
 	rts     map[uint64]uint64
 	sendSeq uint64
 	recvSeq uint64
-	rr      int                     // the next connection for a small request
-	grants  map[uint64][]*Region    // same host: ranges lent to the peer, by its request id
-	serving map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
-	cma     atomic.Bool             // same host: copy with process_vm_readv/writev (cma_linux.go)
-	pid     int                     // the peer's process, when cma
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	rr      int                  // the next connection for a small request
+	grants  map[uint64][]*Region // same host: ranges lent to the peer, by its request id
+	// grantRefs counts the regions of all grants (at most maxGrantRefs).
+	grantRefs int
+	serving   map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
+	cma       atomic.Bool             // same host: copy with process_vm_readv/writev (cma_linux.go)
+	pid       int                     // the peer's process, when cma
+	stop      chan struct{}
+	wg        sync.WaitGroup
 }
 
 type conn struct {
@@ -248,6 +250,7 @@ func (l *link) fail(err error) {
 		lent = append(lent, regs...)
 		delete(l.grants, id)
 	}
+	l.grantRefs = 0
 	l.mu.Unlock()
 	l.e.release(lent)
 	for _, c := range l.conns {
