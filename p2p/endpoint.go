@@ -91,7 +91,11 @@ const (
 	// not yet released), and maxGrantRefs their ranges.
 	maxGrants    = 1 << 16
 	maxGrantRefs = 1 << 20
-	purpose      = "p2p"
+	// maxQueued bounds the frames waiting for one connection's writer
+	// when a request arrives on it: a peer that sends requests and does
+	// not read the answers has its link closed.
+	maxQueued = 1 << 18
+	purpose   = "p2p"
 )
 
 // Endpoint is one process's side of the engine: its registered regions,

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -560,5 +561,57 @@ func TestGrantsBounded(t *testing.T) {
 	}
 	if granted > maxGrants || notHost == 0 {
 		t.Fatalf("%d grants held by a peer that releases none (at most %d), %d answered not host", granted, maxGrants, notHost)
+	}
+}
+
+// TestAnswersBounded: a member that sends requests and never reads the
+// answers has its link closed once maxQueued answers wait on one
+// connection, instead of making the target queue them without end until
+// the heartbeat (which a peer that reads a little now and then never
+// reaches).
+func TestAnswersBounded(t *testing.T) {
+	ctx := ctxT(t, 60*time.Second)
+	b, err := New(ctx, Options{Name: "b", Auth: testAuth(), Heartbeat: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, _ := b.Register("m", make([]byte, 4096))
+	rr := r.Remote()
+	k := auth.NewKey(testAuth().Secret, testAuth().Job)
+	c, err := net.Dial("tcp", b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(4096)
+	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	c.Write(append(hdr(header{kind: kHello, id: 5, a: 0, b: 1, payload: 9}), "\xc0\xd4\x01\x00peer1"...))
+	var ack [HeaderSize]byte
+	if _, err := readFull(c, ack[:]); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, stripeSize+DescSize)
+	(&desc{rr.ID, rr.Key, 0, 1}).put(p[stripeSize:])
+	var batch []byte
+	c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	for id := uint64(1); ; id++ {
+		batch = append(batch, hdr(header{kind: kReq, sub: rRead, id: id, a: 1, b: 1, payload: uint32(len(p))})...)
+		batch = append(batch, p...)
+		if len(batch) < 1<<20 {
+			continue
+		}
+		if _, err := c.Write(batch); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("after %d requests the target stopped reading them and kept the link", id)
+			}
+			break // the target closed the link
+		}
+		batch = batch[:0]
+		if id > 4*maxQueued {
+			t.Fatalf("%d requests sent, none answered, and the link is still open", id)
+		}
 	}
 }

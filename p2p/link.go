@@ -775,7 +775,14 @@ func (c *conn) dispatch(h header) error {
 		l.mu.Unlock()
 		return nil
 	}
-	// A request.
+	// A request: its answer is queued for this connection's writer,
+	// which a peer that does not read its answers stalls.
+	c.qmu.Lock()
+	queued := len(c.q)
+	c.qmu.Unlock()
+	if queued > maxQueued {
+		return fmt.Errorf("%w: %d frames wait to be sent on connection %d: the peer sends requests and does not read the answers", ErrFrame, queued, c.idx)
+	}
 	switch h.sub {
 	case rRead, rWrite, rReadV, rWriteV:
 		if cap(c.desc) < int(h.payload) {
