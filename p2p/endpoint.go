@@ -511,10 +511,13 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 		if dial {
 			err := e.dial(ctx, p, in)
 			if err != nil && !errors.Is(err, errDup) {
+				if dup && ctx.Err() != nil { // a dial again, cut by the deadline
+					err = opErr("connect", in.name, "", ErrTimeout, "%s", dupWhy)
+				}
 				e.dropPeer(p, err)
 				return nil, err
 			}
-			dup = err != nil
+			dup = dup || err != nil
 		}
 		// The peer answered that it makes the link itself (or has one):
 		// its connections come to the accept loop. If its own dial
@@ -536,7 +539,7 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 		case <-ctx.Done():
 			why := "the link was not made in time"
 			if dup {
-				why = "the peer answered that it makes the link itself (its name is lower, or it has a link to this endpoint), and its connections never arrived"
+				why = dupWhy
 			}
 			err := opErr("connect", in.name, "", ErrTimeout, "%s", why)
 			e.dropPeer(p, err)
@@ -548,6 +551,8 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 // dupRetry is how long Connect waits for a peer's link after the peer
 // answered that it makes the link itself, before it dials again.
 const dupRetry = time.Second
+
+const dupWhy = "the peer answered that it makes the link itself (its name is lower, or it has a link to this endpoint), and its connections never arrived"
 
 // dropPeer forgets p if it is not linked yet, failing its waiters.
 func (e *Endpoint) dropPeer(p *Peer, err error) {
