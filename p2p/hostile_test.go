@@ -615,3 +615,52 @@ func TestAnswersBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestGrantOutlivesLink: a same-host grant the peer has not released when
+// the link fails may still be copied through (the peer's copy stops only
+// when it notices): Deregister does not return nil at once as if nothing
+// touched the region; the grant's hold ends a heartbeat after the link.
+func TestGrantOutlivesLink(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	b, err := New(ctx, Options{Name: "b", Auth: testAuth(), Heartbeat: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, _ := b.Register("m", make([]byte, 4096))
+	rr := r.Remote()
+	k := auth.NewKey(testAuth().Secret, testAuth().Job)
+	c, err := net.Dial("tcp", b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	c.Write(append(hdr(header{kind: kHello, id: 5, a: 0, b: 1, payload: 9}), "\x20\x4e\x00\x00peer1"...))
+	var ack [HeaderSize]byte
+	if _, err := readFull(c, ack[:]); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, stripeSize+DescSize)
+	(&desc{rr.ID, rr.Key, 0, 4096}).put(p[stripeSize:])
+	c.Write(append(hdr(header{kind: kReq, sub: rWriteV, id: 1, a: 4096, b: 1, payload: uint32(len(p))}), p...))
+	if h, _ := nextFrame(t, c); h.kind != kResp || h.status != stOK {
+		t.Fatalf("got %+v, want a grant", h)
+	}
+	// Now the link fails (a malformed frame) with the grant held.
+	c.Write(bytes.Repeat([]byte{0xff}, HeaderSize))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		var buf [HeaderSize]byte
+		if _, err := c.Read(buf[:]); err != nil {
+			break
+		}
+	}
+	dctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := b.Deregister(dctx, r); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("Deregister with a grant outstanding when the link failed: %v, want ErrTimeout", err)
+	}
+}
