@@ -664,3 +664,36 @@ func TestGrantOutlivesLink(t *testing.T) {
 		t.Fatalf("Deregister with a grant outstanding when the link failed: %v, want ErrTimeout", err)
 	}
 }
+
+// TestRecvCancelledAfterClear: a receive given up after it cleared the
+// send, before the bytes came, answers the sender "cancelled" when they
+// come (the sender would otherwise wait for an answer until its
+// deadline).
+func TestRecvCancelledAfterClear(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	p, c, _ := fakeTarget(t, a)
+	buf := make([]byte, 100)
+	f := p.Recv(buf)
+	c.Write(hdr(header{kind: kReq, sub: rRTS, id: 0, a: 100}))
+	if h, _ := nextFrame(t, c); h.kind != kReq || h.sub != rCTS || h.status != stOK {
+		t.Fatalf("got %+v, want clear-to-send", h)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := f.Wait(cctx); !errors.Is(err, ErrCancelled) {
+		t.Fatalf("the cancelled receive: %v", err)
+	}
+	c.Write(append(hdr(header{kind: kReq, sub: rSend, id: 0, a: 100}),
+		append(hdr(header{kind: kData, payload: 100}), bytes.Repeat([]byte{7}, 100)...)...))
+	if h, _ := nextFrame(t, c); h.kind != kResp || h.sub != rSend || h.status != stCancelled {
+		t.Fatalf("the sender got %+v, want the send's answer, cancelled", h)
+	}
+	if !bytes.Equal(buf, make([]byte, 100)) {
+		t.Fatal("the bytes landed in the cancelled receive's buffer")
+	}
+}

@@ -1039,6 +1039,15 @@ func (c *conn) sendArrived(h header) error {
 		return err
 	}
 	if r == nil {
+		l.mu.Lock()
+		posted := h.id < l.recvSeq
+		l.mu.Unlock()
+		if !posted { // never cleared: no receive of that sequence was posted
+			return fmt.Errorf("%w: the bytes of send %d, which was never cleared to send", ErrFrame, h.id)
+		}
+		if st == stOK { // its receive was given up after it cleared the send
+			l.enqueue(c.idx, frame{kind: kResp, sub: rSend, id: h.id, status: stCancelled})
+		}
 		return nil
 	}
 	if st != stOK {
