@@ -88,10 +88,11 @@ func (l *link) enableCMA(in info) bool {
 			return false
 		}
 	}
-	l.pid = int(in.pid)
-	if l.cma.Swap(true) {
+	if l.cma.Load() { // another Connect enabled it meanwhile (under e.mu too)
 		return true
 	}
+	l.pid = int(in.pid) // before cma is set: transfers read it after they see cma
+	l.cma.Store(true)
 	if pidfd >= 0 {
 		keep = true
 		e.wg.Add(1)
