@@ -697,3 +697,25 @@ func TestRecvCancelledAfterClear(t *testing.T) {
 		t.Fatal("the bytes landed in the cancelled receive's buffer")
 	}
 }
+
+// TestDuplicateAnnouncement: a send announced twice (a hostile peer's)
+// breaks the protocol: the link closes rather than the cleared receive
+// being matched again to another length.
+func TestDuplicateAnnouncement(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	p, c, _ := fakeTarget(t, a)
+	f := p.Recv(make([]byte, 100))
+	c.Write(hdr(header{kind: kReq, sub: rRTS, id: 0, a: 100}))
+	if h, _ := nextFrame(t, c); h.kind != kReq || h.sub != rCTS || h.status != stOK {
+		t.Fatalf("got %+v, want clear-to-send", h)
+	}
+	c.Write(hdr(header{kind: kReq, sub: rRTS, id: 0, a: 10}))
+	if err := f.Wait(ctx); !errors.Is(err, ErrPeerLost) {
+		t.Fatalf("a receive whose send was announced twice: %v, want ErrPeerLost", err)
+	}
+}

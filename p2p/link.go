@@ -869,7 +869,7 @@ func (c *conn) dispatch(h header) error {
 		}
 		l.enqueue(c.idx, frame{kind: kResp, sub: rImm, id: h.id, status: st})
 	case rRTS:
-		l.rtsArrived(c, h.id, h.a)
+		return l.rtsArrived(c, h.id, h.a)
 	case rCTS:
 		l.ctsArrived(h.id, h.status)
 	case rSend:
@@ -956,23 +956,28 @@ func (c *conn) refusal(p *part, st uint8) error {
 }
 
 // rtsArrived: the peer will send seq, of n bytes. It is matched with this
-// side's receive of the same sequence, now or when that is posted.
-func (l *link) rtsArrived(c *conn, seq, n uint64) {
+// side's receive of the same sequence, now or when that is posted. A
+// sequence announced twice breaks the protocol.
+func (l *link) rtsArrived(c *conn, seq, n uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if _, again := l.rts[seq]; again || l.recvs[seq] != nil && l.recvs[seq].cts {
+		return fmt.Errorf("%w: send %d announced twice", ErrFrame, seq)
+	}
 	if r := l.recvs[seq]; r != nil {
 		l.matchLocked(r, n)
-		return
+		return nil
 	}
 	if seq < l.recvSeq { // its receive was cancelled
 		l.enqueue(int(seq%uint64(len(l.conns))), frame{kind: kReq, sub: rCTS, id: seq, status: stCancelled})
-		return
+		return nil
 	}
 	if len(l.rts) >= maxPendingRTS {
 		l.enqueue(int(seq%uint64(len(l.conns))), frame{kind: kReq, sub: rCTS, id: seq, status: stBusy})
-		return
+		return nil
 	}
 	l.rts[seq] = n
+	return nil
 }
 
 // matchLocked answers the sender of r's sequence, which sends n bytes.
