@@ -1188,3 +1188,77 @@ func TestAllocRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestBufferIdentity: a symmetric buffer's segment starts with an identity
+// that says what it is: a buffer of the group's size, the Alloc call's
+// number (every rank counts the calls alike) and the stride in pages.
+func TestBufferIdentity(t *testing.T) {
+	errs := group(t, 2, Config{Timeout: 10 * time.Second}, func(g *Group) error {
+		for i, n := range []int{100, 3*pageBytes + 1} {
+			b, err := g.Alloc(context.Background(), n)
+			if err != nil {
+				return err
+			}
+			defer b.Free()
+			// The identity page precedes Mem in the same mapping (Skip).
+			page := unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(b.seg.Mem)), -pageBytes)), identityBytes)
+			got, err := readIdentity(page)
+			if err != nil {
+				return fmt.Errorf("Alloc(%d): %v", n, err)
+			}
+			stride := roundUp(n, pageBytes)
+			want := identity{kind: kindBuffer, a: 2, b: uint32(i), c: uint32(stride / pageBytes), job: g.job, total: uint64(pageBytes + 2*stride)}
+			if got != want {
+				return fmt.Errorf("Alloc(%d), call %d: identity %+v, want %+v", n, i, got, want)
+			}
+		}
+		return g.Barrier(context.Background())
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// TestBufferFree: Free unmaps the buffer on this rank and forgets it (its
+// bytes are gone, no source is found in it any more); a second Free, and a
+// Free after the group closed, do nothing.
+func TestBufferFree(t *testing.T) {
+	errs := group(t, 2, Config{Timeout: 10 * time.Second}, func(g *Group) error {
+		b, err := g.Alloc(context.Background(), 100)
+		if err != nil {
+			return err
+		}
+		kept, err := g.Alloc(context.Background(), 100)
+		if err != nil {
+			return err
+		}
+		p := b.Bytes()
+		if err := b.Free(); err != nil {
+			return fmt.Errorf("Free: %v", err)
+		}
+		if _, _, ok := g.lookup(p); ok || b.Bytes() != nil || g.bufs[b.id] != nil || b.seg.Mem != nil {
+			return fmt.Errorf("after Free: found by lookup %v, %d bytes, still in the group %v, mapped %v", ok, len(b.Bytes()), g.bufs[b.id] != nil, b.seg.Mem != nil)
+		}
+		if err := b.Free(); err != nil {
+			return fmt.Errorf("a second Free: %v", err)
+		}
+		if _, _, ok := g.lookup(kept.Bytes()); !ok {
+			return fmt.Errorf("the other buffer is no longer found")
+		}
+		if err := g.Barrier(context.Background()); err != nil {
+			return err
+		}
+		g.Close()
+		if err := kept.Free(); err != nil {
+			return fmt.Errorf("Free after Close: %v", err)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
