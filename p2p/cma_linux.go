@@ -155,7 +155,10 @@ func (l *link) heldBy(pid int) bool {
 	return found == len(want)
 }
 
-func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
+// unmap is a as /proc/net/tcp shows it: IPv4 in IPv6 as IPv4, no zone.
+func unmap(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap().WithZone(""), a.Port())
+}
 
 // procAddr parses an address of /proc/net/tcp or tcp6: the address as
 // 32-bit words in hex, each in the host's byte order, a colon and the
