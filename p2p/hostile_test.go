@@ -3,6 +3,7 @@ package p2p
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"net"
 	"os"
@@ -717,5 +718,28 @@ func TestDuplicateAnnouncement(t *testing.T) {
 	c.Write(hdr(header{kind: kReq, sub: rRTS, id: 0, a: 10}))
 	if err := f.Wait(ctx); !errors.Is(err, ErrPeerLost) {
 		t.Fatalf("a receive whose send was announced twice: %v, want ErrPeerLost", err)
+	}
+}
+
+// TestProcAddr: addresses as /proc/net/tcp and tcp6 print them (32-bit
+// words in the host's order, here little-endian), and junk refused.
+func TestProcAddr(t *testing.T) {
+	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
+		t.Skip("the examples are a little-endian host's")
+	}
+	for in, want := range map[string]string{
+		"0100007F:1F90":                         "127.0.0.1:8080",
+		"0000000000000000FFFF00000100007F:1F90": "127.0.0.1:8080",
+		"00000000000000000000000001000000:0050": "[::1]:80",
+	} {
+		got, err := procAddr(in)
+		if err != nil || got.String() != want {
+			t.Errorf("procAddr(%q) = %v, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", ":", "0100007F", "0100007F:", "0100007G:0050", "0100007F:10000", "01007F:0050", "0100007F:0050:1"} {
+		if a, err := procAddr(bad); err == nil {
+			t.Errorf("procAddr(%q) = %v, want an error", bad, a)
+		}
 	}
 }
