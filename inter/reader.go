@@ -56,13 +56,25 @@ type Reader struct {
 	perr   error                 // poll's error (io.EOF at the stream's end)
 	until  time.Time             // poll polls until then
 	parked bool                  // the read parked in the netpoller
+	missed bool                  // a poll of the read found nothing
+
+	// ReadAhead's buffer: ahead[alo:ahi] was read off the socket and not
+	// yet returned; every read returns it first.
+	ahead    []byte
+	alo, ahi int
 }
 
-// DefaultPollMax bounds a receive's polling (Config.PollMax). A wait for
-// a peer that runs and answers at once lasts a round trip or less; one
-// that lasts longer waits for a peer that is busy elsewhere, and polling
-// through it only takes processor time from the rest of the machine.
-const DefaultPollMax = 100 * time.Microsecond
+// AheadMax bounds what ReadAhead takes past the bytes asked for: up to it,
+// a system call saved is worth more than the copy out of the buffer.
+const AheadMax = 4 << 10
+
+// DefaultPollMax bounds a receive's polling (Config.PollMax): how long a
+// rank whose peer answers from another core spins for the answer, as
+// OpenMPI's and NCCL's socket transports spin, before it gives the
+// processor up and parks. Waits longer than that wait for a peer that is
+// busy elsewhere (computing, or descheduled), and the budget's decrease
+// (see adapt) soon stops such waits from polling at all.
+const DefaultPollMax = time.Millisecond
 
 // NewReader reads from c with the given low-water mark bound (0: none).
 func NewReader(c *net.TCPConn, lowat int) Reader {
@@ -127,34 +139,107 @@ func (r *Reader) SetLowat(n int) {
 const lowatMin = 256 << 10
 
 // ReadFull reads len(buf) bytes (io.ErrUnexpectedEOF if the stream ends
-// first). It allocates nothing. With Poll set, each read of less than
-// lowatMin polls first (see Reader); every wait ends by the deadline.
+// first), what an earlier ReadAhead took first. It allocates nothing. With
+// Poll set, each read of less than lowatMin polls first (see Reader); every
+// wait ends by the deadline.
 func (r *Reader) ReadFull(buf []byte) error {
+	buf = buf[r.take(buf):]
 	for len(buf) > 0 {
-		var n int
-		var err error
-		if len(buf) >= lowatMin {
-			r.SetLowat(len(buf))
-			r.arm()
-			n, err = r.c.Read(buf)
-		} else {
-			r.SetLowat(1)
-			if r.Poll && r.pollFn != nil {
-				n, err = r.readPolled(buf)
-			} else {
-				r.arm()
-				n, err = r.c.Read(buf)
-			}
-		}
+		n, err := r.read(buf)
 		buf = buf[n:]
 		if err != nil {
-			if err == io.EOF && len(buf) > 0 {
-				err = io.ErrUnexpectedEOF
-			}
-			return err
+			return eof(err, len(buf))
 		}
 	}
 	return nil
+}
+
+// ReadAhead is ReadFull(hdr) that may also take up to more bytes past hdr
+// (the rest of a frame whose header hdr is) in the same system calls;
+// later reads (ReadFull, Discard) return them first. A small message then
+// costs one read, not one for its header and one for its payload. Bytes
+// beyond the frame are never lost: they wait in the buffer for the reads
+// that want them. With more above AheadMax it reads hdr alone: a large
+// payload is read straight into its buffer.
+func (r *Reader) ReadAhead(hdr []byte, more int) error {
+	hdr = hdr[r.take(hdr):]
+	if len(hdr) == 0 {
+		return nil
+	}
+	if more <= 0 || more > AheadMax {
+		return r.ReadFull(hdr)
+	}
+	if len(r.ahead) < len(hdr)+AheadMax {
+		r.ahead = make([]byte, len(hdr)+AheadMax) // once per Reader (and header size)
+	}
+	want := len(hdr) + more
+	if want <= len(hdr) {
+		return r.ReadFull(hdr)
+	}
+	r.alo, r.ahi = 0, 0 // take left the buffer empty
+	for r.ahi < len(hdr) {
+		n, err := r.read(r.ahead[r.ahi:want])
+		r.ahi += n
+		if err != nil {
+			if r.ahi >= len(hdr) {
+				break // the header is whole; the error comes again on the next read
+			}
+			return eof(err, len(hdr)-r.ahi)
+		}
+	}
+	r.take(hdr)
+	return nil
+}
+
+// Discard reads n bytes to nowhere (the buffered ones first), parking
+// with the socket's deadline set.
+func (r *Reader) Discard(n uint64) error {
+	k := min(uint64(r.ahi-r.alo), n)
+	r.alo += int(k)
+	n -= k
+	if n == 0 {
+		return nil
+	}
+	r.SetLowat(1)
+	r.arm() // a polling reader leaves the socket without its deadline
+	_, err := io.CopyN(io.Discard, r.c, int64(n))
+	return err
+}
+
+// take copies what ReadAhead buffered into buf, as much as fits, and
+// returns how much.
+func (r *Reader) take(buf []byte) int {
+	if r.alo == r.ahi {
+		return 0
+	}
+	n := copy(buf, r.ahead[r.alo:r.ahi])
+	r.alo += n
+	return n
+}
+
+// read is one read into buf: with a low-water mark for a large one,
+// polled first for a small one where Poll is set.
+func (r *Reader) read(buf []byte) (int, error) {
+	if len(buf) >= lowatMin {
+		r.SetLowat(len(buf))
+		r.arm()
+		return r.c.Read(buf)
+	}
+	r.SetLowat(1)
+	if r.Poll && r.pollFn != nil {
+		return r.readPolled(buf)
+	}
+	r.arm()
+	return r.c.Read(buf)
+}
+
+// eof turns an end of stream with left bytes still wanted into
+// io.ErrUnexpectedEOF.
+func eof(err error, left int) error {
+	if err == io.EOF && left > 0 {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // readPolled is one read that polls for up to the budget (or the deadline,
@@ -166,12 +251,12 @@ func (r *Reader) readPolled(buf []byte) (int, error) {
 	if !r.deadline.IsZero() && r.deadline.Before(r.until) {
 		r.until = r.deadline
 	}
-	r.pbuf, r.pn, r.perr, r.parked = buf, 0, nil, false
+	r.pbuf, r.pn, r.perr, r.parked, r.missed = buf, 0, nil, false, false
 	err := r.rc.Read(r.pollFn)
-	n, perr, parked := r.pn, r.perr, r.parked
+	n, perr, parked, missed := r.pn, r.perr, r.parked, r.missed
 	r.pbuf, r.perr = nil, nil
 	r.disarm()
-	r.adapt(parked, time.Since(t0))
+	r.adapt(parked, missed, time.Since(t0))
 	if err == nil {
 		err = perr
 	}
@@ -199,6 +284,7 @@ func (r *Reader) poll(fd uintptr) bool {
 			r.perr = err
 			return true
 		}
+		r.missed = true
 		if !time.Now().Before(r.until) {
 			r.arm()
 			r.parked = true
@@ -207,21 +293,27 @@ func (r *Reader) poll(fd uintptr) bool {
 	}
 }
 
-// adapt sets the next polling budget from the wait just done (additive
-// increase, multiplicative decrease). Bytes caught while polling, w after
-// the read began, keep a budget of at least 2w. A budget that ran out
-// halves: the peer was busy, or needed this very processor, which polling
-// kept from it (when another process holds the other core, the two ranks
-// of a pair take turns on one). A wait that parked and still ended within
-// PollMax might have been caught by a little more polling, so the budget
-// grows by PollMax/64. Where the peer shares this processor the budget
-// thus settles near PollMax/32, a few microseconds lost per wait; where
-// the peer answers from a core of its own, a few such waits grow it until
-// polling catches the answer; where the waits are long it falls to
-// nothing, and the reads park at once.
-func (r *Reader) adapt(parked bool, waited time.Duration) {
+// adapt sets the next polling budget from the wait just done: it resets
+// on success, and decreases multiplicatively with an additive increase.
+// Bytes that polling caught after finding none (missed) came from a peer
+// running on another core while this one polled: the budget goes back to
+// PollMax, since polling is then the fastest way to wait, as OpenMPI's TCP
+// transport, which polls without end where ranks do not outnumber cores.
+// Bytes there at the first look say nothing of where the peer runs, and
+// leave the budget as it is. A budget that ran out halves: the peer was
+// busy, or needed this very processor, which polling kept from it (when
+// another process holds the other core, the two ranks of a pair take
+// turns on one). A wait that parked and still ended within PollMax might
+// have been caught by a little more polling, so the budget grows by
+// PollMax/64. Where the peer shares this processor the budget thus
+// settles near PollMax/32; where the peer answers from a core of its own,
+// one wait caught while polling restores it; where the waits are long it
+// falls to nothing, and the reads park at once.
+func (r *Reader) adapt(parked, missed bool, waited time.Duration) {
 	if !parked {
-		r.spin = min(r.PollMax, max(r.spin, 2*waited))
+		if missed {
+			r.spin = r.PollMax
+		}
 		return
 	}
 	r.spin /= 2

@@ -778,7 +778,7 @@ func (t *Transport) WaitRecv(p int) error {
 	// a small message's wait is a round trip, shorter than a wake-up.
 	lead := pr.conns[0]
 	lead.rd.Poll = true
-	h, err := lead.header(pr.recvJob)
+	h, err := lead.header(pr.recvJob, lead.firstLen(pr.recvJob))
 	if err != nil {
 		lead.rd.Poll = false
 		return err
@@ -887,14 +887,18 @@ func (c *conn) sendNow(j job) error {
 
 // writev is sendNow's RawConn callback: it writes what is left of c.iov,
 // and where the socket has no room sets the write deadline and returns
-// false to park until it has.
+// false to park until it has. The socket is non-blocking, so writev(2)
+// returns at once and is made without the runtime's system-call
+// bookkeeping: entering a system call wakes the runtime's monitor thread
+// whenever it sleeps (as it does while the process idles between calls),
+// a futex wake-up and a thread run on some core per message.
 func (c *conn) writev(fd uintptr) bool {
 	for c.iovAt < len(c.iov) {
 		if c.iov[c.iovAt].Len == 0 {
 			c.iovAt++
 			continue
 		}
-		n, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&c.iov[c.iovAt])), uintptr(len(c.iov)-c.iovAt))
+		n, _, e := unix.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&c.iov[c.iovAt])), uintptr(len(c.iov)-c.iovAt))
 		switch e {
 		case 0:
 		case unix.EINTR:
@@ -933,7 +937,7 @@ func (c *conn) reader() {
 				c.p.recvDone <- c.receive(j)
 				continue
 			}
-			h, err := c.header(j)
+			h, err := c.header(j, c.firstLen(j))
 			if err != nil {
 				for range c.p.conns {
 					c.p.recvDone <- err
@@ -962,11 +966,19 @@ func (c *conn) reader() {
 	}
 }
 
+// firstLen is the length of the first frame's payload of the message j
+// expects (its stripe 0), which header reads with the header where small.
+func (c *conn) firstLen(j job) int {
+	_, hi := Stripe(len(j.buf), Stripes(len(j.buf), len(c.p.conns)), 0)
+	return hi
+}
+
 // header reads and checks the header of the frame of the message j
-// expects on this connection.
-func (c *conn) header(j job) (Header, error) {
+// expects on this connection, and up to more bytes after it (the
+// payload, where small: Reader.ReadAhead).
+func (c *conn) header(j job, more int) (Header, error) {
 	c.rd.SetDeadline(j.deadline)
-	if err := c.rd.ReadFull(c.rhdr[:]); err != nil {
+	if err := c.rd.ReadAhead(c.rhdr[:], more); err != nil {
 		return Header{}, c.classify(err, "receiving a header")
 	}
 	h, err := Decode(c.rhdr[:])
@@ -1023,7 +1035,11 @@ func (c *conn) first(j job, h Header, match bool) error {
 // receive reads one frame after the first of a message: into j.buf, or
 // to nowhere when j.drain says the message is not the expected one.
 func (c *conn) receive(j job) error {
-	h, err := c.header(j)
+	more := len(j.buf)
+	if j.drain {
+		more = 0
+	}
+	h, err := c.header(j, more)
 	if err != nil {
 		return err
 	}
@@ -1042,9 +1058,7 @@ func (c *conn) receive(j job) error {
 // discard reads n bytes of payload to nowhere, so that the stream stays in
 // step after a mismatch.
 func (c *conn) discard(n uint64) error {
-	c.rd.SetLowat(1) // the header's read may have left it higher
-	c.rd.arm()       // a polling reader leaves the socket without its deadline
-	if _, err := io.CopyN(io.Discard, c.c, int64(n)); err != nil {
+	if err := c.rd.Discard(n); err != nil {
 		return c.classify(err, "draining a mismatched block")
 	}
 	return nil

@@ -1,0 +1,90 @@
+package inter
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// TestReadAhead: frames of a header and a payload, read with ReadAhead
+// expecting a payload that is sometimes the frame's, sometimes shorter or
+// longer than it (a mismatch: the read may then take the next frame's
+// bytes), then the payload read whole or discarded; every byte arrives
+// once, in order, polled or not, however the sender cuts its writes.
+func TestReadAhead(t *testing.T) {
+	for _, poll := range []bool{false, true} {
+		a, b := tcpPair(t)
+		rng := rand.New(rand.NewPCG(7, uint64(len(t.Name()))))
+		type frame struct {
+			hdr, body []byte
+			expect    int
+			discard   bool
+		}
+		var frames []frame
+		var all []byte
+		for range 300 {
+			f := frame{hdr: make([]byte, HeaderSize), body: make([]byte, rng.IntN(AheadMax+200))}
+			for i := range f.hdr {
+				f.hdr[i] = byte(rng.Uint32())
+			}
+			for i := range f.body {
+				f.body[i] = byte(rng.Uint32())
+			}
+			switch rng.IntN(4) {
+			case 0:
+				f.expect = rng.IntN(2 * AheadMax) // a mismatch, or above AheadMax
+			case 1:
+				f.expect, f.discard = rng.IntN(AheadMax), true
+			default:
+				f.expect = len(f.body)
+			}
+			frames = append(frames, f)
+			all = append(append(all, f.hdr...), f.body...)
+		}
+		go func() {
+			for rest := all; len(rest) > 0; {
+				n := min(len(rest), 1+rng.IntN(3*AheadMax))
+				if _, err := a.Write(rest[:n]); err != nil {
+					return
+				}
+				rest = rest[n:]
+				if rng.IntN(8) == 0 {
+					time.Sleep(50 * time.Microsecond)
+				}
+			}
+			a.Close()
+		}()
+		r := NewReader(b, DefaultLowat)
+		r.bind()
+		r.Poll = poll
+		r.SetDeadline(time.Now().Add(20 * time.Second))
+		hdr := make([]byte, HeaderSize)
+		for i, f := range frames {
+			if err := r.ReadAhead(hdr, f.expect); err != nil {
+				t.Fatalf("poll %v, frame %d: header: %v", poll, i, err)
+			}
+			if !bytes.Equal(hdr, f.hdr) {
+				t.Fatalf("poll %v, frame %d: wrong header", poll, i)
+			}
+			if f.discard {
+				if err := r.Discard(uint64(len(f.body))); err != nil {
+					t.Fatalf("poll %v, frame %d: discard: %v", poll, i, err)
+				}
+				continue
+			}
+			got := make([]byte, len(f.body))
+			if err := r.ReadFull(got); err != nil {
+				t.Fatalf("poll %v, frame %d: payload of %d: %v", poll, i, len(got), err)
+			}
+			if !bytes.Equal(got, f.body) {
+				t.Fatalf("poll %v, frame %d: payload of %d (expected %d): wrong bytes", poll, i, len(got), f.expect)
+			}
+		}
+		if err := r.ReadFull(make([]byte, 1)); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("poll %v: after the last frame: %v, want the stream's end", poll, err)
+		}
+	}
+}
