@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"time"
 	"unsafe"
@@ -323,7 +324,19 @@ func (c *Communicator) dialNodes(ctx context.Context, key string) (*inter.Transp
 		Store: c.store, Key: c.key(key), Rank: o.Rank, Peers: peers, Channels: o.Channels,
 		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, Timeout: o.Timeout, Lowat: o.RcvLowat,
 		SendCopyMin: o.SendCopyMin, Auth: auth.NewKey(o.JobSecret, o.JobID),
+		PollMax: pollMax(o.LocalWorldSize, runtime.NumCPU()),
 	})
+}
+
+// pollMax is the transport's polling bound for a node of local ranks on
+// cpus cores: the default, or none (-1) where the ranks outnumber the
+// cores, since there a polling rank may hold the very core that the peer
+// it waits for needs (OpenMPI's mpi_yield_when_idle makes the same choice).
+func pollMax(local, cpus int) time.Duration {
+	if local > cpus {
+		return -1
+	}
+	return 0
 }
 
 // plan prepares name(dst, src) with the sizes and offsets in c.sizes and

@@ -3,6 +3,7 @@ package collective
 import (
 	"reflect"
 	"testing"
+	"time"
 )
 
 // Every knob of Options outside Job (which the launcher's variables fill,
@@ -71,6 +72,19 @@ func TestEveryKnobFromEnv(t *testing.T) {
 			if n := sf.Type.Field(j).Name; !covered[n] {
 				t.Errorf("Options.%s.%s has no SLIME_* row in this test", sf.Name, n)
 			}
+		}
+	}
+}
+
+// TestPollMax: a node's ranks poll their sockets (the transport's default
+// bound) unless they outnumber its cores, where they never poll.
+func TestPollMax(t *testing.T) {
+	for _, c := range []struct {
+		local, cpus int
+		want        time.Duration
+	}{{1, 2, 0}, {2, 2, 0}, {3, 2, -1}, {8, 2, -1}, {8, 16, 0}} {
+		if got := pollMax(c.local, c.cpus); got != c.want {
+			t.Errorf("%d local ranks on %d cores: PollMax %v, want %v", c.local, c.cpus, got, c.want)
 		}
 	}
 }
