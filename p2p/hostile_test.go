@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"math/rand/v2"
 	"net"
 	"os"
 	"runtime"
@@ -741,5 +742,136 @@ func TestProcAddr(t *testing.T) {
 		if a, err := procAddr(bad); err == nil {
 			t.Errorf("procAddr(%q) = %v, want an error", bad, a)
 		}
+	}
+}
+
+// TestRandomFrames: members send sequences of well-formed frames of every
+// kind with random fields (requests in and out of bounds, with right and
+// wrong keys, answers and data for ids in use and not, releases,
+// cancels) while the endpoint has transfers of its own to them in
+// flight: nothing panics or races, every Wait returns, and the endpoint
+// serves its honest peer afterwards.
+func TestRandomFrames(t *testing.T) {
+	_, b, ab, _ := pair(t, func(o *Options) { o.Channels = 2 })
+	const seed = 1
+	a := ab.e
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx := ctxT(t, 120*time.Second)
+	mem := make([]byte, 1<<16)
+	r, _ := b.Register("m", mem)
+	rr := r.Remote()
+	la, _ := a.Register("l", make([]byte, 1<<16))
+	k := auth.NewKey(testAuth().Secret, testAuth().Job)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	subs := []uint8{rRead, rWrite, rImm, rRTS, rCTS, rSend, rReadV, rWriteV}
+	for round := range 100 {
+		c, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		auth.Connect(c, k, purpose, time.Now().Add(5*time.Second))
+		nch := uint32(1 + rng.IntN(2))
+		c.Write(append(hdr(header{kind: kHello, id: uint64(round + 1000), a: 0, b: nch, payload: 9}), "\x20\x4e\x00\x00evil"+string(rune('a'+round%26))...))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 1<<16)
+			for {
+				c.SetReadDeadline(time.Now().Add(2 * time.Second))
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+			}
+		}()
+		name := "evil" + string(rune('a'+round%26))
+		var pb *Peer
+		for range 100 {
+			if pb = b.Peer(name); pb != nil {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		lb, _ := b.Register("lb", make([]byte, 1<<16))
+		if pb != nil {
+			fake := RemoteRegion{Name: "x", ID: 1, Key: 2, Size: 1 << 16}
+			ops := []Op{{Local: lb, Remote: fake, Len: 1 + rng.IntN(1<<16)}}
+			fs := []*Future{pb.Read(ops), pb.Write(ops), pb.WriteWithImm(ops, 3), pb.Send(make([]byte, 50)), pb.Recv(make([]byte, 50)), pb.Read(ops)}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for _, f := range fs {
+					cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+					f.Wait(cctx)
+					cancel()
+				}
+				b.Deregister(ctx, lb)
+			}()
+		}
+		var out []byte
+		for range 50 {
+			var h header
+			var pay []byte
+			switch rng.IntN(8) {
+			case 0, 1, 2:
+				sub := subs[rng.IntN(len(subs))]
+				h = header{kind: kReq, sub: sub, id: uint64(rng.IntN(8))}
+				switch sub {
+				case rRead, rWrite, rReadV, rWriteV:
+					n := 1 + rng.IntN(3)
+					pay = make([]byte, stripeSize+n*DescSize)
+					var sum uint64
+					for i := range n {
+						d := desc{rr.ID, rr.Key, uint64(rng.IntN(1 << 16)), uint64(1 + rng.IntN(1<<12))}
+						if rng.IntN(4) == 0 {
+							d.key ^= 1
+						}
+						sum += d.len
+						d.put(pay[stripeSize+i*DescSize:])
+					}
+					lo := uint64(rng.IntN(int(sum)))
+					pay[0] = byte(lo)
+					pay[1] = byte(lo >> 8)
+					h.a = sum - lo
+					h.b = uint32(n)
+				case rImm:
+					h.a = uint64(rng.Uint32())
+				case rRTS, rSend:
+					h.a = uint64(rng.IntN(100))
+				case rCTS:
+					h.status = uint8(rng.IntN(3)) * stCancelled / 2
+				}
+			case 3:
+				h = header{kind: kData, id: uint64(rng.IntN(8)), payload: uint32(1 + rng.IntN(5000))}
+				pay = make([]byte, h.payload)
+			case 4:
+				h = header{kind: kResp, sub: subs[rng.IntN(len(subs))], id: uint64(rng.IntN(8)), status: uint8(rng.IntN(3))}
+				if h.sub == rRead && h.status == 0 {
+					h.a = uint64(rng.IntN(1 << 16))
+				}
+				if (h.sub == rReadV || h.sub == rWriteV) && h.status == 0 {
+					h.b = 1
+					pay = make([]byte, IovSize)
+				}
+			case 5:
+				h = header{kind: kEnd, id: uint64(rng.IntN(8)), status: 1 + uint8(rng.IntN(5))}
+			case 6:
+				h = header{kind: kRelease, id: uint64(rng.IntN(8))}
+			case 7:
+				h = header{kind: kCancel, id: uint64(rng.IntN(8))}
+			}
+			h.payload = uint32(len(pay))
+			if _, err := decodeHeader(hdr(h)); err != nil {
+				continue
+			}
+			out = append(out, hdr(h)...)
+			out = append(out, pay...)
+		}
+		c.Write(out)
+		time.Sleep(5 * time.Millisecond)
+		c.Close()
+	}
+	if err := ab.Read([]Op{{Local: la, Remote: rr, Len: 1 << 16}}).Wait(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
