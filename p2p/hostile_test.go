@@ -875,3 +875,49 @@ func TestRandomFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// openFDs counts this process's open file descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd:", err)
+	}
+	return len(fds)
+}
+
+// TestNoFDLeak: an endpoint linked to a child process (over TCP, and on
+// the same host with its pidfd), with transfers done and given up, holds
+// no descriptor once closed.
+func TestNoFDLeak(t *testing.T) { transports(t, testNoFDLeak) }
+
+func testNoFDLeak(t *testing.T, tcpOnly bool, wantT string) {
+	addr, st := storeFor(t)
+	ctx := ctxT(t, 30*time.Second)
+	startChild(t, "plain", addr, 8<<20, 9)
+	before := openFDs(t)
+	a, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth(), TCPOnly: tcpOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := a.Connect(ctx, "child")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Transport() != wantT {
+		t.Fatalf("transport %q, want %q", p.Transport(), wantT)
+	}
+	rr, _ := p.Remote("mem")
+	lr, _ := a.Register("l", make([]byte, 8<<20))
+	for i := range 20 {
+		f := p.Read([]Op{{Local: lr, Remote: rr, Len: 8 << 20}})
+		if i%2 == 1 {
+			c, cancel := context.WithCancel(ctx)
+			cancel()
+			f.Wait(c)
+		}
+		f.Wait(ctx)
+	}
+	a.Close()
+	eventually(t, "the endpoint's descriptors to close", func() bool { return openFDs(t) <= before })
+}
