@@ -1262,3 +1262,64 @@ func TestBufferFree(t *testing.T) {
 		}
 	}
 }
+
+// hiddenDeadline is a context that ends at a deadline it does not report,
+// as one whose end a caller arranges some other way: the group's waits
+// then learn of the end only from Done and Err.
+type hiddenDeadline struct{ context.Context }
+
+func (hiddenDeadline) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+// TestContextEndWhileWaiting: a wait for a silent peer that ends with the
+// caller's context, well before Config.Timeout, reports the context's end
+// naming the peer: ErrTimeout when the context ended by its deadline,
+// context.Canceled when it was cancelled.
+func TestContextEndWhileWaiting(t *testing.T) {
+	cases := []struct {
+		name string
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		{"cancelled", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(200*time.Millisecond, cancel)
+			return ctx, cancel
+		}, context.Canceled},
+		{"deadline", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			return hiddenDeadline{ctx}, cancel
+		}, fault.ErrTimeout},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			done := make(chan struct{})
+			errs := group(t, 2, Config{Timeout: 20 * time.Second}, func(g *Group) error {
+				op, err := g.Plan("allgather", make([]byte, 200), make([]byte, 100), []int{100, 100}, []int{0, 100})
+				if err != nil {
+					return err
+				}
+				if g.Rank() == 1 { // silent: never announces
+					select {
+					case <-done:
+					case <-time.After(10 * time.Second):
+					}
+					return nil
+				}
+				defer close(done)
+				ctx, cancel := c.ctx()
+				defer cancel()
+				err = op.Run(ctx)
+				var oe *fault.OpError
+				if !errors.Is(err, c.want) || !errors.As(err, &oe) || oe.Peer != 1 || !strings.Contains(err.Error(), "context ended while waiting for the header") {
+					return fmt.Errorf("want %v naming peer 1, the context's end and the header, got %v", c.want, err)
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+		})
+	}
+}
