@@ -569,6 +569,13 @@ func (e *Endpoint) dropPeer(p *Peer, err error) {
 
 var errDup = errors.New("p2p: the peer links to this endpoint itself")
 
+// maxHandshakes bounds the connections whose handshake (internal/auth and
+// the hello) runs at once: past it the accept loop waits, and the kernel's
+// backlog holds further connections, so that connections that never
+// prove themselves (anyone who reaches the port can open them) hold at
+// most this many descriptors and goroutines, each for HandshakeTimeout.
+var maxHandshakes = 4096
+
 // dial makes the link's connections to in.addr: each dialed, proven
 // (internal/auth) and introduced by a hello naming this endpoint, the
 // channel and a session id.
@@ -694,7 +701,8 @@ func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, in info, peerHB uint64
 }
 
 // acceptLoop accepts connections until Close; each one's handshake and
-// hello run in a goroutine of their own, bounded by HandshakeTimeout.
+// hello run in a goroutine of their own, bounded by HandshakeTimeout, at
+// most maxHandshakes at once.
 func (e *Endpoint) acceptLoop() {
 	defer e.wg.Done()
 	var pendMu sync.Mutex
@@ -707,9 +715,16 @@ func (e *Endpoint) acceptLoop() {
 		}
 		pendMu.Unlock()
 	}()
+	slots := make(chan struct{}, maxHandshakes)
 	for {
+		select {
+		case slots <- struct{}{}:
+		case <-e.done:
+			return
+		}
 		c, err := e.ln.AcceptTCP()
 		if err != nil {
+			<-slots
 			select {
 			case <-e.done:
 				return
@@ -724,6 +739,7 @@ func (e *Endpoint) acceptLoop() {
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
+			defer func() { <-slots }()
 			e.greet(c, &pendMu, pending)
 		}()
 	}

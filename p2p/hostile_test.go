@@ -921,3 +921,35 @@ func testNoFDLeak(t *testing.T, tcpOnly bool, wantT string) {
 	a.Close()
 	eventually(t, "the endpoint's descriptors to close", func() bool { return openFDs(t) <= before })
 }
+
+// TestHandshakesBounded: connections that never prove themselves (no
+// secret needed to open them) hold at most maxHandshakes handshakes at
+// once; the others wait in the kernel's backlog.
+func TestHandshakesBounded(t *testing.T) {
+	defer func(n int) { maxHandshakes = n }(maxHandshakes)
+	maxHandshakes = 4
+	ctx := ctxT(t, 30*time.Second)
+	b, err := New(ctx, Options{Name: "b", Auth: testAuth(), HandshakeTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	greets := func() int {
+		buf := make([]byte, 1<<20)
+		return strings.Count(string(buf[:runtime.Stack(buf, true)]), "p2p.(*Endpoint).greet(")
+	}
+	for range 3 * maxHandshakes {
+		c, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	eventually(t, "the handshakes to start", func() bool { return greets() >= maxHandshakes })
+	for range 50 {
+		if n := greets(); n > maxHandshakes {
+			t.Fatalf("%d handshakes at once, at most %d", n, maxHandshakes)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
