@@ -20,14 +20,15 @@ import (
 // answer grants the memory of the checked ranges (their addresses), and
 // the initiator copies them itself with one process_vm_readv or
 // process_vm_writev per chunk: one copy, kernel to kernel, no socket. The
-// initiator copies under its part's lock, chunk by chunk, so that a
-// cancelled transfer stops touching this side's memory at once, as over
-// TCP; it then releases the grant (kRelease), and until then the target
-// counts the request as in flight on its regions (Deregister waits for
-// it). A link uses it when the peer's Info says it runs on this host (the
-// same boot and pid namespace) and a probe read of the peer's token at the
-// address its Info gives returns the token (ptrace permission, same
-// process); then a pidfd watches the peer, so that its exit fails the
+// initiator copies in a goroutine of its own, under its part's lock,
+// chunk by chunk, so that a cancelled transfer stops touching this side's
+// memory at once, as over TCP; it then releases the grant (kRelease), and
+// until then the target counts the request as in flight on its regions
+// (Deregister waits for it). A link uses it when the peer's Info says it
+// runs on this host (the same boot and pid namespace), the process at the
+// Info's pid holds the link's sockets (heldBy), and a probe read of the
+// peer's token at the address its Info gives returns the token (ptrace
+// permission); then a pidfd watches the peer, so that its exit fails the
 // link at once even before its sockets close.
 
 // cmaChunk is the most one process_vm call copies.
@@ -273,8 +274,8 @@ func (c *conn) granted(h header, p *part) error {
 	if err := c.readFull(b); err != nil {
 		return err
 	}
-	defer c.l.enqueue(c.idx, frame{kind: kRelease, id: h.id})
 	if p == nil { // given up: the grant goes back unused
+		c.l.enqueue(c.idx, frame{kind: kRelease, id: h.id})
 		return nil
 	}
 	rem := make([]unix.RemoteIovec, h.b)
@@ -282,19 +283,33 @@ func (c *conn) granted(h header, p *part) error {
 	for i := range rem {
 		a, n := binary.LittleEndian.Uint64(b[i*IovSize:]), binary.LittleEndian.Uint64(b[i*IovSize+8:])
 		if n == 0 || n > MaxLen {
+			c.l.enqueue(c.idx, frame{kind: kRelease, id: h.id})
 			return fmt.Errorf("%w: a grant of %d bytes", ErrFrame, n)
 		}
 		sum += n
 		rem[i] = unix.RemoteIovec{Base: uintptr(a), Len: int(n)}
 	}
 	if sum != p.total {
+		c.l.enqueue(c.idx, frame{kind: kRelease, id: h.id})
 		return fmt.Errorf("%w: a grant of %d bytes for a request of %d", ErrFrame, sum, p.total)
 	}
-	if err := c.l.cmaCopy(p, rem, h.sub == rWriteV); err != nil {
-		p.finish(opErr(p.f.op, c.l.p.name, "", ErrPeerLost, "copying through the grant: %v", err))
-		return nil
-	}
-	p.finish(nil)
+	// The copy runs in a goroutine of its own, so that the reader goes on
+	// reading while it lasts: a long copy (or one that waits for the
+	// peer's pages) neither holds up the other frames of the connection
+	// nor hides that the link has failed (which ends the copy at its next
+	// chunk).
+	l, idx, write := c.l, c.idx, h.sub == rWriteV
+	l.wg.Add(1) // the reader counts in l.wg: it is not at zero
+	go func() {
+		defer l.wg.Done()
+		err := l.cmaCopy(p, rem, write)
+		l.enqueue(idx, frame{kind: kRelease, id: h.id})
+		if err != nil {
+			p.finish(opErr(p.f.op, l.p.name, "", ErrPeerLost, "copying through the grant: %v", err))
+			return
+		}
+		p.finish(nil)
+	}()
 	return nil
 }
 

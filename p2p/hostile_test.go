@@ -13,8 +13,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/slimego/slimego/internal/auth"
+	"golang.org/x/sys/unix"
 )
 
 // fakeTarget is a hostile peer this endpoint links to: a listener that
@@ -951,5 +953,106 @@ func TestHandshakesBounded(t *testing.T) {
 			t.Fatalf("%d handshakes at once, at most %d", n, maxHandshakes)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// uffdRegion maps n bytes whose pages are missing until the returned
+// function is called: a process_vm copy from them blocks until then
+// (userfaultfd). It skips the test where userfaultfd is not allowed.
+func uffdRegion(t *testing.T, n int) ([]byte, func()) {
+	t.Helper()
+	mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, _, e := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
+	if e != 0 {
+		unix.Munmap(mem)
+		t.Skip("userfaultfd:", e)
+	}
+	const uffdioAPI, uffdioRegister, modeMissing = 0xc018aa3f, 0xc020aa00, 1
+	api := [3]uint64{0xAA, 0, 0}
+	reg := [4]uint64{uint64(uintptr(unsafe.Pointer(&mem[0]))), uint64(n), modeMissing, 0}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, fd, uffdioAPI, uintptr(unsafe.Pointer(&api))); e != 0 {
+		t.Skip("userfaultfd api:", e)
+	}
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, fd, uffdioRegister, uintptr(unsafe.Pointer(&reg))); e != 0 {
+		t.Skip("userfaultfd register:", e)
+	}
+	var once sync.Once
+	release := func() { once.Do(func() { unix.Close(int(fd)) }) } // the faults then resolve to zero pages
+	t.Cleanup(func() { release(); unix.Munmap(mem) })
+	return mem, release
+}
+
+// TestCopyDoesNotBlockReader: a same-host copy that blocks (here on pages
+// a userfaultfd holds back) does not keep the connection's reader from
+// reading: an immediate that comes meanwhile on the same connection is
+// delivered, and the read completes once its pages come.
+func TestCopyDoesNotBlockReader(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	src, pages := uffdRegion(t, 1<<16)
+	// A target in this process, whose Info says so truthfully (it holds
+	// the link's socket): the link is same-host.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(got)
+			return
+		}
+		k := auth.NewKey(testAuth().Secret, testAuth().Job)
+		auth.Accept(c, k, purpose, time.Now().Add(5*time.Second))
+		var b [HeaderSize + 4 + MaxName]byte
+		readFull(c, b[:HeaderSize])
+		h, _ := decodeHeader(b[:HeaderSize])
+		readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
+		ack := header{kind: kHelloAck, a: 10000}
+		ack.put(b[:])
+		c.Write(b[:HeaderSize])
+		got <- c
+	}()
+	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 16}
+	in := info{name: "t", addr: ln.Addr().String(), host: a.host, pid: uint32(os.Getpid()), token: *a.token,
+		tokenAddr: uint64(uintptr(unsafe.Pointer(a.token))), regions: []RemoteRegion{rr}}
+	p, err := a.ConnectInfo(ctx, in.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := <-got
+	defer c.Close()
+	if p.Transport() != "cma" {
+		t.Fatalf("transport %q, want cma", p.Transport())
+	}
+	lr, _ := a.Register("l", make([]byte, 4096))
+	f := p.Read([]Op{{Local: lr, Remote: rr, Len: 4096}})
+	h, _ := nextFrame(t, c)
+	if h.kind != kReq || h.sub != rReadV {
+		t.Fatalf("got %+v, want a same-host read", h)
+	}
+	iov := make([]byte, IovSize)
+	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&src[0]))))
+	binary.LittleEndian.PutUint64(iov[8:], 4096)
+	c.Write(append(hdr(header{kind: kResp, sub: rReadV, id: h.id, b: 1, payload: IovSize}), iov...))
+	c.Write(hdr(header{kind: kReq, sub: rImm, id: 99, a: 7}))
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	im, err := a.Imm(ictx)
+	pages()
+	if err != nil || im.Value != 7 {
+		t.Fatalf("an immediate while a copy waits for its pages: %v %v", im, err)
+	}
+	if err := f.Wait(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

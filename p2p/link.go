@@ -254,10 +254,11 @@ func (l *link) fail(err error) {
 	l.mu.Unlock()
 	if len(lent) > 0 {
 		// The peer may still be copying through a grant it has not
-		// released: it stops when it notices the link is gone, which
-		// its pings (every heartbeat/4) find out within half a
-		// heartbeat, and then within a chunk. Until a heartbeat has
-		// passed the regions count as in use (Deregister waits).
+		// released: it stops when it notices the link is gone (its
+		// reader when the connection closes, or its pings, every
+		// heartbeat/4, within half a heartbeat), and then within a
+		// chunk. Until a heartbeat has passed the regions count as in
+		// use (Deregister waits).
 		time.AfterFunc(l.hb, func() { l.e.release(lent) })
 	}
 	for _, c := range l.conns {
