@@ -144,7 +144,11 @@ mutate:
 # and --oversubscribe, which makes it yield when idle where ranks outnumber
 # the cores. The ceiling is a two-thread memcpy (slimebench memcpy
 # --threads 2): out of place, two ranks copy 4·S bytes between them, so
-# that pair's copy rate (4·S / time) is set beside its GB/s. P feeds the
+# that pair's copy rate (4·S / time) is set beside its GB/s. Where P is at
+# most the cores, each table also has the bound column memcpy-gather
+# (slimebench memcpy --threads P --gather: P threads doing the all-gather's
+# copies alone, block for block), whose ratio is the share of that bound
+# slimego's row reaches. P feeds the
 # overlap run. BENCH_ARGS narrows the sweep (BENCH_ARGS="-b 8 -e 64K"; both
 # programs take -b, -e, -f). Tables and CSV land in $(OUT)/bench.
 REPS    ?= 3
@@ -163,10 +167,12 @@ bench: build
 	  if [ -x $(BIN)/allgather_mpi ]; then $(MPIRUN) -np $$p $(BIN)/allgather_mpi $(BENCH_ARGS) 2>/dev/null > $(OUT)/bench/openmpi.P$$p.$$i.csv || exit 1; fi; \
 	done; done
 	$(BIN)/slimebench memcpy --threads 2 --csv $(BENCH_ARGS) > $(OUT)/bench/memcpy.csv
+	@for p in $(PS); do [ $$p -le $$(nproc) ] || continue; \
+	  $(BIN)/slimebench memcpy --threads $$p --gather --csv $(BENCH_ARGS) > $(OUT)/bench/memcpy-gather.P$$p.csv; done
 	@for p in $(PS); do \
-	  echo; echo "== P=$$p, one node: slimego (symmetric buffers) vs slimego (plain buffers) and OpenMPI (vader) =="; \
+	  echo; echo "== P=$$p, one node: slimego (symmetric buffers) vs slimego (plain buffers), OpenMPI (vader)$$([ -f $(OUT)/bench/memcpy-gather.P$$p.csv ] && echo ' and the bound (memcpy-gather: the all-gather'"'"'s copies alone; its ratio is the share of the bound slimego reaches)') =="; \
 	  $(BIN)/slimebench compare $(OUT)/bench/slimego.P$$p.*.csv $(OUT)/bench/slimego-plain.P$$p.*.csv \
-	    $$(ls $(OUT)/bench/openmpi.P$$p.*.csv 2>/dev/null) | tee $(OUT)/bench/compare-P$$p.txt; done
+	    $$(ls $(OUT)/bench/openmpi.P$$p.*.csv $(OUT)/bench/memcpy-gather.P$$p.csv 2>/dev/null) | tee $(OUT)/bench/compare-P$$p.txt; done
 	@echo; echo "== two-thread memcpy, the ceiling (busbw column = GB/s of the pair's copy; an out-of-place P=2 row of S is bounded by 4*S at this rate) =="
 	@cat $(OUT)/bench/memcpy.csv
 	@echo; echo "== AllGather+GEMM overlap, P=$(P), one node (plot: $(OUT)/bench/overlap.png) =="

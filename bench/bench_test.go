@@ -63,3 +63,25 @@ func TestAllGatherEveryBackend(t *testing.T) {
 		})
 	}
 }
+
+// TestGatherCopy: the all-gather's copy bound runs to its end for one,
+// two and three threads, in and out of place, and times something.
+func TestGatherCopy(t *testing.T) {
+	for _, P := range []int{1, 2, 3} {
+		for _, inPlace := range []bool{false, true} {
+			done := make(chan float64, 1)
+			go func() { done <- GatherCopy(64<<10, P, inPlace, time.Millisecond) }()
+			select {
+			case us := <-done:
+				if us <= 0 && !(P == 1 && inPlace) {
+					t.Errorf("P=%d in place %v: %v µs", P, inPlace, us)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("P=%d in place %v: still running after 30 s", P, inPlace)
+			}
+		}
+	}
+	if us := GatherCopy(0, 2, false, time.Millisecond); us != 0 {
+		t.Errorf("size 0: %v µs", us)
+	}
+}

@@ -92,3 +92,78 @@ func MemcpyThreads(n, threads int, minTime time.Duration) (us, gbps float64) {
 	}
 	return us, gbps
 }
+
+// GatherCopy measures the copies of a shared-memory all-gather of P ranks
+// with P threads, each a rank: P sources of s bytes, every thread copying
+// each source it gathers into a destination of its own (P·s bytes), in
+// the order source t, t+1, … (rank t's own first). Out of place a thread
+// copies all P blocks; in place, the P−1 that are not its own. That is the
+// all-gather's memory traffic with nothing else (no flags, no waits for
+// peers), so its time at size s bounds the all-gather's at s; a ratio of
+// the two is the share of the bound reached. Each thread is an OS thread
+// of its own that polls for the start of the next round, so that no
+// wake-up is timed. It returns the median time of one round, from its
+// start until the last thread is done (µs).
+func GatherCopy(s, P int, inPlace bool, minTime time.Duration) (us float64) {
+	if s == 0 || P < 1 {
+		return 0
+	}
+	srcs := make([][]byte, P)
+	dsts := make([][]byte, P)
+	for t := range P {
+		srcs[t] = make([]byte, s)
+		for i := range srcs[t] {
+			srcs[t][i] = byte(i*7 + t + 1)
+		}
+		dsts[t] = make([]byte, P*s)
+		copy(dsts[t][t*s:], srcs[t]) // in place: the own block is there
+	}
+	round := func(t int) {
+		for k := range P {
+			j := (t + k) % P
+			if j == t && inPlace {
+				continue
+			}
+			copy(dsts[t][j*s:(j+1)*s], srcs[j])
+		}
+	}
+	var start, done atomic.Int64
+	var wg sync.WaitGroup
+	for t := 1; t < P; t++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			for gen := int64(1); ; gen++ {
+				for start.Load() < gen {
+					if start.Load() < 0 {
+						return
+					}
+				}
+				round(t)
+				done.Add(1)
+			}
+		}()
+	}
+	one := func(gen int64) {
+		start.Store(gen)
+		round(0)
+		for want := gen * int64(P-1); done.Load() < want; {
+		}
+	}
+	one(1) // touch every page, warm the caches
+	var times []float64
+	t := time.Now()
+	for gen := int64(2); len(times) < 5 || time.Since(t) < minTime; gen++ {
+		t0 := time.Now()
+		one(gen)
+		times = append(times, float64(time.Since(t0).Nanoseconds())/1e3)
+		if len(times) >= 1_000_000 {
+			break
+		}
+	}
+	start.Store(-1)
+	wg.Wait()
+	return interleave.Median(times)
+}

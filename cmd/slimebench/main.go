@@ -1,7 +1,7 @@
 // Command slimebench measures slimego as ../shared/BENCH.md prescribes.
 //
 //	slimerun --standalone --nproc-per-node 2 slimebench allgather -b 8 -e 64M -f 8
-//	slimebench memcpy -b 8 -e 64M [--threads 2]
+//	slimebench memcpy -b 8 -e 64M [--threads 2] [--gather]
 //	slimebench compare slimego.csv openmpi.csv
 //
 // allgather runs under a launcher (slimerun, torchrun, mpirun); rank 0
@@ -229,6 +229,9 @@ func memcpy(args []string) error {
 	sw := sweepFlags(fs)
 	asCSV := fs.Bool("csv", false, "print CSV (impl memcpy, P = threads) instead of the table")
 	threads := fs.Int("threads", 1, "threads that copy each size together, each its own share (2: the bound of two ranks out of place)")
+	gather := fs.Bool("gather", false, "the all-gather's copies instead: each of --threads threads gathers --threads blocks of the size "+
+		"(in place, the others' blocks only), rows named memcpy-gather with the all-gather's P, S and bandwidths, "+
+		"to set beside its rows in slimebench compare (the ratio is then the share of this bound reached)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -238,6 +241,22 @@ func memcpy(args []string) error {
 	sizes, err := sw.sizes()
 	if err != nil {
 		return err
+	}
+	if *gather {
+		var rs []bench.Result
+		for _, n := range sizes {
+			for _, inPlace := range []bool{false, true} {
+				r := bench.Result{Impl: "memcpy-gather", Backend: "cpu", Mode: "intra", P: *threads, Nodes: 1, S: n, InPlace: inPlace,
+					Median: bench.GatherCopy(int(n), *threads, inPlace, 200*time.Millisecond)}
+				r.Bandwidths()
+				rs = append(rs, r)
+			}
+		}
+		if *asCSV {
+			return bench.WriteCSV(os.Stdout, rs)
+		}
+		bench.WriteTable(os.Stdout, rs, fmt.Sprintf("the all-gather's copies alone, %d threads each gathering %d blocks", *threads, *threads))
+		return nil
 	}
 	mode := "single-core"
 	if *threads > 1 {
