@@ -1323,3 +1323,40 @@ func TestContextEndWhileWaiting(t *testing.T) {
 		})
 	}
 }
+
+// TestRankZeroLost: rank 0 is a peer like any other: when it closes or
+// abandons its group, a rank waiting for it gets ErrPeerLost naming rank 0
+// at once, not a timeout.
+func TestRankZeroLost(t *testing.T) {
+	cases := []struct {
+		name, why string
+		leave     func(g *Group)
+	}{
+		{"closed", "peer closed its communicator", func(g *Group) { g.Close() }},
+		{"abandoned", "peer abandoned the operation", func(g *Group) { g.Abandon(errors.New("network down")) }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			done := make(chan struct{})
+			errs := group(t, 2, Config{Timeout: 5 * time.Second}, func(g *Group) error {
+				if g.Rank() == 0 {
+					c.leave(g)
+					<-done
+					return nil
+				}
+				defer close(done)
+				err := g.Barrier(context.Background())
+				var oe *fault.OpError
+				if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &oe) || oe.Peer != 0 || !strings.Contains(err.Error(), c.why) {
+					return fmt.Errorf("want ErrPeerLost naming peer 0 (%s), got %v", c.why, err)
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+		})
+	}
+}
