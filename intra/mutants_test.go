@@ -1360,3 +1360,54 @@ func TestRankZeroLost(t *testing.T) {
 		})
 	}
 }
+
+// TestPeerProcessExited: a peer in another process is watched through its
+// pidfd: while that process lives, a wait for the peer goes on; once it
+// has exited, the wait ends with ErrPeerLost naming the peer. Rank 0 is
+// given the pidfd of a child process for rank 1 (in-process peers have
+// none).
+func TestPeerProcessExited(t *testing.T) {
+	cmd := exec.Command("cat")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer in.Close()
+	fd, err := pidfdOpen(cmd.Process.Pid)
+	if err != nil {
+		t.Skipf("pidfd_open: %v", err)
+	}
+	done := make(chan struct{})
+	errs := group(t, 2, Config{Timeout: 5 * time.Second}, func(g *Group) error {
+		if g.Rank() == 1 {
+			time.Sleep(300 * time.Millisecond) // rank 0 sleeps and checks rank 1 meanwhile
+			if err := g.Barrier(context.Background()); err != nil {
+				return err
+			}
+			<-done // then silent
+			return nil
+		}
+		defer close(done)
+		g.pidfds[1], g.pollfds[1] = fd, pollFD{Fd: int32(fd), Events: pollIn} // closed by Close
+		if err := g.Barrier(context.Background()); err != nil {
+			return fmt.Errorf("with rank 1's process alive: %v", err)
+		}
+		in.Close()
+		cmd.Wait()
+		err := g.Barrier(context.Background())
+		var oe *fault.OpError
+		if !errors.Is(err, fault.ErrPeerLost) || !errors.As(err, &oe) || oe.Peer != 1 || !strings.Contains(err.Error(), "peer process exited") {
+			return fmt.Errorf("rank 1's process gone: want ErrPeerLost naming peer 1 (process exited), got %v", err)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
