@@ -91,9 +91,10 @@ const (
 	// not yet released), and maxGrantRefs their ranges.
 	maxGrants    = 1 << 16
 	maxGrantRefs = 1 << 20
-	// maxQueued bounds the frames waiting for one connection's writer
-	// when a request arrives on it: a peer that sends requests and does
-	// not read the answers has its link closed.
+	// maxQueued bounds the answers (frames the peer's frames caused)
+	// waiting for one connection's writer when a request arrives on it:
+	// a peer that sends requests and does not read the answers has its
+	// link closed. This side's own requests do not count.
 	maxQueued = 1 << 18
 	purpose   = "p2p"
 )

@@ -174,6 +174,9 @@ type conn struct {
 	q    []job
 	dead bool // the writer has ended: jobs are dropped
 	wake chan struct{}
+	// answers counts the jobs in q that the peer's frames caused (all
+	// but this side's own requests and sends): maxQueued bounds them.
+	answers int
 
 	whdr    [HeaderSize]byte
 	rhdr    [HeaderSize]byte
@@ -305,11 +308,26 @@ func (l *link) enqueue(ch int, j job) {
 		return
 	}
 	c.q = append(c.q, j)
+	if isAnswer(j) {
+		c.answers++
+	}
 	c.qmu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
+}
+
+// isAnswer reports whether j was caused by the peer's frames rather than
+// started by this side's caller (a request, a send and its announcement).
+func isAnswer(j job) bool {
+	switch j := j.(type) {
+	case reqJob, sendJob:
+		return false
+	case frame:
+		return !(j.kind == kReq && j.sub == rRTS)
+	}
+	return true
 }
 
 // dropJob releases what a job that will never be written holds.
@@ -327,7 +345,7 @@ func (c *conn) writer() {
 		c.qmu.Lock()
 		c.dead = true
 		q := c.q
-		c.q = nil
+		c.q, c.answers = nil, 0
 		c.qmu.Unlock()
 		for _, j := range q {
 			dropJob(c.l, j)
@@ -340,6 +358,9 @@ func (c *conn) writer() {
 			j = c.q[0]
 			c.q[0] = nil
 			c.q = c.q[1:]
+			if isAnswer(j) {
+				c.answers--
+			}
 		}
 		c.qmu.Unlock()
 		if j == nil {
@@ -786,10 +807,10 @@ func (c *conn) dispatch(h header) error {
 	// A request: its answer is queued for this connection's writer,
 	// which a peer that does not read its answers stalls.
 	c.qmu.Lock()
-	queued := len(c.q)
+	queued := c.answers
 	c.qmu.Unlock()
 	if queued > maxQueued {
-		return fmt.Errorf("%w: %d frames wait to be sent on connection %d: the peer sends requests and does not read the answers", ErrFrame, queued, c.idx)
+		return fmt.Errorf("%w: %d answers wait to be sent on connection %d: the peer sends requests and does not read them", ErrFrame, queued, c.idx)
 	}
 	switch h.sub {
 	case rRead, rWrite, rReadV, rWriteV:
