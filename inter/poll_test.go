@@ -84,46 +84,36 @@ func TestReaderPolledDeadline(t *testing.T) {
 	}
 }
 
-// TestReaderAdapt: bytes caught while polling, after a poll found none,
-// restore the full budget; bytes there at the first look leave it as it
-// is; a budget that ran out halves, and grows by PollMax/64 when the wait
-// still ended within PollMax, so that it settles near PollMax/32 where
-// every budget runs out quickly, and falls to nothing where the waits are
-// long.
+// TestReaderAdapt: a read that did not park restores the full budget; a
+// budget that ran out halves, and grows by PollMax/64 when the wait still
+// ended within PollMax, so that it settles near PollMax/32 where every
+// budget runs out quickly, and falls to nothing where the waits are long.
 func TestReaderAdapt(t *testing.T) {
 	const M = DefaultPollMax
 	r := Reader{PollMax: M, spin: M / 4}
-	r.adapt(false, false, 7*time.Microsecond)
-	if r.spin != M/4 {
-		t.Fatalf("bytes there at the first look changed the budget to %v", r.spin)
-	}
-	r.adapt(false, true, 7*time.Microsecond)
+	r.adapt(false, 7*time.Microsecond)
 	if r.spin != M {
-		t.Fatalf("after a wait caught while polling: budget %v, want PollMax", r.spin)
+		t.Fatalf("after a read that did not park: budget %v, want PollMax", r.spin)
 	}
 	for range 20 {
-		r.adapt(true, true, time.Second)
+		r.adapt(true, time.Second)
 	}
 	if r.spin != 0 {
 		t.Fatalf("after long parked waits: budget %v, want 0", r.spin)
 	}
-	r.adapt(false, false, 0)
-	if r.spin != 0 {
-		t.Fatalf("bytes there at once, budget 0: budget %v, want 0", r.spin)
-	}
 	for range 40 {
-		r.adapt(true, true, M/2)
+		r.adapt(true, M/2)
 	}
 	if lo, hi := M/32-time.Microsecond, M/32+time.Microsecond; r.spin < lo || r.spin > hi {
 		t.Fatalf("after short parked waits: budget %v, want about PollMax/32 (%v)", r.spin, M/32)
 	}
-	r.adapt(false, true, time.Microsecond)
+	r.adapt(false, 0)
 	if r.spin != M {
-		t.Fatalf("a wait caught while polling after short parked ones: budget %v, want PollMax", r.spin)
+		t.Fatalf("bytes there at the first look after parked waits: budget %v, want PollMax", r.spin)
 	}
 	r = Reader{PollMax: 0}
-	r.adapt(false, true, time.Microsecond)
-	r.adapt(true, true, time.Microsecond)
+	r.adapt(false, time.Microsecond)
+	r.adapt(true, time.Microsecond)
 	if r.spin != 0 {
 		t.Fatalf("PollMax 0: budget %v", r.spin)
 	}

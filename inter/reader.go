@@ -56,7 +56,6 @@ type Reader struct {
 	perr   error                 // poll's error (io.EOF at the stream's end)
 	until  time.Time             // poll polls until then
 	parked bool                  // the read parked in the netpoller
-	missed bool                  // a poll of the read found nothing
 
 	// ReadAhead's buffer: ahead[alo:ahi] was read off the socket and not
 	// yet returned; every read returns it first.
@@ -251,12 +250,12 @@ func (r *Reader) readPolled(buf []byte) (int, error) {
 	if !r.deadline.IsZero() && r.deadline.Before(r.until) {
 		r.until = r.deadline
 	}
-	r.pbuf, r.pn, r.perr, r.parked, r.missed = buf, 0, nil, false, false
+	r.pbuf, r.pn, r.perr, r.parked = buf, 0, nil, false
 	err := r.rc.Read(r.pollFn)
-	n, perr, parked, missed := r.pn, r.perr, r.parked, r.missed
+	n, perr, parked := r.pn, r.perr, r.parked
 	r.pbuf, r.perr = nil, nil
 	r.disarm()
-	r.adapt(parked, missed, time.Since(t0))
+	r.adapt(parked, time.Since(t0))
 	if err == nil {
 		err = perr
 	}
@@ -284,7 +283,6 @@ func (r *Reader) poll(fd uintptr) bool {
 			r.perr = err
 			return true
 		}
-		r.missed = true
 		if !time.Now().Before(r.until) {
 			r.arm()
 			r.parked = true
@@ -295,25 +293,23 @@ func (r *Reader) poll(fd uintptr) bool {
 
 // adapt sets the next polling budget from the wait just done: it resets
 // on success, and decreases multiplicatively with an additive increase.
-// Bytes that polling caught after finding none (missed) came from a peer
-// running on another core while this one polled: the budget goes back to
-// PollMax, since polling is then the fastest way to wait, as OpenMPI's TCP
-// transport, which polls without end where ranks do not outnumber cores.
-// Bytes there at the first look say nothing of where the peer runs, and
-// leave the budget as it is. A budget that ran out halves: the peer was
+// A read that did not park (its bytes were caught while polling, or were
+// there at the first look) puts the budget back to PollMax: the peer
+// answers while this rank polls, and polling is then the fastest way to
+// wait, as OpenMPI's TCP transport, which polls without end where ranks
+// do not outnumber cores. Resetting only on bytes caught after a miss
+// left both ranks of a pair parked for good once their budgets had fallen
+// below the other's wake-up time: every answer then came after a park,
+// and none was ever caught. A budget that ran out halves: the peer was
 // busy, or needed this very processor, which polling kept from it (when
 // another process holds the other core, the two ranks of a pair take
 // turns on one). A wait that parked and still ended within PollMax might
 // have been caught by a little more polling, so the budget grows by
-// PollMax/64. Where the peer shares this processor the budget thus
-// settles near PollMax/32; where the peer answers from a core of its own,
-// one wait caught while polling restores it; where the waits are long it
-// falls to nothing, and the reads park at once.
-func (r *Reader) adapt(parked, missed bool, waited time.Duration) {
+// PollMax/64. Where the waits are long the budget falls to nothing, and
+// the reads park at once until one finds its bytes there.
+func (r *Reader) adapt(parked bool, waited time.Duration) {
 	if !parked {
-		if missed {
-			r.spin = r.PollMax
-		}
+		r.spin = r.PollMax
 		return
 	}
 	r.spin /= 2
