@@ -87,6 +87,14 @@ type Config struct {
 	JobSecret []byte
 	// Force runs more than MaxWorkersPerCore workers per core.
 	Force bool
+	// BindToCore binds local rank i to the i-th CPU the launcher may run
+	// on, as mpirun binds two ranks by default and srun --cpu-bind=cores
+	// does: ranks that wait by polling then never share a core, which the
+	// scheduler otherwise does when a wake-up pulls one rank onto the
+	// other's core. Only for a node that runs this job alone, with at most
+	// one rank per CPU (Run refuses more): two jobs bound alike would put
+	// their ranks on the same cores.
+	BindToCore bool
 	// LogDir receives each worker's redirected or teed streams in
 	// LogDir/RunID/attempt_N/LOCAL_RANK/{stdout,stderr}.log.
 	LogDir string
@@ -113,6 +121,8 @@ type Config struct {
 	// Warnf reports what the user must see even when Logf is silent;
 	// "launcher: WARNING: ..." on Stderr when nil.
 	Warnf func(format string, args ...any)
+
+	cpus []int // BindToCore: the CPUs local ranks are bound to, in order
 }
 
 // Workers per core (runtime.NumCPU) beyond which Run warns, and beyond
@@ -253,6 +263,16 @@ func (c *Config) defaults() error {
 		return bad("--nproc-per-node %d is more than %d workers per core on this machine's %d core(s): that many processes can exhaust its memory; --force runs them anyway", n, MaxWorkersPerCore, cores)
 	} else if n > WarnWorkersPerCore*cores {
 		c.Warnf("%d workers on %d core(s) (over %d per core): they will compete for the CPUs and memory", n, cores, WarnWorkersPerCore)
+	}
+	if c.BindToCore {
+		cpus, err := allowedCPUs()
+		if err != nil {
+			return bad("--bind-to core: reading this process's CPUs: %v", err)
+		}
+		if c.NProcPerNode > len(cpus) {
+			return bad("--bind-to core: %d workers per node and %d CPUs to bind them to: at most one worker per CPU", c.NProcPerNode, len(cpus))
+		}
+		c.cpus = cpus
 	}
 	if len(c.JobSecret) == 0 {
 		if v, ok := lookupEnv(c.Env, "SLIME_JOB_SECRET"); ok && v != "" {
@@ -864,7 +884,11 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 		*s.target = io.MultiWriter(outs...)
 	}
 	w.cmd = cmd
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if cfg.BindToCore {
+		start = func() error { return startOn(cmd, cfg.cpus[local]) }
+	}
+	if err := start(); err != nil {
 		for _, f := range w.files {
 			f.Close()
 		}
