@@ -91,12 +91,7 @@ const (
 	// not yet released), and maxGrantRefs their ranges.
 	maxGrants    = 1 << 16
 	maxGrantRefs = 1 << 20
-	// maxQueued bounds the answers (frames the peer's frames caused)
-	// waiting for one connection's writer when a request arrives on it:
-	// a peer that sends requests and does not read the answers has its
-	// link closed. This side's own requests do not count.
-	maxQueued = 1 << 18
-	purpose   = "p2p"
+	purpose      = "p2p"
 )
 
 // Endpoint is one process's side of the engine: its registered regions,
@@ -569,6 +564,12 @@ func (e *Endpoint) dropPeer(p *Peer, err error) {
 }
 
 var errDup = errors.New("p2p: the peer links to this endpoint itself")
+
+// maxQueued bounds the answers (frames the peer's frames caused) waiting
+// for one connection's writer when a request arrives on it: a peer that
+// sends requests and does not read the answers has its link closed. This
+// side's own requests do not count.
+var maxQueued = 1 << 18
 
 // maxHandshakes bounds the connections whose handshake (internal/auth and
 // the hello) runs at once: past it the accept loop waits, and the kernel's
