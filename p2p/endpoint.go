@@ -87,11 +87,7 @@ const (
 	// maxPendingRTS bounds the sends announced by a peer before their
 	// receives are posted.
 	maxPendingRTS = 1 << 16
-	// maxGrants bounds the same-host grants a peer holds (asked for and
-	// not yet released), and maxGrantRefs their ranges.
-	maxGrants    = 1 << 16
-	maxGrantRefs = 1 << 20
-	purpose      = "p2p"
+	purpose       = "p2p"
 )
 
 // Endpoint is one process's side of the engine: its registered regions,
@@ -564,6 +560,10 @@ func (e *Endpoint) dropPeer(p *Peer, err error) {
 }
 
 var errDup = errors.New("p2p: the peer links to this endpoint itself")
+
+// maxGrants bounds the same-host grants a peer holds (asked for and not
+// yet released), and maxGrantRefs their ranges.
+var maxGrants, maxGrantRefs = 1 << 16, 1 << 20
 
 // maxQueued bounds the answers (frames the peer's frames caused) waiting
 // for one connection's writer when a request arrives on it: a peer that

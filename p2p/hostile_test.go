@@ -513,6 +513,8 @@ func p2pGoroutines() int {
 // are answered "not host memory" (an honest initiator then asks again
 // over TCP), so that it cannot make the target hold memory without end.
 func TestGrantsBounded(t *testing.T) {
+	defer func(n int) { maxGrants = n }(maxGrants)
+	maxGrants = 1 << 10
 	ctx := ctxT(t, 60*time.Second)
 	b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
 	if err != nil {
@@ -535,7 +537,7 @@ func TestGrantsBounded(t *testing.T) {
 	if _, err := readFull(c, ack[:]); err != nil {
 		t.Fatal(err)
 	}
-	const n = maxGrants + 1000
+	n := maxGrants + 1000
 	go func() {
 		p := make([]byte, stripeSize+DescSize)
 		(&desc{rr.ID, rr.Key, 0, 1}).put(p[stripeSize:])
@@ -543,7 +545,7 @@ func TestGrantsBounded(t *testing.T) {
 		for id := range uint64(n) {
 			batch = append(batch, hdr(header{kind: kReq, sub: rReadV, id: id + 1, a: 1, b: 1, payload: uint32(len(p))})...)
 			batch = append(batch, p...)
-			if len(batch) > 1<<20 || id == n-1 {
+			if len(batch) > 1<<20 || id == uint64(n-1) {
 				if _, err := c.Write(batch); err != nil {
 					return
 				}
