@@ -7,8 +7,9 @@ P       ?= 2
 # oversubscribed ranks (P > cores) unbound and yielding. (Across network
 # namespaces each daemon believes it has the machine to itself, and its
 # default binding puts both nodes' ranks on core 0: scripts/bench-netns.sh
-# runs it unbound.) MPIBIND=none compares with an unbound OpenMPI, as
-# slimego's ranks are.
+# runs it unbound.) slimego's ranks are set up alike: slimerun --bind-to
+# core where P is at most the cores, unbound beyond. MPIBIND=none compares
+# both unbound.
 MPIBIND ?=
 MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe $(if $(MPIBIND),--bind-to $(MPIBIND)) --mca btl self,vader
 
@@ -160,9 +161,10 @@ bench: build
 	  else echo "mpicc not found: install openmpi-bin libopenmpi-dev to compare with OpenMPI"; fi
 	@for p in $(PS); do for i in $$(seq $(REPS)); do \
 	  echo "== P=$$p: run $$i of $(REPS)" >&2; \
-	  $(BIN)/slimerun -q --standalone --nproc-per-node $$p $(BIN)/slimebench allgather --buffers symmetric --csv --quiet $(BENCH_ARGS) \
+	  bind=$$([ -z "$(MPIBIND)" ] && [ $$p -le $$(nproc) ] && echo --bind-to core); \
+	  $(BIN)/slimerun -q --standalone --nproc-per-node $$p $$bind $(BIN)/slimebench allgather --buffers symmetric --csv --quiet $(BENCH_ARGS) \
 	    | sed 's/^\[0\]: //' > $(OUT)/bench/slimego.P$$p.$$i.csv || exit 1; \
-	  $(BIN)/slimerun -q --standalone --nproc-per-node $$p $(BIN)/slimebench allgather --buffers plain --csv --quiet $(BENCH_ARGS) \
+	  $(BIN)/slimerun -q --standalone --nproc-per-node $$p $$bind $(BIN)/slimebench allgather --buffers plain --csv --quiet $(BENCH_ARGS) \
 	    | sed 's/^\[0\]: //; s/^slimego/slimego-plain/' > $(OUT)/bench/slimego-plain.P$$p.$$i.csv || exit 1; \
 	  if [ -x $(BIN)/allgather_mpi ]; then $(MPIRUN) -np $$p $(BIN)/allgather_mpi $(BENCH_ARGS) 2>/dev/null > $(OUT)/bench/openmpi.P$$p.$$i.csv || exit 1; fi; \
 	done; done
