@@ -260,7 +260,18 @@ func dupTarget(t *testing.T, name string, dups int) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
+	var mu sync.Mutex
+	var conns []net.Conn
+	ended := false
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		ended = true
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
 	go func() {
 		k := auth.NewKey(testAuth().Secret, testAuth().Job)
 		for i := 0; ; i++ {
@@ -268,7 +279,12 @@ func dupTarget(t *testing.T, name string, dups int) []byte {
 			if err != nil {
 				return
 			}
-			t.Cleanup(func() { c.Close() })
+			mu.Lock()
+			conns = append(conns, c)
+			if ended {
+				c.Close()
+			}
+			mu.Unlock()
 			if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
 				continue
 			}
