@@ -1,0 +1,44 @@
+package inter
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+)
+
+// Tests that kill survivors of `make mutate MUTATE=inter`
+// (docs/MUTATION.md).
+
+// TestHierAloneRides: a hierarchical all-gather of one node of one rank
+// (no transport peer) puts the rank's own block in place out of place,
+// also where blocks would ride with a send (SendCopyMin 1): with no send,
+// nothing rides and the node's own copy is made.
+func TestHierAloneRides(t *testing.T) {
+	for _, sendCopyMin := range []int{0, 1} {
+		for _, n := range []int{5, 70_001} {
+			t.Run(fmt.Sprintf("sendcopymin%d/n%d", sendCopyMin, n), func(t *testing.T) {
+				errs := clusterWith(t, 1, 1, false, sendCopyMin, func(rank int, ag allGatherer) error {
+					for it := range 2 {
+						src := make([]byte, n)
+						fillBlock(src, rank, it)
+						dst := make([]byte, n)
+						fillBlock(dst, 999, it) // stale bytes
+						if err := ag.run(context.Background(), "allgather", dst, src, []int{n}, []int{0}); err != nil {
+							return fmt.Errorf("call %d: %w", it, err)
+						}
+						if !bytes.Equal(dst, src) {
+							return fmt.Errorf("call %d: the own block is not in place", it)
+						}
+					}
+					return ag.barrier(context.Background())
+				})
+				for r, err := range errs {
+					if err != nil {
+						t.Errorf("rank %d: %v", r, err)
+					}
+				}
+			})
+		}
+	}
+}
