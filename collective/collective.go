@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"strconv"
 	"time"
 	"unsafe"
@@ -324,16 +323,18 @@ func (c *Communicator) dialNodes(ctx context.Context, key string) (*inter.Transp
 		Store: c.store, Key: c.key(key), Rank: o.Rank, Peers: peers, Channels: o.Channels,
 		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, Timeout: o.Timeout, Lowat: o.RcvLowat,
 		SendCopyMin: o.SendCopyMin, Auth: auth.NewKey(o.JobSecret, o.JobID),
-		PollMax: pollMax(o.LocalWorldSize, runtime.NumCPU()),
+		PollMax: pollMax(c.node != nil && c.node.Oversubscribed()),
 	})
 }
 
-// pollMax is the transport's polling bound for a node of local ranks on
-// cpus cores: the default, or none (-1) where the ranks outnumber the
-// cores, since there a polling rank may hold the very core that the peer
-// it waits for needs (OpenMPI's mpi_yield_when_idle makes the same choice).
-func pollMax(local, cpus int) time.Duration {
-	if local > cpus {
+// pollMax is the transport's polling bound: the default, or none (-1)
+// where the node's ranks outnumber the CPUs they run on (intra's
+// Oversubscribed, which counts the CPUs of all of them, so that ranks
+// bound to a core each are not taken for more than one core holds), since
+// there a polling rank may hold the very core that the peer it waits for
+// needs (OpenMPI's mpi_yield_when_idle makes the same choice).
+func pollMax(oversubscribed bool) time.Duration {
+	if oversubscribed {
 		return -1
 	}
 	return 0

@@ -372,9 +372,11 @@ func (g *Group) watchPeers() error {
 	g.pollfds = make([]pollFD, g.size)
 	mine := uint32(os.Getpid())
 	inProc := 0
+	pids := make([]int, g.size)
 	for p := range g.size {
 		g.pidfds[p] = -1
 		pid := atomic.LoadUint32(&g.ctrls[p].pid)
+		pids[p] = int(pid)
 		if pid == mine {
 			inProc++
 			continue
@@ -386,7 +388,11 @@ func (g *Group) watchPeers() error {
 		g.pidfds[p] = fd
 		g.pollfds[p] = pollFD{Fd: int32(fd), Events: pollIn}
 	}
-	g.oversb = g.size > runtime.NumCPU() || inProc > runtime.GOMAXPROCS(0)
+	cpus := cpusOf(pids) // the ranks' CPUs together, not this process's alone
+	if cpus == 0 {
+		cpus = runtime.NumCPU()
+	}
+	g.oversb = g.size > cpus || inProc > runtime.GOMAXPROCS(0)
 	// A waiting rank hands its processor over with sched_yield. It
 	// yields to this process's goroutines too (runtime.Gosched) only where
 	// they may need the very processor: where ranks share the process, or
@@ -398,6 +404,11 @@ func (g *Group) watchPeers() error {
 }
 
 func (g *Group) global(local int) int { return g.cfg.Ranks[local] }
+
+// Oversubscribed says whether the group's ranks outnumber the CPUs they
+// may run on together (or, where ranks share a process, its processors):
+// their waits then hand the processor over at every poll.
+func (g *Group) Oversubscribed() bool { return g.oversb }
 
 // Rank and Size are the local rank and the number of local ranks.
 func (g *Group) Rank() int { return g.rank }

@@ -16,6 +16,25 @@ func pidfdOpen(pid int) (int, error) { return unix.PidfdOpen(pid, 0) }
 
 func closeFD(fd int) { unix.Close(fd) }
 
+// cpusOf counts the CPUs that any process of pids may run on (the union
+// of their CPU masks), or returns 0 if a mask cannot be read. Ranks bound
+// to one CPU each (slimerun --bind-to core, mpirun) see one CPU in their
+// own mask and in runtime.NumCPU, but do not outnumber the cores they
+// share: their union does not.
+func cpusOf(pids []int) int {
+	var all unix.CPUSet
+	for _, pid := range pids {
+		var set unix.CPUSet
+		if unix.SchedGetaffinity(pid, &set) != nil {
+			return 0
+		}
+		for i := range all {
+			all[i] |= set[i]
+		}
+	}
+	return all.Count()
+}
+
 // exited returns the index in fds of a process that has exited, or -1.
 func exited(fds []unix.PollFd) int {
 	if len(fds) == 0 {
