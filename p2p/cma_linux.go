@@ -222,6 +222,14 @@ func (j grantJob) write(c *conn) error {
 // dropped when the initiator releases them or the link ends.
 func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 	l := c.l
+	if !l.grantable() {
+		// Not a process on this host that could copy through the
+		// addresses (a member elsewhere, or one giving another pid):
+		// the request goes over TCP, as one for GPU memory does.
+		l.e.release(regs)
+		l.enqueue(c.idx, frame{kind: kResp, sub: sub, id: id, status: stNotHost})
+		return
+	}
 	iov := make([]byte, len(segs)*IovSize)
 	for i, s := range segs {
 		if s.d != nil { // GPU memory has no address to lend: over TCP instead
@@ -252,6 +260,15 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 	l.grantRefs += len(regs)
 	l.mu.Unlock()
 	l.enqueue(c.idx, grantJob{id: id, sub: sub, iov: iov})
+}
+
+// grantable reports whether this side's memory may be granted to the
+// peer: the process it says it is (its hello's pid, or its Info's when
+// this side dialed) holds the far end of the link's sockets. It is
+// checked once per link, at the first same-host request.
+func (l *link) grantable() bool {
+	l.grantOnce.Do(func() { l.grantOK = l.peerPid != 0 && l.heldBy(int(l.peerPid)) })
+	return l.grantOK
 }
 
 // released ends the grant of request id.

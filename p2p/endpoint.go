@@ -624,13 +624,14 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 			closeAll()
 			return opErr("connect", in.name, "", ErrRefused, "%s: %v", addr, err)
 		}
-		h := header{kind: kHello, id: session, a: uint64(ch), b: uint32(n), payload: uint32(4 + len(e.opts.Name))}
-		var b [HeaderSize + 4 + MaxName]byte
+		h := header{kind: kHello, id: session, a: uint64(ch), b: uint32(n), payload: uint32(helloFixed + len(e.opts.Name))}
+		var b [HeaderSize + helloFixed + MaxName]byte
 		h.put(b[:])
 		binary.LittleEndian.PutUint32(b[HeaderSize:], heartbeatMS(e.opts.Heartbeat))
-		copy(b[HeaderSize+4:], e.opts.Name)
+		binary.LittleEndian.PutUint32(b[HeaderSize+4:], uint32(os.Getpid()))
+		copy(b[HeaderSize+helloFixed:], e.opts.Name)
 		tc.SetDeadline(dl)
-		if _, err := tc.Write(b[:HeaderSize+4+len(e.opts.Name)]); err != nil {
+		if _, err := tc.Write(b[:HeaderSize+helloFixed+len(e.opts.Name)]); err != nil {
 			closeAll()
 			return opErr("connect", in.name, "", ErrPeerLost, "hello to %s: %v", addr, err)
 		}
@@ -657,7 +658,7 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 		}
 		tc.SetDeadline(time.Time{})
 	}
-	if err := e.install(p, conns, in, peerHB); err != nil {
+	if err := e.install(p, conns, in.pid, peerHB); err != nil {
 		closeAll()
 		return err
 	}
@@ -677,9 +678,10 @@ func readFull(c net.Conn, b []byte) (int, error) {
 	return n, nil
 }
 
-// install makes a link of conns for p and starts its goroutines; if p
-// already has one (the peer's own dial won), conns are surplus.
-func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, in info, peerHB uint64) error {
+// install makes a link of conns for p, whose process says it is pid, and
+// starts its goroutines; if p already has one (the peer's own dial won),
+// conns are surplus.
+func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, pid uint32, peerHB uint64) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.shut {
@@ -696,6 +698,7 @@ func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, in info, peerHB uint64
 		hb = max(min(hb, time.Duration(peerHB)*time.Millisecond), minHeartbeat)
 	}
 	p.l = newLink(e, p, conns, hb)
+	p.l.peerPid = pid
 	p.dialing = false
 	close(p.ready)
 	p.l.start()
@@ -758,6 +761,7 @@ func (pl *pendingLink) close() {
 // pendingLink gathers the connections of a link being accepted.
 type pendingLink struct {
 	hb    uint64 // the peer's heartbeat, ms
+	pid   uint32 // the peer's pid, as its hello says
 	name  string
 	conns []*net.TCPConn
 	n     int
@@ -773,7 +777,7 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 		return
 	}
 	c.SetDeadline(dl)
-	var b [HeaderSize + 4 + MaxName]byte
+	var b [HeaderSize + helloFixed + MaxName]byte
 	if _, err := readFull(c, b[:HeaderSize]); err != nil {
 		c.Close()
 		return
@@ -788,7 +792,8 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 		return
 	}
 	peerHB := uint64(binary.LittleEndian.Uint32(b[HeaderSize:]))
-	name := string(b[HeaderSize+4 : HeaderSize+int(h.payload)])
+	peerPid := binary.LittleEndian.Uint32(b[HeaderSize+4:])
+	name := string(b[HeaderSize+helloFixed : HeaderSize+int(h.payload)])
 	answer := func(st uint8) bool {
 		a := header{kind: kHelloAck, status: st, a: uint64(heartbeatMS(e.opts.Heartbeat))}
 		a.put(b[:])
@@ -818,7 +823,7 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 	mu.Lock()
 	pl := pending[h.id]
 	if pl == nil {
-		pl = &pendingLink{name: name, conns: make([]*net.TCPConn, h.b), at: time.Now(), hb: peerHB}
+		pl = &pendingLink{name: name, conns: make([]*net.TCPConn, h.b), at: time.Now(), hb: peerHB, pid: peerPid}
 		pending[h.id] = pl
 	}
 	for id, q := range pending { // forget sessions that never completed
@@ -865,9 +870,9 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 		e.peers[name] = p
 	}
 	e.mu.Unlock()
-	// The peer's info (its pid and host) is in the store or was handed
-	// over; an accepted link knows the peer by its connections alone.
-	if err := e.install(p, pl.conns, p.getInfo(), pl.hb); err != nil {
+	// An accepted link knows the peer by its connections and its hello
+	// alone (its Info, with its host, is in the store or handed over).
+	if err := e.install(p, pl.conns, pl.pid, pl.hb); err != nil {
 		for _, c := range pl.conns {
 			c.Close()
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -43,7 +44,7 @@ func fakeTarget(t *testing.T, e *Endpoint) (*Peer, net.Conn, RemoteRegion) {
 			close(got)
 			return
 		}
-		var b [HeaderSize + 4 + MaxName]byte
+		var b [HeaderSize + helloFixed + MaxName]byte
 		readFull(c, b[:HeaderSize])
 		h, _ := decodeHeader(b[:HeaderSize])
 		readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
@@ -64,6 +65,15 @@ func fakeTarget(t *testing.T, e *Endpoint) (*Peer, net.Conn, RemoteRegion) {
 	}
 	t.Cleanup(func() { c.Close() })
 	return p, c, rr
+}
+
+// helloFrame is a connector's hello: session, channel, channel count, its
+// heartbeat in ms, its pid and its name.
+func helloFrame(session uint64, ch, n, hbMS, pid uint32, name string) []byte {
+	b := hdr(header{kind: kHello, id: session, a: uint64(ch), b: n, payload: uint32(helloFixed + len(name))})
+	b = binary.LittleEndian.AppendUint32(b, hbMS)
+	b = binary.LittleEndian.AppendUint32(b, pid)
+	return append(b, name...)
 }
 
 // nextFrame reads the next frame that is not a ping, and its payload.
@@ -109,7 +119,7 @@ func TestHelloChannelMismatch(t *testing.T) {
 		if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		c.Write(append(hdr(header{kind: kHello, id: 99, a: uint64(ch), b: n, payload: 8}), "\xe8\x03\x00\x00evil"...))
+		c.Write(helloFrame(99, ch, n, 1000, 0, "evil"))
 		return c
 	}
 	hello(0, 2)
@@ -288,7 +298,7 @@ func dupTarget(t *testing.T, name string, dups int) []byte {
 			if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
 				continue
 			}
-			var b [HeaderSize + 4 + MaxName]byte
+			var b [HeaderSize + helloFixed + MaxName]byte
 			readFull(c, b[:HeaderSize])
 			h, _ := decodeHeader(b[:HeaderSize])
 			readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
@@ -419,7 +429,7 @@ func TestDeregisterDuringWrite(t *testing.T) {
 	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	c.Write(append(hdr(header{kind: kHello, id: 5, a: 0, b: 1, payload: 9}), "\x20\x4e\x00\x00peer1"...))
+	c.Write(helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), "peer1"))
 	var ack [HeaderSize]byte
 	if _, err := readFull(c, ack[:]); err != nil {
 		t.Fatal(err)
@@ -548,7 +558,7 @@ func TestGrantsBounded(t *testing.T) {
 	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	c.Write(append(hdr(header{kind: kHello, id: 5, a: 0, b: 1, payload: 9}), "\x20\x4e\x00\x00peer1"...))
+	c.Write(helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), "peer1"))
 	var ack [HeaderSize]byte
 	if _, err := readFull(c, ack[:]); err != nil {
 		t.Fatal(err)
@@ -615,7 +625,7 @@ func TestAnswersBounded(t *testing.T) {
 	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	c.Write(append(hdr(header{kind: kHello, id: 5, a: 0, b: 1, payload: 9}), "\xc0\xd4\x01\x00peer1"...))
+	c.Write(helloFrame(5, 0, 1, 120000, 0, "peer1"))
 	var ack [HeaderSize]byte
 	if _, err := readFull(c, ack[:]); err != nil {
 		t.Fatal(err)
@@ -665,7 +675,7 @@ func TestGrantOutlivesLink(t *testing.T) {
 	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	c.Write(append(hdr(header{kind: kHello, id: 5, a: 0, b: 1, payload: 9}), "\x20\x4e\x00\x00peer1"...))
+	c.Write(helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), "peer1"))
 	var ack [HeaderSize]byte
 	if _, err := readFull(c, ack[:]); err != nil {
 		t.Fatal(err)
@@ -797,7 +807,7 @@ func TestRandomFrames(t *testing.T) {
 		}
 		auth.Connect(c, k, purpose, time.Now().Add(5*time.Second))
 		nch := uint32(1 + rng.IntN(2))
-		c.Write(append(hdr(header{kind: kHello, id: uint64(round + 1000), a: 0, b: nch, payload: 9}), "\x20\x4e\x00\x00evil"+string(rune('a'+round%26))...))
+		c.Write(helloFrame(uint64(round+1000), 0, nch, 20000, uint32(os.Getpid()), "evil"+string(rune('a'+round%26))))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -1036,7 +1046,7 @@ func TestCopyDoesNotBlockReader(t *testing.T) {
 		}
 		k := auth.NewKey(testAuth().Secret, testAuth().Job)
 		auth.Accept(c, k, purpose, time.Now().Add(5*time.Second))
-		var b [HeaderSize + 4 + MaxName]byte
+		var b [HeaderSize + helloFixed + MaxName]byte
 		readFull(c, b[:HeaderSize])
 		h, _ := decodeHeader(b[:HeaderSize])
 		readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
@@ -1077,5 +1087,47 @@ func TestCopyDoesNotBlockReader(t *testing.T) {
 	}
 	if err := f.Wait(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestGrantNeedsHolder: a same-host request from a member whose hello
+// gives a pid that does not hold the link's socket (a member on another
+// host, or one that lies) is answered "not host memory", which an honest
+// initiator takes over TCP: the target's addresses are granted only to a
+// process on this host that can copy through them. One that tells the
+// truth is granted.
+func TestGrantNeedsHolder(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, _ := b.Register("m", make([]byte, 4096))
+	rr := r.Remote()
+	k := auth.NewKey(testAuth().Secret, testAuth().Job)
+	for _, tc := range []struct {
+		pid  uint32
+		want uint8
+	}{{1, stNotHost}, {uint32(os.Getpid()), stOK}} {
+		c, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		c.Write(helloFrame(uint64(tc.pid), 0, 1, 20000, tc.pid, fmt.Sprint("pid", tc.pid)))
+		var ack [HeaderSize]byte
+		if _, err := readFull(c, ack[:]); err != nil {
+			t.Fatal(err)
+		}
+		p := make([]byte, stripeSize+DescSize)
+		(&desc{rr.ID, rr.Key, 0, 4096}).put(p[stripeSize:])
+		c.Write(append(hdr(header{kind: kReq, sub: rReadV, id: 1, a: 4096, b: 1, payload: uint32(len(p))}), p...))
+		if h, _ := nextFrame(t, c); h.kind != kResp || h.status != tc.want {
+			t.Errorf("a same-host read from a member whose hello says pid %d: %+v, want status %d", tc.pid, h, tc.want)
+		}
 	}
 }

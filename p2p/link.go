@@ -160,6 +160,12 @@ type link struct {
 	serving   map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
 	cma       atomic.Bool             // same host: copy with process_vm_readv/writev (cma_linux.go)
 	pid       int                     // the peer's process, when cma
+	// peerPid is the pid the peer gave (its hello, or its Info when this
+	// side dialed); grants go only to a peer whose process it is
+	// (grantable, once per link).
+	peerPid   uint32
+	grantOnce sync.Once
+	grantOK   bool
 	stop      chan struct{}
 	wg        sync.WaitGroup
 }

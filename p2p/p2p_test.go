@@ -624,7 +624,7 @@ func TestSilentPeer(t *testing.T) {
 			if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
 				continue
 			}
-			var b [HeaderSize + 4 + MaxName]byte
+			var b [HeaderSize + helloFixed + MaxName]byte
 			readFull(c, b[:HeaderSize])
 			h, _ := decodeHeader(b[:HeaderSize])
 			readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])

@@ -41,6 +41,9 @@ const (
 	// stripeSize is the u64 that starts a read or write request's
 	// payload: where its stripe starts in the batch's bytes.
 	stripeSize = 8
+	// helloFixed is the part of a hello's payload before the name: the
+	// heartbeat (u32 ms) and the connector's pid (u32).
+	helloFixed = 8
 	// maxHeartbeatMS bounds the heartbeat a hello proposes; a link takes
 	// the shorter of its two ends' (at least minHeartbeat).
 	maxHeartbeatMS = 1 << 31
@@ -48,7 +51,7 @@ const (
 
 // Frame kinds.
 const (
-	kHello    uint8 = 1 // connector → acceptor: id session, a channel, b channels, payload u32 heartbeat ms and name
+	kHello    uint8 = 1 // connector → acceptor: id session, a channel, b channels, payload u32 heartbeat ms, u32 pid and name
 	kHelloAck uint8 = 2 // acceptor → connector: status, a heartbeat ms
 	kReq      uint8 = 3 // a request: sub says which
 	kData     uint8 = 4 // a chunk of a request's or a response's bytes
@@ -159,7 +162,7 @@ func decodeHeader(p []byte) (header, error) {
 	}
 	switch h.kind {
 	case kHello:
-		if h.sub != 0 || h.status != 0 || h.payload <= 4 || h.payload > 4+MaxName || h.b == 0 || h.b > maxChannels || h.a >= uint64(h.b) {
+		if h.sub != 0 || h.status != 0 || h.payload <= helloFixed || h.payload > helloFixed+MaxName || h.b == 0 || h.b > maxChannels || h.a >= uint64(h.b) {
 			return bad("hello fields")
 		}
 	case kHelloAck:

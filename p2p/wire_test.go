@@ -22,7 +22,7 @@ func hdr(h header) []byte {
 // encodes back to the same bytes, within the bounds it promises.
 func FuzzDecodeHeader(f *testing.F) {
 	for _, h := range []header{
-		{kind: kHello, id: 5, a: 1, b: 4, payload: 7},
+		{kind: kHello, id: 5, a: 1, b: 4, payload: helloFixed + 3},
 		{kind: kHelloAck, status: stDup},
 		{kind: kReq, sub: rRead, id: 1, a: 100, b: 2, payload: stripeSize + 2*DescSize},
 		{kind: kReq, sub: rWriteV, id: 1, a: 100, b: 1, payload: stripeSize + DescSize},
@@ -55,7 +55,7 @@ func FuzzDecodeHeader(f *testing.F) {
 		case h.kind == kData && (h.payload == 0 || h.payload > ChunkMax),
 			h.kind == kReq && h.payload > stripeSize+MaxBatch*DescSize,
 			h.kind == kResp && h.payload > MaxBatch*IovSize,
-			h.kind == kHello && h.payload > 4+MaxName,
+			h.kind == kHello && (h.payload <= helloFixed || h.payload > helloFixed+MaxName),
 			h.kind != kData && h.kind != kReq && h.kind != kResp && h.kind != kHello && h.payload != 0,
 			h.a > MaxLen && !(h.kind == kHello):
 			t.Fatalf("accepted out of bounds: %+v", h)
@@ -176,7 +176,7 @@ func TestHostileFrames(t *testing.T) {
 		if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		c.Write(append(hdr(header{kind: kHello, id: 77, a: 0, b: 1, payload: 8}), "\xe8\x03\x00\x00evil"...))
+		c.Write(helloFrame(77, 0, 1, 1000, 0, "evil"))
 		var ack [HeaderSize]byte
 		if _, err := readFull(c, ack[:]); err != nil {
 			t.Fatal(err)
