@@ -102,8 +102,10 @@ func MemcpyThreads(n, threads int, minTime time.Duration) (us, gbps float64) {
 // peers), so its time at size s bounds the all-gather's at s; a ratio of
 // the two is the share of the bound reached. Each thread is an OS thread
 // of its own that polls for the start of the next round, so that no
-// wake-up is timed. It returns the median time of one round, from its
-// start until the last thread is done (µs).
+// wake-up is timed, bound to a CPU of its own where there are enough (as
+// make bench binds the ranks: a thread that polls must not wait for the
+// core of the thread it polls for). It returns the median time of one
+// round, from its start until the last thread is done (µs).
 func GatherCopy(s, P int, inPlace bool, minTime time.Duration) (us float64) {
 	if s == 0 || P < 1 {
 		return 0
@@ -135,6 +137,7 @@ func GatherCopy(s, P int, inPlace bool, minTime time.Duration) (us float64) {
 			defer wg.Done()
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
+			defer bindThread(t, P)()
 			for gen := int64(1); ; gen++ {
 				for start.Load() < gen {
 					if start.Load() < 0 {
@@ -146,6 +149,9 @@ func GatherCopy(s, P int, inPlace bool, minTime time.Duration) (us float64) {
 			}
 		}()
 	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer bindThread(0, P)()
 	one := func(gen int64) {
 		start.Store(gen)
 		round(0)
