@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 )
 
 // Tests that kill survivors of `make mutate MUTATE=inter`
@@ -40,5 +41,27 @@ func TestHierAloneRides(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestConfigPollMax: a Config that leaves PollMax zero polls for up to
+// DefaultPollMax, a set PollMax is kept, and a negative one never polls;
+// every connection's reader gets it, and a message then crosses.
+func TestConfigPollMax(t *testing.T) {
+	for _, c := range []struct{ in, want time.Duration }{{0, DefaultPollMax}, {3 * time.Microsecond, 3 * time.Microsecond}, {-1, 0}} {
+		t.Run(fmt.Sprint(c.in), func(t *testing.T) {
+			ts := pairWith(t, Config{PollMax: c.in})
+			for r, tr := range ts {
+				if tr.cfg.PollMax != c.want {
+					t.Errorf("rank %d: PollMax %v, want %v", r, tr.cfg.PollMax, c.want)
+				}
+				for i, cn := range tr.peers[1-r].conns {
+					if cn.rd.PollMax != c.want {
+						t.Errorf("rank %d: connection %d polls for up to %v, want %v", r, i, cn.rd.PollMax, c.want)
+					}
+				}
+			}
+			exchange(t, ts, 3*StripeMin+1, 1)
+		})
 	}
 }
