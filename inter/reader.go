@@ -172,9 +172,6 @@ func (r *Reader) ReadAhead(hdr []byte, more int) error {
 		r.ahead = make([]byte, len(hdr)+AheadMax) // once per Reader (and header size)
 	}
 	want := len(hdr) + more
-	if want <= len(hdr) {
-		return r.ReadFull(hdr)
-	}
 	r.alo, r.ahi = 0, 0 // take left the buffer empty
 	for r.ahi < len(hdr) {
 		n, err := r.read(r.ahead[r.ahi:want])
