@@ -127,7 +127,7 @@ func (r *Reader) SetLowat(n int) {
 	}
 	n = max(min(n, r.Lowat), 1)
 	if n != r.cur {
-		unix.SetsockoptInt(r.fd, unix.SOL_SOCKET, unix.SO_RCVLOWAT, n)
+		setLowat(r.fd, n)
 		r.cur = n
 	}
 }
@@ -317,6 +317,14 @@ func (r *Reader) adapt(parked bool, waited time.Duration) {
 	if r.spin < time.Microsecond {
 		r.spin = 0
 	}
+}
+
+// setLowat is setsockopt(SO_RCVLOWAT), which returns at once, made without
+// the runtime's system-call entry (which wakes the runtime's monitor
+// thread whenever it sleeps, as it does while the process waits).
+func setLowat(fd, n int) {
+	v := int32(n)
+	unix.RawSyscall6(unix.SYS_SETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, uintptr(unsafe.Pointer(&v)), 4, 0)
 }
 
 // rawRead is read(2) on a non-blocking socket, which returns at once, so
