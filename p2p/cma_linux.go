@@ -259,6 +259,12 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 	l.grants[id] = regs
 	l.grantRefs += len(regs)
 	l.mu.Unlock()
+	if HeaderSize+len(iov) <= directMax && c.direct(true, func(b []byte) []byte {
+		b = appendHeader(b, header{kind: kResp, sub: sub, id: id, b: uint32(len(iov) / IovSize), payload: uint32(len(iov))})
+		return append(b, iov...)
+	}) {
+		return
+	}
 	l.enqueue(c.idx, grantJob{id: id, sub: sub, iov: iov})
 }
 

@@ -1067,15 +1067,16 @@ func TestCopyDoesNotBlockReader(t *testing.T) {
 	if p.Transport() != "cma" {
 		t.Fatalf("transport %q, want cma", p.Transport())
 	}
-	lr, _ := a.Register("l", make([]byte, 4096))
-	f := p.Read([]Op{{Local: lr, Remote: rr, Len: 4096}})
+	// Larger than cmaMin: smaller batches go over TCP.
+	lr, _ := a.Register("l", make([]byte, 1<<16))
+	f := p.Read([]Op{{Local: lr, Remote: rr, Len: 1 << 16}})
 	h, _ := nextFrame(t, c)
 	if h.kind != kReq || h.sub != rReadV {
 		t.Fatalf("got %+v, want a same-host read", h)
 	}
 	iov := make([]byte, IovSize)
 	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&src[0]))))
-	binary.LittleEndian.PutUint64(iov[8:], 4096)
+	binary.LittleEndian.PutUint64(iov[8:], 1<<16)
 	c.Write(append(hdr(header{kind: kResp, sub: rReadV, id: h.id, b: 1, payload: IovSize}), iov...))
 	c.Write(hdr(header{kind: kReq, sub: rImm, id: 99, a: 7}))
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/inter"
+	"golang.org/x/sys/unix"
 )
 
 // transport carries one peer's transfers. A link chooses it at Connect
@@ -179,6 +180,9 @@ type conn struct {
 	qmu  sync.Mutex
 	q    []job
 	dead bool // the writer has ended: jobs are dropped
+	// busy: a goroutine is writing to the socket (the writer with a job,
+	// or another with a direct frame); under qmu.
+	busy bool
 	wake chan struct{}
 	// answers counts the jobs in q that the peer's frames caused (all
 	// but this side's own requests and sends): maxQueued bounds them.
@@ -195,6 +199,13 @@ type conn struct {
 	rstage  []byte // and by the reader
 	scratch []byte
 	bufs    net.Buffers
+	rc      syscall.RawConn // for direct's non-blocking writes
+	dbuf    []byte          // direct's frames, built by whoever holds busy
+	// ahead: the last frame read had a small payload (or none), so the
+	// next header is read with what follows it (inter.Reader.ReadAhead);
+	// after a large one it is read alone, so that a large payload is read
+	// whole into its buffer (with its low-water mark).
+	ahead bool
 }
 
 // job is what a connection's writer writes, whole, before the next.
@@ -208,7 +219,9 @@ func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, hb time.Duration) *link {
 	for i, tc := range tcs {
 		tc.SetNoDelay(true)
 		tc.SetWriteBuffer(inter.DefaultSockBuf)
-		l.conns = append(l.conns, &conn{l: l, idx: i, c: tc, rd: inter.NewReader(tc, inter.DefaultLowat), wake: make(chan struct{}, 1)})
+		c := &conn{l: l, idx: i, c: tc, rd: inter.NewReader(tc, inter.DefaultLowat), wake: make(chan struct{}, 1), ahead: true}
+		c.rc, _ = tc.SyscallConn()
+		l.conns = append(l.conns, c)
 	}
 	return l
 }
@@ -303,10 +316,17 @@ func (l *link) forget(p *part) {
 	}
 }
 
-// enqueue hands j to connection ch's writer.
+// enqueue hands j to connection ch's writer; a frame without payload is
+// written at once by the calling goroutine instead when the writer is
+// idle (direct).
 func (l *link) enqueue(ch int, j job) {
-	fenceRelease()
 	c := l.conns[ch]
+	if f, ok := j.(frame); ok {
+		if c.direct(isAnswer(j), func(b []byte) []byte { return appendHeader(b, header(f)) }) {
+			return
+		}
+	}
+	fenceRelease()
 	c.qmu.Lock()
 	if c.dead {
 		c.qmu.Unlock()
@@ -332,8 +352,116 @@ func isAnswer(j job) bool {
 		return false
 	case frame:
 		return !(j.kind == kReq && j.sub == rRTS)
+	case rawJob:
+		return j.answer
 	}
 	return true
+}
+
+// directMax bounds the frames (headers and payload together) that a
+// goroutine other than the connection's writer writes itself (direct):
+// requests, small writes' bytes, answers and small reads' bytes. Each
+// hand-off to the writer goroutine costs a wake-up, which is most of a
+// small operation's time.
+const directMax = 16 << 10
+
+// direct writes the frames fill appends to b (at most directMax bytes;
+// fill may append nothing) from the calling goroutine, when the
+// connection's writer has nothing queued and no other goroutine is
+// writing: one non-blocking write. What the socket does not take at once
+// is queued first for the writer, copied, so that fill's memory is not
+// touched after direct returns; the write never waits for the peer, so
+// that a reader goroutine may call it (two readers blocked writing to
+// each other would stall until the heartbeat). It reports false, having
+// written nothing, when the writer is busy: the caller queues the job.
+// answer says whether the frames were caused by the peer's (maxQueued
+// counts them when they wait in the queue). A failed write fails the
+// link (in a goroutine of its own: the caller may hold the link's lock).
+func (c *conn) direct(answer bool, fill func(b []byte) []byte) bool {
+	if c.rc == nil {
+		return false
+	}
+	fenceRelease()
+	c.qmu.Lock()
+	if c.dead || c.busy || len(c.q) > 0 {
+		c.qmu.Unlock()
+		return false
+	}
+	c.busy = true
+	c.qmu.Unlock()
+	b := fill(c.dbuf[:0])
+	if cap(b) <= 4*directMax {
+		c.dbuf = b[:0]
+	}
+	n, err := 0, error(nil)
+	if len(b) > 0 {
+		n, err = c.writeNow(b)
+	}
+	c.qmu.Lock()
+	if err == nil && n < len(b) {
+		c.q = append(c.q, nil)
+		copy(c.q[1:], c.q)
+		c.q[0] = rawJob{b: append([]byte(nil), b[n:]...), answer: answer}
+		if answer {
+			c.answers++
+		}
+	}
+	c.busy = false
+	more := len(c.q) > 0
+	c.qmu.Unlock()
+	if more {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+	if err != nil {
+		go c.l.fail(c.classify(err, "sending"))
+	}
+	return true
+}
+
+// writeNow is one non-blocking write of b: it returns what the socket
+// took (0 when its buffer is full).
+func (c *conn) writeNow(b []byte) (int, error) {
+	var n int
+	var werr error
+	err := c.rc.Write(func(fd uintptr) bool {
+		for {
+			m, e := unix.Write(int(fd), b)
+			switch e {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				m, e = 0, nil
+			}
+			n, werr = max(m, 0), e
+			return true
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, werr
+}
+
+// rawJob is the rest of a direct write that the socket did not take.
+type rawJob struct {
+	b      []byte
+	answer bool
+}
+
+func (j rawJob) write(c *conn) error {
+	c.c.SetWriteDeadline(time.Now().Add(c.l.hb))
+	_, err := c.c.Write(j.b)
+	return err
+}
+
+// appendHeader appends h, encoded, to b.
+func appendHeader(b []byte, h header) []byte {
+	b = append(b, make([]byte, HeaderSize)...)
+	h.put(b[len(b)-HeaderSize:])
+	return b
 }
 
 // dropJob releases what a job that will never be written holds.
@@ -360,13 +488,14 @@ func (c *conn) writer() {
 	for {
 		c.qmu.Lock()
 		var j job
-		if len(c.q) > 0 {
+		if len(c.q) > 0 && !c.busy {
 			j = c.q[0]
 			c.q[0] = nil
 			c.q = c.q[1:]
 			if isAnswer(j) {
 				c.answers--
 			}
+			c.busy = true
 		}
 		c.qmu.Unlock()
 		if j == nil {
@@ -377,7 +506,11 @@ func (c *conn) writer() {
 				return
 			}
 		}
-		if err := j.write(c); err != nil {
+		err := j.write(c)
+		c.qmu.Lock()
+		c.busy = false
+		c.qmu.Unlock()
+		if err != nil {
 			c.l.fail(c.classify(err, "sending"))
 			return
 		}
@@ -560,6 +693,53 @@ func (p *part) sent(st uint8, err error) error {
 // reqJob writes a read or write request, and a write's bytes.
 type reqJob struct{ p *part }
 
+// request sends p's request, directly when it is small (with a write's
+// bytes: a small write is its request and one data frame), else through
+// the connection's writer.
+func (l *link) request(p *part) {
+	c := l.conns[p.ch]
+	size := HeaderSize + stripeSize + len(p.descs)*DescSize
+	if p.sub == rWrite {
+		size += HeaderSize + int(p.total)
+		for _, s := range p.local {
+			if s.d != nil {
+				size = directMax + 1 // GPU memory is staged by the writer
+			}
+		}
+	}
+	if size <= directMax && c.direct(false, func(b []byte) []byte { return p.appendRequest(b) }) {
+		return
+	}
+	l.enqueue(p.ch, reqJob{p: p})
+}
+
+// appendRequest appends p's request to b, and a write's bytes as one data
+// frame (its ranges are host memory), unless p has ended.
+func (p *part) appendRequest(b []byte) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.active {
+		return b
+	}
+	if p.kind == rImm {
+		return appendHeader(b, header{kind: kReq, sub: rImm, id: p.id, a: uint64(p.imm)})
+	}
+	size := stripeSize + len(p.descs)*DescSize
+	b = appendHeader(b, header{kind: kReq, sub: p.sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)})
+	b = binary.LittleEndian.AppendUint64(b, p.lo)
+	for i := range p.descs {
+		b = append(b, make([]byte, DescSize)...)
+		p.descs[i].put(b[len(b)-DescSize:])
+	}
+	if p.sub == rWrite {
+		b = appendHeader(b, header{kind: kData, id: p.id, payload: uint32(p.total)})
+		for _, s := range p.local {
+			b = append(b, s.b...)
+		}
+	}
+	return b
+}
+
 func (j reqJob) write(c *conn) error {
 	p := j.p
 	p.mu.Lock()
@@ -652,6 +832,28 @@ func (j serveRead) write(c *conn) error {
 	return err
 }
 
+// serveNow answers a small read of host memory (the checked ranges
+// c.segs) with its bytes at once, from the reader's goroutine (direct):
+// the answer and one data frame. It reports false when it did not.
+func (c *conn) serveNow(id, total uint64) bool {
+	if total > directMax-2*HeaderSize {
+		return false
+	}
+	for _, s := range c.segs {
+		if s.d != nil {
+			return false
+		}
+	}
+	return c.direct(true, func(b []byte) []byte {
+		b = appendHeader(b, header{kind: kResp, sub: rRead, id: id, a: total})
+		b = appendHeader(b, header{kind: kData, id: id, payload: uint32(total)})
+		for _, s := range c.segs {
+			b = append(b, s.b...)
+		}
+		return b
+	})
+}
+
 // reader reads frames until the link ends; every read must start within
 // the heartbeat deadline.
 func (c *conn) reader() {
@@ -680,12 +882,23 @@ func (c *conn) readDeadline() {
 	c.c.SetReadDeadline(d)
 }
 
+// header reads the next frame's header; after a small frame, with what
+// follows it in the same system call (a small frame's payload, the next
+// frames), which the next reads take first.
 func (c *conn) header() (header, error) {
 	c.readDeadline()
-	if err := c.rd.ReadFull(c.rhdr[:]); err != nil {
+	var err error
+	if c.ahead {
+		err = c.rd.ReadAhead(c.rhdr[:], inter.AheadMax)
+	} else {
+		err = c.rd.ReadFull(c.rhdr[:])
+	}
+	if err != nil {
 		return header{}, err
 	}
-	return decodeHeader(c.rhdr[:])
+	h, err := decodeHeader(c.rhdr[:])
+	c.ahead = h.payload < inter.AheadMax
+	return h, err
 }
 
 func (c *conn) readFull(b []byte) error {
@@ -852,6 +1065,10 @@ func (c *conn) dispatch(h header) error {
 			return nil
 		}
 		if h.sub == rRead {
+			if c.serveNow(h.id, h.a) {
+				l.e.release(c.regs)
+				return nil
+			}
 			segs := append([]seg(nil), c.segs...)
 			regs := append([]*Region(nil), c.regs...)
 			stop := new(atomic.Bool)

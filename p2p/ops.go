@@ -23,6 +23,12 @@ func (p *Peer) WriteWithImm(ops []Op, imm uint32) *Future {
 	return p.oneSided("write", rWrite, ops, &imm)
 }
 
+// cmaMin is the most a batch moves over TCP on a same-host link: a grant
+// costs a round trip like a TCP request's, and then a copy and a release
+// besides, where a small batch's bytes ride in the answer (or the
+// request) itself.
+const cmaMin = directMax - 2*HeaderSize
+
 // check validates a batch on this side.
 func (p *Peer) check(op string, ops []Op) (uint64, error) {
 	if len(ops) == 0 || len(ops) > MaxBatch {
@@ -61,7 +67,7 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	for _, o := range ops {
 		gpu = gpu || o.Local.dev != nil
 	}
-	if gpu {
+	if gpu || total <= cmaMin {
 		f.transport = "tcp"
 	} else if l.cma.Load() { // one request: the copy is one thread's either way
 		k = 1
@@ -113,7 +119,7 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	}
 	for _, pt := range parts {
 		if pt != then {
-			l.enqueue(pt.ch, reqJob{p: pt})
+			l.request(pt)
 		}
 	}
 	return f
@@ -204,4 +210,4 @@ func (p *Peer) Recv(buf []byte) *Future {
 	return f
 }
 
-func (l *link) submit(p *part) { l.enqueue(p.ch, reqJob{p: p}) }
+func (l *link) submit(p *part) { l.request(p) }

@@ -887,3 +887,93 @@ func testConcurrent(t *testing.T, tcpOnly bool, wantT string) {
 		}
 	}
 }
+
+// TestSmallOps: both ends at once, 4 goroutines each, write random small
+// batches (1 to 8 ranges, up to about 48 KiB in all: either side of
+// cmaMin and directMax) into slots of the other's region and read them
+// back, over send buffers shrunk so that the frames written directly by
+// the calling goroutine are often taken only in part (the rest goes to
+// the connection's writer). Every byte is checked; a batch of at most
+// cmaMin bytes reports tcp, a larger one the link's transport.
+func TestSmallOps(t *testing.T) { transports(t, testSmallOps) }
+
+func testSmallOps(t *testing.T, tcpOnly bool, wantT string) {
+	a, b, ab, ba := pair(t, func(o *Options) { o.TCPOnly = tcpOnly })
+	for _, p := range []*Peer{ab, ba} {
+		for _, c := range p.l.conns {
+			c.c.SetWriteBuffer(4096)
+		}
+	}
+	ctx := ctxT(t, 60*time.Second)
+	const workers, slot = 4, 64 << 10
+	run := func(me *Endpoint, peer *Peer, target *Region, seed uint64) error {
+		var wg sync.WaitGroup
+		errs := make(chan error, workers)
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(seed, uint64(w)))
+				src := make([]byte, slot)
+				dst := make([]byte, slot)
+				sr, _ := me.Register("src", src)
+				dr, _ := me.Register("dst", dst)
+				defer me.Deregister(ctx, sr)
+				defer me.Deregister(ctx, dr)
+				for round := range 300 {
+					fill(src, rng.Uint64())
+					clear(dst)
+					var wops, rops []Op
+					total := 0
+					for off := 0; len(wops) < 1+rng.IntN(8); {
+						n := 1 + rng.IntN(6000)
+						if off+n > slot {
+							break
+						}
+						wops = append(wops, Op{Local: sr, LocalOff: off, Remote: target.Remote(), RemoteOff: w*slot + off, Len: n})
+						rops = append(rops, Op{Local: dr, LocalOff: off, Remote: target.Remote(), RemoteOff: w*slot + off, Len: n})
+						off += n + rng.IntN(64)
+						total += n
+					}
+					want := wantT
+					if total <= cmaMin {
+						want = "tcp"
+					}
+					fw := peer.Write(wops)
+					if err := fw.Wait(ctx); err != nil {
+						errs <- err
+						return
+					}
+					fr := peer.Read(rops)
+					if err := fr.Wait(ctx); err != nil {
+						errs <- err
+						return
+					}
+					if fw.Transport() != want || fr.Transport() != want {
+						errs <- fmt.Errorf("%d bytes: transports %q and %q, want %q", total, fw.Transport(), fr.Transport(), want)
+						return
+					}
+					for _, o := range wops {
+						if !bytes.Equal(src[o.LocalOff:o.LocalOff+o.Len], dst[o.LocalOff:o.LocalOff+o.Len]) {
+							errs <- fmt.Errorf("worker %d round %d: %d bytes at %d read back differ", w, round, o.Len, o.LocalOff)
+							return
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		return <-errs
+	}
+	ra, _ := a.Register("region", make([]byte, workers*slot))
+	rb, _ := b.Register("region", make([]byte, workers*slot))
+	done := make(chan error, 2)
+	go func() { done <- run(a, ab, rb, 1) }()
+	go func() { done <- run(b, ba, ra, 2) }()
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
