@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slimego/slimego/internal/raceio"
 )
 
 // Reader reads whole blocks from a TCP connection, waking once per Lowat
@@ -145,6 +147,7 @@ func (r *Reader) ReadFull(buf []byte) error {
 	buf = buf[r.take(buf):]
 	for len(buf) > 0 {
 		n, err := r.read(buf)
+		raceio.Acquire()
 		buf = buf[n:]
 		if err != nil {
 			return eof(err, len(buf))
@@ -175,6 +178,7 @@ func (r *Reader) ReadAhead(hdr []byte, more int) error {
 	r.alo, r.ahi = 0, 0 // take left the buffer empty
 	for r.ahi < len(hdr) {
 		n, err := r.read(r.ahead[r.ahi:want])
+		raceio.Acquire()
 		r.ahi += n
 		if err != nil {
 			if r.ahi >= len(hdr) {

@@ -19,6 +19,7 @@ import (
 	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/internal/fault"
 	"github.com/slimego/slimego/internal/netaddr"
+	"github.com/slimego/slimego/internal/raceio"
 	"github.com/slimego/slimego/rendezvous"
 )
 
@@ -823,12 +824,14 @@ func (c *conn) send(j job) error {
 	}
 	c.vec[0], c.vec[1] = c.whdr[:], j.buf[:n]
 	c.bufs = c.vec[:]
+	raceio.Release()
 	if _, err := c.bufs.WriteTo(c.c); err != nil || j.also == nil {
 		return c.classify(err, "sending")
 	}
 	copy(j.also[:n], j.buf[:n])
 	for lo := n; lo < len(j.buf); lo += CopyChunk {
 		hi := min(lo+CopyChunk, len(j.buf))
+		raceio.Release()
 		if _, err := c.c.Write(j.buf[lo:hi]); err != nil {
 			return c.classify(err, "sending")
 		}
@@ -873,6 +876,7 @@ func (c *conn) sendNow(j job) error {
 		c.iov[1].SetLen(len(j.buf))
 	}
 	c.wErr = nil
+	raceio.Release()
 	err := c.wrc.Write(c.writeFn)
 	c.iov[0].Base, c.iov[1].Base = nil, nil // keep no buffer alive
 	if c.wArmed {

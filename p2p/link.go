@@ -14,6 +14,7 @@ import (
 
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/inter"
+	"github.com/slimego/slimego/internal/raceio"
 	"golang.org/x/sys/unix"
 )
 
@@ -426,6 +427,7 @@ func (c *conn) direct(answer bool, fill func(b []byte) []byte) bool {
 func (c *conn) writeNow(b []byte) (int, error) {
 	var n int
 	var werr error
+	raceio.Release()
 	err := c.rc.Write(func(fd uintptr) bool {
 		for {
 			m, e := unix.Write(int(fd), b)
@@ -453,6 +455,7 @@ type rawJob struct {
 
 func (j rawJob) write(c *conn) error {
 	c.c.SetWriteDeadline(time.Now().Add(c.l.hb))
+	raceio.Release()
 	_, err := c.c.Write(j.b)
 	return err
 }
@@ -562,6 +565,7 @@ func (c *conn) send(h header, pieces ...[]byte) error {
 		}
 	}
 	c.c.SetWriteDeadline(time.Now().Add(c.l.hb))
+	raceio.Release()
 	_, err := c.bufs.WriteTo(c.c)
 	c.bufs = c.bufs[:0]
 	return err
