@@ -424,7 +424,9 @@ func TestTransportUnexpectedHello(t *testing.T) {
 		{"unknown rank", hello(7, 1)},
 		{"this rank", hello(1, 1)},
 		{"channel out of range", hello(0, 2)},
-		{"data frame", Header{Kind: KindData, Sender: 0, Count: 1, Total: 1, Stripes: 1}},
+		// on a channel not yet connected: taken for a hello, it would be
+		// rank 0's channel 1
+		{"data frame", Header{Kind: KindData, Sender: 0, Epoch: 1, Count: 1, Total: 1, Stripes: 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { closedWithin(t, dial(tc.h), bound) })
 	}

@@ -104,7 +104,15 @@ func exchange(t *testing.T, ts [2]*Transport, n, it int) {
 			}
 		}()
 	}
-	wg.Wait()
+	// A transfer that outlives its deadline hangs: fail (and, under
+	// -failfast, end the run) instead of waiting for the binary's timeout.
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(40 * time.Second):
+		t.Fatalf("%d bytes, call %d: a rank's transfer has not returned 30 s after its deadline", n, it)
+	}
 	for r := range 2 {
 		if errs[r] != nil {
 			t.Fatalf("%d bytes, call %d, rank %d: %v", n, it, r, errs[r])
