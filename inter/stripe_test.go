@@ -46,7 +46,7 @@ func TestMismatchAcrossStripes(t *testing.T) {
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%d-vs-%d", c.a, c.b), func(t *testing.T) {
 			epoch++
-			errs := disagree(ts, [2]int{c.a, c.b}, uint64(100+epoch))
+			errs := disagree(t, ts, [2]int{c.a, c.b}, uint64(100+epoch))
 			for r, err := range errs {
 				if !errors.Is(err, ErrMismatch) {
 					t.Fatalf("rank %d (sends %d, expects %d): want ErrMismatch, got %v", r, []int{c.a, c.b}[r], []int{c.a, c.b}[r], err)
@@ -60,8 +60,11 @@ func TestMismatchAcrossStripes(t *testing.T) {
 }
 
 // disagree runs one exchange in which rank r sends n[r] bytes and expects
-// n[r] bytes back, and returns each rank's first error.
-func disagree(ts [2]*Transport, n [2]int, epoch uint64) [2]error {
+// n[r] bytes back, and returns each rank's first error; a rank whose
+// transfer has not returned 30 s after its deadline fails the test (a
+// hang, which -failfast then ends).
+func disagree(t *testing.T, ts [2]*Transport, n [2]int, epoch uint64) [2]error {
+	t.Helper()
 	var errs [2]error
 	var wg sync.WaitGroup
 	for r := range 2 {
@@ -82,6 +85,12 @@ func disagree(ts [2]*Transport, n [2]int, epoch uint64) [2]error {
 			}
 		}()
 	}
-	wg.Wait()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(40 * time.Second):
+		t.Fatalf("%d against %d bytes: a rank's transfer has not returned 30 s after its deadline", n[0], n[1])
+	}
 	return errs
 }
