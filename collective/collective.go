@@ -138,6 +138,9 @@ func (c *Communicator) init(ctx context.Context, kind device.Kind) error {
 		BigCopy:     o.BigCopy,
 		SpinTime:    o.SpinTime,
 		ShareCores:  o.Algo != "intra",
+		// Nodes that are namespaces or containers of one machine share
+		// its cores, which no node's ranks see alone.
+		HostOversubscribed: lay.hostRanks > hostCPUs(),
 	})
 	if err != nil {
 		return err
@@ -162,8 +165,9 @@ func (c *Communicator) init(ctx context.Context, kind device.Kind) error {
 		c.stream.WaitTimeout = o.Timeout
 	}
 	if o.Debug != "" {
-		fmt.Fprintf(os.Stderr, "slimego INFO rank %d/%d local %d/%d node %d/%d backend %s store %s run %s timeout %v algo %s\n",
-			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize, o.NodeRank, c.nodes, c.describeBackend(), c.storeAddr(), o.RunID, o.Timeout, o.Algo)
+		fmt.Fprintf(os.Stderr, "slimego INFO rank %d/%d local %d/%d node %d/%d backend %s store %s run %s timeout %v algo %s machine %d ranks %d cpus oversubscribed %v\n",
+			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize, o.NodeRank, c.nodes, c.describeBackend(), c.storeAddr(), o.RunID, o.Timeout, o.Algo,
+			lay.hostRanks, hostCPUs(), c.node != nil && c.node.Oversubscribed())
 	}
 	return nil
 }

@@ -15,35 +15,78 @@ type layout struct {
 	members [][]int // per node, in node-rank order: its global ranks by local rank
 	myNode  int     // index of this rank's node in members
 	uniform bool    // every node has the same number of ranks, laid out node by node
+	// hostRanks counts the job's ranks on this rank's machine, of every
+	// node (0 where this rank could not name its machine): nodes that are
+	// network namespaces or containers of one machine share its cores.
+	hostRanks int
 }
 
-// exchangeLayout publishes this rank's node, local rank and local size
-// through the store and reads everyone's.
+// where is one rank's entry of the layout: its node, local rank and local
+// size, and the machine it runs on (its kernel's boot id, or "-").
+type where struct {
+	node, local, size int
+	host              string
+}
+
+// maxHostID bounds a layout entry's machine name (a boot id is 36 bytes).
+const maxHostID = 64
+
+func (w where) String() string { return fmt.Sprintf("%d %d %d %s", w.node, w.local, w.size, w.host) }
+
+// parseWhere decodes a layout entry read from the store, which is not
+// trusted: four fields, three of them integers in [0, 2^31), the last a
+// machine name of at most maxHostID bytes of [0-9a-f-].
+func parseWhere(v []byte) (where, error) {
+	f := strings.Fields(string(v))
+	if len(f) != 4 {
+		return where{}, fmt.Errorf("%d fields", len(f))
+	}
+	var n [3]int
+	for i := range n {
+		x, err := strconv.ParseInt(f[i], 10, 32)
+		if err != nil || x < 0 {
+			return where{}, fmt.Errorf("field %d is %q", i+1, f[i])
+		}
+		n[i] = int(x)
+	}
+	if !validHostID(f[3]) {
+		return where{}, fmt.Errorf("machine %q", f[3])
+	}
+	return where{node: n[0], local: n[1], size: n[2], host: f[3]}, nil
+}
+
+func validHostID(s string) bool {
+	if s == "-" {
+		return true
+	}
+	if s == "" || len(s) > maxHostID {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// exchangeLayout publishes this rank's node, local rank, local size and
+// machine through the store and reads everyone's.
 func (c *Communicator) exchangeLayout(ctx context.Context) (layout, error) {
 	o := c.opts
-	me := fmt.Sprintf("%d %d %d", o.NodeRank, o.LocalRank, o.LocalWorldSize)
-	if err := c.store.Set(ctx, c.key("layout/"+strconv.Itoa(o.Rank)), []byte(me)); err != nil {
+	me := where{node: o.NodeRank, local: o.LocalRank, size: o.LocalWorldSize, host: hostID()}
+	if err := c.store.Set(ctx, c.key("layout/"+strconv.Itoa(o.Rank)), []byte(me.String())); err != nil {
 		return layout{}, c.storeFault("init", err, -1, "publishing the layout")
 	}
-	type where struct{ node, local, size int }
 	all := make([]where, o.WorldSize)
 	for r := range all {
 		v, err := c.store.Get(ctx, c.key("layout/"+strconv.Itoa(r)))
 		if err != nil {
 			return layout{}, c.storeFault("init", err, r, fmt.Sprintf("rank %d never joined", r))
 		}
-		f := strings.Fields(string(v))
-		var w where
-		var errs [3]error
-		if len(f) == 3 {
-			w.node, errs[0] = strconv.Atoi(f[0])
-			w.local, errs[1] = strconv.Atoi(f[1])
-			w.size, errs[2] = strconv.Atoi(f[2])
+		if all[r], err = parseWhere(v); err != nil {
+			return layout{}, fault.New("init", o.Rank, r, ErrInvalid, "rank %d published the layout %q: %v", r, v, err)
 		}
-		if len(f) != 3 || errs[0] != nil || errs[1] != nil || errs[2] != nil {
-			return layout{}, fault.New("init", o.Rank, r, ErrInvalid, "rank %d published the layout %q", r, v)
-		}
-		all[r] = w
 	}
 	// Everyone has read everyone's before anyone acts on it: rank 0 may
 	// host the store and must not leave (on a layout error) while others
@@ -51,7 +94,27 @@ func (c *Communicator) exchangeLayout(ctx context.Context) (layout, error) {
 	if err := c.store.Barrier(ctx, c.key("layout-read"), o.Rank, o.WorldSize); err != nil {
 		return layout{}, c.storeFault("init", err, -1, "waiting for the others to read the layout")
 	}
-	return buildLayout(o.Rank, func(r int) (int, int, int) { return all[r].node, all[r].local, all[r].size }, len(all))
+	lay, err := buildLayout(o.Rank, func(r int) (int, int, int) { return all[r].node, all[r].local, all[r].size }, len(all))
+	if err != nil {
+		return layout{}, err
+	}
+	lay.hostRanks = sameHost(all, o.Rank)
+	return lay, nil
+}
+
+// sameHost counts the ranks in all that run on rank me's machine (me
+// among them), or returns 0 where me could not name its machine.
+func sameHost(all []where, me int) int {
+	if all[me].host == "-" {
+		return 0
+	}
+	n := 0
+	for _, w := range all {
+		if w.host == all[me].host {
+			n++
+		}
+	}
+	return n
 }
 
 // buildLayout groups ranks by node and checks that each node's local ranks

@@ -151,6 +151,44 @@ func TestAcrossNodesLoopback(t *testing.T) {
 	}
 }
 
+// TestNodesShareMachine: two "nodes" on this one machine find that they
+// share its cores (their ranks publish its boot id with their layout), so
+// that where their ranks together outnumber the CPUs the node waits as an
+// oversubscribed one does, though neither node's own ranks do.
+func TestNodesShareMachine(t *testing.T) {
+	j := runNodes(t, []string{"SLIME_DEBUG=INFO"}, 2, 2, nil, "agcheck", "--sizes", "0,7,4096", "--iters", "2")
+	all := strings.Join(j.out, "")
+	if strings.Count(all, "PASS rank") != 4 {
+		t.Fatalf("%d of 4 ranks passed; exits %v\n%s", strings.Count(all, "PASS rank"), j.codes, all)
+	}
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err != nil {
+		t.Skip(err)
+	}
+	cpus := 0
+	for _, part := range strings.Split(strings.TrimSpace(string(b)), ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, _ := strconv.Atoi(lo)
+		z := a
+		if isRange {
+			z, _ = strconv.Atoi(hi)
+		}
+		cpus += z - a + 1
+	}
+	for r := range 4 {
+		m := regexp.MustCompile(fmt.Sprintf(`slimego INFO rank %d/4 .* machine (\d+) ranks (\d+) cpus oversubscribed (\w+)`, r)).FindStringSubmatch(all)
+		if m == nil {
+			t.Fatalf("rank %d logged no layout\n%s", r, all)
+		}
+		if m[1] != "4" || m[2] != strconv.Itoa(cpus) {
+			t.Errorf("rank %d: %s ranks on %s CPUs of its machine, want 4 on %d", r, m[1], m[2], cpus)
+		}
+		if 4 > cpus && m[3] != "true" {
+			t.Errorf("rank %d: 4 ranks on %d CPUs not taken as oversubscribed", r, cpus)
+		}
+	}
+}
+
 func TestAcrossNodesMismatch(t *testing.T) {
 	for _, algo := range []string{"hier", "ring"} {
 		j := runNodes(t, []string{"SLIME_ALGO=" + algo}, 2, 2, nil, "agcheck", "--fault", "mismatch", "--fault-rank", "3", "--fault-size", "1M")

@@ -59,6 +59,12 @@ type Config struct {
 	// ShareCores says network transfers run beside this group's copies:
 	// large copies then yield the processor every MiB (see copyBlock).
 	ShareCores bool
+	// HostOversubscribed says the job's ranks on this machine, this
+	// group's and other nodes' (network namespaces or containers of one
+	// machine), outnumber its CPUs: the group then waits as where its own
+	// ranks outnumber their CPUs (see Oversubscribed), which it cannot see
+	// itself.
+	HostOversubscribed bool
 	// SpinTime is how long a wait spins before it sleeps on its futex;
 	// zero picks a default from the number of ranks per CPU.
 	SpinTime time.Duration
@@ -392,7 +398,7 @@ func (g *Group) watchPeers() error {
 	if cpus == 0 {
 		cpus = runtime.NumCPU()
 	}
-	g.oversb = g.size > cpus || inProc > runtime.GOMAXPROCS(0)
+	g.oversb = g.cfg.HostOversubscribed || g.size > cpus || inProc > runtime.GOMAXPROCS(0)
 	// A waiting rank hands its processor over with sched_yield. It
 	// yields to this process's goroutines too (runtime.Gosched) only where
 	// they may need the very processor: where ranks share the process, or
@@ -406,8 +412,9 @@ func (g *Group) watchPeers() error {
 func (g *Group) global(local int) int { return g.cfg.Ranks[local] }
 
 // Oversubscribed says whether the group's ranks outnumber the CPUs they
-// may run on together (or, where ranks share a process, its processors):
-// their waits then hand the processor over at every poll.
+// may run on together (or, where ranks share a process, its processors),
+// or Config.HostOversubscribed says the machine's are: their waits then
+// hand the processor over at every poll.
 func (g *Group) Oversubscribed() bool { return g.oversb }
 
 // Rank and Size are the local rank and the number of local ranks.
