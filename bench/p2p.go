@@ -73,10 +73,14 @@ type P2PConfig struct {
 	// operation has its own range on both sides, so that every byte is
 	// checked, and the grid's largest corner is 64 GiB.
 	MaxInFlight int64
-	TCPOnly     bool          // carry every transfer over TCP, even on one host
-	Channels    int           // TCP connections of the link (0: p2p's default)
-	MinTime     time.Duration // timed time per combination (default 200 ms), at least 5 rounds
-	MaxRounds   int           // at most this many timed rounds per combination (default 2000)
+	TCPOnly     bool // carry every transfer over TCP, even on one host
+	// Shared registers each rank's region as p2p.Shared memory, which a
+	// peer on the same host maps and copies itself ("shm"), instead of a
+	// plain slice (copied by process_vm_readv/writev, "cma").
+	Shared    bool
+	Channels  int           // TCP connections of the link (0: p2p's default)
+	MinTime   time.Duration // timed time per combination (default 200 ms), at least 5 rounds
+	MaxRounds int           // at most this many timed rounds per combination (default 2000)
 	// RegisterBytes, if positive, is the memory whose registration is
 	// timed, as 4 KiB pages and as one region (issue 16 asks for 1 GiB).
 	RegisterBytes int64
@@ -201,14 +205,6 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 	}
 	defer st.Close()
 	st.Timeout = c.Timeout()
-	prefix := fmt.Sprintf("p2pbench-%x", seeds[0])
-	e, err := p2p.New(ctx, p2p.Options{Name: fmt.Sprintf("rank%d", c.Rank()), Store: st, Prefix: prefix,
-		Auth: rendezvous.Auth{Secret: o.JobSecret, Job: o.JobID}, IfName: o.SocketIfName, MasterAddr: o.MasterAddr,
-		Channels: cfg.Channels, TCPOnly: cfg.TCPOnly, Timeout: c.Timeout()})
-	if err != nil {
-		return nil, fmt.Errorf("%w: rank %d: %w", ErrP2PBench, c.Rank(), err)
-	}
-	defer e.Close()
 	cases := cfg.cases()
 	var need int64 = 8
 	for _, k := range cases {
@@ -219,9 +215,29 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 			need = max(need, k.bytes())
 		}
 	}
-	region := make([]byte, need)
+	var region []byte
+	var mem any
+	if cfg.Shared {
+		sh, err := p2p.NewShared(int(need))
+		if err != nil {
+			return nil, fmt.Errorf("%w: rank %d: %w", ErrP2PBench, c.Rank(), err)
+		}
+		defer sh.Close() // after the endpoint's Close (deferred below)
+		region, mem = sh.Bytes(), sh
+	} else {
+		region = make([]byte, need)
+		mem = region
+	}
+	prefix := fmt.Sprintf("p2pbench-%x", seeds[0])
+	e, err := p2p.New(ctx, p2p.Options{Name: fmt.Sprintf("rank%d", c.Rank()), Store: st, Prefix: prefix,
+		Auth: rendezvous.Auth{Secret: o.JobSecret, Job: o.JobID}, IfName: o.SocketIfName, MasterAddr: o.MasterAddr,
+		Channels: cfg.Channels, TCPOnly: cfg.TCPOnly, Timeout: c.Timeout()})
+	if err != nil {
+		return nil, fmt.Errorf("%w: rank %d: %w", ErrP2PBench, c.Rank(), err)
+	}
+	defer e.Close()
 	expect := make([]byte, need)
-	reg, err := e.Register("bench", region)
+	reg, err := e.Register("bench", mem)
 	if err != nil {
 		return nil, err
 	}

@@ -93,6 +93,20 @@ func (l *link) enableCMA(in info) bool {
 		return true
 	}
 	l.pid = int(in.pid) // before cma is set: transfers read it after they see cma
+	l.self = self
+	if pidfd >= 0 {
+		// A pidfd of the link's own, for taking the peer's Shared
+		// memory (mapPeer); closed when the link has ended.
+		if fd, err := unix.FcntlInt(uintptr(pidfd), unix.F_DUPFD_CLOEXEC, 0); err == nil {
+			l.mu.Lock()
+			if l.err == nil {
+				l.pidfd = fd
+			} else {
+				unix.Close(fd)
+			}
+			l.mu.Unlock()
+		}
+	}
 	l.cma.Store(true)
 	if pidfd >= 0 {
 		keep = true
@@ -237,8 +251,14 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 			l.enqueue(c.idx, frame{kind: kResp, sub: sub, id: id, status: stNotHost})
 			return
 		}
-		binary.LittleEndian.PutUint64(iov[i*IovSize:], uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.b)))))
-		binary.LittleEndian.PutUint64(iov[i*IovSize+8:], uint64(len(s.b)))
+		v := iov[i*IovSize:]
+		binary.LittleEndian.PutUint64(v, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.b)))))
+		binary.LittleEndian.PutUint64(v[8:], uint64(len(s.b)))
+		if s.sh != nil { // its memory file, for the initiator to map
+			binary.LittleEndian.PutUint64(v[16:], s.sh.id)
+			binary.LittleEndian.PutUint64(v[24:], s.sh.offset(s.b))
+			binary.LittleEndian.PutUint32(v[32:], uint32(s.sh.fd))
+		}
 	}
 	regs = append([]*Region(nil), regs...)
 	l.mu.Lock()
@@ -287,6 +307,15 @@ func (l *link) released(id uint64) {
 	l.e.release(regs)
 }
 
+// grantIov is one range of a grant (see rReadV): at addr in the peer's
+// process, or, where mem is not 0, also at off in the peer's Shared
+// memory mem, its file at fd there.
+type grantIov struct {
+	addr, n, mem, off uint64
+	fd                uint32
+	m                 *peerMap // the mapping of mem, once made (nil: copy at addr)
+}
+
 // granted copies a same-host part's bytes through the grant its answer
 // h carries (the iovecs follow h), then releases the grant.
 func (c *conn) granted(h header, p *part) error {
@@ -301,16 +330,19 @@ func (c *conn) granted(h header, p *part) error {
 		c.l.enqueue(c.idx, frame{kind: kRelease, id: h.id})
 		return nil
 	}
-	rem := make([]unix.RemoteIovec, h.b)
+	rem := make([]grantIov, h.b)
 	var sum uint64
 	for i := range rem {
-		a, n := binary.LittleEndian.Uint64(b[i*IovSize:]), binary.LittleEndian.Uint64(b[i*IovSize+8:])
-		if n == 0 || n > MaxLen {
+		v := b[i*IovSize:]
+		g := grantIov{addr: binary.LittleEndian.Uint64(v), n: binary.LittleEndian.Uint64(v[8:]),
+			mem: binary.LittleEndian.Uint64(v[16:]), off: binary.LittleEndian.Uint64(v[24:]), fd: binary.LittleEndian.Uint32(v[32:])}
+		zero := binary.LittleEndian.Uint32(v[36:])
+		if g.n == 0 || g.n > MaxLen || g.off > MaxLen || zero != 0 || g.mem == 0 && (g.off != 0 || g.fd != 0) {
 			c.l.enqueue(c.idx, frame{kind: kRelease, id: h.id})
-			return fmt.Errorf("%w: a grant of %d bytes", ErrFrame, n)
+			return fmt.Errorf("%w: a grant of %d bytes (memory %#x, offset %d, fd %d)", ErrFrame, g.n, g.mem, g.off, g.fd)
 		}
-		sum += n
-		rem[i] = unix.RemoteIovec{Base: uintptr(a), Len: int(n)}
+		sum += g.n
+		rem[i] = g
 	}
 	if sum != p.total {
 		c.l.enqueue(c.idx, frame{kind: kRelease, id: h.id})
@@ -325,7 +357,7 @@ func (c *conn) granted(h header, p *part) error {
 	l.wg.Add(1) // the reader counts in l.wg: it is not at zero
 	go func() {
 		defer l.wg.Done()
-		err := l.cmaCopy(p, rem, write)
+		err := l.grantCopy(p, rem, write)
 		l.enqueue(idx, frame{kind: kRelease, id: h.id})
 		if err != nil {
 			p.finish(opErr(p.f.op, l.p.name, "", ErrPeerLost, "copying through the grant: %v", err))
@@ -336,34 +368,69 @@ func (c *conn) granted(h header, p *part) error {
 	return nil
 }
 
-// cmaCopy copies p's bytes from (write false) or to (write true) the
-// peer's ranges rem, a chunk at a time under p's lock, while p is active.
-func (l *link) cmaCopy(p *part, rem []unix.RemoteIovec, write bool) error {
+// grantCopy copies p's bytes from (write false) or to (write true) the
+// peer's ranges rem, a chunk at a time under p's lock, while p is active:
+// through a mapping of the peer's Shared memory where a range lies in
+// one and it can be mapped, with process_vm_readv/writev elsewhere.
+func (l *link) grantCopy(p *part, rem []grantIov, write bool) error {
+	for i := range rem {
+		if rem[i].mem == 0 {
+			continue
+		}
+		// A memory that cannot be mapped (an old kernel without
+		// pidfd_getfd, or a file that is not what the peer says) is
+		// copied at its address instead, which the kernel checks
+		// against the peer's own memory.
+		if m, err := l.mapPeer(rem[i].mem, rem[i].fd, rem[i].off+rem[i].n); err == nil {
+			rem[i].m = m
+			defer l.unmapPeer(m)
+			p.f.shm.Store(true)
+		}
+	}
 	lk := cursor{segs: p.local}
-	ri, ro := 0, 0
 	var liov []unix.Iovec
 	var riov []unix.RemoteIovec
-	for done := uint64(0); done < p.total; {
-		liov, riov = liov[:0], riov[:0]
-		n := 0
-		for n < cmaChunk && len(liov) < iovMax && done+uint64(n) < p.total {
-			for ri < len(rem) && ro == rem[ri].Len {
-				ri, ro = ri+1, 0
-			}
-			s := lk.next(min(cmaChunk-n, rem[ri].Len-ro)).b // host memory: oneSided saw to it
-			v := unix.Iovec{Base: unsafe.SliceData(s)}
-			v.SetLen(len(s))
-			liov = append(liov, v)
-			riov = append(riov, unix.RemoteIovec{Base: rem[ri].Base + uintptr(ro), Len: len(s)})
-			ro += len(s)
-			n += len(s)
+	n := 0
+	flush := func() error {
+		if n == 0 {
+			return nil
 		}
-		if err := vmCopy(&p.mu, &p.active, l.pid, liov, riov, n, write); err != nil {
-			return err
-		}
-		done += uint64(n)
+		err := vmCopy(&p.mu, &p.active, l.pid, liov, riov, n, write)
+		liov, riov, n = liov[:0], riov[:0], 0
+		return err
 	}
-	return nil
+	for _, g := range rem {
+		for done := uint64(0); done < g.n; {
+			if g.m == nil && (n >= cmaChunk || len(liov) >= iovMax) {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			want := g.n - done
+			if g.m == nil {
+				want = min(want, uint64(cmaChunk-n))
+			}
+			s := lk.next(int(min(want, cmaChunk))).b // host memory: oneSided saw to it
+			if len(s) == 0 {
+				return fmt.Errorf("the local ranges end before the grant's %d bytes", p.total)
+			}
+			if g.m != nil {
+				if err := flush(); err != nil {
+					return err
+				}
+				at := g.off + done
+				shmCopy(&p.mu, &p.active, s, g.m.b[at:at+uint64(len(s))], write)
+			} else {
+				v := unix.Iovec{Base: unsafe.SliceData(s)}
+				v.SetLen(len(s))
+				liov = append(liov, v)
+				riov = append(riov, unix.RemoteIovec{Base: uintptr(g.addr + done), Len: len(s)})
+				n += len(s)
+			}
+			done += uint64(len(s))
+		}
+	}
+	return flush()
 }
 
 // vmCopy moves n bytes between liov (here) and riov (in pid) under mu,

@@ -106,6 +106,8 @@ type Endpoint struct {
 	next  uint64 // the next region id
 	peers map[string]*Peer
 	shut  bool
+	// finished: Close has returned, and nothing touches a region
+	finished atomic.Bool
 
 	immMu   sync.Mutex
 	imms    []Imm
@@ -203,6 +205,7 @@ type Region struct {
 	key  uint64
 	buf  []byte             // host memory, or
 	dev  *device.CUDABuffer // GPU memory
+	sh   *Shared            // buf's Shared memory, if it is one
 	size int
 	mu   sync.Mutex
 	refs int // requests served on it now (as a target)
@@ -257,7 +260,24 @@ func (r *Region) seg() seg {
 	if r.dev != nil {
 		return seg{d: r.dev, n: r.size}
 	}
-	return host(r.buf)
+	return seg{b: r.buf, n: len(r.buf), sh: r.sh}
+}
+
+// idle says nothing touches r's memory any more, nor will: it was
+// deregistered and no peer's request uses it, or its endpoint is closed.
+func (r *Region) idle() bool {
+	if r.e.finished.Load() {
+		return true
+	}
+	if !r.closed.Load() {
+		return false
+	}
+	select {
+	case <-r.drained:
+		return true
+	default:
+		return false
+	}
 }
 
 // Remote is what a peer needs to address the region.
@@ -269,7 +289,8 @@ func (r *Region) label() string { return fmt.Sprintf("%q", r.name) }
 
 // Register makes mem readable and writable by the endpoint's peers and
 // returns its Region, with a fresh random 64-bit key that a request must
-// carry. mem is a []byte, a device.Buffer of host memory
+// carry. mem is a []byte, a *Shared (which a peer on the same host maps
+// and copies itself), a device.Buffer of host memory
 // (*device.HostBuffer, symmetric or not), or GPU memory
 // (*device.CUDABuffer), which transfers stage through host memory a chunk
 // at a time, over TCP (also on the same host). Registration costs a map
@@ -280,10 +301,16 @@ func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 	}
 	var buf []byte
 	var dev *device.CUDABuffer
+	var sh *Shared
 	size := 0
 	switch m := mem.(type) {
 	case []byte:
 		buf = m
+	case *Shared:
+		sh, buf = m, m.Bytes()
+		if buf == nil {
+			return nil, opErr("register", "", name, ErrInvalid, "the shared memory is closed")
+		}
 	case interface{ Bytes() []byte }:
 		buf = m.Bytes()
 	case *device.CUDABuffer:
@@ -301,10 +328,18 @@ func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 	}
 	var k [8]byte
 	rand.Read(k[:])
-	r := &Region{e: e, name: name, key: binary.LittleEndian.Uint64(k[:]), buf: buf, dev: dev, size: size, users: map[*part]struct{}{}, drained: make(chan struct{})}
+	r := &Region{e: e, name: name, key: binary.LittleEndian.Uint64(k[:]), buf: buf, dev: dev, sh: sh, size: size, users: map[*part]struct{}{}, drained: make(chan struct{})}
+	if sh != nil {
+		if err := sh.attach(r); err != nil {
+			return nil, err
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.shut {
+		if sh != nil {
+			sh.detach(r)
+		}
 		return nil, opErr("register", "", name, ErrClosed, "the endpoint is closed")
 	}
 	r.id = e.next
@@ -952,6 +987,7 @@ func (e *Endpoint) Close() error {
 		}
 	}
 	e.wg.Wait()
+	e.finished.Store(true) // nothing touches a region any more
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 type Future struct {
 	op, peer  string
 	transport string
+	shm       atomic.Bool // a part copied through a mapping of the peer's Shared memory
 	done      chan struct{}
 	left      atomic.Int32
 	mu        sync.Mutex
@@ -112,13 +113,18 @@ func (f *Future) Done() <-chan struct{} {
 
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-// Transport names the transport that carried the transfer: "tcp" or
-// "cma" (same host), or "" for a call that failed before it started. It
-// is final once the Future is done (a same-host request for the peer's
-// GPU memory goes over TCP after all).
+// Transport names the transport that carried the transfer: "tcp",
+// "cma" (same host, copied by process_vm_readv/writev) or "shm" (same
+// host, copied through a mapping of the peer's Shared memory, for all or
+// part of the transfer), or "" for a call that failed before it started.
+// It is final once the Future is done (a same-host request for the
+// peer's GPU memory goes over TCP after all).
 func (f *Future) Transport() string {
 	if f == nil {
 		return ""
+	}
+	if f.shm.Load() {
+		return "shm"
 	}
 	return f.transport
 }

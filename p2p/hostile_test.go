@@ -1132,3 +1132,136 @@ func TestGrantNeedsHolder(t *testing.T) {
 		}
 	}
 }
+
+// fakeSameHostTarget links a, an endpoint of this process, to a raw
+// target in this process whose Info says so truthfully (it holds the
+// link's socket), so that the link is same-host; it returns the peer and
+// the target's end of the connection.
+func fakeSameHostTarget(t *testing.T, ctx context.Context, a *Endpoint, rr RemoteRegion) (*Peer, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	got := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(got)
+			return
+		}
+		k := auth.NewKey(testAuth().Secret, testAuth().Job)
+		auth.Accept(c, k, purpose, time.Now().Add(5*time.Second))
+		var b [HeaderSize + helloFixed + MaxName]byte
+		readFull(c, b[:HeaderSize])
+		h, _ := decodeHeader(b[:HeaderSize])
+		readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
+		ack := header{kind: kHelloAck, a: 10000}
+		ack.put(b[:])
+		c.Write(b[:HeaderSize])
+		got <- c
+	}()
+	in := info{name: "t", addr: ln.Addr().String(), host: a.host, pid: uint32(os.Getpid()), token: *a.token,
+		tokenAddr: uint64(uintptr(unsafe.Pointer(a.token))), regions: []RemoteRegion{rr}}
+	p, err := a.ConnectInfo(ctx, in.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, ok := <-got
+	if !ok {
+		t.Fatal("the fake target accepted no connection")
+	}
+	t.Cleanup(func() { c.Close() })
+	if p.Transport() != "cma" {
+		t.Fatalf("transport %q, want cma", p.Transport())
+	}
+	return p, c
+}
+
+// TestSharedGrantChecked: a same-host grant that names Shared memory is
+// mapped only if the file it names is a memory file sealed against
+// shrinking and large enough, so that no access through the mapping can
+// fault; otherwise the initiator copies at the grant's address, which
+// the kernel checks against the peer's memory. A malformed entry fails
+// the link. Every case reads the right bytes or fails; none crashes.
+func TestSharedGrantChecked(t *testing.T) {
+	const n = 1 << 16
+	good, err := NewShared(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	fill(good.Bytes(), 3)
+	small, err := NewShared(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	fill(small.Bytes(), 4)
+	unsealed, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(unsealed)
+	unix.Ftruncate(unsealed, n)
+	plain := make([]byte, n)
+	fill(plain, 5)
+	for _, tc := range []struct {
+		name      string
+		addr      []byte // the grant's address: the bytes the read must return
+		mem, off  uint64
+		fd        uint32
+		transport string
+		bad       bool
+	}{
+		{"shared", good.Bytes(), good.id, 0, uint32(good.fd), "shm", false},
+		{"an unsealed memory file", plain, 77, 0, uint32(unsealed), "cma", false},
+		{"a file smaller than the grant", plain, small.id, 0, uint32(small.fd), "cma", false},
+		{"an offset past the file", plain, good.id + 1, n, uint32(good.fd), "cma", false},
+		{"a file that is not there", plain, 78, 0, 1 << 30, "cma", false},
+		{"an fd for plain memory", plain, 0, 0, 3, "", true},
+		{"an offset for plain memory", plain, 0, 8, 0, "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t, 20*time.Second)
+			a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
+			p, c := fakeSameHostTarget(t, ctx, a, rr)
+			local := make([]byte, n)
+			lr, _ := a.Register("l", local)
+			f := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+			h, _ := nextFrame(t, c)
+			if h.kind != kReq || h.sub != rReadV {
+				t.Fatalf("got %+v, want a same-host read", h)
+			}
+			iov := make([]byte, IovSize)
+			binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&tc.addr[0]))))
+			binary.LittleEndian.PutUint64(iov[8:], n)
+			binary.LittleEndian.PutUint64(iov[16:], tc.mem)
+			binary.LittleEndian.PutUint64(iov[24:], tc.off)
+			binary.LittleEndian.PutUint32(iov[32:], tc.fd)
+			c.Write(append(hdr(header{kind: kResp, sub: rReadV, id: h.id, b: 1, payload: IovSize}), iov...))
+			err = f.Wait(ctx)
+			if tc.bad {
+				if !errors.Is(err, ErrPeerLost) {
+					t.Fatalf("a malformed grant: %v, want ErrPeerLost", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Transport() != tc.transport {
+				t.Errorf("transport %q, want %q", f.Transport(), tc.transport)
+			}
+			if !bytes.Equal(local, tc.addr) {
+				t.Error("the bytes read differ from the granted ones")
+			}
+		})
+	}
+}

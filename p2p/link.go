@@ -162,6 +162,15 @@ type link struct {
 	serving   map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
 	cma       atomic.Bool             // same host: copy with process_vm_readv/writev (cma_linux.go)
 	pid       int                     // the peer's process, when cma
+	// pidfd pins the peer's process while the link lives (-1: the peer
+	// is this process, or not on this host): Shared memory is taken from
+	// it (mapPeer).
+	pidfd int
+	self  bool // the peer is this process (cma)
+	// maps are the peer's Shared memories mapped here, by their ids
+	// (shared_linux.go); mapTick orders their use.
+	maps    map[uint64]*peerMap
+	mapTick uint64
 	// peerPid is the pid the peer gave (its hello, or its Info when this
 	// side dialed); grants go only to a peer whose process it is
 	// (grantable, once per link).
@@ -216,7 +225,7 @@ type job interface{ write(c *conn) error }
 // shorter of the two ends').
 func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, hb time.Duration) *link {
 	l := &link{e: e, p: p, hb: hb, parts: map[uint64]*part{}, sends: map[uint64]*part{},
-		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, serving: map[uint64]*atomic.Bool{}, stop: make(chan struct{})}
+		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, serving: map[uint64]*atomic.Bool{}, stop: make(chan struct{}), pidfd: -1}
 	for i, tc := range tcs {
 		tc.SetNoDelay(true)
 		tc.SetWriteBuffer(inter.DefaultSockBuf)
@@ -242,7 +251,19 @@ func (l *link) start() {
 		go func() { defer l.wg.Done(); c.pinger() }()
 	}
 	l.e.wg.Add(1)
-	go func() { defer l.e.wg.Done(); <-l.stop; l.wg.Wait() }()
+	go func() {
+		defer l.e.wg.Done()
+		<-l.stop
+		l.wg.Wait()
+		// Nothing copies any more: the peer's memories are unmapped.
+		l.mu.Lock()
+		l.dropMaps()
+		if l.pidfd >= 0 {
+			unix.Close(l.pidfd)
+			l.pidfd = -1
+		}
+		l.mu.Unlock()
+	}()
 }
 
 // fail ends the link: its connections close, and every transfer on it
@@ -583,6 +604,7 @@ type seg struct {
 	b      []byte
 	d      *device.CUDABuffer
 	off, n int
+	sh     *Shared // b lies in this Shared memory (nil: plain memory)
 }
 
 func host(b []byte) seg { return seg{b: b, n: len(b)} }
@@ -590,7 +612,7 @@ func host(b []byte) seg { return seg{b: b, n: len(b)} }
 // sub is the n bytes at lo of s.
 func (s seg) sub(lo, n int) seg {
 	if s.d == nil {
-		return host(s.b[lo : lo+n])
+		return seg{b: s.b[lo : lo+n], n: n, sh: s.sh}
 	}
 	return seg{d: s.d, off: s.off + lo, n: n}
 }

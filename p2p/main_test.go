@@ -57,7 +57,8 @@ func fill(b []byte, seed uint64) {
 // bytes filled from P2P_SEED, publishes its info as "child" in the store
 // at P2P_STORE, prints "ready", and serves until its stdin closes (or it
 // is killed). With P2P_TEST_CHILD=echo it also receives messages from
-// "parent" and sends each back.
+// "parent" and sends each back; with shared-target its region is Shared
+// memory.
 func child() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -77,8 +78,16 @@ func child() error {
 	defer e.Close()
 	n, _ := strconv.Atoi(os.Getenv("P2P_SIZE"))
 	seed, _ := strconv.ParseUint(os.Getenv("P2P_SEED"), 10, 64)
-	mem := make([]byte, n)
-	fill(mem, seed)
+	buf := make([]byte, n)
+	var mem any = buf
+	if os.Getenv("P2P_TEST_CHILD") == "shared-target" {
+		sh, err := NewShared(n)
+		if err != nil {
+			return err
+		}
+		buf, mem = sh.Bytes(), sh
+	}
+	fill(buf, seed)
 	if _, err := e.Register("mem", mem); err != nil {
 		return err
 	}

@@ -38,9 +38,22 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 func TestProcessReadWrite(t *testing.T) { transports(t, testProcessReadWrite) }
 
 func testProcessReadWrite(t *testing.T, tcpOnly bool, wantT string) {
+	processReadWrite(t, "target", tcpOnly, wantT)
+}
+
+// TestProcessReadWriteShared: the same with a child whose region is
+// Shared memory: on this host the parent maps it and copies through the
+// mapping ("shm"), the batch's 64 ranges through one mapping; over TCP it
+// is a region as any other.
+func TestProcessReadWriteShared(t *testing.T) {
+	t.Run("tcp", func(t *testing.T) { processReadWrite(t, "shared-target", true, "tcp") })
+	t.Run("shm", func(t *testing.T) { processReadWrite(t, "shared-target", false, "shm") })
+}
+
+func processReadWrite(t *testing.T, role string, tcpOnly bool, wantT string) {
 	const size = 24<<20 + 12345
 	addr, st := storeFor(t)
-	startChild(t, "target", addr, size, 7)
+	startChild(t, role, addr, size, 7)
 	ctx := ctxT(t, 60*time.Second)
 	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth(), TCPOnly: tcpOnly})
 	if err != nil {
@@ -85,7 +98,8 @@ func testProcessReadWrite(t *testing.T, tcpOnly bool, wantT string) {
 	if !bytes.Equal(local, want) {
 		t.Fatal("the bytes written then read back differ")
 	}
-	// A batch of 64 ranges of random lengths at random places.
+	// A batch of 64 ranges of random lengths at random places (over
+	// TCP, batches of at most cmaMin travel in the request or answer).
 	rng := rand.New(rand.NewPCG(1, 2))
 	var ops []Op
 	slot := size / 64
@@ -95,8 +109,12 @@ func testProcessReadWrite(t *testing.T, tcpOnly bool, wantT string) {
 	}
 	fill(local, 5)
 	src := append([]byte(nil), local...)
-	if err := p.Write(ops).Wait(ctx); err != nil {
+	fw := p.Write(ops)
+	if err := fw.Wait(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if fw.Transport() != wantT {
+		t.Errorf("batched write: transport %q, want %q", fw.Transport(), wantT)
 	}
 	for _, o := range ops {
 		copy(want[o.RemoteOff:o.RemoteOff+o.Len], src[o.LocalOff:o.LocalOff+o.Len])
@@ -975,5 +993,69 @@ func testSmallOps(t *testing.T, tcpOnly bool, wantT string) {
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestSharedLifecycle: Shared memory cannot be freed while a region on it
+// is registered (a peer may be copying through it); once deregistered,
+// or once its endpoint is closed, it can; a closed one cannot be
+// registered; sizes out of range are refused.
+func TestSharedLifecycle(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	for _, n := range []int{0, -1, MaxLen + 1} {
+		if _, err := NewShared(n); !errors.Is(err, ErrInvalid) {
+			t.Errorf("NewShared(%d): %v, want ErrInvalid", n, err)
+		}
+	}
+	e, err := New(ctx, Options{Name: "a", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	sh, err := NewShared(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sh.Len() != 1<<20 || len(sh.Bytes()) != 1<<20 {
+		t.Fatalf("%d bytes", sh.Len())
+	}
+	r, err := e.Register("m", sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.Close(); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Close while registered: %v, want ErrInvalid", err)
+	}
+	sh.Bytes()[12345] = 7 // still mapped
+	if err := e.Deregister(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.Close(); err != nil {
+		t.Fatalf("Close once deregistered: %v", err)
+	}
+	if sh.Bytes() != nil {
+		t.Error("a closed Shared still gives its bytes")
+	}
+	if _, err := e.Register("m2", sh); !errors.Is(err, ErrInvalid) {
+		t.Errorf("registering a closed Shared: %v, want ErrInvalid", err)
+	}
+	// A region of an endpoint that is closed no longer holds its memory.
+	e2, err := New(ctx, Options{Name: "b", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh2, err := NewShared(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e2.Register("m", sh2); err != nil {
+		t.Fatal(err)
+	}
+	if err := sh2.Close(); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Close while registered: %v, want ErrInvalid", err)
+	}
+	e2.Close()
+	if err := sh2.Close(); err != nil {
+		t.Fatalf("Close once the endpoint is closed: %v", err)
 	}
 }

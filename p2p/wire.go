@@ -22,7 +22,7 @@ import (
 // is allocated or read for its payload.
 const (
 	wireMagic   = 0x5032 // "P2"
-	wireVersion = 1
+	wireVersion = 2
 	// HeaderSize is the size of an encoded frame header.
 	HeaderSize = 32
 	// DescSize is the size of one encoded remote descriptor.
@@ -72,14 +72,22 @@ const (
 	rCTS   uint8 = 5 // the receive for sequence id is posted (status: or refused)
 	rSend  uint8 = 6 // the bytes of send id: a bytes of kData, answered by kResp; or, with a status, a send given up
 	// Same host: a read or write request as rRead and rWrite, whose
-	// answer grants the stripe's memory (b iovecs of u64 address, u64
-	// length) for the initiator to copy with process_vm_readv/writev,
-	// until it sends kRelease.
+	// answer grants the stripe's memory (b iovecs) for the initiator to
+	// copy, until it sends kRelease. An iovec is
+	//
+	//	u64 address (in the target)  u64 length
+	//	u64 memory  u64 offset  u32 fd  u32 zero
+	//
+	// where memory is 0 for plain memory, which the initiator copies with
+	// process_vm_readv/writev at the address; or it names the target's
+	// Shared memory, the file at fd in the target's process, which the
+	// initiator maps and copies at offset in it (or, where it cannot map
+	// it, copies at the address as for plain memory).
 	rReadV  uint8 = 7
 	rWriteV uint8 = 8
 	subLast       = rWriteV
 	// IovSize is the size of one granted iovec.
-	IovSize = 16
+	IovSize = 40
 )
 
 // Status codes, in a response, an end and a hello's answer.

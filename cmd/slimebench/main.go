@@ -403,6 +403,7 @@ func p2pCmd(args []string) error {
 	conc := fs.IntSlice("concurrency", []int{1, 8}, "batches in flight at once (one sweep each)")
 	ops := fs.StringSlice("op", []string{"read", "write"}, "read, write or both")
 	tcpOnly := fs.Bool("tcp-only", false, "carry every transfer over TCP, even to a peer on this host")
+	shared := fs.Bool("shared", false, "register each rank's region as p2p.Shared memory, which a peer on this host maps and copies itself (transport shm)")
 	channels := fs.Int("channels", 0, "TCP connections of the link (default p2p's, inter.DefaultChannels)")
 	inFlight := fs.String("max-in-flight", "256M", "skip combinations moving more bytes at once than this (size x batch x concurrency)")
 	register := fs.String("register", "1G", "memory whose registration is timed, as 4K pages and as one region (0: none)")
@@ -414,7 +415,7 @@ func p2pCmd(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
+	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Shared: *shared, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
 	for _, op := range *ops {
 		if op != "read" && op != "write" {
 			return fmt.Errorf("p2p: --op %q: want read or write", op)
@@ -467,7 +468,7 @@ func p2pCmd(args []string) error {
 	if c.Rank() != 0 {
 		return nil
 	}
-	title := fmt.Sprintf("slimebench p2p: rank 1 reads/writes rank 0's region, %d node(s), tcp-only %v, %s", c.Nodes(), *tcpOnly, time.Now().UTC().Format("2006-01-02"))
+	title := fmt.Sprintf("slimebench p2p: rank 1 reads/writes rank 0's region, %d node(s), tcp-only %v, shared %v, %s", c.Nodes(), *tcpOnly, *shared, time.Now().UTC().Format("2006-01-02"))
 	if *asCSV {
 		if err := bench.WriteP2PCSV(os.Stdout, rs); err != nil {
 			return err

@@ -1,0 +1,262 @@
+package p2p
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Shared is host memory that peers on the same host copy to and from
+// themselves, through a mapping of their own (zero copy: one memcpy by
+// the initiator, no kernel copy, no socket), where process_vm_readv and
+// process_vm_writev copy a plain slice's bytes through the kernel. It is
+// an anonymous memory file (memfd) sealed at its size, so that a peer that
+// maps it can neither be made to fault by its shrinking nor leave
+// anything behind in /dev/shm; a peer on another host reads and writes it
+// over TCP, as any other region.
+//
+// Register it like any memory (Endpoint.Register); Close it once every
+// region on it is deregistered (or its endpoint closed).
+type Shared struct {
+	fd int
+	b  []byte
+	id uint64 // names the memory in grants (random, never 0)
+
+	mu      sync.Mutex
+	closed  bool
+	regions map[*Region]struct{}
+}
+
+// NewShared allocates size bytes of zeroed shared memory.
+func NewShared(size int) (*Shared, error) {
+	if size <= 0 || uint64(size) > MaxLen {
+		return nil, opErr("shared", "", "", ErrInvalid, "%d bytes", size)
+	}
+	fd, err := unix.MemfdCreate("slimego-p2p", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, opErr("shared", "", "", ErrInvalid, "memfd_create: %v", err)
+	}
+	fail := func(what string, err error) (*Shared, error) {
+		unix.Close(fd)
+		return nil, opErr("shared", "", "", ErrInvalid, "%s of %d bytes: %v", what, size, err)
+	}
+	if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil {
+		// Allocated now, so that a full memory shows here and not as a
+		// fault on a later access.
+		if err := unix.Ftruncate(fd, int64(size)); err != nil {
+			return fail("ftruncate", err)
+		}
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		return fail("sealing", err)
+	}
+	b, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fail("mmap", err)
+	}
+	var k [8]byte
+	for binary.LittleEndian.Uint64(k[:]) == 0 {
+		rand.Read(k[:])
+	}
+	return &Shared{fd: fd, b: b, id: binary.LittleEndian.Uint64(k[:]), regions: map[*Region]struct{}{}}, nil
+}
+
+// Bytes is the memory (nil once closed).
+func (s *Shared) Bytes() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	return s.b
+}
+
+// Len is the memory's size in bytes.
+func (s *Shared) Len() int { return len(s.b) }
+
+// Close unmaps the memory and frees it (once no peer maps it either). It
+// fails with ErrInvalid while a region on it is registered: deregister
+// them first (or close their endpoints).
+func (s *Shared) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	for r := range s.regions {
+		if !r.idle() {
+			return opErr("shared", "", r.label(), ErrInvalid, "the memory is still registered")
+		}
+	}
+	s.closed = true
+	err := unix.Munmap(s.b)
+	unix.Close(s.fd)
+	s.b = nil
+	return err
+}
+
+// attach records r as a region on s (Register), unless s is closed.
+func (s *Shared) attach(r *Region) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return opErr("register", "", r.name, ErrInvalid, "the shared memory is closed")
+	}
+	s.regions[r] = struct{}{}
+	return nil
+}
+
+// detach forgets r (a registration that failed).
+func (s *Shared) detach(r *Region) {
+	s.mu.Lock()
+	delete(s.regions, r)
+	s.mu.Unlock()
+}
+
+// offset is where b, a piece of s's memory, starts in it.
+func (s *Shared) offset(b []byte) uint64 {
+	return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(s.b))))
+}
+
+// maxMaps bounds the peers' memories a link keeps mapped; past it, the
+// least recently used one that no copy uses is unmapped.
+const maxMaps = 64
+
+// peerMap is a mapping of a peer's Shared memory, made by the initiator
+// of a transfer to copy through; the link keeps it for later transfers.
+type peerMap struct {
+	b    []byte
+	refs int    // copies using it now
+	used uint64 // the link's mapTick when last taken
+}
+
+// mapPeer returns a mapping of the peer's Shared memory id (the file at
+// fd in its process) of at least need bytes, taking a reference that
+// unmapPeer drops. Nothing in the grant is taken on trust: the file must
+// be a memory file sealed against shrinking (so that no access to the
+// mapping can fault), and at least need bytes long.
+func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
+	l.mu.Lock()
+	if m := l.maps[id]; m != nil {
+		if uint64(len(m.b)) < need {
+			l.mu.Unlock()
+			return nil, fmt.Errorf("a grant of %d bytes of memory %#x, which has %d", need, id, len(m.b))
+		}
+		m.refs++
+		l.mapTick++
+		m.used = l.mapTick
+		l.mu.Unlock()
+		return m, nil
+	}
+	l.mu.Unlock()
+	var f int
+	var err error
+	switch {
+	case l.pidfd >= 0:
+		f, err = unix.PidfdGetfd(l.pidfd, int(fd), 0)
+	case l.self: // the peer is this process
+		f, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	default:
+		err = fmt.Errorf("no pidfd on the peer")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("taking the peer's memory file %d: %v", fd, err)
+	}
+	defer unix.Close(f)
+	seals, err := unix.FcntlInt(uintptr(f), unix.F_GET_SEALS, 0)
+	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
+		return nil, fmt.Errorf("the peer's file %d is not a memory file sealed at its size (seals %#x, %v)", fd, seals, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(f, &st); err != nil {
+		return nil, fmt.Errorf("the peer's memory file %d: %v", fd, err)
+	}
+	if st.Size <= 0 || uint64(st.Size) > MaxLen || uint64(st.Size) < need || uint64(st.Size) > uint64(^uint(0)>>1) {
+		return nil, fmt.Errorf("a grant of %d bytes of the peer's memory file %d of %d", need, fd, st.Size)
+	}
+	b, err := unix.Mmap(f, 0, int(st.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mapping the peer's memory file %d: %v", fd, err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		unix.Munmap(b)
+		return nil, l.err
+	}
+	if m := l.maps[id]; m != nil { // another copy mapped it meanwhile
+		unix.Munmap(b)
+		if uint64(len(m.b)) < need {
+			return nil, fmt.Errorf("a grant of %d bytes of memory %#x, which has %d", need, id, len(m.b))
+		}
+		m.refs++
+		return m, nil
+	}
+	if l.maps == nil {
+		l.maps = map[uint64]*peerMap{}
+	}
+	for len(l.maps) >= maxMaps {
+		var old uint64
+		var oldest *peerMap
+		for k, m := range l.maps {
+			if m.refs == 0 && (oldest == nil || m.used < oldest.used) {
+				old, oldest = k, m
+			}
+		}
+		if oldest == nil {
+			break // every one is in use: map past the bound
+		}
+		delete(l.maps, old)
+		unix.Munmap(oldest.b)
+	}
+	l.mapTick++
+	m := &peerMap{b: b, refs: 1, used: l.mapTick}
+	l.maps[id] = m
+	return m, nil
+}
+
+// unmapPeer drops a reference that mapPeer took; a link that has ended
+// unmaps what nothing uses any more.
+func (l *link) unmapPeer(m *peerMap) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m.refs--
+	if l.err != nil {
+		l.dropMaps()
+	}
+}
+
+// dropMaps unmaps the peers' memories that no copy uses (under l.mu).
+func (l *link) dropMaps() {
+	for k, m := range l.maps {
+		if m.refs == 0 {
+			delete(l.maps, k)
+			unix.Munmap(m.b)
+		}
+	}
+}
+
+// shmCopy copies local to (write) or from the peer's mapped remote, of
+// the same length, under mu while *active, a chunk at a time (so that a cancelled transfer
+// stops touching either side's memory at its next chunk).
+func shmCopy(mu *sync.Mutex, active *bool, local, remote []byte, write bool) {
+	for len(local) > 0 {
+		k := min(len(local), cmaChunk)
+		mu.Lock()
+		if !*active {
+			mu.Unlock()
+			return
+		}
+		if write {
+			copy(remote[:k], local[:k])
+		} else {
+			copy(local[:k], remote[:k])
+		}
+		mu.Unlock()
+		local, remote = local[k:], remote[k:]
+	}
+}
