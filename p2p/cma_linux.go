@@ -419,7 +419,9 @@ func (l *link) grantCopy(p *part, rem []grantIov, write bool) error {
 					return err
 				}
 				at := g.off + done
-				shmCopy(&p.mu, &p.active, s, g.m.b[at:at+uint64(len(s))], write)
+				if err := shmCopy(&p.mu, &p.active, s, g.m.b[at:at+uint64(len(s))], write); err != nil {
+					return err
+				}
 			} else {
 				v := unix.Iovec{Base: unsafe.SliceData(s)}
 				v.SetLen(len(s))

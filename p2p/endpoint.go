@@ -108,6 +108,10 @@ type Endpoint struct {
 	shut  bool
 	// finished: Close has returned, and nothing touches a region
 	finished atomic.Bool
+	// mapCount and mapBytes count the peers' Shared memories that the
+	// links map (shared_linux.go), within maxEndpointMaps and
+	// maxMappedBytes.
+	mapCount, mapBytes atomic.Int64
 
 	immMu   sync.Mutex
 	imms    []Imm

@@ -1207,6 +1207,12 @@ func TestSharedGrantChecked(t *testing.T) {
 	unix.Ftruncate(unsealed, n)
 	plain := make([]byte, n)
 	fill(plain, 5)
+	disk, err := os.CreateTemp(t.TempDir(), "notmem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer disk.Close()
+	disk.Truncate(n)
 	for _, tc := range []struct {
 		name      string
 		addr      []byte // the grant's address: the bytes the read must return
@@ -1217,6 +1223,7 @@ func TestSharedGrantChecked(t *testing.T) {
 	}{
 		{"shared", good.Bytes(), good.id, 0, uint32(good.fd), "shm", false},
 		{"an unsealed memory file", plain, 77, 0, uint32(unsealed), "cma", false},
+		{"a file on disk", plain, 79, 0, uint32(disk.Fd()), "cma", false},
 		{"a file smaller than the grant", plain, small.id, 0, uint32(small.fd), "cma", false},
 		{"an offset past the file", plain, good.id + 1, n, uint32(good.fd), "cma", false},
 		{"a file that is not there", plain, 78, 0, 1 << 30, "cma", false},
@@ -1263,5 +1270,92 @@ func TestSharedGrantChecked(t *testing.T) {
 				t.Error("the bytes read differ from the granted ones")
 			}
 		})
+	}
+}
+
+// TestShmCopyFault: a fault while copying through a peer's mapping (a
+// page its file no longer has: here a file truncated after it was
+// mapped, which mapPeer's checks rule out for a peer's memory) fails the
+// copy with an error instead of killing the process.
+func TestShmCopyFault(t *testing.T) {
+	fd, err := unix.MemfdCreate("fault", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, 2*4096); err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(fd, 0, 2*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	unix.Ftruncate(fd, 4096) // the second page is gone: touching it faults
+	var mu sync.Mutex
+	active := true
+	local := make([]byte, 2*4096)
+	for _, write := range []bool{false, true} {
+		if err := shmCopy(&mu, &active, local, m, write); err == nil || !strings.Contains(err.Error(), "fault") {
+			t.Errorf("write %v: a copy over a page that is gone: %v, want a fault", write, err)
+		}
+	}
+	if !mu.TryLock() {
+		t.Fatal("the part's lock is still held after the fault")
+	}
+}
+
+// TestSharedGrantManyMemories: a grant whose ranges name more memories
+// than a link maps (here 80 ids for one file) maps at most maxMaps of
+// them and copies the rest by process_vm: every byte arrives, and the
+// endpoint's count of mappings stays within the bound.
+func TestSharedGrantManyMemories(t *testing.T) {
+	const k, piece = maxMaps + 16, 1024
+	sh, err := NewShared(k * piece)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	fill(sh.Bytes(), 6)
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: k * piece}
+	p, c := fakeSameHostTarget(t, ctx, a, rr)
+	local := make([]byte, k*piece)
+	lr, _ := a.Register("l", local)
+	ops := make([]Op, k)
+	for i := range ops {
+		ops[i] = Op{Local: lr, LocalOff: i * piece, Remote: rr, RemoteOff: i * piece, Len: piece}
+	}
+	f := p.Read(ops)
+	h, _ := nextFrame(t, c)
+	if h.kind != kReq || h.sub != rReadV {
+		t.Fatalf("got %+v, want a same-host read", h)
+	}
+	iov := make([]byte, k*IovSize)
+	for i := range k {
+		v := iov[i*IovSize:]
+		binary.LittleEndian.PutUint64(v, uint64(uintptr(unsafe.Pointer(&sh.Bytes()[i*piece]))))
+		binary.LittleEndian.PutUint64(v[8:], piece)
+		binary.LittleEndian.PutUint64(v[16:], uint64(1000+i)) // a memory id of its own each
+		binary.LittleEndian.PutUint64(v[24:], uint64(i*piece))
+		binary.LittleEndian.PutUint32(v[32:], uint32(sh.fd))
+	}
+	c.Write(append(hdr(header{kind: kResp, sub: rReadV, id: h.id, b: k, payload: uint32(len(iov))}), iov...))
+	if err := f.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(local, sh.Bytes()) {
+		t.Error("the bytes read differ from the granted ones")
+	}
+	if f.Transport() != "shm" {
+		t.Errorf("transport %q, want shm", f.Transport())
+	}
+	if n := a.mapCount.Load(); n > maxMaps || n < 1 {
+		t.Errorf("the endpoint maps %d memories, want 1 to %d", n, maxMaps)
 	}
 }

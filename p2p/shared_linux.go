@@ -3,7 +3,12 @@ package p2p
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -23,6 +28,7 @@ import (
 // region on it is deregistered (or its endpoint closed).
 type Shared struct {
 	fd int
+	n  int
 	b  []byte
 	id uint64 // names the memory in grants (random, never 0)
 
@@ -44,12 +50,15 @@ func NewShared(size int) (*Shared, error) {
 		unix.Close(fd)
 		return nil, opErr("shared", "", "", ErrInvalid, "%s of %d bytes: %v", what, size, err)
 	}
-	if err := unix.Fallocate(fd, 0, 0, int64(size)); err != nil {
-		// Allocated now, so that a full memory shows here and not as a
-		// fault on a later access.
+	// Allocated now, so that a full memory shows here and not as a fault
+	// on a later access (a file system without fallocate gets a sized,
+	// sparse file).
+	if err := unix.Fallocate(fd, 0, 0, int64(size)); errors.Is(err, unix.EOPNOTSUPP) {
 		if err := unix.Ftruncate(fd, int64(size)); err != nil {
 			return fail("ftruncate", err)
 		}
+	} else if err != nil {
+		return fail("fallocate", err)
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
 		return fail("sealing", err)
@@ -62,7 +71,7 @@ func NewShared(size int) (*Shared, error) {
 	for binary.LittleEndian.Uint64(k[:]) == 0 {
 		rand.Read(k[:])
 	}
-	return &Shared{fd: fd, b: b, id: binary.LittleEndian.Uint64(k[:]), regions: map[*Region]struct{}{}}, nil
+	return &Shared{fd: fd, n: size, b: b, id: binary.LittleEndian.Uint64(k[:]), regions: map[*Region]struct{}{}}, nil
 }
 
 // Bytes is the memory (nil once closed).
@@ -76,7 +85,7 @@ func (s *Shared) Bytes() []byte {
 }
 
 // Len is the memory's size in bytes.
-func (s *Shared) Len() int { return len(s.b) }
+func (s *Shared) Len() int { return s.n }
 
 // Close unmaps the memory and frees it (once no peer maps it either). It
 // fails with ErrInvalid while a region on it is registered: deregister
@@ -106,6 +115,11 @@ func (s *Shared) attach(r *Region) error {
 	if s.closed {
 		return opErr("register", "", r.name, ErrInvalid, "the shared memory is closed")
 	}
+	for old := range s.regions { // forget the deregistered ones
+		if old.idle() {
+			delete(s.regions, old)
+		}
+	}
 	s.regions[r] = struct{}{}
 	return nil
 }
@@ -123,8 +137,16 @@ func (s *Shared) offset(b []byte) uint64 {
 }
 
 // maxMaps bounds the peers' memories a link keeps mapped; past it, the
-// least recently used one that no copy uses is unmapped.
-const maxMaps = 64
+// least recently used one that no copy uses is unmapped, and where every
+// one is in use the grant is copied by process_vm instead. Across the
+// endpoint's links at most maxEndpointMaps mappings of at most
+// maxMappedBytes together are made, so that peers (hostile ones among
+// them) cannot use up the process's address space or its mappings.
+const (
+	maxMaps         = 64
+	maxEndpointMaps = 1024
+	maxMappedBytes  = 16 << 40
+)
 
 // peerMap is a mapping of a peer's Shared memory, made by the initiator
 // of a transfer to copy through; the link keeps it for later transfers.
@@ -137,8 +159,11 @@ type peerMap struct {
 // mapPeer returns a mapping of the peer's Shared memory id (the file at
 // fd in its process) of at least need bytes, taking a reference that
 // unmapPeer drops. Nothing in the grant is taken on trust: the file must
-// be a memory file sealed against shrinking (so that no access to the
-// mapping can fault), and at least need bytes long.
+// be a memory file (memfd) on tmpfs, not hugetlbfs, sealed against
+// shrinking (so that no access to the mapping can fault), and at least
+// need bytes long; the descriptor is looked at before it is taken, so
+// that no other kind of file (one a peer serves through FUSE, say) is
+// ever held here.
 func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 	l.mu.Lock()
 	if m := l.maps[id]; m != nil {
@@ -153,6 +178,13 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 		return m, nil
 	}
 	l.mu.Unlock()
+	proc := "self"
+	if !l.self {
+		proc = strconv.Itoa(l.pid)
+	}
+	if name, err := os.Readlink("/proc/" + proc + "/fd/" + strconv.FormatUint(uint64(fd), 10)); err != nil || !strings.HasPrefix(name, "/memfd:") {
+		return nil, fmt.Errorf("the peer's file %d is not a memory file (%q, %v)", fd, name, err)
+	}
 	var f int
 	var err error
 	switch {
@@ -167,6 +199,10 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 		return nil, fmt.Errorf("taking the peer's memory file %d: %v", fd, err)
 	}
 	defer unix.Close(f)
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(f, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		return nil, fmt.Errorf("the peer's file %d is not on tmpfs (type %#x, %v)", fd, fs.Type, err)
+	}
 	seals, err := unix.FcntlInt(uintptr(f), unix.F_GET_SEALS, 0)
 	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
 		return nil, fmt.Errorf("the peer's file %d is not a memory file sealed at its size (seals %#x, %v)", fd, seals, err)
@@ -178,18 +214,22 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 	if st.Size <= 0 || uint64(st.Size) > MaxLen || uint64(st.Size) < need || uint64(st.Size) > uint64(^uint(0)>>1) {
 		return nil, fmt.Errorf("a grant of %d bytes of the peer's memory file %d of %d", need, fd, st.Size)
 	}
-	b, err := unix.Mmap(f, 0, int(st.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("mapping the peer's memory file %d: %v", fd, err)
+	size := st.Size
+	e := l.e
+	if e.mapCount.Add(1) > maxEndpointMaps || e.mapBytes.Add(size) > maxMappedBytes {
+		e.mapCount.Add(-1)
+		e.mapBytes.Add(-size)
+		return nil, fmt.Errorf("the endpoint maps %d memories of peers already", maxEndpointMaps)
 	}
+	unreserve := func() { e.mapCount.Add(-1); e.mapBytes.Add(-size) }
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.err != nil {
-		unix.Munmap(b)
+		unreserve()
 		return nil, l.err
 	}
 	if m := l.maps[id]; m != nil { // another copy mapped it meanwhile
-		unix.Munmap(b)
+		unreserve()
 		if uint64(len(m.b)) < need {
 			return nil, fmt.Errorf("a grant of %d bytes of memory %#x, which has %d", need, id, len(m.b))
 		}
@@ -207,16 +247,29 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 				old, oldest = k, m
 			}
 		}
-		if oldest == nil {
-			break // every one is in use: map past the bound
+		if oldest == nil { // every one is in use
+			unreserve()
+			return nil, fmt.Errorf("the link maps %d memories of the peer already, all in use", maxMaps)
 		}
 		delete(l.maps, old)
-		unix.Munmap(oldest.b)
+		l.unmap(oldest)
+	}
+	b, err := unix.Mmap(f, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unreserve()
+		return nil, fmt.Errorf("mapping the peer's memory file %d: %v", fd, err)
 	}
 	l.mapTick++
 	m := &peerMap{b: b, refs: 1, used: l.mapTick}
 	l.maps[id] = m
 	return m, nil
+}
+
+// unmap unmaps m and gives its share of the endpoint's bounds back.
+func (l *link) unmap(m *peerMap) {
+	unix.Munmap(m.b)
+	l.e.mapCount.Add(-1)
+	l.e.mapBytes.Add(-int64(len(m.b)))
 }
 
 // unmapPeer drops a reference that mapPeer took; a link that has ended
@@ -235,28 +288,47 @@ func (l *link) dropMaps() {
 	for k, m := range l.maps {
 		if m.refs == 0 {
 			delete(l.maps, k)
-			unix.Munmap(m.b)
+			l.unmap(m)
 		}
 	}
 }
 
 // shmCopy copies local to (write) or from the peer's mapped remote, of
-// the same length, under mu while *active, a chunk at a time (so that a cancelled transfer
-// stops touching either side's memory at its next chunk).
-func shmCopy(mu *sync.Mutex, active *bool, local, remote []byte, write bool) {
+// the same length, under mu while *active, a chunk at a time (so that a
+// cancelled transfer stops touching either side's memory at its next
+// chunk). A fault in the mapping (which the checks of mapPeer should rule
+// out: a page the peer's memory cannot provide) fails the copy instead of
+// the process.
+func shmCopy(mu *sync.Mutex, active *bool, local, remote []byte, write bool) error {
 	for len(local) > 0 {
 		k := min(len(local), cmaChunk)
-		mu.Lock()
-		if !*active {
-			mu.Unlock()
-			return
+		if done, err := shmChunk(mu, active, local[:k], remote[:k], write); done || err != nil {
+			return err
 		}
-		if write {
-			copy(remote[:k], local[:k])
-		} else {
-			copy(local[:k], remote[:k])
-		}
-		mu.Unlock()
 		local, remote = local[k:], remote[k:]
 	}
+	return nil
+}
+
+// shmChunk is one chunk of shmCopy; done says the part is no longer
+// active.
+func shmChunk(mu *sync.Mutex, active *bool, local, remote []byte, write bool) (done bool, err error) {
+	mu.Lock()
+	defer mu.Unlock()
+	if !*active {
+		return true, nil
+	}
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("a fault in the peer's memory: %v", r)
+		}
+	}()
+	if write {
+		copy(remote, local)
+	} else {
+		copy(local, remote)
+	}
+	return false, nil
 }
