@@ -26,6 +26,33 @@ import (
 // breaks it) itself. e must dial one channel.
 func fakeTarget(t *testing.T, e *Endpoint) (*Peer, net.Conn, RemoteRegion) {
 	t.Helper()
+	addr, got := fakeAcceptor(t)
+	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 20}
+	p, c := fakeLink(t, ctxT(t, 10*time.Second), e, info{name: "evil", addr: addr, regions: []RemoteRegion{rr}}, got)
+	return p, c, rr
+}
+
+// fakeLink links e to the fake target that in describes, which hands its
+// end of the connection over on got.
+func fakeLink(t *testing.T, ctx context.Context, e *Endpoint, in info, got chan net.Conn) (*Peer, net.Conn) {
+	t.Helper()
+	p, err := e.ConnectInfo(ctx, in.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, ok := <-got
+	if !ok {
+		t.Fatal("the fake target got no connection")
+	}
+	t.Cleanup(func() { c.Close() })
+	return p, c
+}
+
+// fakeAcceptor listens for one connection, runs the acceptor's
+// handshake and hello on it, and hands it over on the channel (closed if
+// none comes).
+func fakeAcceptor(t *testing.T) (string, chan net.Conn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -53,18 +80,7 @@ func fakeTarget(t *testing.T, e *Endpoint) (*Peer, net.Conn, RemoteRegion) {
 		c.Write(b[:HeaderSize])
 		got <- c
 	}()
-	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 20}
-	in := info{name: "evil", addr: ln.Addr().String(), regions: []RemoteRegion{rr}}
-	p, err := e.ConnectInfo(ctxT(t, 10*time.Second), in.encode())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, ok := <-got
-	if !ok {
-		t.Fatal("the fake target got no connection")
-	}
-	t.Cleanup(func() { c.Close() })
-	return p, c, rr
+	return ln.Addr().String(), got
 }
 
 // helloFrame is a connector's hello: session, channel, channel count, its
@@ -1030,43 +1046,8 @@ func TestCopyDoesNotBlockReader(t *testing.T) {
 	}
 	defer a.Close()
 	src, pages := uffdRegion(t, 1<<16)
-	// A target in this process, whose Info says so truthfully (it holds
-	// the link's socket): the link is same-host.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	got := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(got)
-			return
-		}
-		k := auth.NewKey(testAuth().Secret, testAuth().Job)
-		auth.Accept(c, k, purpose, time.Now().Add(5*time.Second))
-		var b [HeaderSize + helloFixed + MaxName]byte
-		readFull(c, b[:HeaderSize])
-		h, _ := decodeHeader(b[:HeaderSize])
-		readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
-		ack := header{kind: kHelloAck, a: 10000}
-		ack.put(b[:])
-		c.Write(b[:HeaderSize])
-		got <- c
-	}()
 	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 16}
-	in := info{name: "t", addr: ln.Addr().String(), host: a.host, pid: uint32(os.Getpid()), token: *a.token,
-		tokenAddr: uint64(uintptr(unsafe.Pointer(a.token))), regions: []RemoteRegion{rr}}
-	p, err := a.ConnectInfo(ctx, in.encode())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := <-got
-	defer c.Close()
-	if p.Transport() != "cma" {
-		t.Fatalf("transport %q, want cma", p.Transport())
-	}
+	p, c := fakeSameHostTarget(t, ctx, a, rr)
 	// Larger than cmaMin: smaller batches go over TCP.
 	lr, _ := a.Register("l", make([]byte, 1<<16))
 	f := p.Read([]Op{{Local: lr, Remote: rr, Len: 1 << 16}})
@@ -1139,40 +1120,10 @@ func TestGrantNeedsHolder(t *testing.T) {
 // the target's end of the connection.
 func fakeSameHostTarget(t *testing.T, ctx context.Context, a *Endpoint, rr RemoteRegion) (*Peer, net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	got := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(got)
-			return
-		}
-		k := auth.NewKey(testAuth().Secret, testAuth().Job)
-		auth.Accept(c, k, purpose, time.Now().Add(5*time.Second))
-		var b [HeaderSize + helloFixed + MaxName]byte
-		readFull(c, b[:HeaderSize])
-		h, _ := decodeHeader(b[:HeaderSize])
-		readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
-		ack := header{kind: kHelloAck, a: 10000}
-		ack.put(b[:])
-		c.Write(b[:HeaderSize])
-		got <- c
-	}()
-	in := info{name: "t", addr: ln.Addr().String(), host: a.host, pid: uint32(os.Getpid()), token: *a.token,
+	addr, got := fakeAcceptor(t)
+	in := info{name: "t", addr: addr, host: a.host, pid: uint32(os.Getpid()), token: *a.token,
 		tokenAddr: uint64(uintptr(unsafe.Pointer(a.token))), regions: []RemoteRegion{rr}}
-	p, err := a.ConnectInfo(ctx, in.encode())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, ok := <-got
-	if !ok {
-		t.Fatal("the fake target accepted no connection")
-	}
-	t.Cleanup(func() { c.Close() })
+	p, c := fakeLink(t, ctx, a, in, got)
 	if p.Transport() != "cma" {
 		t.Fatalf("transport %q, want cma", p.Transport())
 	}
