@@ -14,6 +14,7 @@ import (
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/netaddr"
 	"github.com/slimego/slimego/internal/shm"
 	"github.com/slimego/slimego/intra"
@@ -123,6 +124,7 @@ func (c *Communicator) init(ctx context.Context, kind device.Kind) error {
 		return err
 	}
 	o = c.opts
+	cpus := machine.OnlineCPUs()
 	node, err := intra.New(ctx, intra.Config{
 		Store:       c.store,
 		Key:         c.key("node" + strconv.Itoa(lay.myNode)),
@@ -140,7 +142,7 @@ func (c *Communicator) init(ctx context.Context, kind device.Kind) error {
 		ShareCores:  o.Algo != "intra",
 		// Nodes that are namespaces or containers of one machine share
 		// its cores, which no node's ranks see alone.
-		HostOversubscribed: lay.hostRanks > hostCPUs(),
+		HostOversubscribed: lay.hostRanks > cpus,
 	})
 	if err != nil {
 		return err
@@ -167,7 +169,7 @@ func (c *Communicator) init(ctx context.Context, kind device.Kind) error {
 	if o.Debug != "" {
 		fmt.Fprintf(os.Stderr, "slimego INFO rank %d/%d local %d/%d node %d/%d backend %s store %s run %s timeout %v algo %s machine %d ranks %d cpus oversubscribed %v\n",
 			o.Rank, o.WorldSize, o.LocalRank, o.LocalWorldSize, o.NodeRank, c.nodes, c.describeBackend(), c.storeAddr(), o.RunID, o.Timeout, o.Algo,
-			lay.hostRanks, hostCPUs(), c.node != nil && c.node.Oversubscribed())
+			lay.hostRanks, cpus, c.node != nil && c.node.Oversubscribed())
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package collective_test
 import (
 	"bytes"
 	"fmt"
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/testbin"
 	"os"
 	"os/exec"
@@ -161,20 +162,7 @@ func TestNodesShareMachine(t *testing.T) {
 	if strings.Count(all, "PASS rank") != 4 {
 		t.Fatalf("%d of 4 ranks passed; exits %v\n%s", strings.Count(all, "PASS rank"), j.codes, all)
 	}
-	b, err := os.ReadFile("/sys/devices/system/cpu/online")
-	if err != nil {
-		t.Skip(err)
-	}
-	cpus := 0
-	for _, part := range strings.Split(strings.TrimSpace(string(b)), ",") {
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, _ := strconv.Atoi(lo)
-		z := a
-		if isRange {
-			z, _ = strconv.Atoi(hi)
-		}
-		cpus += z - a + 1
-	}
+	cpus := machine.OnlineCPUs()
 	for r := range 4 {
 		m := regexp.MustCompile(fmt.Sprintf(`slimego INFO rank %d/4 .* machine (\d+) ranks (\d+) cpus oversubscribed (\w+)`, r)).FindStringSubmatch(all)
 		if m == nil {

@@ -374,15 +374,20 @@ func (c *conn) granted(h header, p *part) error {
 // one and it can be mapped, with process_vm_readv/writev elsewhere.
 func (l *link) grantCopy(p *part, rem []grantIov, write bool) error {
 	for i := range rem {
-		if rem[i].mem == 0 {
+		g := &rem[i]
+		if g.mem == 0 {
+			continue
+		}
+		if i > 0 && rem[i-1].mem == g.mem && rem[i-1].m != nil && g.off+g.n <= uint64(len(rem[i-1].m.b)) {
+			g.m = rem[i-1].m // a batch's ranges in one memory: one reference
 			continue
 		}
 		// A memory that cannot be mapped (an old kernel without
 		// pidfd_getfd, or a file that is not what the peer says) is
 		// copied at its address instead, which the kernel checks
 		// against the peer's own memory.
-		if m, err := l.mapPeer(rem[i].mem, rem[i].fd, rem[i].off+rem[i].n); err == nil {
-			rem[i].m = m
+		if m, err := l.mapPeer(g.mem, g.fd, g.off+g.n); err == nil {
+			g.m = m
 			defer l.unmapPeer(m)
 			p.f.shm.Store(true)
 		}
@@ -400,24 +405,26 @@ func (l *link) grantCopy(p *part, rem []grantIov, write bool) error {
 		return err
 	}
 	for _, g := range rem {
+		if g.m != nil { // the process_vm copies before it go first
+			if err := flush(); err != nil {
+				return err
+			}
+		}
 		for done := uint64(0); done < g.n; {
 			if g.m == nil && (n >= cmaChunk || len(liov) >= iovMax) {
 				if err := flush(); err != nil {
 					return err
 				}
 			}
-			want := g.n - done
+			want := min(g.n-done, cmaChunk)
 			if g.m == nil {
 				want = min(want, uint64(cmaChunk-n))
 			}
-			s := lk.next(int(min(want, cmaChunk))).b // host memory: oneSided saw to it
+			s := lk.next(int(want)).b // host memory: oneSided saw to it
 			if len(s) == 0 {
 				return fmt.Errorf("the local ranges end before the grant's %d bytes", p.total)
 			}
 			if g.m != nil {
-				if err := flush(); err != nil {
-					return err
-				}
 				at := g.off + done
 				if err := shmCopy(&p.mu, &p.active, s, g.m.b[at:at+uint64(len(s))], write); err != nil {
 					return err

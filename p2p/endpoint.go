@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/auth"
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/netaddr"
 	"github.com/slimego/slimego/rendezvous"
 )
@@ -186,9 +186,8 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 // hostID names this host and pid namespace: two endpoints with the same
 // one can see each other's processes.
 func hostID() string {
-	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	ns, _ := os.Readlink("/proc/self/ns/pid")
-	return strings.TrimSpace(string(boot)) + "/" + ns
+	return machine.BootID() + "/" + ns
 }
 
 // Name is the endpoint's name.

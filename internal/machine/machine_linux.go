@@ -1,0 +1,54 @@
+// Package machine names the machine a process runs on and counts its
+// processors, as every network namespace and container of the machine
+// sees them alike: so that processes that share one machine (nodes that
+// are namespaces or containers, peers on one host) can find each other.
+package machine
+
+import (
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+)
+
+// BootID is the kernel's boot id (a UUID, the same in every namespace of
+// the machine, new at every boot), or "" where it cannot be read.
+func BootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// OnlineCPUs is the number of the machine's processors that are online
+// (not this process's affinity mask: other processes of the machine may
+// run on the others), or runtime.NumCPU where that cannot be read.
+func OnlineCPUs() int {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if n := CountCPUList(strings.TrimSpace(string(b))); err == nil && n > 0 {
+		return n
+	}
+	return runtime.NumCPU()
+}
+
+// CountCPUList counts the processors of a kernel CPU list ("0-3,8,10-11"),
+// or returns 0 for one it cannot read.
+func CountCPUList(s string) int {
+	n := 0
+	for part := range strings.SplitSeq(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil || a < 0 {
+			return 0
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.Atoi(hi); err != nil || b < a || b-a > 1<<20 {
+				return 0
+			}
+		}
+		n += b - a + 1
+	}
+	return n
+}
