@@ -279,13 +279,26 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 	l.grants[id] = regs
 	l.grantRefs += len(regs)
 	l.mu.Unlock()
-	if HeaderSize+len(iov) <= directMax && c.direct(true, func(b []byte) []byte {
+	if !(HeaderSize+len(iov) <= directMax && c.direct(true, func(b []byte) []byte {
 		b = appendHeader(b, header{kind: kResp, sub: sub, id: id, b: uint32(len(iov) / IovSize), payload: uint32(len(iov))})
 		return append(b, iov...)
-	}) {
-		return
+	})) {
+		l.enqueue(c.idx, grantJob{id: id, sub: sub, iov: iov})
 	}
-	l.enqueue(c.idx, grantJob{id: id, sub: sub, iov: iov})
+	if sub == rLease {
+		// Recorded once the grant is queued, so that a revocation goes
+		// after it on this connection; a Deregister that ran meanwhile
+		// did not see it, and it is revoked here instead (whichever
+		// takes it out of l.leased sends the one kRevoke).
+		l.mu.Lock()
+		if l.err == nil && l.grants[id] != nil {
+			l.leased[id] = c.idx
+		}
+		l.mu.Unlock()
+		if regs[0].closed.Load() {
+			l.revokeLocal(regs[0])
+		}
+	}
 }
 
 // grantable reports whether this side's memory may be granted to the
@@ -302,6 +315,7 @@ func (l *link) released(id uint64) {
 	l.mu.Lock()
 	regs := l.grants[id]
 	delete(l.grants, id)
+	delete(l.leased, id)
 	l.grantRefs -= len(regs)
 	l.mu.Unlock()
 	l.e.release(regs)
@@ -375,6 +389,10 @@ func (c *conn) granted(h header, p *part) error {
 func (l *link) grantCopy(p *part, rem []grantIov, write bool) error {
 	for i := range rem {
 		g := &rem[i]
+		if g.m != nil { // a lease's mapping (leaseCopy)
+			p.f.shm.Store(true)
+			continue
+		}
 		if g.mem == 0 {
 			continue
 		}

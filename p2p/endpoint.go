@@ -377,6 +377,9 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	for _, p := range users {
 		p.finish(opErr(p.f.op, p.f.peer, r.label(), ErrClosed, "the region was deregistered during the transfer"))
 	}
+	if first {
+		e.revokeLeases(r)
+	}
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
 	select {

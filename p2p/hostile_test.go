@@ -115,6 +115,45 @@ func nextFrame(t *testing.T, c net.Conn) (header, []byte) {
 	}
 }
 
+// sameHostRequest reads the next frame a same-host initiator sends the
+// fake target c, first answering the lease request that asks for a
+// region whole before a batch's own request: with lease (the region's
+// iovec) as its grant, or "not host" when lease is nil.
+func sameHostRequest(t *testing.T, c net.Conn, lease []byte) header {
+	t.Helper()
+	for {
+		h, _ := nextFrame(t, c)
+		if h.kind != kReq || h.sub != rLease {
+			return h
+		}
+		if lease == nil {
+			c.Write(hdr(header{kind: kResp, sub: rLease, id: h.id, status: stNotHost}))
+			continue
+		}
+		c.Write(append(hdr(header{kind: kResp, sub: rLease, id: h.id, b: 1, payload: IovSize}), lease...))
+	}
+}
+
+// quiet checks that the initiator sends the fake target c no request for
+// a while (a transfer copied through a lease asks nothing): only pings,
+// and the release of an earlier grant.
+func quiet(t *testing.T, c net.Conn) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	for {
+		var b [HeaderSize]byte
+		if _, err := readFull(c, b[:]); err != nil {
+			if !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("reading a frame: %v", err)
+			}
+			return
+		}
+		if h, err := decodeHeader(b[:]); err != nil || h.kind != kPing && h.kind != kRelease {
+			t.Fatalf("got %+v (%v), want nothing", h, err)
+		}
+	}
+}
+
 // TestHelloChannelMismatch: two hellos of one session that disagree on
 // the session's channel count (a hostile member's) close the connection;
 // the endpoint does not crash and goes on linking.
@@ -1051,7 +1090,7 @@ func TestCopyDoesNotBlockReader(t *testing.T) {
 	// Larger than cmaMin: smaller batches go over TCP.
 	lr, _ := a.Register("l", make([]byte, 1<<16))
 	f := p.Read([]Op{{Local: lr, Remote: rr, Len: 1 << 16}})
-	h, _ := nextFrame(t, c)
+	h := sameHostRequest(t, c, nil)
 	if h.kind != kReq || h.sub != rReadV {
 		t.Fatalf("got %+v, want a same-host read", h)
 	}
@@ -1181,46 +1220,76 @@ func TestSharedGrantChecked(t *testing.T) {
 		{"an fd for plain memory", plain, 0, 0, 3, "", true},
 		{"an offset for plain memory", plain, 0, 8, 0, "", true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx := ctxT(t, 20*time.Second)
-			a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
-			rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
-			p, c := fakeSameHostTarget(t, ctx, a, rr)
-			local := make([]byte, n)
-			lr, _ := a.Register("l", local)
-			f := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
-			h, _ := nextFrame(t, c)
-			if h.kind != kReq || h.sub != rReadV {
-				t.Fatalf("got %+v, want a same-host read", h)
-			}
-			iov := make([]byte, IovSize)
-			binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&tc.addr[0]))))
-			binary.LittleEndian.PutUint64(iov[8:], n)
-			binary.LittleEndian.PutUint64(iov[16:], tc.mem)
-			binary.LittleEndian.PutUint64(iov[24:], tc.off)
-			binary.LittleEndian.PutUint32(iov[32:], tc.fd)
-			c.Write(append(hdr(header{kind: kResp, sub: rReadV, id: h.id, b: 1, payload: IovSize}), iov...))
-			err = f.Wait(ctx)
-			if tc.bad {
-				if !errors.Is(err, ErrPeerLost) {
-					t.Fatalf("a malformed grant: %v, want ErrPeerLost", err)
+		// Each as the grant of one read, and as a lease of the region
+		// whole, through which a second read then copies asking nothing.
+		for _, leased := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/leased=%v", tc.name, leased), func(t *testing.T) {
+				ctx := ctxT(t, 20*time.Second)
+				a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+				if err != nil {
+					t.Fatal(err)
 				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if f.Transport() != tc.transport {
-				t.Errorf("transport %q, want %q", f.Transport(), tc.transport)
-			}
-			if !bytes.Equal(local, tc.addr) {
-				t.Error("the bytes read differ from the granted ones")
-			}
-		})
+				defer a.Close()
+				rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
+				p, c := fakeSameHostTarget(t, ctx, a, rr)
+				local := make([]byte, n)
+				lr, _ := a.Register("l", local)
+				iov := make([]byte, IovSize)
+				binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&tc.addr[0]))))
+				binary.LittleEndian.PutUint64(iov[8:], n)
+				binary.LittleEndian.PutUint64(iov[16:], tc.mem)
+				binary.LittleEndian.PutUint64(iov[24:], tc.off)
+				binary.LittleEndian.PutUint32(iov[32:], tc.fd)
+				f := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+				if leased && tc.bad {
+					if h, _ := nextFrame(t, c); h.kind != kReq || h.sub != rLease {
+						t.Fatalf("got %+v, want a lease request", h)
+					}
+					c.Write(append(hdr(header{kind: kResp, sub: rLease, id: 0, b: 1, payload: IovSize}), iov...))
+					if err := f.Wait(ctx); !errors.Is(err, ErrPeerLost) {
+						t.Fatalf("a malformed lease: %v, want ErrPeerLost", err)
+					}
+					return
+				}
+				var lease []byte
+				if leased {
+					lease = iov
+				}
+				h := sameHostRequest(t, c, lease)
+				if h.kind != kReq || h.sub != rReadV {
+					t.Fatalf("got %+v, want a same-host read", h)
+				}
+				c.Write(append(hdr(header{kind: kResp, sub: rReadV, id: h.id, b: 1, payload: IovSize}), iov...))
+				err = f.Wait(ctx)
+				if tc.bad {
+					if !errors.Is(err, ErrPeerLost) {
+						t.Fatalf("a malformed grant: %v, want ErrPeerLost", err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if f.Transport() != tc.transport {
+					t.Errorf("transport %q, want %q", f.Transport(), tc.transport)
+				}
+				if !bytes.Equal(local, tc.addr) {
+					t.Error("the bytes read differ from the granted ones")
+				}
+				if !leased {
+					return
+				}
+				clear(local)
+				f = p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+				if err := f.Wait(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if f.Transport() != tc.transport || !bytes.Equal(local, tc.addr) {
+					t.Errorf("through the lease: transport %q (want %q), bytes equal %v", f.Transport(), tc.transport, bytes.Equal(local, tc.addr))
+				}
+				quiet(t, c)
+			})
+		}
 	}
 }
 
@@ -1283,7 +1352,7 @@ func TestSharedGrantManyMemories(t *testing.T) {
 		ops[i] = Op{Local: lr, LocalOff: i * piece, Remote: rr, RemoteOff: i * piece, Len: piece}
 	}
 	f := p.Read(ops)
-	h, _ := nextFrame(t, c)
+	h := sameHostRequest(t, c, nil)
 	if h.kind != kReq || h.sub != rReadV {
 		t.Fatalf("got %+v, want a same-host read", h)
 	}

@@ -157,6 +157,13 @@ type link struct {
 	recvSeq uint64
 	rr      int                  // the next connection for a small request
 	grants  map[uint64][]*Region // same host: ranges lent to the peer, by its request id
+	// leased are the grants that are leases (lease_linux.go), by request
+	// id, with the connection each was granted on: Deregister revokes them.
+	leased map[uint64]int
+	// leases are the peer's regions this side asked leases of, by region
+	// id, and leaseIDs the live ones by their request's id.
+	leases   map[uint64]*lease
+	leaseIDs map[uint64]*lease
 	// grantRefs counts the regions of all grants (at most maxGrantRefs).
 	grantRefs int
 	serving   map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
@@ -225,7 +232,7 @@ type job interface{ write(c *conn) error }
 // shorter of the two ends').
 func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, hb time.Duration) *link {
 	l := &link{e: e, p: p, hb: hb, parts: map[uint64]*part{}, sends: map[uint64]*part{},
-		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, serving: map[uint64]*atomic.Bool{}, stop: make(chan struct{}), pidfd: -1}
+		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, leased: map[uint64]int{}, serving: map[uint64]*atomic.Bool{}, stop: make(chan struct{}), pidfd: -1}
 	for i, tc := range tcs {
 		tc.SetNoDelay(true)
 		tc.SetWriteBuffer(inter.DefaultSockBuf)
@@ -257,6 +264,7 @@ func (l *link) start() {
 		l.wg.Wait()
 		// Nothing copies any more: the peer's memories are unmapped.
 		l.mu.Lock()
+		l.endLeases()
 		l.dropMaps()
 		if l.pidfd >= 0 {
 			unix.Close(l.pidfd)
@@ -295,6 +303,7 @@ func (l *link) fail(err error) {
 		delete(l.grants, id)
 	}
 	l.grantRefs = 0
+	clear(l.leased)
 	l.mu.Unlock()
 	if len(lent) > 0 {
 		// The peer may still be copying through a grant it has not
@@ -1041,6 +1050,9 @@ func (c *conn) dispatch(h header) error {
 	case kRelease:
 		l.released(h.id)
 		return nil
+	case kRevoke:
+		l.revoked(h.id)
+		return nil
 	case kCancel:
 		l.mu.Lock()
 		if stop := l.serving[h.id]; stop != nil {
@@ -1058,7 +1070,7 @@ func (c *conn) dispatch(h header) error {
 		return fmt.Errorf("%w: %d answers wait to be sent on connection %d: the peer sends requests and does not read them", ErrFrame, queued, c.idx)
 	}
 	switch h.sub {
-	case rRead, rWrite, rReadV, rWriteV:
+	case rRead, rWrite, rReadV, rWriteV, rLease:
 		if cap(c.desc) < int(h.payload) {
 			c.desc = make([]byte, h.payload)
 		}
@@ -1078,7 +1090,9 @@ func (c *conn) dispatch(h header) error {
 		}
 		op := map[uint8]string{rRead: "read", rWrite: "write", rReadV: "read", rWriteV: "write"}[h.sub]
 		if st != stOK {
-			l.e.refuse(l.p.name, op, st, why)
+			if h.sub != rLease { // a lease refused: the transfer that asked it is refused itself
+				l.e.refuse(l.p.name, op, st, why)
+			}
 			l.enqueue(c.idx, frame{kind: kResp, sub: h.sub, id: h.id, status: st})
 			if h.sub == rWrite {
 				_, err := c.recvChunks(h.id, h.a, nil, nil, nil)
@@ -1086,7 +1100,7 @@ func (c *conn) dispatch(h header) error {
 			}
 			return nil
 		}
-		if h.sub == rReadV || h.sub == rWriteV {
+		if h.sub == rReadV || h.sub == rWriteV || h.sub == rLease {
 			c.grant(h.id, h.sub, c.segs, c.regs)
 			return nil
 		}
@@ -1152,6 +1166,9 @@ func (c *conn) dispatch(h header) error {
 // response handles the answer to one of this side's requests.
 func (c *conn) response(h header) error {
 	l := c.l
+	if h.sub == rLease {
+		return c.leaseAnswered(h)
+	}
 	l.mu.Lock()
 	var p *part
 	if h.sub == rSend {

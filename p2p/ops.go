@@ -67,7 +67,13 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	for _, o := range ops {
 		gpu = gpu || o.Local.dev != nil
 	}
-	if gpu || total <= cmaMin {
+	var pins []*lease
+	if !gpu && l.cma.Load() {
+		pins = l.pinLeases(ops)
+	}
+	if pins != nil { // copied here through leases (lease_linux.go)
+		k, sub = 1, rLease
+	} else if gpu || total <= cmaMin {
 		f.transport = "tcp"
 	} else if l.cma.Load() { // one request: the copy is one thread's either way
 		k = 1
@@ -115,15 +121,32 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	f.parts = parts
 	f.left.Store(int32(len(parts)))
 	if ff := l.register(parts, l.parts); ff != nil {
+		if pins != nil {
+			l.unpinLeases(pins)
+		}
 		return ff
 	}
 	for _, pt := range parts {
-		if pt != then {
+		switch {
+		case pt == then:
+		case pins == nil:
 			l.request(pt)
+		case total <= leaseInline:
+			l.leaseCopy(pt, ops, pins, kind == rWrite)
+		default:
+			go l.leaseCopy(pt, ops, pins, kind == rWrite)
 		}
 	}
 	return f
 }
+
+// leaseInline is the most a batch copied through leases copies in the
+// calling goroutine, before the call returns (a fraction of a millisecond
+// of copying): handing it to a goroutine and waking the caller's Wait
+// afterwards cost two wake-ups, as much as copying 1 MiB. A larger batch
+// is copied in a goroutine of its own, so that the call returns at once
+// and the copy can be cancelled.
+const leaseInline = cmaChunk
 
 // register gives parts their ids and records them in m and in their local
 // regions; if the link has failed or a region is deregistered, the call

@@ -388,7 +388,8 @@ func testCancelReuse(t *testing.T, tcpOnly bool, wantT string) {
 		n := 0
 		for _, l := range []*link{ab.l, ba.l} {
 			l.mu.Lock()
-			n += len(l.parts) + len(l.sends) + len(l.recvs) + len(l.serving) + len(l.grants)
+			// A lease stays until its region is deregistered (below).
+			n += len(l.parts) + len(l.sends) + len(l.recvs) + len(l.serving) + len(l.grants) - len(l.leased)
 			l.mu.Unlock()
 		}
 		return n == 0
@@ -925,6 +926,22 @@ func testSmallOps(t *testing.T, tcpOnly bool, wantT string) {
 	ctx := ctxT(t, 60*time.Second)
 	const workers, slot = 4, 64 << 10
 	run := func(me *Endpoint, peer *Peer, target *Region, seed uint64) error {
+		if !tcpOnly {
+			// The first batch asks for a lease of the target region;
+			// once it is granted every batch is copied through it, small
+			// ones too (a batch without a lease goes over TCP up to
+			// cmaMin bytes).
+			one, _ := me.Register("one", make([]byte, 1))
+			if err := peer.Write([]Op{{Local: one, Remote: target.Remote(), Len: 1}}).Wait(ctx); err != nil {
+				return err
+			}
+			eventually(t, "the lease", func() bool {
+				peer.l.mu.Lock()
+				defer peer.l.mu.Unlock()
+				ls := peer.l.leases[target.id]
+				return ls != nil && ls.ready
+			})
+		}
 		var wg sync.WaitGroup
 		errs := make(chan error, workers)
 		for w := range workers {
@@ -954,9 +971,6 @@ func testSmallOps(t *testing.T, tcpOnly bool, wantT string) {
 						total += n
 					}
 					want := wantT
-					if total <= cmaMin {
-						want = "tcp"
-					}
 					fw := peer.Write(wops)
 					if err := fw.Wait(ctx); err != nil {
 						errs <- err
@@ -1058,4 +1072,78 @@ func TestSharedLifecycle(t *testing.T) {
 	if err := sh2.Close(); err != nil {
 		t.Fatalf("Close once the endpoint is closed: %v", err)
 	}
+}
+
+// TestLeaseRevoked: on one host, batches copied through a lease ask the
+// target nothing; Deregister revokes the lease and returns only once the
+// copy that uses it has ended (the owner may then reuse the memory: the
+// bytes read are the ones before); the region is then refused on both
+// sides, and nothing of the lease is left on either.
+func TestLeaseRevoked(t *testing.T) {
+	a, b, ab, ba := pair(t, nil)
+	ctx := ctxT(t, 60*time.Second)
+	const n = 64 << 20
+	sh, err := NewShared(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	fill(sh.Bytes(), 1)
+	want := append([]byte(nil), sh.Bytes()...)
+	tr, err := b.Register("t", sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := make([]byte, n)
+	lr, _ := a.Register("l", local)
+	small := []Op{{Local: lr, Remote: tr.Remote(), RemoteOff: 8, Len: 4096}}
+	if err := ab.Read(small).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the lease", func() bool {
+		ab.l.mu.Lock()
+		defer ab.l.mu.Unlock()
+		ls := ab.l.leases[tr.id]
+		return ls != nil && ls.ready
+	})
+	f := ab.Read(small)
+	if err := f.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if f.parts[0].sub != rLease || f.Transport() != "shm" || !bytes.Equal(local[:4096], want[8:8+4096]) {
+		t.Fatalf("through the lease: request kind %d, transport %q, bytes equal %v", f.parts[0].sub, f.Transport(), bytes.Equal(local[:4096], want[8:8+4096]))
+	}
+	big := ab.Read([]Op{{Local: lr, Remote: tr.Remote(), Len: n}})
+	if big.parts[0].sub != rLease {
+		t.Fatalf("a large read: request kind %d, want a lease's copy", big.parts[0].sub)
+	}
+	if err := b.Deregister(ctx, tr); err != nil {
+		t.Fatal(err)
+	}
+	fill(sh.Bytes(), 2) // the owner reuses its memory
+	if err := big.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(local, want) {
+		t.Fatal("a copy through the lease went on after Deregister returned")
+	}
+	refused := b.Refused()
+	if err := ab.Read(small).Wait(ctx); !errors.Is(err, ErrRefused) {
+		t.Fatalf("a read of the deregistered region: %v, want ErrRefused", err)
+	}
+	if b.Refused() != refused+1 {
+		t.Fatalf("the target counted %d refusals, want %d", b.Refused(), refused+1)
+	}
+	eventually(t, "the lease to be gone on both sides", func() bool {
+		n := 0
+		for _, l := range []*link{ab.l, ba.l} {
+			l.mu.Lock()
+			n += len(l.grants) + len(l.leased) + len(l.leaseIDs)
+			for _, m := range l.maps {
+				n += m.refs
+			}
+			l.mu.Unlock()
+		}
+		return n == 0
+	})
 }

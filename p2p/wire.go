@@ -22,7 +22,7 @@ import (
 // is allocated or read for its payload.
 const (
 	wireMagic   = 0x5032 // "P2"
-	wireVersion = 2
+	wireVersion = 3
 	// HeaderSize is the size of an encoded frame header.
 	HeaderSize = 32
 	// DescSize is the size of one encoded remote descriptor.
@@ -51,16 +51,17 @@ const (
 
 // Frame kinds.
 const (
-	kHello    uint8 = 1 // connector → acceptor: id session, a channel, b channels, payload u32 heartbeat ms, u32 pid and name
-	kHelloAck uint8 = 2 // acceptor → connector: status, a heartbeat ms
-	kReq      uint8 = 3 // a request: sub says which
-	kData     uint8 = 4 // a chunk of a request's or a response's bytes
-	kEnd      uint8 = 5 // the bytes of id end early (status says why)
-	kResp     uint8 = 6 // the answer to request id of kind sub
-	kPing     uint8 = 7 // heartbeat
-	kRelease  uint8 = 8 // the initiator is done with the memory granted for request id
-	kCancel   uint8 = 9 // the initiator gave read id up: stop sending its bytes
-	kindLast        = kCancel
+	kHello    uint8 = 1  // connector → acceptor: id session, a channel, b channels, payload u32 heartbeat ms, u32 pid and name
+	kHelloAck uint8 = 2  // acceptor → connector: status, a heartbeat ms
+	kReq      uint8 = 3  // a request: sub says which
+	kData     uint8 = 4  // a chunk of a request's or a response's bytes
+	kEnd      uint8 = 5  // the bytes of id end early (status says why)
+	kResp     uint8 = 6  // the answer to request id of kind sub
+	kPing     uint8 = 7  // heartbeat
+	kRelease  uint8 = 8  // the initiator is done with the memory granted for request id
+	kCancel   uint8 = 9  // the initiator gave read id up: stop sending its bytes
+	kRevoke   uint8 = 10 // the target takes lease id back (its region is deregistered): release it once no copy uses it
+	kindLast        = kRevoke
 )
 
 // Request kinds (sub of kReq and kResp).
@@ -85,7 +86,13 @@ const (
 	// it, copies at the address as for plain memory).
 	rReadV  uint8 = 7
 	rWriteV uint8 = 8
-	subLast       = rWriteV
+	// Same host: a lease of a whole region, asked as a read of it (one
+	// descriptor, its whole length) and granted as rReadV's answer (one
+	// iovec); the initiator then copies to and from the region itself,
+	// with no request per transfer, until the target revokes it (kRevoke)
+	// and the initiator releases it (kRelease).
+	rLease  uint8 = 9
+	subLast       = rLease
 	// IovSize is the size of one granted iovec.
 	IovSize = 40
 )
@@ -182,6 +189,10 @@ func decodeHeader(p []byte) (header, error) {
 			return bad("status in a request")
 		}
 		switch h.sub {
+		case rLease:
+			if h.b != 1 || h.payload != stripeSize+DescSize || h.a == 0 || h.a > MaxLen {
+				return bad("lease fields")
+			}
 		case rRead, rWrite, rReadV, rWriteV:
 			if h.b == 0 || h.b > MaxBatch || h.payload != stripeSize+h.b*DescSize || h.a == 0 || h.a > MaxLen {
 				return bad("descriptor count, payload or length")
@@ -206,8 +217,8 @@ func decodeHeader(p []byte) (header, error) {
 			return bad("data fields")
 		}
 	case kResp:
-		if (h.sub == rReadV || h.sub == rWriteV) && h.status == stOK {
-			if h.a != 0 || h.b == 0 || h.b > MaxBatch || h.payload != h.b*IovSize {
+		if (h.sub == rReadV || h.sub == rWriteV || h.sub == rLease) && h.status == stOK {
+			if h.a != 0 || h.b == 0 || h.b > MaxBatch || h.payload != h.b*IovSize || h.sub == rLease && h.b != 1 {
 				return bad("grant fields")
 			}
 			break
@@ -223,7 +234,7 @@ func decodeHeader(p []byte) (header, error) {
 		if h.kind == kEnd && (h.status == stOK || h.a != 0) {
 			return bad("end without a cause")
 		}
-	case kRelease, kCancel:
+	case kRelease, kCancel, kRevoke:
 		if h.sub != 0 || h.status != 0 || h.a != 0 || h.b != 0 || h.payload != 0 {
 			return bad("release fields")
 		}

@@ -35,6 +35,10 @@ func FuzzDecodeHeader(f *testing.F) {
 		{kind: kResp, sub: rReadV, id: 3, b: 2, payload: 2 * IovSize},
 		{kind: kRelease, id: 3},
 		{kind: kCancel, id: 3},
+		{kind: kRevoke, id: 3},
+		{kind: kReq, sub: rLease, id: 4, a: 4096, b: 1, payload: stripeSize + DescSize},
+		{kind: kResp, sub: rLease, id: 4, b: 1, payload: IovSize},
+		{kind: kResp, sub: rLease, id: 4, status: stNotHost},
 		{kind: kPing},
 	} {
 		f.Add(hdr(h))
@@ -57,10 +61,41 @@ func FuzzDecodeHeader(f *testing.F) {
 			h.kind == kResp && h.payload > MaxBatch*IovSize,
 			h.kind == kHello && (h.payload <= helloFixed || h.payload > helloFixed+MaxName),
 			h.kind != kData && h.kind != kReq && h.kind != kResp && h.kind != kHello && h.payload != 0,
-			h.a > MaxLen && !(h.kind == kHello):
+			h.a > MaxLen && !(h.kind == kHello),
+			h.sub == rLease && h.b > 1:
 			t.Fatalf("accepted out of bounds: %+v", h)
 		}
 	})
+}
+
+// TestDecodeLease: a lease is asked for one region whole (one
+// descriptor) and granted as one iovec; a revocation carries nothing but
+// the lease's id.
+func TestDecodeLease(t *testing.T) {
+	for _, tc := range []struct {
+		h  header
+		ok bool
+	}{
+		{header{kind: kReq, sub: rLease, id: 1, a: 10, b: 1, payload: stripeSize + DescSize}, true},
+		{header{kind: kReq, sub: rLease, id: 1, a: 10, b: 2, payload: stripeSize + 2*DescSize}, false},
+		{header{kind: kReq, sub: rLease, id: 1, a: 0, b: 1, payload: stripeSize + DescSize}, false},
+		{header{kind: kReq, sub: rLease, id: 1, a: MaxLen + 1, b: 1, payload: stripeSize + DescSize}, false},
+		{header{kind: kReq, sub: rLease, id: 1, a: 10, b: 1, payload: DescSize}, false},
+		{header{kind: kResp, sub: rLease, id: 1, b: 1, payload: IovSize}, true},
+		{header{kind: kResp, sub: rLease, id: 1, b: 2, payload: 2 * IovSize}, false},
+		{header{kind: kResp, sub: rLease, id: 1, b: 1, payload: IovSize - 1}, false},
+		{header{kind: kResp, sub: rLease, id: 1, status: stKey}, true},
+		{header{kind: kResp, sub: rLease, id: 1, status: stKey, a: 5}, false},
+		{header{kind: kRevoke, id: 7}, true},
+		{header{kind: kRevoke, id: 7, a: 1}, false},
+		{header{kind: kRevoke, id: 7, payload: 8}, false},
+		{header{kind: kRevoke, id: 7, sub: rLease}, false},
+	} {
+		_, err := decodeHeader(hdr(tc.h))
+		if (err == nil) != tc.ok {
+			t.Errorf("%+v: %v, want ok %v", tc.h, err, tc.ok)
+		}
+	}
 }
 
 // FuzzDecodeDescs: the descriptor decoder never panics, and what it

@@ -1,0 +1,273 @@
+package p2p
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Leases: one-sided copies on the same host, with no request per transfer.
+//
+// A grant (cma_linux.go) lends a request's ranges for one copy, which
+// costs the initiator a round trip over the link's sockets before it may
+// copy: most of a same-host transfer's time below a few MiB. A lease lends
+// a whole region until the target takes it back. The initiator asks for
+// one (rLease: a read request of the region whole, checked by the target
+// as any other: registered, not deregistered, the right key) the first
+// time a batch of its host memory names a region of a same-host peer; the
+// batch itself goes the usual way meanwhile. Once the lease is granted,
+// every later batch whose ranges all lie in leased regions, under the keys
+// the leases were granted for, is copied by the initiator at once: through
+// its mapping of the region's Shared memory (zero copy), or with
+// process_vm_readv/writev at the region's address. A batch with any other
+// range (a wrong key, a region not leased) goes the usual way, so that
+// the target checks it and refuses it on both sides.
+//
+// The target revokes a lease when its region is deregistered (kRevoke,
+// sent on the connection that carried the grant, so after it). The
+// initiator stops starting copies through it at once, and releases it
+// (kRelease) when the copies it pinned end; until then Deregister waits,
+// as it waits for a grant. A link that fails ends its leases as it ends
+// its grants: the target counts them in use for a heartbeat more, and the
+// initiator's copies stop at their next chunk.
+//
+// All of a link's lease state is under its mu.
+
+// maxLeases bounds the regions of a peer a link asks leases of (granted,
+// refused or revoked alike: an entry is never reused, as region ids are
+// not): past it, batches go the usual way.
+const maxLeases = 1024
+
+// lease is a region of the peer's that this side asked a lease of.
+type lease struct {
+	id       uint64 // the lease request's id
+	ch       int    // the connection it was asked on
+	region   RemoteRegion
+	ready    bool     // granted: g is the region's memory
+	dead     bool     // refused, revoked, or the link ended: no copies start
+	released bool     // given back (or never granted): nothing is held
+	g        grantIov // the region whole; g.m its mapping, if mapped
+	inflight int      // copies through it now
+}
+
+// pinLeases returns, for a batch of host memory on a same-host link, the
+// lease of each op's region, each pinned against release, when every one
+// is granted for the op's key and size (unpin them when the copy ends); or
+// nil, having asked leases of regions that have none yet.
+func (l *link) pinLeases(ops []Op) []*lease {
+	var ask []*lease
+	l.mu.Lock()
+	alive := l.err == nil
+	ok := alive
+	for _, o := range ops {
+		ls := l.leases[o.Remote.ID]
+		if ls == nil && alive && len(l.leases) < maxLeases {
+			ls = &lease{id: l.nextID, ch: l.rr, region: o.Remote}
+			l.nextID++
+			l.rr = (l.rr + 1) % len(l.conns)
+			if l.leases == nil {
+				l.leases, l.leaseIDs = map[uint64]*lease{}, map[uint64]*lease{}
+			}
+			l.leases[o.Remote.ID] = ls
+			l.leaseIDs[ls.id] = ls
+			ask = append(ask, ls)
+		}
+		if ls == nil || !ls.ready || ls.dead || ls.region != o.Remote {
+			ok = false
+		}
+	}
+	var pins []*lease
+	if ok {
+		pins = make([]*lease, len(ops))
+		for i, o := range ops {
+			pins[i] = l.leases[o.Remote.ID]
+			pins[i].inflight++
+		}
+	}
+	l.mu.Unlock()
+	for _, ls := range ask {
+		l.askLease(ls)
+	}
+	return pins
+}
+
+// askLease sends ls's request: a read request of the region whole.
+func (l *link) askLease(ls *lease) {
+	b := appendHeader(nil, header{kind: kReq, sub: rLease, id: ls.id, a: ls.region.Size, b: 1, payload: stripeSize + DescSize})
+	b = binary.LittleEndian.AppendUint64(b, 0)
+	b = append(b, make([]byte, DescSize)...)
+	d := desc{region: ls.region.ID, key: ls.region.Key, off: 0, len: ls.region.Size}
+	d.put(b[len(b)-DescSize:])
+	if !l.conns[ls.ch].direct(false, func(out []byte) []byte { return append(out, b...) }) {
+		l.enqueue(ls.ch, rawJob{b: b})
+	}
+}
+
+// unpinLeases drops the pins pinLeases took; a lease revoked meanwhile is
+// released by its last one.
+func (l *link) unpinLeases(pins []*lease) {
+	var rel []*lease
+	l.mu.Lock()
+	for _, ls := range pins {
+		ls.inflight--
+		if l.endLeaseLocked(ls) {
+			rel = append(rel, ls)
+		}
+	}
+	l.mu.Unlock()
+	for _, ls := range rel {
+		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
+	}
+}
+
+// endLeaseLocked gives ls back once it is dead and no copy uses it:
+// its mapping's reference is dropped, and it reports whether the target
+// is to be told (kRelease; not once the link has ended).
+func (l *link) endLeaseLocked(ls *lease) bool {
+	if !ls.dead || ls.inflight > 0 || ls.released {
+		return false
+	}
+	ls.released = true
+	if ls.g.m != nil {
+		ls.g.m.refs--
+		ls.g.m = nil
+		if l.err != nil {
+			l.dropMaps()
+		}
+	}
+	return ls.ready && l.err == nil
+}
+
+// leaseAnswered handles the answer to lease request h.id (its grant's one
+// iovec follows h when granted).
+func (c *conn) leaseAnswered(h header) error {
+	l := c.l
+	var iov [IovSize]byte
+	if h.status == stOK {
+		if err := c.readFull(iov[:]); err != nil {
+			return err
+		}
+	}
+	l.mu.Lock()
+	ls := l.leaseIDs[h.id]
+	if ls == nil || ls.ready || ls.dead {
+		l.mu.Unlock()
+		if h.status == stOK {
+			return fmt.Errorf("%w: a lease %d never asked for", ErrFrame, h.id)
+		}
+		return nil
+	}
+	if h.status != stOK {
+		ls.dead, ls.released = true, true
+		delete(l.leaseIDs, h.id)
+		l.mu.Unlock()
+		return nil
+	}
+	l.mu.Unlock()
+	g := grantIov{addr: binary.LittleEndian.Uint64(iov[:]), n: binary.LittleEndian.Uint64(iov[8:]),
+		mem: binary.LittleEndian.Uint64(iov[16:]), off: binary.LittleEndian.Uint64(iov[24:]), fd: binary.LittleEndian.Uint32(iov[32:])}
+	zero := binary.LittleEndian.Uint32(iov[36:])
+	if g.n != ls.region.Size || g.off > MaxLen || zero != 0 || g.mem == 0 && (g.off != 0 || g.fd != 0) || g.addr+g.n < g.addr {
+		return fmt.Errorf("%w: a lease of %d bytes for a region of %d (memory %#x, offset %d, fd %d)", ErrFrame, g.n, ls.region.Size, g.mem, g.off, g.fd)
+	}
+	if g.mem != 0 {
+		// A memory that cannot be mapped is copied at its address, as
+		// for a grant.
+		if m, err := l.mapPeer(g.mem, g.fd, g.off+g.n); err == nil {
+			g.m = m
+		}
+	}
+	l.mu.Lock()
+	ls.g, ls.ready = g, true
+	rel := false
+	if l.err != nil { // ended meanwhile: the mapping goes
+		ls.dead = true
+		rel = l.endLeaseLocked(ls)
+	}
+	l.mu.Unlock()
+	if rel {
+		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
+	}
+	return nil
+}
+
+// revoked handles the target's kRevoke of lease id: no copy starts
+// through it any more, and it is released once the running ones end.
+func (l *link) revoked(id uint64) {
+	l.mu.Lock()
+	ls := l.leaseIDs[id]
+	if ls == nil || !ls.ready {
+		l.mu.Unlock()
+		return
+	}
+	delete(l.leaseIDs, id)
+	ls.dead = true
+	rel := l.endLeaseLocked(ls)
+	l.mu.Unlock()
+	if rel {
+		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
+	}
+}
+
+// endLeases ends every lease when the link has ended (nothing copies
+// any more, or will: the copies' parts are finished).
+func (l *link) endLeases() {
+	for _, ls := range l.leases {
+		ls.dead = true
+		l.endLeaseLocked(ls)
+	}
+}
+
+// leaseCopy copies a batch through its pinned leases (one per op) as part
+// p: the ranges of the ops, in order, at their offsets in the leased
+// regions.
+func (l *link) leaseCopy(p *part, ops []Op, pins []*lease, write bool) {
+	rem := make([]grantIov, len(ops))
+	for i, o := range ops {
+		g := pins[i].g
+		at := uint64(o.RemoteOff)
+		rem[i] = grantIov{addr: g.addr + at, n: uint64(o.Len), mem: g.mem, off: g.off + at, fd: g.fd, m: g.m}
+	}
+	err := l.grantCopy(p, rem, write)
+	l.unpinLeases(pins)
+	if err != nil {
+		p.finish(opErr(p.f.op, l.p.name, "", ErrPeerLost, "copying through a lease: %v", err))
+		return
+	}
+	p.finish(nil)
+}
+
+// revokeLeases takes back the leases of r that the endpoint's peers hold
+// (Deregister), on the connections that granted them.
+func (e *Endpoint) revokeLeases(r *Region) {
+	e.mu.Lock()
+	var links []*link
+	for _, p := range e.peers {
+		if p.l != nil {
+			links = append(links, p.l)
+		}
+	}
+	e.mu.Unlock()
+	for _, l := range links {
+		l.revokeLocal(r)
+	}
+}
+
+// revokeLocal revokes the leases of r this link granted.
+func (l *link) revokeLocal(r *Region) {
+	type rv struct {
+		id uint64
+		ch int
+	}
+	var out []rv
+	l.mu.Lock()
+	for id, ch := range l.leased {
+		if regs := l.grants[id]; len(regs) == 1 && regs[0] == r {
+			delete(l.leased, id)
+			out = append(out, rv{id, ch})
+		}
+	}
+	l.mu.Unlock()
+	for _, v := range out {
+		l.enqueue(v.ch, frame{kind: kRevoke, id: v.id})
+	}
+}
