@@ -10,7 +10,7 @@ netns_down() {
   for ns in $(ip netns list | awk '{print $1}' | grep "^${NETNS_TAG}" || true); do ip netns del "$ns"; done
 }
 netns_up() {
-  local n=$1 sw="${NETNS_TAG}sw"
+  local n=$1 sw="${NETNS_TAG}sw" i
   trap netns_down EXIT
   ip netns add "$sw"
   ip -n "$sw" link add br0 type bridge
@@ -27,7 +27,7 @@ netns_up() {
 }
 # netns_run NODES PER_NODE PORT CMD...: one slimerun per node namespace.
 netns_run() {
-  local nodes=$1 per=$2 port=$3; shift 3
+  local nodes=$1 per=$2 port=$3 i; shift 3
   local pids=()
   for ((i = nodes - 1; i >= 1; i--)); do
     ip netns exec "$(netns_name $i)" bin/slimerun -q --nnodes "$nodes" --node-rank $i --master-addr "$(netns_addr 0)" \
@@ -44,7 +44,7 @@ netns_run() {
 # 1gbit), so that the wire, not the processors, bounds what crosses it, as
 # a NIC does; RATE none takes the limit off.
 netns_shape() {
-  local nodes=$1 rate=$2
+  local nodes=$1 rate=$2 i
   for ((i = 0; i < nodes; i++)); do
     if [ "$rate" = none ]; then
       ip netns exec "$(netns_name $i)" tc qdisc del dev "${NETNS_TAG}a$i" root 2>/dev/null || true
