@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -306,8 +307,51 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 // this side dialed) holds the far end of the link's sockets. It is
 // checked once per link, at the first same-host request.
 func (l *link) grantable() bool {
-	l.grantOnce.Do(func() { l.grantOK = l.peerPid != 0 && l.heldBy(int(l.peerPid)) })
+	l.grantOnce.Do(func() {
+		if l.peerPid == 0 {
+			return
+		}
+		// A pidfd first, so that the process checked is the one pinned.
+		fd, err := unix.PidfdOpen(int(l.peerPid), 0)
+		if err != nil {
+			fd = -1 // a kernel without pidfds: the link's end waits a heartbeat
+		}
+		l.grantOK = l.heldBy(int(l.peerPid))
+		l.mu.Lock()
+		if l.grantOK && l.err == nil && fd >= 0 {
+			l.grantPidfd, fd = fd, -1
+		}
+		l.mu.Unlock()
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	})
 	return l.grantOK
+}
+
+// waitExit returns once the process of pidfd fd (closed here) has exited,
+// or after d (always after d where fd is -1).
+func waitExit(fd int, d time.Duration) {
+	if fd < 0 {
+		time.Sleep(d)
+		return
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for end := time.Now().Add(d); ; {
+		left := time.Until(end)
+		if left <= 0 {
+			return
+		}
+		n, err := unix.Poll(fds, int(min(left.Milliseconds()+1, 1<<30)))
+		switch {
+		case err == nil && n > 0: // exited
+			return
+		case err != nil && err != unix.EINTR: // cannot tell: the full wait
+			time.Sleep(left)
+			return
+		}
+	}
 }
 
 // released ends the grant of request id.

@@ -361,6 +361,21 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	if r == nil || r.e != e {
 		return opErr("deregister", "", "", ErrInvalid, "not a region of this endpoint")
 	}
+	e.withdraw(r)
+	ctx, cancel := e.bound(ctx)
+	defer cancel()
+	select {
+	case <-r.drained:
+		return nil
+	case <-ctx.Done():
+		return opErr("deregister", "", r.label(), ErrTimeout, "a peer's request still uses it")
+	}
+}
+
+// withdraw is Deregister up to its wait: r is refused to new requests,
+// this side's transfers on it fail, and the peers' leases of it are
+// revoked; r.drained closes once nothing touches its memory.
+func (e *Endpoint) withdraw(r *Region) {
 	e.mu.Lock()
 	delete(e.regs, r.id)
 	e.mu.Unlock()
@@ -379,14 +394,6 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	}
 	if first {
 		e.revokeLeases(r)
-	}
-	ctx, cancel := e.bound(ctx)
-	defer cancel()
-	select {
-	case <-r.drained:
-		return nil
-	case <-ctx.Done():
-		return opErr("deregister", "", r.label(), ErrTimeout, "a peer's request still uses it")
 	}
 }
 
@@ -970,7 +977,14 @@ func (e *Endpoint) pushImm(v Imm) bool {
 }
 
 // Close closes every link (their transfers fail with ErrClosed) and the
-// listener, and returns when every goroutine of the endpoint has ended.
+// listener, and returns when every goroutine of the endpoint has ended and
+// no peer touches a region any more. Its regions are withdrawn first, as
+// by Deregister: peers' leases of them are revoked and the memory they
+// copy is waited for, up to a heartbeat, before the links close; memory
+// still lent then (a peer that did not answer) is waited for until the
+// peer's process has exited or another heartbeat has passed (ErrTimeout
+// if something still holds a region after that: its memory must not be
+// reused).
 func (e *Endpoint) Close() error {
 	e.mu.Lock()
 	if e.shut {
@@ -983,8 +997,33 @@ func (e *Endpoint) Close() error {
 	for _, p := range e.peers {
 		peers = append(peers, p)
 	}
+	regs := make([]*Region, 0, len(e.regs))
+	for _, r := range e.regs {
+		regs = append(regs, r)
+	}
 	e.mu.Unlock()
 	e.ln.Close()
+	for _, p := range peers {
+		if p.l != nil {
+			p.l.giveBackLeases()
+		}
+	}
+	for _, r := range regs {
+		e.withdraw(r)
+	}
+	drained := func(d time.Duration) *Region {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		for _, r := range regs {
+			select {
+			case <-r.drained:
+			case <-t.C:
+				return r
+			}
+		}
+		return nil
+	}
+	drained(e.opts.Heartbeat)
 	for _, p := range peers {
 		if p.l != nil {
 			p.l.fail(opErr("close", p.name, "", ErrClosed, "the endpoint was closed"))
@@ -993,6 +1032,11 @@ func (e *Endpoint) Close() error {
 		}
 	}
 	e.wg.Wait()
+	// Lent memory is released a heartbeat after its link's end at the
+	// latest (fail), the links' own references when their goroutines end.
+	if r := drained(2 * e.opts.Heartbeat); r != nil {
+		return opErr("close", "", r.label(), ErrTimeout, "a peer may still use it")
+	}
 	e.finished.Store(true) // nothing touches a region any more
 	return nil
 }

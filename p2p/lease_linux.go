@@ -42,6 +42,7 @@ type lease struct {
 	id       uint64 // the lease request's id
 	ch       int    // the connection it was asked on
 	region   RemoteRegion
+	answered bool     // its answer came (a second one breaks the protocol)
 	ready    bool     // granted: g is the region's memory
 	dead     bool     // refused, revoked, or the link ended: no copies start
 	released bool     // given back (or never granted): nothing is held
@@ -60,7 +61,10 @@ func (l *link) pinLeases(ops []Op) []*lease {
 	ok := alive
 	for _, o := range ops {
 		ls := l.leases[o.Remote.ID]
-		if ls == nil && alive && len(l.leases) < maxLeases {
+		// A size the target would not take (a RemoteRegion made up by
+		// the caller) is not asked for: its request would break the
+		// protocol; the batch goes the usual way and is refused there.
+		if ls == nil && alive && len(l.leases) < maxLeases && o.Remote.Size > 0 && o.Remote.Size <= MaxLen {
 			ls = &lease{id: l.nextID, ch: l.rr, region: o.Remote}
 			l.nextID++
 			l.rr = (l.rr + 1) % len(l.conns)
@@ -149,13 +153,11 @@ func (c *conn) leaseAnswered(h header) error {
 	}
 	l.mu.Lock()
 	ls := l.leaseIDs[h.id]
-	if ls == nil || ls.ready || ls.dead {
+	if ls == nil || ls.answered || ls.ch != c.idx {
 		l.mu.Unlock()
-		if h.status == stOK {
-			return fmt.Errorf("%w: a lease %d never asked for", ErrFrame, h.id)
-		}
-		return nil
+		return fmt.Errorf("%w: an answer to lease %d on connection %d, never asked there or answered already", ErrFrame, h.id, c.idx)
 	}
+	ls.answered = true
 	if h.status != stOK {
 		ls.dead, ls.released = true, true
 		delete(l.leaseIDs, h.id)
@@ -179,7 +181,7 @@ func (c *conn) leaseAnswered(h header) error {
 	l.mu.Lock()
 	ls.g, ls.ready = g, true
 	rel := false
-	if l.err != nil { // ended meanwhile: the mapping goes
+	if l.err != nil || ls.dead { // ended meanwhile (the link, or this side's Close): the mapping goes
 		ls.dead = true
 		rel = l.endLeaseLocked(ls)
 	}
@@ -206,6 +208,38 @@ func (l *link) revoked(id uint64) {
 	if rel {
 		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
 	}
+}
+
+// giveBackLeases ends this side's leases (its endpoint closes): none is
+// used for a copy from now on, and those no copy uses are released at
+// once, so that the peer's Deregister need not wait for the link's end.
+// Where the link's writer is busy the release may not leave before the
+// connections close; the peer then waits as for a link that failed.
+func (l *link) giveBackLeases() {
+	var rel []*lease
+	l.mu.Lock()
+	for _, ls := range l.leases {
+		ls.dead = true
+		if l.endLeaseLocked(ls) {
+			rel = append(rel, ls)
+		}
+	}
+	l.mu.Unlock()
+	for _, ls := range rel {
+		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
+	}
+}
+
+// mapped reports whether every one of pins copies through a mapping
+// (Shared memory), which no peer can make wait: a process_vm copy can be
+// made to wait (on pages a userfaultfd of the peer's holds back).
+func mapped(pins []*lease) bool {
+	for _, ls := range pins {
+		if ls.g.m == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // endLeases ends every lease when the link has ended (nothing copies

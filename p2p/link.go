@@ -184,8 +184,12 @@ type link struct {
 	peerPid   uint32
 	grantOnce sync.Once
 	grantOK   bool
-	stop      chan struct{}
-	wg        sync.WaitGroup
+	// grantPidfd pins the process granted memory (grantable; -1: none),
+	// so that the link's end releases what it was lent as soon as that
+	// process has exited (fail).
+	grantPidfd int
+	stop       chan struct{}
+	wg         sync.WaitGroup
 }
 
 type conn struct {
@@ -232,7 +236,7 @@ type job interface{ write(c *conn) error }
 // shorter of the two ends').
 func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, hb time.Duration) *link {
 	l := &link{e: e, p: p, hb: hb, parts: map[uint64]*part{}, sends: map[uint64]*part{},
-		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, leased: map[uint64]int{}, serving: map[uint64]*atomic.Bool{}, stop: make(chan struct{}), pidfd: -1}
+		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, leased: map[uint64]int{}, serving: map[uint64]*atomic.Bool{}, stop: make(chan struct{}), pidfd: -1, grantPidfd: -1}
 	for i, tc := range tcs {
 		tc.SetNoDelay(true)
 		tc.SetWriteBuffer(inter.DefaultSockBuf)
@@ -270,6 +274,10 @@ func (l *link) start() {
 			unix.Close(l.pidfd)
 			l.pidfd = -1
 		}
+		if l.grantPidfd >= 0 {
+			unix.Close(l.grantPidfd)
+			l.grantPidfd = -1
+		}
 		l.mu.Unlock()
 	}()
 }
@@ -304,15 +312,23 @@ func (l *link) fail(err error) {
 	}
 	l.grantRefs = 0
 	clear(l.leased)
+	exited := -1
+	if len(lent) > 0 && l.grantPidfd >= 0 {
+		exited, _ = unix.FcntlInt(uintptr(l.grantPidfd), unix.F_DUPFD_CLOEXEC, 0)
+	}
 	l.mu.Unlock()
 	if len(lent) > 0 {
-		// The peer may still be copying through a grant it has not
-		// released: it stops when it notices the link is gone (its
+		// The peer may still be copying through a grant or lease it has
+		// not released: it stops when it notices the link is gone (its
 		// reader when the connection closes, or its pings, every
 		// heartbeat/4, within half a heartbeat), and then within a
-		// chunk. Until a heartbeat has passed the regions count as in
-		// use (Deregister waits).
-		time.AfterFunc(l.hb, func() { l.e.release(lent) })
+		// chunk. Until its process has exited, or a heartbeat has
+		// passed, the regions count as in use (Deregister and Close
+		// wait).
+		go func() {
+			waitExit(exited, l.hb)
+			l.e.release(lent)
+		}()
 	}
 	for _, c := range l.conns {
 		c.c.Close()

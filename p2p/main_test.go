@@ -95,6 +95,27 @@ func child() error {
 		return err
 	}
 	fmt.Println("ready")
+	if os.Getenv("P2P_TEST_CHILD") == "reader" {
+		// Reads the parent's region "mem" until it is killed (through a
+		// lease from the second read or so on).
+		p, err := e.Connect(ctx, "parent")
+		if err != nil {
+			return err
+		}
+		rr, ok := p.Remote("mem")
+		if !ok {
+			return fmt.Errorf("the parent publishes no region \"mem\"")
+		}
+		lr, err := e.Register("local", make([]byte, rr.Size))
+		if err != nil {
+			return err
+		}
+		for {
+			if err := p.Read([]Op{{Local: lr, Remote: rr, Len: int(rr.Size)}}).Wait(ctx); err != nil {
+				return nil // the parent went away
+			}
+		}
+	}
 	if os.Getenv("P2P_TEST_CHILD") == "echo" {
 		p, err := e.Connect(ctx, "parent")
 		if err != nil {

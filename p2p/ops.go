@@ -131,7 +131,7 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 		case pt == then:
 		case pins == nil:
 			l.request(pt)
-		case total <= leaseInline:
+		case total <= leaseInline && mapped(pins):
 			l.leaseCopy(pt, ops, pins, kind == rWrite)
 		default:
 			go l.leaseCopy(pt, ops, pins, kind == rWrite)
@@ -140,12 +140,13 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	return f
 }
 
-// leaseInline is the most a batch copied through leases copies in the
-// calling goroutine, before the call returns (a fraction of a millisecond
-// of copying): handing it to a goroutine and waking the caller's Wait
-// afterwards cost two wake-ups, as much as copying 1 MiB. A larger batch
-// is copied in a goroutine of its own, so that the call returns at once
-// and the copy can be cancelled.
+// leaseInline is the most a batch copied through leases of Shared memory
+// copies in the calling goroutine, before the call returns (a fraction of
+// a millisecond of copying, which nothing can make wait): handing it to a
+// goroutine and waking the caller's Wait afterwards cost two wake-ups, as
+// much as copying 1 MiB. A larger batch, and any process_vm copy (which a
+// peer can make wait on its pages), is copied in a goroutine of its own,
+// so that the call returns at once and the copy can be cancelled.
 const leaseInline = cmaChunk
 
 // register gives parts their ids and records them in m and in their local

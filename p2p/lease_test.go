@@ -1,0 +1,343 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/slimego/slimego/internal/auth"
+)
+
+// leaseReady waits until p holds a granted lease of the peer's region rr.
+func leaseReady(t *testing.T, p *Peer, rr RemoteRegion) {
+	t.Helper()
+	eventually(t, "the lease of "+rr.Name, func() bool {
+		p.l.mu.Lock()
+		defer p.l.mu.Unlock()
+		ls := p.l.leases[rr.ID]
+		return ls != nil && ls.ready
+	})
+}
+
+// TestLeaseProcessVMNotInline: a copy through a lease of plain memory
+// (process_vm), which the peer can make wait on its pages (here held back
+// by a userfaultfd), runs in a goroutine of its own: the call returns at
+// once, and the copy completes once the pages come.
+func TestLeaseProcessVMNotInline(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	src, pages := uffdRegion(t, 1<<16)
+	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 16}
+	p, c := fakeSameHostTarget(t, ctx, a, rr)
+	lr, _ := a.Register("l", make([]byte, 1<<16))
+	iov := make([]byte, IovSize)
+	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&src[0]))))
+	binary.LittleEndian.PutUint64(iov[8:], 1<<16)
+	f := p.Read([]Op{{Local: lr, Remote: rr, Len: 1 << 16}})
+	h := sameHostRequest(t, c, iov) // the lease granted; the read itself refused
+	c.Write(hdr(header{kind: kResp, sub: h.sub, id: h.id, status: stKey}))
+	f.Wait(ctx)
+	leaseReady(t, p, rr)
+	done := make(chan *Future, 1)
+	go func() { done <- p.Read([]Op{{Local: lr, Remote: rr, Len: 8}}) }()
+	select {
+	case f = <-done:
+	case <-time.After(2 * time.Second):
+		pages()
+		<-done
+		t.Fatal("an 8-byte read through a lease of pages that wait did not return within 2 s")
+	}
+	pages()
+	if err := f.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLeaseHugeSize: a RemoteRegion whose size the target would not take
+// (made up by the caller) is not asked a lease of (its request would
+// break the protocol and end the link): the batch goes the usual way,
+// where the target checks its range against the region, and the link
+// goes on.
+func TestLeaseHugeSize(t *testing.T) {
+	a, b, ab, _ := pair(t, nil)
+	ctx := ctxT(t, 30*time.Second)
+	tr, _ := b.Register("t", make([]byte, 4096))
+	lr, _ := a.Register("l", make([]byte, 4096))
+	bad := tr.Remote()
+	bad.Size = MaxLen + 1
+	if err := ab.Read([]Op{{Local: lr, Remote: bad, Len: 64}}).Wait(ctx); err != nil {
+		t.Fatalf("a read inside the region, its size made up: %v", err)
+	}
+	ab.l.mu.Lock()
+	asked := ab.l.leases[tr.id] != nil
+	ab.l.mu.Unlock()
+	if asked {
+		t.Fatal("a lease was asked for a region of a made-up size")
+	}
+	if err := ab.Read([]Op{{Local: lr, Remote: tr.Remote(), Len: 64}}).Wait(ctx); err != nil {
+		t.Fatalf("a good read afterwards: %v", err)
+	}
+}
+
+// writers writes ops through p, with a new value in src each time, until
+// stop is closed, counting the writes that succeeded.
+func writers(p *Peer, ops []Op, src []byte, stop chan struct{}, ok *atomic.Int64) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := uint64(1); ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			binary.LittleEndian.PutUint64(src, i)
+			if p.Write(ops).Wait(context.Background()) == nil {
+				ok.Add(1)
+			}
+		}
+	}()
+	return &wg
+}
+
+// TestLeaseWriteAfterDeregister: writes through a lease that run while
+// the target deregisters the region are over when Deregister returns:
+// its memory does not change after.
+func TestLeaseWriteAfterDeregister(t *testing.T) {
+	a, b, ab, _ := pair(t, nil)
+	ctx := ctxT(t, 30*time.Second)
+	for round := range 10 {
+		buf := make([]byte, 4096)
+		tr, _ := b.Register("t", buf)
+		src := make([]byte, 16)
+		lr, _ := a.Register("l", src)
+		ops := []Op{{Local: lr, Remote: tr.Remote(), Len: 8}, {Local: lr, LocalOff: 8, Remote: tr.Remote(), RemoteOff: 8, Len: 8}}
+		if err := ab.Write(ops).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		leaseReady(t, ab, tr.Remote())
+		stop := make(chan struct{})
+		var ok atomic.Int64
+		wg := writers(ab, ops, src, stop, &ok)
+		time.Sleep(5 * time.Millisecond)
+		if err := b.Deregister(ctx, tr); err != nil {
+			t.Fatal(err)
+		}
+		snap := append([]byte(nil), buf...)
+		time.Sleep(20 * time.Millisecond)
+		close(stop)
+		wg.Wait()
+		if !bytes.Equal(snap, buf) {
+			t.Fatalf("round %d: the region changed after Deregister returned", round)
+		}
+		a.Deregister(ctx, lr)
+	}
+}
+
+// TestLeaseWriteAfterClose: writes through a lease that run while the
+// target closes its endpoint are over when Close returns: the memory of
+// its regions (plain memory, which it may free) does not change after.
+func TestLeaseWriteAfterClose(t *testing.T) {
+	for round := range 4 {
+		a, b, ab, _ := pair(t, nil)
+		ctx := ctxT(t, 30*time.Second)
+		buf := make([]byte, 4096)
+		tr, _ := b.Register("t", buf)
+		src := make([]byte, 8)
+		lr, _ := a.Register("l", src)
+		ops := []Op{{Local: lr, Remote: tr.Remote(), Len: 8}}
+		if err := ab.Write(ops).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		leaseReady(t, ab, tr.Remote())
+		stop := make(chan struct{})
+		var ok atomic.Int64
+		wg := writers(ab, ops, src, stop, &ok)
+		time.Sleep(20 * time.Millisecond)
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		after := ok.Load()
+		snap := append([]byte(nil), buf...)
+		time.Sleep(100 * time.Millisecond)
+		close(stop)
+		wg.Wait()
+		if !bytes.Equal(snap, buf) {
+			t.Fatalf("round %d: the memory changed after Close returned (%d writes succeeded after)", round, ok.Load()-after)
+		}
+	}
+}
+
+// TestDeregisterAfterPeerClose: a peer that closes its endpoint gives its
+// leases back first: the target's Deregister does not wait a heartbeat
+// for the link's end.
+func TestDeregisterAfterPeerClose(t *testing.T) {
+	a, b, ab, _ := pair(t, func(o *Options) { o.Heartbeat = 5 * time.Second })
+	ctx := ctxT(t, 30*time.Second)
+	tr, _ := b.Register("t", make([]byte, 1<<20))
+	lr, _ := a.Register("l", make([]byte, 1<<20))
+	ops := []Op{{Local: lr, Remote: tr.Remote(), Len: 1 << 20}}
+	if err := ab.Read(ops).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leaseReady(t, ab, tr.Remote())
+	if err := ab.Read(ops).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	start := time.Now()
+	if err := b.Deregister(ctx, tr); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Deregister after the peer's Close took %v (the heartbeat is 5 s)", d)
+	}
+}
+
+// TestDeregisterAfterPeerKilled: a peer process killed while it holds a
+// lease (a child reading this side's region in a loop) releases it with
+// its exit: Deregister does not wait a heartbeat for it.
+func TestDeregisterAfterPeerKilled(t *testing.T) {
+	addr, st := storeFor(t)
+	ctx := ctxT(t, 60*time.Second)
+	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth(), Heartbeat: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	r, _ := e.Register("mem", make([]byte, 1<<20))
+	if err := e.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cmd := startChild(t, "reader", addr, 1, 1) // the child's heartbeat: 3 s
+	eventually(t, "the child's lease", func() bool {
+		p := e.Peer("child")
+		if p == nil {
+			return false
+		}
+		p.l.mu.Lock()
+		defer p.l.mu.Unlock()
+		return len(p.l.leased) > 0
+	})
+	cmd.Process.Kill()
+	cmd.Wait()
+	start := time.Now()
+	if err := e.Deregister(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Deregister after the peer was killed took %v (the link's heartbeat is 3 s)", d)
+	}
+}
+
+// TestLeaseAnsweredTwice: a hostile target that answers a lease twice,
+// on both connections at once, breaks the protocol: the link fails, and
+// no mapping is left behind (each answer would otherwise map the memory
+// and one reference would never be dropped). Regions are asked one after
+// another until the link fails, so that the two answers race.
+func TestLeaseAnsweredTwice(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	const n = 1 << 16
+	sh, err := NewShared(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer ln.Close()
+	got := make(chan net.Conn, 2)
+	go func() {
+		for range 2 {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			auth.Accept(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second))
+			var b [HeaderSize + helloFixed + MaxName]byte
+			readFull(c, b[:HeaderSize])
+			h, _ := decodeHeader(b[:HeaderSize])
+			readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
+			ack := header{kind: kHelloAck, a: 10000}
+			ack.put(b[:])
+			c.Write(b[:HeaderSize])
+			got <- c
+		}
+	}()
+	var regions []RemoteRegion
+	for i := range 64 {
+		regions = append(regions, RemoteRegion{Name: "m", ID: uint64(i + 1), Key: 2, Size: n})
+	}
+	in := info{name: "t", addr: ln.Addr().String(), host: a.host, pid: uint32(os.Getpid()), token: *a.token,
+		tokenAddr: uint64(uintptr(unsafe.Pointer(a.token))), regions: regions}
+	p, err := a.ConnectInfo(ctx, in.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := []net.Conn{<-got, <-got}
+	defer cs[0].Close()
+	defer cs[1].Close()
+	if p.Transport() != "cma" {
+		t.Fatalf("transport %q", p.Transport())
+	}
+	lr, _ := a.Register("l", make([]byte, n))
+	iov := make([]byte, IovSize)
+	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&sh.Bytes()[0]))))
+	binary.LittleEndian.PutUint64(iov[8:], n)
+	binary.LittleEndian.PutUint64(iov[16:], sh.id)
+	binary.LittleEndian.PutUint32(iov[32:], uint32(sh.fd))
+	for _, rr := range regions {
+		p.Read([]Op{{Local: lr, Remote: rr, Len: 8}}) // small: over TCP, after a lease request
+		var lease header
+		for _, c := range cs {
+			c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+			for {
+				var b [HeaderSize]byte
+				if _, err := readFull(c, b[:]); err != nil {
+					break
+				}
+				h, _ := decodeHeader(b[:])
+				readFull(c, make([]byte, h.payload))
+				if h.kind == kReq && h.sub == rLease {
+					lease = h
+				}
+			}
+		}
+		if lease.kind != kReq {
+			t.Fatalf("region %d: no lease request", rr.ID)
+		}
+		fr := append(hdr(header{kind: kResp, sub: rLease, id: lease.id, b: 1, payload: IovSize}), iov...)
+		done := make(chan struct{})
+		go func() { cs[1].Write(fr); close(done) }()
+		cs[0].Write(fr)
+		<-done
+		time.Sleep(20 * time.Millisecond)
+		if p.l.failed() != nil {
+			break
+		}
+	}
+	if p.l.failed() == nil {
+		t.Fatal("the link took every lease answered twice")
+	}
+	eventually(t, "the link's end to unmap the leases' memory", func() bool {
+		p.l.mu.Lock()
+		defer p.l.mu.Unlock()
+		return len(p.l.maps) == 0 && a.mapCount.Load() == 0
+	})
+}
