@@ -63,7 +63,16 @@ type Reader struct {
 	// yet returned; every read returns it first.
 	ahead    []byte
 	alo, ahi int
+
+	// ReadFullVec's state for its RawConn callback (vecFn, made once).
+	vecFn func(fd uintptr) bool
+	vbufs [][]byte
+	vn    int
+	verr  error
 }
+
+// vecMax bounds the buffers of one readv(2) (the kernel's UIO_MAXIOV).
+const vecMax = 1024
 
 // AheadMax bounds what ReadAhead takes past the bytes asked for: up to it,
 // a system call saved is worth more than the copy out of the buffer.
@@ -189,6 +198,84 @@ func (r *Reader) ReadAhead(hdr []byte, more int) error {
 	}
 	r.take(hdr)
 	return nil
+}
+
+// ReadFullVec is ReadFull into the buffers of bufs in order (their slices
+// are advanced as they fill; bufs itself is the caller's to reuse): where
+// they hold lowatMin bytes or more together, with one readv(2) per
+// wake-up across all of them and a low-water mark for their total, so
+// that bytes bound for many small buffers (a batch of pages) wake the
+// reader once per Lowat bytes, not once per buffer or per segment.
+// Smaller reads are ReadFull's, buffer by buffer.
+func (r *Reader) ReadFullVec(bufs [][]byte) error {
+	total := 0
+	for i := range bufs {
+		bufs[i] = bufs[i][r.take(bufs[i]):]
+		total += len(bufs[i])
+	}
+	if total < lowatMin || r.rc == nil {
+		for _, b := range bufs {
+			if err := r.ReadFull(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if r.vecFn == nil {
+		r.vecFn = r.readVec // once: the callback refers to this Reader
+	}
+	for total > 0 {
+		for len(bufs[0]) == 0 {
+			bufs = bufs[1:]
+		}
+		r.SetLowat(total)
+		r.arm()
+		r.vbufs, r.vn, r.verr = bufs[:min(len(bufs), vecMax)], 0, nil
+		err := r.rc.Read(r.vecFn)
+		raceio.Acquire()
+		n := r.vn
+		r.vbufs = nil
+		if err == nil {
+			err = r.verr
+		}
+		total -= n
+		for n > 0 {
+			k := min(n, len(bufs[0]))
+			bufs[0] = bufs[0][k:]
+			n -= k
+			if len(bufs[0]) == 0 {
+				bufs = bufs[1:]
+			}
+		}
+		if err != nil {
+			return eof(err, total)
+		}
+	}
+	return nil
+}
+
+// readVec is ReadFullVec's RawConn callback: one readv of what is there
+// into r.vbufs, or false to wait until the socket is readable (or its
+// deadline passes).
+func (r *Reader) readVec(fd uintptr) bool {
+	for {
+		n, err := unix.Readv(int(fd), r.vbufs)
+		switch {
+		case n > 0:
+			r.vn = n
+			return true
+		case err == nil:
+			r.verr = io.EOF
+			return true
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return false
+		default:
+			r.verr = err
+			return true
+		}
+	}
 }
 
 // Discard reads n bytes to nowhere (the buffered ones first), parking

@@ -204,6 +204,9 @@ type conn struct {
 	// busy: a goroutine is writing to the socket (the writer with a job,
 	// or another with a direct frame); under qmu.
 	busy bool
+	// wdl: the socket has a write deadline (set by send for a blocking
+	// write); only the goroutine that holds busy reads or sets it.
+	wdl  bool
 	wake chan struct{}
 	// answers counts the jobs in q that the peer's frames caused (all
 	// but this side's own requests and sends): maxQueued bounds them.
@@ -216,8 +219,9 @@ type conn struct {
 	descs   []desc
 	segs    []seg
 	regs    []*Region
-	wstage  []byte // GPU bytes staged for the writer
-	rstage  []byte // and by the reader
+	wstage  []byte   // GPU bytes staged for the writer
+	rstage  []byte   // and by the reader
+	vbufs   [][]byte // the reader's host buffers of one chunk (recvChunks)
 	scratch []byte
 	bufs    net.Buffers
 	rc      syscall.RawConn // for direct's non-blocking writes
@@ -473,6 +477,13 @@ func (c *conn) direct(answer bool, fill func(b []byte) []byte) bool {
 func (c *conn) writeNow(b []byte) (int, error) {
 	var n int
 	var werr error
+	if c.wdl {
+		// A deadline an earlier frame set (send) may have passed long
+		// ago, on an idle link; the runtime would fail this write for
+		// it before it is made. A write that cannot wait needs none.
+		c.c.SetWriteDeadline(time.Time{})
+		c.wdl = false
+	}
 	raceio.Release()
 	err := c.rc.Write(func(fd uintptr) bool {
 		for {
@@ -501,6 +512,7 @@ type rawJob struct {
 
 func (j rawJob) write(c *conn) error {
 	c.c.SetWriteDeadline(time.Now().Add(c.l.hb))
+	c.wdl = true
 	raceio.Release()
 	_, err := c.c.Write(j.b)
 	return err
@@ -611,6 +623,7 @@ func (c *conn) send(h header, pieces ...[]byte) error {
 		}
 	}
 	c.c.SetWriteDeadline(time.Now().Add(c.l.hb))
+	c.wdl = true
 	raceio.Release()
 	_, err := c.bufs.WriteTo(c.c)
 	c.bufs = c.bufs[:0]
@@ -1000,6 +1013,12 @@ func (c *conn) recvChunks(id, total uint64, segs []seg, lock *sync.Mutex, ok fun
 		if segs == nil || !ok() {
 			err = c.discard(int(n))
 			segs = nil
+		} else if c.vbufs = c.hostSegs(&k, int(n)); c.vbufs != nil {
+			// Host memory only (pages of a batch): read together, one
+			// system call per wake-up (inter.Reader.ReadFullVec).
+			c.readDeadline()
+			err = c.rd.ReadFullVec(c.vbufs)
+			clear(c.vbufs) // keep no buffer alive
 		} else {
 			for left := int(n); left > 0 && err == nil; {
 				s := k.next(left)
@@ -1028,6 +1047,24 @@ func (c *conn) recvChunks(id, total uint64, segs []seg, lock *sync.Mutex, ok fun
 		return stDevice, nil
 	}
 	return stOK, nil
+}
+
+// hostSegs takes the next n bytes of k as host memory, into c.vbufs's
+// array, when they are all host memory; otherwise it takes nothing and
+// returns nil (GPU memory is staged a segment at a time).
+func (c *conn) hostSegs(k *cursor, n int) [][]byte {
+	save := *k
+	out := c.vbufs[:0]
+	for left := n; left > 0; {
+		s := k.next(left)
+		if s.d != nil {
+			*k = save
+			return nil
+		}
+		out = append(out, s.b)
+		left -= s.n
+	}
+	return out
 }
 
 // stripe cuts segs, in place, to the n bytes from lo of their

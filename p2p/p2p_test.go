@@ -1147,3 +1147,31 @@ func TestLeaseRevoked(t *testing.T) {
 		return n == 0
 	})
 }
+
+// TestIdleLink: a link left idle for several heartbeats (its pings the
+// only traffic) stays up, and a transfer after the pause succeeds: a
+// socket write deadline set by an earlier frame must not fail a later
+// write made at once (direct) long after it.
+func TestIdleLink(t *testing.T) { transports(t, testIdleLink) }
+
+func testIdleLink(t *testing.T, tcpOnly bool, wantT string) {
+	a, b, ab, _ := pair(t, func(o *Options) { o.TCPOnly = tcpOnly; o.Heartbeat = 200 * time.Millisecond })
+	ctx := ctxT(t, 30*time.Second)
+	mem := make([]byte, 1<<20)
+	fill(mem, 5)
+	tr, _ := b.Register("t", mem)
+	local := make([]byte, 1<<20)
+	lr, _ := a.Register("l", local)
+	for _, n := range []int{1 << 20, 8, 1 << 20} {
+		if err := ab.Read([]Op{{Local: lr, Remote: tr.Remote(), Len: n}}).Wait(ctx); err != nil {
+			t.Fatalf("a read of %d bytes: %v", n, err)
+		}
+		time.Sleep(time.Second) // five heartbeats
+		if err := ab.l.failed(); err != nil {
+			t.Fatalf("the idle link failed: %v", err)
+		}
+	}
+	if !bytes.Equal(local, mem) {
+		t.Fatal("the bytes read differ")
+	}
+}

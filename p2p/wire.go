@@ -32,8 +32,11 @@ const (
 	MaxBatch = 4096
 	// ChunkMax bounds one data frame's payload: a sender checks for
 	// cancellation between chunks, so it also bounds how long a
-	// cancelled transfer may still touch its buffer.
-	ChunkMax = 1 << 20
+	// cancelled transfer may still touch its buffer (a few milliseconds
+	// on a link of a few GB/s). Each frame costs its reader a wake-up for
+	// the header before it reads the payload with its low-water mark, so
+	// larger frames cost fewer.
+	ChunkMax = 4 << 20
 	// MaxLen bounds the bytes of one operation and of one request.
 	MaxLen = 1 << 40
 	// MaxName bounds an endpoint's name.
