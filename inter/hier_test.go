@@ -229,6 +229,16 @@ func TestHierRingMismatch(t *testing.T) {
 				if !errors.As(err, &oe) || oe.Rank != rank || oe.Peer < 0 || oe.Peer >= P || oe.Peer == rank {
 					return fmt.Errorf("the error names rank %d peer %d: %v", oe.Rank, oe.Peer, err)
 				}
+				// Across two nodes the odd rank's counterpart on the other
+				// node (rank ± local) receives its block over the network
+				// before anything of its own node disagrees: it names the
+				// odd rank. (The odd rank itself names a rank of its own
+				// node, whose blocks it compares first.)
+				if !c.ring && c.nodes == 2 {
+					if partner := (c.odd + c.local) % P; rank == partner && oe.Peer != c.odd {
+						return fmt.Errorf("the error names peer %d, want the network peer whose size differs: %v", oe.Peer, err)
+					}
+				}
 				// Usable afterwards.
 				for q := range sizes {
 					sizes[q] = 64

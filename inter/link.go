@@ -163,7 +163,7 @@ func (s *Staged) Send(p int, epoch, hash uint64, buf intra.DevSpan, deadline tim
 	st := s.stage(p)
 	st.sendErr, st.sent = nil, false
 	if err := s.grow(&st.send, buf.N); err != nil {
-		st.sendErr = err
+		st.sendErr = fmt.Errorf("staging %d bytes for rank %d: %w", buf.N, p, err)
 		return
 	}
 	if buf.N > 0 {
