@@ -88,3 +88,33 @@ func TestReadAhead(t *testing.T) {
 		}
 	}
 }
+
+// TestReadAheadHeaderAlone: ReadAhead may take up to more bytes past the
+// header, and never waits for any of them: a header that arrives alone
+// (a frame without payload, read with room for one, as p2p reads every
+// header) is returned at once, polled or not.
+func TestReadAheadHeaderAlone(t *testing.T) {
+	for _, poll := range []bool{false, true} {
+		a, b := tcpPair(t)
+		r := NewReader(b, DefaultLowat)
+		if poll {
+			r.bind()
+			r.Poll = true
+		}
+		// A read that waited for more would end at this deadline, and
+		// then (the header being whole) return it without an error.
+		const deadline = 5 * time.Second
+		r.SetDeadline(time.Now().Add(deadline))
+		want := bytes.Repeat([]byte{7}, HeaderSize)
+		a.Write(want)
+		got := make([]byte, HeaderSize)
+		start := time.Now()
+		err := r.ReadAhead(got, AheadMax)
+		if d := time.Since(start); err != nil || d >= deadline {
+			t.Fatalf("poll %v: a header alone, nothing after it: %v after %v (the deadline: %v)", poll, err, d, deadline)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("poll %v: the header differs", poll)
+		}
+	}
+}
