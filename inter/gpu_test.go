@@ -86,14 +86,8 @@ func gpuCluster(t *testing.T, nodes, local int, ring bool, body func(r gpuRank) 
 			return err
 		}
 		defer node.Close()
-		tr, err := New(ctx, Config{Store: st, Key: "gnet", Rank: r, Peers: peersOf(nodes, local, r, ring), Channels: 2,
-			MasterAddr: "127.0.0.1", Timeout: 20 * time.Second, Auth: testKey})
+		link, err := stagedLink(ctx, st, "gnet", r, peersOf(nodes, local, r, ring), dev)
 		if err != nil {
-			return err
-		}
-		link, err := NewStaged(tr, dev)
-		if err != nil {
-			tr.Close()
 			return err
 		}
 		defer link.Close()
@@ -110,6 +104,22 @@ func gpuCluster(t *testing.T, nodes, local int, ring bool, body func(r gpuRank) 
 		defer mem.S.Close()
 		return body(gpuRank{rank: r, dev: dev, mem: mem, ag: ag})
 	})
+}
+
+// stagedLink is rank r's host-staged GPU link of dev to peers, over a TCP
+// transport on loopback (two connections each) that it closes with it.
+func stagedLink(ctx context.Context, st *rendezvous.Client, key string, r int, peers []int, dev *device.GPU) (*Staged, error) {
+	tr, err := New(ctx, Config{Store: st, Key: key, Rank: r, Peers: peers, Channels: 2,
+		MasterAddr: "127.0.0.1", Timeout: 20 * time.Second, Auth: testKey})
+	if err != nil {
+		return nil, err
+	}
+	link, err := NewStaged(tr, dev)
+	if err != nil {
+		tr.Close()
+		return nil, err
+	}
+	return link, nil
 }
 
 // TestGPUAcrossNodes: a GPU job of 2 nodes × 2 ranks (and 3 × 2, and 2 × 1)
@@ -383,14 +393,8 @@ func TestStaged(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		tr, err := New(ctx, Config{Store: st, Key: "snet", Rank: r, Peers: []int{1 - r}, Channels: 2,
-			MasterAddr: "127.0.0.1", Timeout: 5 * time.Second, Auth: testKey})
+		link, err := stagedLink(ctx, st, "snet", r, []int{1 - r}, dev)
 		if err != nil {
-			return err
-		}
-		link, err := NewStaged(tr, dev)
-		if err != nil {
-			tr.Close()
 			return err
 		}
 		defer link.Close()

@@ -9,6 +9,19 @@ import (
 	"time"
 )
 
+// writeCut writes all to c in writes of 1 to most bytes, now and then
+// pausing a millisecond, as a sender that the reader cannot predict.
+func writeCut(c net.Conn, all []byte, most int, rng *rand.Rand) {
+	for rest := all; len(rest) > 0; {
+		n := min(len(rest), 1+rng.IntN(most))
+		c.Write(rest[:n])
+		rest = rest[n:]
+		if rng.IntN(4) == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
 // Blocks of any size, the tails shorter than the low-water mark included,
 // arrive whole and in order, however the sender cuts its writes: a mark
 // above what is left would make the read wait forever.
@@ -34,14 +47,7 @@ func TestReaderLowat(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		for rest := all; len(rest) > 0; {
-			n := min(len(rest), 1+rng.IntN(300_000))
-			c.Write(rest[:n])
-			rest = rest[n:]
-			if rng.IntN(4) == 0 {
-				time.Sleep(time.Millisecond)
-			}
-		}
+		writeCut(c, all, 300_000, rng)
 		time.Sleep(time.Second) // the reader must not need the close
 	}()
 	c, err := ln.Accept()
@@ -109,14 +115,7 @@ func TestReadFullVec(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		for rest := all; len(rest) > 0; {
-			n := min(len(rest), 1+rng.IntN(200_000))
-			c.Write(rest[:n])
-			rest = rest[n:]
-			if rng.IntN(4) == 0 {
-				time.Sleep(time.Millisecond)
-			}
-		}
+		writeCut(c, all, 200_000, rng)
 		c.Write([]byte{1, 2, 3}) // then the stream ends early
 	}()
 	c, err := ln.Accept()

@@ -51,34 +51,39 @@ func fakeLink(t *testing.T, ctx context.Context, e *Endpoint, in info, got chan 
 // fakeAcceptor listens for one connection, runs the acceptor's
 // handshake and hello on it, and hands it over on the channel (closed if
 // none comes).
-func fakeAcceptor(t *testing.T) (string, chan net.Conn) {
+func fakeAcceptor(t *testing.T) (string, chan net.Conn) { return fakeAcceptorN(t, 1) }
+
+// fakeAcceptorN is fakeAcceptor for a link of n connections.
+func fakeAcceptorN(t *testing.T, n int) (string, chan net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	got := make(chan net.Conn, 1)
+	got := make(chan net.Conn, n)
 	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(got)
-			return
+		for range n {
+			c, err := ln.Accept()
+			if err != nil {
+				close(got)
+				return
+			}
+			k := auth.NewKey(testAuth().Secret, testAuth().Job)
+			if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
+				c.Close()
+				close(got)
+				return
+			}
+			var b [HeaderSize + helloFixed + MaxName]byte
+			readFull(c, b[:HeaderSize])
+			h, _ := decodeHeader(b[:HeaderSize])
+			readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
+			ack := header{kind: kHelloAck, a: 10000}
+			ack.put(b[:])
+			c.Write(b[:HeaderSize])
+			got <- c
 		}
-		k := auth.NewKey(testAuth().Secret, testAuth().Job)
-		if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
-			c.Close()
-			close(got)
-			return
-		}
-		var b [HeaderSize + helloFixed + MaxName]byte
-		readFull(c, b[:HeaderSize])
-		h, _ := decodeHeader(b[:HeaderSize])
-		readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
-		ack := header{kind: kHelloAck, a: 10000}
-		ack.put(b[:])
-		c.Write(b[:HeaderSize])
-		got <- c
 	}()
 	return ln.Addr().String(), got
 }
@@ -1159,14 +1164,31 @@ func TestGrantNeedsHolder(t *testing.T) {
 // the target's end of the connection.
 func fakeSameHostTarget(t *testing.T, ctx context.Context, a *Endpoint, rr RemoteRegion) (*Peer, net.Conn) {
 	t.Helper()
-	addr, got := fakeAcceptor(t)
+	p, cs := fakeSameHostTargetN(t, ctx, a, []RemoteRegion{rr}, 1)
+	return p, cs[0]
+}
+
+// fakeSameHostTargetN is fakeSameHostTarget with the regions given, for
+// an endpoint whose links have n connections; it returns them all.
+func fakeSameHostTargetN(t *testing.T, ctx context.Context, a *Endpoint, regions []RemoteRegion, n int) (*Peer, []net.Conn) {
+	t.Helper()
+	addr, got := fakeAcceptorN(t, n)
 	in := info{name: "t", addr: addr, host: a.host, pid: uint32(os.Getpid()), token: *a.token,
-		tokenAddr: uint64(uintptr(unsafe.Pointer(a.token))), regions: []RemoteRegion{rr}}
+		tokenAddr: uint64(uintptr(unsafe.Pointer(a.token))), regions: regions}
 	p, c := fakeLink(t, ctx, a, in, got)
+	cs := []net.Conn{c}
+	for range n - 1 {
+		c, ok := <-got
+		if !ok {
+			t.Fatal("the fake target got too few connections")
+		}
+		t.Cleanup(func() { c.Close() })
+		cs = append(cs, c)
+	}
 	if p.Transport() != "cma" {
 		t.Fatalf("transport %q, want cma", p.Transport())
 	}
-	return p, c
+	return p, cs
 }
 
 // TestSharedGrantChecked: a same-host grant that names Shared memory is

@@ -4,15 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
-
-	"github.com/slimego/slimego/internal/auth"
 )
 
 // leaseReady waits until p holds a granted lease of the peer's region rr.
@@ -197,12 +193,19 @@ func TestDeregisterAfterPeerClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Close()
+	deregisterSoon(t, ctx, b, tr, "after the peer's Close (the heartbeat is 5 s)")
+}
+
+// deregisterSoon deregisters r, failing the test unless it returns within
+// 2 s (well within the heartbeat it would otherwise wait for).
+func deregisterSoon(t *testing.T, ctx context.Context, e *Endpoint, r *Region, what string) {
+	t.Helper()
 	start := time.Now()
-	if err := b.Deregister(ctx, tr); err != nil {
+	if err := e.Deregister(ctx, r); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("Deregister after the peer's Close took %v (the heartbeat is 5 s)", d)
+		t.Fatalf("Deregister %s took %v", what, d)
 	}
 }
 
@@ -233,13 +236,7 @@ func TestDeregisterAfterPeerKilled(t *testing.T) {
 	})
 	cmd.Process.Kill()
 	cmd.Wait()
-	start := time.Now()
-	if err := e.Deregister(ctx, r); err != nil {
-		t.Fatal(err)
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("Deregister after the peer was killed took %v (the link's heartbeat is 3 s)", d)
-	}
+	deregisterSoon(t, ctx, e, r, "after the peer was killed (the link's heartbeat is 3 s)")
 }
 
 // TestLeaseAnsweredTwice: a hostile target that answers a lease twice,
@@ -260,42 +257,11 @@ func TestLeaseAnsweredTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sh.Close()
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	defer ln.Close()
-	got := make(chan net.Conn, 2)
-	go func() {
-		for range 2 {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			auth.Accept(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second))
-			var b [HeaderSize + helloFixed + MaxName]byte
-			readFull(c, b[:HeaderSize])
-			h, _ := decodeHeader(b[:HeaderSize])
-			readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
-			ack := header{kind: kHelloAck, a: 10000}
-			ack.put(b[:])
-			c.Write(b[:HeaderSize])
-			got <- c
-		}
-	}()
 	var regions []RemoteRegion
 	for i := range 64 {
 		regions = append(regions, RemoteRegion{Name: "m", ID: uint64(i + 1), Key: 2, Size: n})
 	}
-	in := info{name: "t", addr: ln.Addr().String(), host: a.host, pid: uint32(os.Getpid()), token: *a.token,
-		tokenAddr: uint64(uintptr(unsafe.Pointer(a.token))), regions: regions}
-	p, err := a.ConnectInfo(ctx, in.encode())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs := []net.Conn{<-got, <-got}
-	defer cs[0].Close()
-	defer cs[1].Close()
-	if p.Transport() != "cma" {
-		t.Fatalf("transport %q", p.Transport())
-	}
+	p, cs := fakeSameHostTargetN(t, ctx, a, regions, 2)
 	lr, _ := a.Register("l", make([]byte, n))
 	iov := make([]byte, IovSize)
 	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&sh.Bytes()[0]))))
