@@ -1078,30 +1078,52 @@ func uffdRegion(t *testing.T, n int) ([]byte, func()) {
 	return mem, release
 }
 
-// TestCopyDoesNotBlockReader: a same-host copy that blocks (here on pages
-// a userfaultfd holds back) does not keep the connection's reader from
-// reading: an immediate that comes meanwhile on the same connection is
-// delivered, and the read completes once its pages come.
-func TestCopyDoesNotBlockReader(t *testing.T) {
+// uffdTarget is a fake same-host target (c, its end of a one-connection
+// link p of endpoint a) whose region rr, of 64 KiB, is memory that a
+// userfaultfd holds back until pages is called; iov grants it whole, and
+// lr is a's local region of the same size.
+type uffdTarget struct {
+	ctx   context.Context
+	a     *Endpoint
+	p     *Peer
+	c     net.Conn
+	lr    *Region
+	rr    RemoteRegion
+	iov   []byte
+	pages func()
+}
+
+func newUffdTarget(t *testing.T) uffdTarget {
+	t.Helper()
 	ctx := ctxT(t, 30*time.Second)
 	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
+	t.Cleanup(func() { a.Close() })
 	src, pages := uffdRegion(t, 1<<16)
 	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 16}
 	p, c := fakeSameHostTarget(t, ctx, a, rr)
-	// Larger than cmaMin: smaller batches go over TCP.
 	lr, _ := a.Register("l", make([]byte, 1<<16))
+	iov := make([]byte, IovSize)
+	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&src[0]))))
+	binary.LittleEndian.PutUint64(iov[8:], 1<<16)
+	return uffdTarget{ctx: ctx, a: a, p: p, c: c, lr: lr, rr: rr, iov: iov, pages: pages}
+}
+
+// TestCopyDoesNotBlockReader: a same-host copy that blocks (here on pages
+// a userfaultfd holds back) does not keep the connection's reader from
+// reading: an immediate that comes meanwhile on the same connection is
+// delivered, and the read completes once its pages come.
+func TestCopyDoesNotBlockReader(t *testing.T) {
+	u := newUffdTarget(t)
+	ctx, a, p, c, lr, rr, iov, pages := u.ctx, u.a, u.p, u.c, u.lr, u.rr, u.iov, u.pages
+	// Larger than cmaMin: smaller batches go over TCP.
 	f := p.Read([]Op{{Local: lr, Remote: rr, Len: 1 << 16}})
 	h := sameHostRequest(t, c, nil)
 	if h.kind != kReq || h.sub != rReadV {
 		t.Fatalf("got %+v, want a same-host read", h)
 	}
-	iov := make([]byte, IovSize)
-	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&src[0]))))
-	binary.LittleEndian.PutUint64(iov[8:], 1<<16)
 	c.Write(append(hdr(header{kind: kResp, sub: rReadV, id: h.id, b: 1, payload: IovSize}), iov...))
 	c.Write(hdr(header{kind: kReq, sub: rImm, id: 99, a: 7}))
 	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -27,19 +27,8 @@ func leaseReady(t *testing.T, p *Peer, rr RemoteRegion) {
 // by a userfaultfd), runs in a goroutine of its own: the call returns at
 // once, and the copy completes once the pages come.
 func TestLeaseProcessVMNotInline(t *testing.T) {
-	ctx := ctxT(t, 30*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	src, pages := uffdRegion(t, 1<<16)
-	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 16}
-	p, c := fakeSameHostTarget(t, ctx, a, rr)
-	lr, _ := a.Register("l", make([]byte, 1<<16))
-	iov := make([]byte, IovSize)
-	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&src[0]))))
-	binary.LittleEndian.PutUint64(iov[8:], 1<<16)
+	u := newUffdTarget(t)
+	ctx, p, c, lr, rr, iov, pages := u.ctx, u.p, u.c, u.lr, u.rr, u.iov, u.pages
 	f := p.Read([]Op{{Local: lr, Remote: rr, Len: 1 << 16}})
 	h := sameHostRequest(t, c, iov) // the lease granted; the read itself refused
 	c.Write(hdr(header{kind: kResp, sub: h.sub, id: h.id, status: stKey}))
@@ -86,6 +75,19 @@ func TestLeaseHugeSize(t *testing.T) {
 	}
 }
 
+// leasedWriters writes ops through p once, waits for the lease of their
+// region (ops name one), and starts writers.
+func leasedWriters(t *testing.T, ctx context.Context, p *Peer, ops []Op, src []byte) (chan struct{}, *atomic.Int64, *sync.WaitGroup) {
+	t.Helper()
+	if err := p.Write(ops).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leaseReady(t, p, ops[0].Remote)
+	stop := make(chan struct{})
+	ok := new(atomic.Int64)
+	return stop, ok, writers(p, ops, src, stop, ok)
+}
+
 // writers writes ops through p, with a new value in src each time, until
 // stop is closed, counting the writes that succeeded.
 func writers(p *Peer, ops []Op, src []byte, stop chan struct{}, ok *atomic.Int64) *sync.WaitGroup {
@@ -120,13 +122,7 @@ func TestLeaseWriteAfterDeregister(t *testing.T) {
 		src := make([]byte, 16)
 		lr, _ := a.Register("l", src)
 		ops := []Op{{Local: lr, Remote: tr.Remote(), Len: 8}, {Local: lr, LocalOff: 8, Remote: tr.Remote(), RemoteOff: 8, Len: 8}}
-		if err := ab.Write(ops).Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-		leaseReady(t, ab, tr.Remote())
-		stop := make(chan struct{})
-		var ok atomic.Int64
-		wg := writers(ab, ops, src, stop, &ok)
+		stop, _, wg := leasedWriters(t, ctx, ab, ops, src)
 		time.Sleep(5 * time.Millisecond)
 		if err := b.Deregister(ctx, tr); err != nil {
 			t.Fatal(err)
@@ -154,13 +150,7 @@ func TestLeaseWriteAfterClose(t *testing.T) {
 		src := make([]byte, 8)
 		lr, _ := a.Register("l", src)
 		ops := []Op{{Local: lr, Remote: tr.Remote(), Len: 8}}
-		if err := ab.Write(ops).Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-		leaseReady(t, ab, tr.Remote())
-		stop := make(chan struct{})
-		var ok atomic.Int64
-		wg := writers(ab, ops, src, stop, &ok)
+		stop, ok, wg := leasedWriters(t, ctx, ab, ops, src)
 		time.Sleep(20 * time.Millisecond)
 		if err := b.Close(); err != nil {
 			t.Fatal(err)
