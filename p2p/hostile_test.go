@@ -75,17 +75,23 @@ func fakeAcceptorN(t *testing.T, n int) (string, chan net.Conn) {
 				close(got)
 				return
 			}
-			var b [HeaderSize + helloFixed + MaxName]byte
-			readFull(c, b[:HeaderSize])
-			h, _ := decodeHeader(b[:HeaderSize])
-			readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
-			ack := header{kind: kHelloAck, a: 10000}
-			ack.put(b[:])
-			c.Write(b[:HeaderSize])
+			answerHello(c, stOK)
 			got <- c
 		}
 	}()
 	return ln.Addr().String(), got
+}
+
+// answerHello reads a connector's hello on c and answers it with status
+// st (and a heartbeat of 10 s).
+func answerHello(c net.Conn, st uint8) {
+	var b [HeaderSize + helloFixed + MaxName]byte
+	readFull(c, b[:HeaderSize])
+	h, _ := decodeHeader(b[:HeaderSize])
+	readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
+	ack := header{kind: kHelloAck, status: st, a: 10000}
+	ack.put(b[:])
+	c.Write(b[:HeaderSize])
 }
 
 // helloFrame is a connector's hello: session, channel, channel count, its
@@ -358,16 +364,11 @@ func dupTarget(t *testing.T, name string, dups int) []byte {
 			if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
 				continue
 			}
-			var b [HeaderSize + helloFixed + MaxName]byte
-			readFull(c, b[:HeaderSize])
-			h, _ := decodeHeader(b[:HeaderSize])
-			readFull(c, b[HeaderSize:HeaderSize+int(h.payload)])
-			ack := header{kind: kHelloAck, a: 10000}
+			st := stOK
 			if i < dups {
-				ack.status = stDup
+				st = stDup
 			}
-			ack.put(b[:])
-			c.Write(b[:HeaderSize])
+			answerHello(c, st)
 		}
 	}()
 	in := info{name: name, addr: ln.Addr().String()}
