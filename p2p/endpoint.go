@@ -54,7 +54,10 @@ type Options struct {
 	Timeout time.Duration
 	// Heartbeat is how long a link may stay silent before its transfers
 	// fail with ErrTimeout (default 5 s). Every connection carries a ping
-	// every Heartbeat/4 when idle.
+	// every Heartbeat/4 when idle. A data frame (up to ChunkMax bytes)
+	// must cross within one heartbeat too, so a link must move at least
+	// ChunkMax per Heartbeat on each connection (0.8 MiB/s at the
+	// default).
 	Heartbeat time.Duration
 	// HandshakeTimeout bounds one connection's handshake (default
 	// inter.DefaultHandshakeTimeout).
@@ -106,8 +109,9 @@ type Endpoint struct {
 	next  uint64 // the next region id
 	peers map[string]*Peer
 	shut  bool
-	// finished: Close has returned, and nothing touches a region
-	finished atomic.Bool
+	// closed is closed when the first Close returns (a second Close
+	// waits for it).
+	closed chan struct{}
 	// mapCount and mapBytes count the peers' Shared memories that the
 	// links map (shared_linux.go), within maxEndpointMaps and
 	// maxMappedBytes.
@@ -173,7 +177,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	var first [8]byte
 	rand.Read(first[:])
 	e := &Endpoint{opts: o, key: auth.NewKey(o.Auth.Secret, o.Auth.Job), ln: ln.(*net.TCPListener), addr: ln.Addr().String(),
-		host: hostID(), done: make(chan struct{}), regs: map[uint64]*Region{}, peers: map[string]*Peer{},
+		host: hostID(), done: make(chan struct{}), closed: make(chan struct{}), regs: map[uint64]*Region{}, peers: map[string]*Peer{},
 		immWake: make(chan struct{}, 1), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
 	e.token = new(uint64)
 	rand.Read(first[:])
@@ -267,11 +271,9 @@ func (r *Region) seg() seg {
 }
 
 // idle says nothing touches r's memory any more, nor will: it was
-// deregistered and no peer's request uses it, or its endpoint is closed.
+// deregistered (or its endpoint closed, which withdraws it) and no peer's
+// request uses it.
 func (r *Region) idle() bool {
-	if r.e.finished.Load() {
-		return true
-	}
 	if !r.closed.Load() {
 		return false
 	}
@@ -989,10 +991,12 @@ func (e *Endpoint) Close() error {
 	e.mu.Lock()
 	if e.shut {
 		e.mu.Unlock()
+		<-e.closed // the first Close's
 		return nil
 	}
 	e.shut = true
 	close(e.done)
+	defer close(e.closed)
 	peers := make([]*Peer, 0, len(e.peers))
 	for _, p := range e.peers {
 		peers = append(peers, p)
@@ -1037,7 +1041,6 @@ func (e *Endpoint) Close() error {
 	if r := drained(2 * e.opts.Heartbeat); r != nil {
 		return opErr("close", "", r.label(), ErrTimeout, "a peer may still use it")
 	}
-	e.finished.Store(true) // nothing touches a region any more
 	return nil
 }
 

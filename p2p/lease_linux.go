@@ -127,7 +127,9 @@ func (l *link) unpinLeases(pins []*lease) {
 // its mapping's reference is dropped, and it reports whether the target
 // is to be told (kRelease; not once the link has ended).
 func (l *link) endLeaseLocked(ls *lease) bool {
-	if !ls.dead || ls.inflight > 0 || ls.released {
+	// One not answered yet is ended by its answer (leaseAnswered), which
+	// finds it dead: what the answer grants is then given back.
+	if !ls.dead || ls.inflight > 0 || ls.released || !ls.answered {
 		return false
 	}
 	ls.released = true

@@ -297,3 +297,56 @@ func TestLeaseAnsweredTwice(t *testing.T) {
 		return len(p.l.maps) == 0 && a.mapCount.Load() == 0
 	})
 }
+
+// TestLeaseAnsweredAfterGiveBack: a lease whose answer comes after this
+// side gave its leases back (its Close's first step) is given back too:
+// released to the target, and its mapping unmapped.
+func TestLeaseAnsweredAfterGiveBack(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1 << 16
+	sh, err := NewShared(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
+	p, c := fakeSameHostTarget(t, ctx, a, rr)
+	lr, _ := a.Register("l", make([]byte, n))
+	iov := make([]byte, IovSize)
+	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&sh.Bytes()[0]))))
+	binary.LittleEndian.PutUint64(iov[8:], n)
+	binary.LittleEndian.PutUint64(iov[16:], sh.id)
+	binary.LittleEndian.PutUint32(iov[32:], uint32(sh.fd))
+	p.Read([]Op{{Local: lr, Remote: rr, Len: 8}}) // asks a lease, then reads over TCP
+	h, _ := nextFrame(t, c)
+	if h.kind != kReq || h.sub != rLease {
+		t.Fatalf("got %+v, want a lease request", h)
+	}
+	p.l.giveBackLeases()
+	c.Write(append(hdr(header{kind: kResp, sub: rLease, id: h.id, b: 1, payload: IovSize}), iov...))
+	released := false
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	for !released {
+		var b [HeaderSize]byte
+		if _, err := readFull(c, b[:]); err != nil {
+			break
+		}
+		f, _ := decodeHeader(b[:])
+		readFull(c, make([]byte, f.payload))
+		released = f.kind == kRelease && f.id == h.id
+	}
+	if !released {
+		t.Error("the lease answered after it was given back was never released to the target")
+	}
+	a.Close()
+	p.l.mu.Lock()
+	maps := len(p.l.maps)
+	p.l.mu.Unlock()
+	if maps != 0 || a.mapCount.Load() != 0 {
+		t.Errorf("after Close: %d mappings on the link, %d in the endpoint", maps, a.mapCount.Load())
+	}
+}

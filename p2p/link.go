@@ -296,13 +296,7 @@ func (l *link) fail(err error) {
 	}
 	l.err = err
 	close(l.stop)
-	// The peer may be linked again by a later Connect.
 	e := l.e
-	e.mu.Lock()
-	if e.peers[l.p.name] == l.p {
-		delete(e.peers, l.p.name)
-	}
-	e.mu.Unlock()
 	var all []*part
 	for _, m := range []map[uint64]*part{l.parts, l.sends, l.recvs} {
 		for _, p := range m {
@@ -321,6 +315,13 @@ func (l *link) fail(err error) {
 		exited, _ = unix.FcntlInt(uintptr(l.grantPidfd), unix.F_DUPFD_CLOEXEC, 0)
 	}
 	l.mu.Unlock()
+	// The peer may be linked again by a later Connect. (e.mu is taken
+	// after l.mu is let go: enableCMA holds e.mu while it takes l.mu.)
+	e.mu.Lock()
+	if e.peers[l.p.name] == l.p {
+		delete(e.peers, l.p.name)
+	}
+	e.mu.Unlock()
 	if len(lent) > 0 {
 		// The peer may still be copying through a grant or lease it has
 		// not released: it stops when it notices the link is gone (its
