@@ -115,7 +115,8 @@ func TestReadFullVec(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		writeCut(c, all, 200_000, rng)
+		c.Write(all[:head+100]) // the header and the first block's start: ReadAhead takes both
+		writeCut(c, all[head+100:], 200_000, rng)
 		c.Write([]byte{1, 2, 3}) // then the stream ends early
 	}()
 	c, err := ln.Accept()
@@ -132,6 +133,9 @@ func TestReadFullVec(t *testing.T) {
 	}
 	if !bytes.Equal(hdr, all[:head]) {
 		t.Fatal("the header read ahead differs")
+	}
+	if r.ahi == r.alo {
+		t.Fatal("ReadAhead buffered none of the first block: the first ReadFullVec would take none")
 	}
 	off := head
 	var bufs [][]byte
