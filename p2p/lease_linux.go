@@ -3,6 +3,7 @@ package p2p
 import (
 	"encoding/binary"
 	"fmt"
+	"time"
 )
 
 // Leases: one-sided copies on the same host, with no request per transfer.
@@ -215,8 +216,9 @@ func (l *link) revoked(id uint64) {
 // giveBackLeases ends this side's leases (its endpoint closes): none is
 // used for a copy from now on, and those no copy uses are released at
 // once, so that the peer's Deregister need not wait for the link's end.
-// Where the link's writer is busy the release may not leave before the
-// connections close; the peer then waits as for a link that failed.
+// Where a connection's writer is still busy when the flush gives up, a
+// release may not leave before the connections close; the peer then
+// waits as for a link that failed.
 func (l *link) giveBackLeases() {
 	var rel []*lease
 	l.mu.Lock()
@@ -227,8 +229,35 @@ func (l *link) giveBackLeases() {
 		}
 	}
 	l.mu.Unlock()
+	// On every connection: the peer fails the link at the first
+	// connection's end it reads, which may be another's than the lease's,
+	// and a release still unread behind it would be lost; each
+	// connection's reader reads its release before its end. (A release of
+	// a lease already given back is ignored.)
 	for _, ls := range rel {
-		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
+		for ch := range l.conns {
+			l.enqueue(ch, frame{kind: kRelease, id: ls.id})
+		}
+	}
+	if len(rel) > 0 {
+		l.flush(min(l.hb/2, time.Second))
+	}
+}
+
+// flush waits, up to d, until every connection's writer has written what
+// was queued for it (so that frames queued just before the link is closed
+// leave first).
+func (l *link) flush(d time.Duration) {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		idle := true
+		for _, c := range l.conns {
+			c.qmu.Lock()
+			idle = idle && (len(c.q) == 0 && !c.busy || c.dead)
+			c.qmu.Unlock()
+		}
+		if idle {
+			return
+		}
 	}
 }
 

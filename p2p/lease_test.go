@@ -166,26 +166,6 @@ func TestLeaseWriteAfterClose(t *testing.T) {
 	}
 }
 
-// TestDeregisterAfterPeerClose: a peer that closes its endpoint gives its
-// leases back first: the target's Deregister does not wait a heartbeat
-// for the link's end.
-func TestDeregisterAfterPeerClose(t *testing.T) {
-	a, b, ab, _ := pair(t, func(o *Options) { o.Heartbeat = 5 * time.Second })
-	ctx := ctxT(t, 30*time.Second)
-	tr, _ := b.Register("t", make([]byte, 1<<20))
-	lr, _ := a.Register("l", make([]byte, 1<<20))
-	ops := []Op{{Local: lr, Remote: tr.Remote(), Len: 1 << 20}}
-	if err := ab.Read(ops).Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
-	leaseReady(t, ab, tr.Remote())
-	if err := ab.Read(ops).Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
-	a.Close()
-	deregisterSoon(t, ctx, b, tr, "after the peer's Close (the heartbeat is 5 s)")
-}
-
 // deregisterSoon deregisters r, failing the test unless it returns within
 // 2 s (well within the heartbeat it would otherwise wait for).
 func deregisterSoon(t *testing.T, ctx context.Context, e *Endpoint, r *Region, what string) {
