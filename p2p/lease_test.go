@@ -11,6 +11,16 @@ import (
 	"unsafe"
 )
 
+// sharedIov is a grant's iovec of sh whole, as its owner would send it.
+func sharedIov(sh *Shared) []byte {
+	iov := make([]byte, IovSize)
+	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&sh.Bytes()[0]))))
+	binary.LittleEndian.PutUint64(iov[8:], uint64(sh.Len()))
+	binary.LittleEndian.PutUint64(iov[16:], sh.id)
+	binary.LittleEndian.PutUint32(iov[32:], uint32(sh.fd))
+	return iov
+}
+
 // leaseReady waits until p holds a granted lease of the peer's region rr.
 func leaseReady(t *testing.T, p *Peer, rr RemoteRegion) {
 	t.Helper()
@@ -233,11 +243,7 @@ func TestLeaseAnsweredTwice(t *testing.T) {
 	}
 	p, cs := fakeSameHostTargetN(t, ctx, a, regions, 2)
 	lr, _ := a.Register("l", make([]byte, n))
-	iov := make([]byte, IovSize)
-	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&sh.Bytes()[0]))))
-	binary.LittleEndian.PutUint64(iov[8:], n)
-	binary.LittleEndian.PutUint64(iov[16:], sh.id)
-	binary.LittleEndian.PutUint32(iov[32:], uint32(sh.fd))
+	iov := sharedIov(sh)
 	for _, rr := range regions {
 		p.Read([]Op{{Local: lr, Remote: rr, Len: 8}}) // small: over TCP, after a lease request
 		var lease header
@@ -296,11 +302,7 @@ func TestLeaseAnsweredAfterGiveBack(t *testing.T) {
 	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
 	p, c := fakeSameHostTarget(t, ctx, a, rr)
 	lr, _ := a.Register("l", make([]byte, n))
-	iov := make([]byte, IovSize)
-	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&sh.Bytes()[0]))))
-	binary.LittleEndian.PutUint64(iov[8:], n)
-	binary.LittleEndian.PutUint64(iov[16:], sh.id)
-	binary.LittleEndian.PutUint32(iov[32:], uint32(sh.fd))
+	iov := sharedIov(sh)
 	p.Read([]Op{{Local: lr, Remote: rr, Len: 8}}) // asks a lease, then reads over TCP
 	h, _ := nextFrame(t, c)
 	if h.kind != kReq || h.sub != rLease {
