@@ -7,9 +7,9 @@ P       ?= 2
 # oversubscribed ranks (P > cores) unbound and yielding. (Across network
 # namespaces each daemon believes it has the machine to itself, and its
 # default binding puts both nodes' ranks on core 0: scripts/bench-netns.sh
-# runs it unbound.) slimego's ranks are set up alike: slimerun --bind-to
-# core where P is at most the cores, unbound beyond. MPIBIND=none compares
-# both unbound.
+# runs it unbound.) slimego's ranks are bound (slimerun --bind-to core),
+# and where P outnumbers the cores `make bench` runs OpenMPI bound alike
+# too (see bench). MPIBIND=none compares both unbound.
 MPIBIND ?=
 MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe $(if $(MPIBIND),--bind-to $(MPIBIND)) --mca btl self,vader
 
@@ -144,9 +144,14 @@ mutate:
 # with a ratio per row (OpenMPI's time over slimego's: above 1, slimego is
 # faster). OpenMPI runs as its docs advise on one node, shared memory (vader)
 # and --oversubscribe, which makes it yield when idle where ranks outnumber
-# the cores. The ceiling is a two-thread memcpy (slimebench memcpy
-# --threads 2): out of place, two ranks copy 4·S bytes between them, so
-# that pair's copy rate (4·S / time) is set beside its GB/s. Where P is at
+# the cores. slimego's ranks are bound (slimerun --bind-to core: one per
+# CPU, dealt round where they outnumber the CPUs); where P is at most the
+# cores mpirun binds its ranks alike by default, and where P outnumbers
+# them it binds none, so OpenMPI runs twice there: as its default
+# (openmpi) and bound as slimego is (openmpi-bound: --map-by core
+# --bind-to core:overload-allowed). MPIBIND=none leaves both unbound.
+# The ceiling is a two-thread memcpy (slimebench memcpy --threads 2): out
+# of place, two ranks copy 4·S bytes between them, so that pair's copy rate (4·S / time) is set beside its GB/s. Where P is at
 # most the cores, each table also has the bound column memcpy-gather
 # (slimebench memcpy --threads P --gather: P threads doing the all-gather's
 # copies alone, block for block), whose ratio is the share of that bound
@@ -162,12 +167,15 @@ bench: build
 	  else echo "mpicc not found: install openmpi-bin libopenmpi-dev to compare with OpenMPI"; fi
 	@for p in $(PS); do for i in $$(seq $(REPS)); do \
 	  echo "== P=$$p: run $$i of $(REPS)" >&2; \
-	  bind=$$([ -z "$(MPIBIND)" ] && [ $$p -le $$(nproc) ] && echo --bind-to core); \
+	  bind=$$([ -z "$(MPIBIND)" ] && echo --bind-to core); \
 	  $(BIN)/slimerun -q --standalone --nproc-per-node $$p $$bind $(BIN)/slimebench allgather --buffers symmetric --csv --quiet $(BENCH_ARGS) \
 	    | sed 's/^\[0\]: //' > $(OUT)/bench/slimego.P$$p.$$i.csv || exit 1; \
 	  $(BIN)/slimerun -q --standalone --nproc-per-node $$p $$bind $(BIN)/slimebench allgather --buffers plain --csv --quiet $(BENCH_ARGS) \
 	    | sed 's/^\[0\]: //; s/^slimego/slimego-plain/' > $(OUT)/bench/slimego-plain.P$$p.$$i.csv || exit 1; \
-	  if [ -x $(BIN)/allgather_mpi ]; then $(MPIRUN) -np $$p $(BIN)/allgather_mpi $(BENCH_ARGS) 2>/dev/null > $(OUT)/bench/openmpi.P$$p.$$i.csv || exit 1; fi; \
+	  if [ -x $(BIN)/allgather_mpi ]; then $(MPIRUN) -np $$p $(BIN)/allgather_mpi $(BENCH_ARGS) 2>/dev/null > $(OUT)/bench/openmpi.P$$p.$$i.csv || exit 1; \
+	    if [ -z "$(MPIBIND)" ] && [ $$p -gt $$(nproc) ]; then \
+	      $(MPIRUN) --map-by core --bind-to core:overload-allowed -np $$p $(BIN)/allgather_mpi $(BENCH_ARGS) 2>/dev/null \
+	        | sed 's/^openmpi/openmpi-bound/' > $(OUT)/bench/openmpi-bound.P$$p.$$i.csv || exit 1; fi; fi; \
 	done; done
 	$(BIN)/slimebench memcpy --threads 2 --csv $(BENCH_ARGS) > $(OUT)/bench/memcpy.csv
 	@for p in $(PS); do [ $$p -le $$(nproc) ] || continue; \
@@ -175,7 +183,7 @@ bench: build
 	@for p in $(PS); do \
 	  echo; echo "== P=$$p, one node: slimego (symmetric buffers) vs slimego (plain buffers), OpenMPI (vader)$$([ -f $(OUT)/bench/memcpy-gather.P$$p.csv ] && echo ' and the bound (memcpy-gather: the all-gather'"'"'s copies alone; its ratio is the share of the bound slimego reaches)') =="; \
 	  $(BIN)/slimebench compare $(OUT)/bench/slimego.P$$p.*.csv $(OUT)/bench/slimego-plain.P$$p.*.csv \
-	    $$(ls $(OUT)/bench/openmpi.P$$p.*.csv $(OUT)/bench/memcpy-gather.P$$p.csv 2>/dev/null) | tee $(OUT)/bench/compare-P$$p.txt; done
+	    $$(ls $(OUT)/bench/openmpi.P$$p.*.csv $(OUT)/bench/openmpi-bound.P$$p.*.csv $(OUT)/bench/memcpy-gather.P$$p.csv 2>/dev/null) | tee $(OUT)/bench/compare-P$$p.txt; done
 	@echo; echo "== two-thread memcpy, the ceiling (busbw column = GB/s of the pair's copy; an out-of-place P=2 row of S is bounded by 4*S at this rate) =="
 	@cat $(OUT)/bench/memcpy.csv
 	@echo; echo "== AllGather+GEMM overlap, P=$(P), one node (plot: $(OUT)/bench/overlap.png) =="

@@ -1,7 +1,6 @@
 package launcher
 
 import (
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,7 +10,8 @@ import (
 // TestBindToCore: with BindToCore each local rank runs on one CPU of its
 // own, the launcher's CPUs in order, and so do the processes it starts;
 // the launcher's own CPUs are as before. Without it a worker may run on
-// all of them. More workers than CPUs are refused.
+// all of them. More workers than CPUs are dealt the CPUs round: rank i on
+// CPU i mod n.
 func TestBindToCore(t *testing.T) {
 	cpus, err := allowedCPUs()
 	if err != nil {
@@ -50,8 +50,14 @@ func TestBindToCore(t *testing.T) {
 			t.Errorf("unbound: rank 0 runs on CPU %s alone", got)
 		}
 	}
-	_, _, err = run(t, Config{NProcPerNode: len(cpus) + 1, BindToCore: true}, "true")
-	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%d CPUs", len(cpus))) {
-		t.Errorf("%d workers bound to %d CPUs: %v, want a refusal", len(cpus)+1, len(cpus), err)
+	n = 2*len(cpus) + 1
+	out, stderr, err = run(t, Config{NProcPerNode: n, BindToCore: true}, script)
+	if err != nil {
+		t.Fatalf("%d workers bound to %d CPUs: %v\n%s", n, len(cpus), err, stderr)
+	}
+	for r := range n {
+		if got, want := list(out, r), strconv.Itoa(cpus[r%len(cpus)]); got != want {
+			t.Errorf("%d workers on %d CPUs: rank %d runs on CPUs %s, want %s", n, len(cpus), r, got, want)
+		}
 	}
 }

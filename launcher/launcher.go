@@ -91,9 +91,13 @@ type Config struct {
 	// on, as mpirun binds two ranks by default and srun --cpu-bind=cores
 	// does: ranks that wait by polling then never share a core, which the
 	// scheduler otherwise does when a wake-up pulls one rank onto the
-	// other's core. Only for a node that runs this job alone, with at most
-	// one rank per CPU (Run refuses more): two jobs bound alike would put
-	// their ranks on the same cores.
+	// other's core. With more ranks than CPUs the CPUs are dealt round
+	// (rank i on CPU i mod n, as mpirun's --map-by core with
+	// --bind-to core:overload-allowed), so that every CPU carries its
+	// share: unbound, the scheduler leaves three ranks on one core and
+	// one on the other for long stretches, and a call then waits for the
+	// crowded core. Only for a node that runs this job alone: two jobs
+	// bound alike would put their ranks on the same cores.
 	BindToCore bool
 	// LogDir receives each worker's redirected or teed streams in
 	// LogDir/RunID/attempt_N/LOCAL_RANK/{stdout,stderr}.log.
@@ -122,7 +126,7 @@ type Config struct {
 	// "launcher: WARNING: ..." on Stderr when nil.
 	Warnf func(format string, args ...any)
 
-	cpus []int // BindToCore: the CPUs local ranks are bound to, in order
+	cpus []int // BindToCore: the CPUs local ranks are dealt, in order
 }
 
 // Workers per core (runtime.NumCPU) beyond which Run warns, and beyond
@@ -269,8 +273,8 @@ func (c *Config) defaults() error {
 		if err != nil {
 			return bad("--bind-to core: reading this process's CPUs: %v", err)
 		}
-		if c.NProcPerNode > len(cpus) {
-			return bad("--bind-to core: %d workers per node and %d CPUs to bind them to: at most one worker per CPU", c.NProcPerNode, len(cpus))
+		if len(cpus) == 0 {
+			return bad("--bind-to core: this process may run on no CPU it can name")
 		}
 		c.cpus = cpus
 	}
@@ -886,7 +890,7 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 	w.cmd = cmd
 	start := cmd.Start
 	if cfg.BindToCore {
-		start = func() error { return startOn(cmd, cfg.cpus[local]) }
+		start = func() error { return startOn(cmd, cfg.cpus[local%len(cfg.cpus)]) }
 	}
 	if err := start(); err != nil {
 		for _, f := range w.files {
