@@ -96,8 +96,11 @@ type Config struct {
 	// --bind-to core:overload-allowed), so that every CPU carries its
 	// share: unbound, the scheduler leaves three ranks on one core and
 	// one on the other for long stretches, and a call then waits for the
-	// crowded core. Only for a node that runs this job alone: two jobs
-	// bound alike would put their ranks on the same cores.
+	// crowded core. Nodes of the job that share one machine (namespaces,
+	// containers: the same boot id) and the same CPUs deal them as one
+	// node: a node's rank 0 comes after the earlier nodes' ranks. Only
+	// for a machine that runs this job alone: two jobs bound alike would
+	// put their ranks on the same cores.
 	BindToCore bool
 	// LogDir receives each worker's redirected or teed streams in
 	// LogDir/RunID/attempt_N/LOCAL_RANK/{stdout,stderr}.log.
@@ -329,6 +332,9 @@ type job struct {
 	srv        *rendezvous.Server // node 0
 	client     *rendezvous.Client // the other nodes: aborts and blame reads
 	aborts     sync.WaitGroup
+	// cpuBase is where this node's local rank 0 starts in cfg.cpus: the
+	// ranks of earlier nodes bound to the same CPUs (see placement.go).
+	cpuBase int
 }
 
 // Run runs the job's workers on this node until they all exit, one fails,
@@ -482,12 +488,40 @@ func (j *job) joinNodes(ctx context.Context) error {
 		}
 		j.torchPort = p
 	}
+	mine := cfg.cpus
+	if !cfg.BindToCore {
+		mine, _ = allowedCPUs()
+	}
+	me := placement(mine)
+	if err := st.Set(ctx, placeKey(cfg.RunID, cfg.NodeRank), []byte(me)); err != nil {
+		return fmt.Errorf("launcher: node %d: publish this node's machine and CPUs: %w", cfg.NodeRank, err)
+	}
 	if err := st.Barrier(ctx, "slimerun/"+cfg.RunID+"/nodes", cfg.NodeRank, cfg.NNodes); err != nil {
 		var me *rendezvous.MissingError
 		if errors.As(err, &me) {
 			return fmt.Errorf("launcher: node %d: node rank(s) %v did not join within %v: %w", cfg.NodeRank, me.Missing, cfg.RdzvTimeout, me.Err)
 		}
 		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
+	}
+	if cfg.BindToCore {
+		// Every node published before it joined the barrier.
+		myHost, myCPUs, _ := parsePlacement([]byte(me))
+		for n := range cfg.NodeRank {
+			v, err := st.Get(ctx, placeKey(cfg.RunID, n))
+			if err != nil {
+				return fmt.Errorf("launcher: node %d: read node %d's machine and CPUs: %w", cfg.NodeRank, n, err)
+			}
+			host, cpus, err := parsePlacement(v)
+			if err != nil {
+				return fmt.Errorf("launcher: node %d: node %d published a bad %w", cfg.NodeRank, n, err)
+			}
+			if sharesCPUs(myHost, myCPUs, host, cpus) {
+				j.cpuBase += cfg.NProcPerNode
+			}
+		}
+		if j.cpuBase > 0 {
+			cfg.Logf("node %d shares its machine's CPUs with %d rank(s) of earlier nodes: its local rank 0 is bound to CPU slot %d of %d", cfg.NodeRank, j.cpuBase, j.cpuBase%len(cfg.cpus), len(cfg.cpus))
+		}
 	}
 	if cfg.NodeRank != 0 {
 		j.client, keep = st, true
@@ -890,7 +924,7 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 	w.cmd = cmd
 	start := cmd.Start
 	if cfg.BindToCore {
-		start = func() error { return startOn(cmd, cfg.cpus[local%len(cfg.cpus)]) }
+		start = func() error { return startOn(cmd, cfg.cpus[(j.cpuBase+local)%len(cfg.cpus)]) }
 	}
 	if err := start(); err != nil {
 		for _, f := range w.files {
