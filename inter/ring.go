@@ -98,15 +98,23 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 	deadline := callDeadline(ctx, r.timeout)
 	// The own block goes first, from src; its copy into dst rides with
 	// that send (Transport.SendCopy) where it is large, or is made here,
-	// before the first send. Riding saves reading the block from memory a
-	// second time; with 2 ranks per node it made no difference either way
-	// (docs/PERFORMANCE.md).
+	// right after the first send is under way: the copy then overlaps the
+	// block's way to the next rank and the previous rank's to this one,
+	// instead of delaying both. Riding saves reading the block from memory
+	// a second time; with 2 ranks per node it made no difference either
+	// way (docs/PERFORMANCE.md).
 	own := o.block(r.rank)
 	var also M
+	copyOwn := false
 	if n := r.t.Len(own); n > 0 && !r.t.Same(own, o.src) {
 		if len(r.steps) > 0 && r.t.CopyRides(n) {
 			also = own
-		} else if err := r.t.Copy(own, o.src, deadline); err != nil {
+		} else {
+			copyOwn = true
+		}
+	}
+	if copyOwn && len(r.steps) == 0 {
+		if err := r.t.Copy(own, o.src, deadline); err != nil {
 			return o.fail(err, -1)
 		}
 	}
@@ -114,13 +122,20 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 	var mismatch error
 	for s, st := range r.steps {
 		r.t.Recv(r.prev, e, o.hash, o.block(st.Recv), deadline)
+		var cerr error
 		if s == 0 {
 			r.t.SendCopy(r.next, e, hash, o.src, also, deadline)
+			if copyOwn {
+				cerr = r.t.Copy(own, o.src, deadline)
+			}
 		} else {
 			r.t.Send(r.next, e, hash, o.block(st.Send), deadline)
 		}
 		rerr := r.t.WaitRecv(r.prev)
 		serr := r.t.WaitSend(r.next)
+		if cerr != nil {
+			return o.fail(cerr, -1)
+		}
 		if rerr != nil && !errors.Is(rerr, fault.ErrSizeMismatch) {
 			return o.fail(rerr, r.prev)
 		}
