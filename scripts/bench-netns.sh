@@ -26,7 +26,7 @@ netns_run 2 1 29510 bin/slimebench link -b 1M -e 64M -f 4 --min-time 2s --quiet 
 # BENCH_ARGS narrows the sweep (both programs take -b, -e, -f).
 REPS=${REPS:-3}
 BENCH_ARGS=${BENCH_ARGS:-}
-rm -f "$OUT"/slimego-2x*.csv "$OUT"/openmpi-2x*.csv
+rm -f "$OUT"/slimego-2x*.csv "$OUT"/openmpi-2x*.csv "$OUT"/openmpi-bound-2x*.csv
 have_mpi=0
 if command -v mpirun >/dev/null && [ -x bin/allgather_mpi ]; then
   have_mpi=1
@@ -49,49 +49,64 @@ AGENT
 fi
 # Each node's daemon sees the whole machine as its own: left to bind ranks
 # to cores, both daemons put their rank on core 0, and the two ranks
-# time-slice one core. --bind-to none lets the scheduler place them, as it
-# places slimego's ranks; pml ob1 keeps the TCP BTL that btl names (no UCX).
+# time-slice one core. --bind-to none lets the scheduler place them (the
+# openmpi column); pml ob1 keeps the TCP BTL that btl names (no UCX).
+# slimego's ranks are bound (slimerun --bind-to core, whose nodes on one
+# machine deal its CPUs between them: node 0's local rank i on CPU i, node
+# 1's after them, round the CPUs), so OpenMPI also runs bound alike, with
+# a rankfile (the openmpi-bound column).
 # Nor does either daemon know that the two nodes share the machine's cores:
 # where the job's ranks outnumber them, OpenMPI's own advice for
 # oversubscription applies (mpi_yield_when_idle 1), which mpirun would have
 # set itself had it seen the oversubscription (without it, spinning ranks
 # hold the cores for whole scheduler slices: milliseconds per call).
-mpi_netns() { # ranks-per-node csv-name
-  local yield=0
+mpi_netns() { # ranks-per-node csv-name [bound]
+  local yield=0 place=(--bind-to none) name=openmpi r
   [ $((2 * $1)) -gt "$(nproc)" ] && yield=1
+  if [ "${3:-}" = bound ]; then
+    name=openmpi-bound
+    : > "$OUT/rankfile"
+    for ((r = 0; r < 2 * $1; r++)); do
+      echo "rank $r=$(netns_addr $((r / $1))) slot=$((r % $(nproc)))" >> "$OUT/rankfile"
+    done
+    place=(--rankfile "$OUT/rankfile")
+  fi
   # shellcheck disable=SC2086 # BENCH_ARGS is a list of flags
   ip netns exec "$(netns_name 0)" mpirun --allow-run-as-root -np $((2 * $1)) \
-    --host "$(netns_addr 0):$1,$(netns_addr 1):$1" --bind-to none --mca mpi_yield_when_idle $yield \
+    --host "$(netns_addr 0):$1,$(netns_addr 1):$1" "${place[@]}" --mca mpi_yield_when_idle $yield \
     --mca plm_rsh_agent "$OUT/rsh-agent" --mca pml ob1 --mca btl self,vader,tcp \
     --mca btl_tcp_if_include 192.0.2.0/24 --mca oob_tcp_if_include 192.0.2.0/24 \
-    bin/allgather_mpi -m inter $BENCH_ARGS 2>"$OUT/openmpi-$2.err" > "$OUT/openmpi-$2.csv" \
-    || { echo "OpenMPI across namespaces ($2) failed (see $OUT/openmpi-$2.err)"; rm -f "$OUT/openmpi-$2.csv"; }
+    bin/allgather_mpi -m inter $BENCH_ARGS 2>"$OUT/$name-$2.err" | sed "s/^openmpi/$name/" > "$OUT/$name-$2.csv"
+  [ "${PIPESTATUS[0]}" = 0 ] \
+    || { echo "OpenMPI across namespaces ($2, $name) failed (see $OUT/$name-$2.err)"; rm -f "$OUT/$name-$2.csv"; }
 }
 for i in $(seq "$REPS"); do
-  echo "== run $i of $REPS: slimego and OpenMPI (TCP, unpinned) alternating, 2 nodes x 1 rank, then 2 x 2 (hierarchical, ring)"
+  echo "== run $i of $REPS: slimego and OpenMPI (TCP; unbound, then bound) alternating, 2 nodes x 1 rank, then 2 x 2 (hierarchical, ring)"
   # shellcheck disable=SC2086
-  netns_run 2 1 $((29520 + i)) bin/slimebench allgather --mode inter --quiet --csv $BENCH_ARGS | strip > "$OUT/slimego-2x1.$i.csv"
-  [ $have_mpi = 1 ] && mpi_netns 1 "2x1.$i"
+  netns_run 2 1 $((29520 + i)) --bind-to core bin/slimebench allgather --mode inter --quiet --csv $BENCH_ARGS | strip > "$OUT/slimego-2x1.$i.csv"
+  [ $have_mpi = 1 ] && mpi_netns 1 "2x1.$i" && mpi_netns 1 "2x1.$i" bound
   # shellcheck disable=SC2086
-  netns_run 2 2 $((29540 + i)) bin/slimebench allgather --mode inter --quiet --csv $BENCH_ARGS | strip > "$OUT/slimego-2x2-hier.$i.csv"
+  netns_run 2 2 $((29540 + i)) --bind-to core bin/slimebench allgather --mode inter --quiet --csv $BENCH_ARGS | strip > "$OUT/slimego-2x2-hier.$i.csv"
   # shellcheck disable=SC2086
-  SLIME_ALGO=ring netns_run 2 2 $((29560 + i)) bin/slimebench allgather --mode inter --quiet --csv $BENCH_ARGS | strip \
+  SLIME_ALGO=ring netns_run 2 2 $((29560 + i)) --bind-to core bin/slimebench allgather --mode inter --quiet --csv $BENCH_ARGS | strip \
     | sed 's/^slimego/slimego-ring/' > "$OUT/slimego-2x2-ring.$i.csv"
-  [ $have_mpi = 1 ] && mpi_netns 2 "2x2.$i"
+  [ $have_mpi = 1 ] && mpi_netns 2 "2x2.$i" && mpi_netns 2 "2x2.$i" bound
 done
 
 # Side by side, a ratio per row (each other's time over slimego's: above 1,
 # slimego is faster). Without OpenMPI, 2 x 1 is slimego's runs alone.
-echo; echo "== 2 x 1: slimego vs OpenMPI (TCP, unpinned), medians of $REPS interleaved runs"
+echo; echo "== 2 x 1: slimego vs OpenMPI (TCP, unbound and bound), medians of $REPS interleaved runs"
 if ls "$OUT"/openmpi-2x1.*.csv >/dev/null 2>&1; then
-  bin/slimebench compare "$OUT"/slimego-2x1.*.csv "$OUT"/openmpi-2x1.*.csv | tee "$OUT/compare-2x1.txt"
+  # shellcheck disable=SC2046
+  bin/slimebench compare "$OUT"/slimego-2x1.*.csv "$OUT"/openmpi-2x1.*.csv $(ls "$OUT"/openmpi-bound-2x1.*.csv 2>/dev/null) \
+    | tee "$OUT/compare-2x1.txt"
 else
   cat "$OUT"/slimego-2x1.*.csv | tee "$OUT/compare-2x1.txt"
 fi
-echo; echo "== 2 x 2: slimego (hierarchical) vs ring and OpenMPI (TCP, unpinned), medians of $REPS interleaved runs"
+echo; echo "== 2 x 2: slimego (hierarchical) vs ring and OpenMPI (TCP, unbound and bound), medians of $REPS interleaved runs"
 # shellcheck disable=SC2046
-bin/slimebench compare "$OUT"/slimego-2x2-hier.*.csv "$OUT"/slimego-2x2-ring.*.csv $(ls "$OUT"/openmpi-2x2.*.csv 2>/dev/null) \
-  | tee "$OUT/compare-2x2.txt"
+bin/slimebench compare "$OUT"/slimego-2x2-hier.*.csv "$OUT"/slimego-2x2-ring.*.csv \
+  $(ls "$OUT"/openmpi-2x2.*.csv "$OUT"/openmpi-bound-2x2.*.csv 2>/dev/null) | tee "$OUT/compare-2x2.txt"
 
 echo; echo "== AllGather+GEMM overlap across the namespaces, 2 nodes x 1 rank (plot: $OUT/overlap.png)"
 # n small against k makes t_comm and t_gemm comparable on these machines.
