@@ -23,6 +23,15 @@ const (
 	DefaultSlotBytes   = 256 << 10
 	DefaultSlots       = 4
 	DefaultZeroCopyMin = 1 << 10
+	// OversubscribedZeroCopyMin replaces DefaultZeroCopyMin where ranks
+	// outnumber cores. A block read in place holds its owner until every
+	// reader has read it, one more hand-over of the processor per call,
+	// which costs there far more than staging a small block: below it,
+	// staged blocks made 4 and 8 ranks on 2 cores take 0.55-0.73 of the
+	// time in place (docs/PERFORMANCE.md). From it, the alternative to
+	// reading in place is cross-memory attach, which needs the same
+	// acknowledgement.
+	OversubscribedZeroCopyMin = DefaultCMAMin
 	DefaultCMAMin      = 16 << 10
 	DefaultBigCopy     = 8 << 20
 	DefaultTimeout     = 5 * time.Minute
@@ -48,6 +57,8 @@ type Config struct {
 	SlotBytes, Slots int
 	// ZeroCopyMin is the smallest block read in place from a symmetric
 	// source buffer; smaller ones are staged, which needs no acknowledgement.
+	// 0: DefaultZeroCopyMin, or OversubscribedZeroCopyMin where ranks
+	// outnumber cores (see Oversubscribed).
 	ZeroCopyMin int
 	// CMAMin is the smallest block that readers copy straight from the
 	// owner's memory with process_vm_readv, where the kernel allows it;
@@ -89,6 +100,7 @@ type Group struct {
 	slots  [][][]byte
 
 	spin    time.Duration
+	zcMin   int // the smallest block read in place (Config.ZeroCopyMin, or its default here)
 	oversb  bool
 	goYield bool // waits yield to this process's goroutines too (see watchPeers)
 	cma     bool // every rank reads peers' memory with process_vm_readv
@@ -139,7 +151,8 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 	if cfg.Slots <= 0 {
 		cfg.Slots = DefaultSlots
 	}
-	if cfg.ZeroCopyMin <= 0 {
+	zcDefault := cfg.ZeroCopyMin <= 0
+	if zcDefault {
 		cfg.ZeroCopyMin = DefaultZeroCopyMin
 	}
 	if cfg.BigCopy <= 0 {
@@ -213,6 +226,10 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 		if g.oversb {
 			g.spin = time.Millisecond
 		}
+	}
+	g.zcMin = cfg.ZeroCopyMin
+	if zcDefault && g.oversb {
+		g.zcMin = OversubscribedZeroCopyMin
 	}
 	return g, nil
 }

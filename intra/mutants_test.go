@@ -1411,3 +1411,47 @@ func TestPeerProcessExited(t *testing.T) {
 		}
 	}
 }
+
+// TestZeroCopyMinOversubscribed: where ranks outnumber cores a default
+// ZeroCopyMin is OversubscribedZeroCopyMin; one set by the caller holds.
+func TestZeroCopyMinOversubscribed(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		cfg    Config
+		wantZC int
+	}{
+		{"default, oversubscribed", Config{HostOversubscribed: true}, OversubscribedZeroCopyMin},
+		{"set, oversubscribed", Config{HostOversubscribed: true, ZeroCopyMin: 2048}, 2048},
+	} {
+		tc.cfg.Timeout, tc.cfg.CMAMin = 20*time.Second, -1
+		errs := group(t, 2, tc.cfg, func(g *Group) error {
+			if !g.Oversubscribed() {
+				return fmt.Errorf("not oversubscribed")
+			}
+			buf, err := g.Alloc(context.Background(), tc.wantZC)
+			if err != nil {
+				return err
+			}
+			defer buf.Free()
+			dst := make([]byte, 2*tc.wantZC)
+			for _, c := range []struct {
+				n    int
+				mode uint32
+			}{{tc.wantZC, modeSymmetric}, {tc.wantZC - 1, modeStaged}} {
+				op, err := g.Plan("allgather", dst, buf.Bytes()[:c.n], []int{c.n, c.n}, []int{0, c.n})
+				if err != nil {
+					return err
+				}
+				if op.mode != c.mode {
+					return fmt.Errorf("%d bytes in a buffer: mode %d, want %d", c.n, op.mode, c.mode)
+				}
+			}
+			return g.Barrier(context.Background())
+		})
+		for r, err := range errs {
+			if err != nil {
+				t.Errorf("%s: rank %d: %v", tc.name, r, err)
+			}
+		}
+	}
+}

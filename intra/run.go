@@ -81,7 +81,7 @@ func (o *Op) Set(dst, src []byte, sizes, offs []int) error {
 		}
 	}
 	o.mode, o.zcBuf, o.zcOff = modeStaged, 0, 0
-	if len(src) >= g.cfg.ZeroCopyMin {
+	if len(src) >= g.zcMin {
 		if id, off, ok := g.lookup(src); ok {
 			o.mode, o.zcBuf, o.zcOff = modeSymmetric, uint32(id+1), uint64(off)
 		}
