@@ -151,8 +151,11 @@ mutate:
 # (openmpi) and bound as slimego is (openmpi-bound: --map-by core
 # --bind-to core:overload-allowed). MPIBIND=none leaves both unbound.
 # The ceiling is a two-thread memcpy (slimebench memcpy --threads 2): out
-# of place, two ranks copy 4·S bytes between them, so that pair's copy rate (4·S / time) is set beside its GB/s. Where P is at
-# most the cores, each table also has the bound column memcpy-gather
+# of place, two ranks copy 4·S bytes between them, so an all-gather of S
+# is bounded by the ceiling's time at 4·S (its sweep goes on to 256 MiB, 4
+# times the largest S). The ceiling's own row of S is no bound: its 2·S
+# bytes of buffers stay in the cache where the all-gather's 6·S do not.
+# Where P is at most the cores, each table also has the bound column memcpy-gather
 # (slimebench memcpy --threads P --gather: P threads doing the all-gather's
 # copies alone, block for block), whose ratio is the share of that bound
 # slimego's row reaches. P feeds the
@@ -178,13 +181,14 @@ bench: build
 	        | sed 's/^openmpi/openmpi-bound/' > $(OUT)/bench/openmpi-bound.P$$p.$$i.csv || exit 1; fi; fi; \
 	done; done
 	$(BIN)/slimebench memcpy --threads 2 --csv $(BENCH_ARGS) > $(OUT)/bench/memcpy.csv
+	$(BIN)/slimebench memcpy --threads 2 --csv -b 256M -e 256M | tail -n +2 >> $(OUT)/bench/memcpy.csv
 	@for p in $(PS); do [ $$p -le $$(nproc) ] || continue; \
 	  $(BIN)/slimebench memcpy --threads $$p --gather --csv $(BENCH_ARGS) > $(OUT)/bench/memcpy-gather.P$$p.csv; done
 	@for p in $(PS); do \
 	  echo; echo "== P=$$p, one node: slimego (symmetric buffers) vs slimego (plain buffers), OpenMPI (vader)$$([ -f $(OUT)/bench/memcpy-gather.P$$p.csv ] && echo ' and the bound (memcpy-gather: the all-gather'"'"'s copies alone; its ratio is the share of the bound slimego reaches)') =="; \
 	  $(BIN)/slimebench compare $(OUT)/bench/slimego.P$$p.*.csv $(OUT)/bench/slimego-plain.P$$p.*.csv \
 	    $$(ls $(OUT)/bench/openmpi.P$$p.*.csv $(OUT)/bench/openmpi-bound.P$$p.*.csv $(OUT)/bench/memcpy-gather.P$$p.csv 2>/dev/null) | tee $(OUT)/bench/compare-P$$p.txt; done
-	@echo; echo "== two-thread memcpy, the ceiling (busbw column = GB/s of the pair's copy; an out-of-place P=2 row of S is bounded by 4*S at this rate) =="
+	@echo; echo "== two-thread memcpy, the ceiling (busbw column = GB/s of the pair's copy; an out-of-place P=2 row of S is bounded by the time of this table's row of 4*S: the pair copies 4*S bytes) =="
 	@cat $(OUT)/bench/memcpy.csv
 	@echo; echo "== AllGather+GEMM overlap, P=$(P), one node (plot: $(OUT)/bench/overlap.png) =="
 	$(BIN)/slimerun -q --standalone --nproc-per-node $(P) $(BIN)/slimebench overlap --m-min 64 --m-max 1024 --nk 256,512 \

@@ -924,7 +924,7 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 	w.cmd = cmd
 	start := cmd.Start
 	if cfg.BindToCore {
-		start = func() error { return startOn(cmd, cfg.cpus[(j.cpuBase+local)%len(cfg.cpus)]) }
+		start = func() error { return startOn(cmd, cfg.cpuOf(j.cpuBase, local)) }
 	}
 	if err := start(); err != nil {
 		for _, f := range w.files {
@@ -934,6 +934,11 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 	}
 	return w, nil
 }
+
+// cpuOf is the CPU BindToCore gives local rank local of a node whose
+// ranks start base ranks into the CPUs (see placement.go): they are dealt
+// round.
+func (c *Config) cpuOf(base, local int) int { return c.cpus[(base+local)%len(c.cpus)] }
 
 func openLog(cfg *Config, attempt, local int, name string) (*os.File, error) {
 	if cfg.LogDir == "" {

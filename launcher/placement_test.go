@@ -33,6 +33,18 @@ func TestParsePlacement(t *testing.T) {
 		{strings.Repeat("a", 65) + " 0", "", "", false},
 		{strings.Repeat("a", 64) + " 0", strings.Repeat("a", 64), "0", true},
 		{"- " + strings.Repeat("1,", maxPlacement/2), "", "", false},
+		{"- " + strings.Repeat("1,", (maxPlacement-4)/2) + "11", "-", strings.Repeat("1,", (maxPlacement-4)/2) + "11", true},
+		{"- " + strings.Repeat("1,", (maxPlacement-4)/2) + "111", "", "", false},
+		{"- 1234567", "-", "1234567", true},
+		{"09af- 0", "09af-", "0", true},
+		{"g 0", "", "", false},
+		{"/ 0", "", "", false},
+		{": 0", "", "", false},
+		{"` 0", "", "", false},
+		{"- a", "", "", false},
+		{"- /", "", "", false},
+		{"- :", "", "", false},
+		{"- ,", "", "", false},
 	} {
 		host, cpus, err := parsePlacement([]byte(tc.in))
 		if (err == nil) != tc.ok || host != tc.host || cpus != tc.cpus {
@@ -61,6 +73,18 @@ func TestParsePlacement(t *testing.T) {
 	}
 }
 
+// TestCPUOf: ranks are dealt the CPUs round, starting base ranks in.
+func TestCPUOf(t *testing.T) {
+	c := Config{cpus: []int{10, 11, 12}}
+	for _, tc := range []struct{ base, local, want int }{
+		{0, 0, 10}, {0, 2, 12}, {0, 3, 10}, {3, 1, 11}, {1, 0, 11}, {2, 2, 11}, {4, 0, 11},
+	} {
+		if got := c.cpuOf(tc.base, tc.local); got != tc.want {
+			t.Errorf("cpuOf(%d, %d) = %d, want %d", tc.base, tc.local, got, tc.want)
+		}
+	}
+}
+
 func FuzzParsePlacement(f *testing.F) {
 	f.Add([]byte("0123abcd-0123-4567-89ab-cdef01234567 0,1"))
 	f.Add([]byte("- -"))
@@ -82,7 +106,7 @@ func FuzzParsePlacement(f *testing.F) {
 
 // TestBindAcrossNodesOnOneMachine: two nodes of one job on one machine,
 // each with BindToCore, deal the machine's CPUs between them: node 1's
-// rank starts after node 0's instead of on the same CPU.
+// ranks start after node 0's instead of on the same CPUs.
 func TestBindAcrossNodesOnOneMachine(t *testing.T) {
 	cpus, err := allowedCPUs()
 	if err != nil {
@@ -91,28 +115,33 @@ func TestBindAcrossNodesOnOneMachine(t *testing.T) {
 	if len(cpus) < 2 {
 		t.Skip("one CPU: nothing to deal")
 	}
-	port := testbin.FreePort(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var outs [2]syncBuffer
-	errs := make(chan error, 2)
-	for node := range 2 {
-		go func() {
-			errs <- Run(ctx, Config{NNodes: 2, NodeRank: node, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
-				RdzvTimeout: 30 * time.Second, BindToCore: true, JobSecret: []byte("s"),
-				Env: []string{"PATH=" + os.Getenv("PATH")}, Program: "sh",
-				Args:   []string{"-c", `echo "C=$(grep Cpus_allowed_list /proc/self/status | cut -f2)"`},
-				Stdout: &outs[node], Stderr: &outs[node]})
-		}()
-	}
-	for range 2 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
+	for _, nproc := range []int{1, 2} {
+		port := testbin.FreePort(t)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		var outs [2]syncBuffer
+		errs := make(chan error, 2)
+		for node := range 2 {
+			go func() {
+				errs <- Run(ctx, Config{NNodes: 2, NodeRank: node, NProcPerNode: nproc, MasterAddr: "127.0.0.1", MasterPort: port,
+					RdzvTimeout: 30 * time.Second, BindToCore: true, JobSecret: []byte("s"),
+					Env: []string{"PATH=" + os.Getenv("PATH")}, Program: "sh",
+					Args:   []string{"-c", `echo "C=$(grep Cpus_allowed_list /proc/self/status | cut -f2)"`},
+					Stdout: &outs[node], Stderr: &outs[node]})
+			}()
 		}
-	}
-	for node := range 2 {
-		if want := "[" + strconv.Itoa(node) + "]: C=" + strconv.Itoa(cpus[node]) + "\n"; !strings.Contains(outs[node].String(), want) {
-			t.Errorf("node %d: want %q in\n%s", node, want, outs[node].String())
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		cancel()
+		for node := range 2 {
+			for local := range nproc {
+				rank := node*nproc + local
+				if want := "[" + strconv.Itoa(rank) + "]: C=" + strconv.Itoa(cpus[rank%len(cpus)]) + "\n"; !strings.Contains(outs[node].String(), want) {
+					t.Errorf("%d per node: node %d: want %q in\n%s", nproc, node, want, outs[node].String())
+				}
+			}
 		}
 	}
 }
