@@ -64,14 +64,27 @@ func Sizes(min, max int64, factor float64) ([]int64, error) {
 	return s, nil
 }
 
+// DefaultWarmupTime is the least each size's warm-up lasts. A TCP
+// connection adapts its congestion and receive windows to a larger
+// message over many calls: across namespaces, the first 0.1 s of
+// 256 KiB calls after the 32 KiB ones took up to three times as long as
+// the calls after them, and a warm-up of five calls left that in the
+// timed ones (docs/PERFORMANCE.md). The OpenMPI program of bench/mpi
+// warms up alike.
+const DefaultWarmupTime = 100 * time.Millisecond
+
 // Config drives an AllGather sweep.
 type Config struct {
 	Sizes []int64
-	// Iters and Warmup fix the counts; zero applies the time rule (Warmup
-	// 5, then at least MinIters and MinTime).
+	// Iters and Warmup fix the counts; zero applies the time rule (a
+	// warm-up of at least 5 calls and WarmupTime, then at least MinIters
+	// calls and MinTime).
 	Iters, Warmup int
 	MinIters      int
 	MinTime       time.Duration
+	// WarmupTime is the least a size's warm-up lasts (default
+	// DefaultWarmupTime) unless Warmup fixes its count.
+	WarmupTime time.Duration
 	// Symmetric puts the buffers in symmetric memory (Communicator.Alloc).
 	Symmetric bool
 	Backend   string
@@ -86,6 +99,9 @@ func (c *Config) defaults() {
 	}
 	if c.MinTime <= 0 {
 		c.MinTime = 200 * time.Millisecond
+	}
+	if c.WarmupTime <= 0 {
+		c.WarmupTime = DefaultWarmupTime
 	}
 	if c.Backend == "" {
 		c.Backend = "cpu"
@@ -277,21 +293,43 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 	// stretches one run by 200 ms or more, and counting from it would leave
 	// the size a handful of iterations.
 	var t0 time.Time
-	warmTimes := make([]float64, warm)
-	for i := range warmTimes {
-		if err := c.Barrier(ctx); err != nil {
-			return err
+	warmup := func(n int) ([]float64, error) {
+		ts := make([]float64, n)
+		for i := range ts {
+			if err := c.Barrier(ctx); err != nil {
+				return nil, err
+			}
+			t0 = time.Now()
+			if err := run(ctx); err != nil {
+				return nil, err
+			}
+			ts[i] = time.Since(t0).Seconds()
 		}
-		t0 = time.Now()
-		if err := run(ctx); err != nil {
-			return err
-		}
-		warmTimes[i] = time.Since(t0).Seconds()
+		return ts, nil
+	}
+	warmTimes, err := warmup(warm)
+	if err != nil {
+		return err
 	}
 	est := []float64{interleave.Median(warmTimes)}
 	all := make([]float64, P)
 	if err := collective.AllGatherOf(ctx, c, all, est); err != nil {
 		return err
+	}
+	// The rest of the warm-up, to WarmupTime: a count every rank agrees
+	// on, from the first calls' estimate; the iteration count then comes
+	// from these later calls.
+	if cfg.Warmup <= 0 {
+		per := slices.Max(all) + 2e-6
+		if more := min(int(math.Ceil(cfg.WarmupTime.Seconds()/per))-warm, 100_000); more > 0 {
+			if warmTimes, err = warmup(more); err != nil {
+				return err
+			}
+			est[0] = interleave.Median(warmTimes)
+			if err := collective.AllGatherOf(ctx, c, all, est); err != nil {
+				return err
+			}
+		}
 	}
 	iters := cfg.Iters
 	if iters <= 0 {

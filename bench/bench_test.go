@@ -85,3 +85,29 @@ func TestGatherCopy(t *testing.T) {
 		t.Errorf("size 0: %v µs", us)
 	}
 }
+
+// TestWarmupTime: with the warm-up's count left to the time rule, ranks
+// agree on it (a rank that called once more would hang or mismatch the
+// others) and every row is right.
+func TestWarmupTime(t *testing.T) {
+	var mu sync.Mutex
+	var rows []Result
+	testranks.Run(t, 1, 3, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(c *collective.Communicator) error {
+		rs, err := AllGather(context.Background(), c, Config{Sizes: []int64{8, 4096}, Iters: 3, WarmupTime: 20 * time.Millisecond,
+			Symmetric: true, Backend: "cpu", Mode: "intra"})
+		if err == nil && c.Rank() == 0 {
+			mu.Lock()
+			rows = rs
+			mu.Unlock()
+		}
+		return err
+	})
+	if len(rows) != 4 {
+		t.Fatalf("%d rows, want 4", len(rows))
+	}
+	for _, r := range rows {
+		if r.Wrong != 0 || r.Iters != 3 || r.Median <= 0 {
+			t.Errorf("%d bytes in place %t: %d wrong bytes, %d iterations, median %v", r.S, r.InPlace, r.Wrong, r.Iters, r.Median)
+		}
+	}
+}

@@ -124,7 +124,7 @@ func allgather(args []string) error {
 	fs := pflag.NewFlagSet("slimebench allgather", pflag.ContinueOnError)
 	sw := sweepFlags(fs)
 	iters := fs.IntP("iters", "n", 0, "timed iterations per size (default: at least 5 and 0.2 s)")
-	warmup := fs.IntP("warmup", "w", 0, "warm-up iterations per size (default 5)")
+	warmup := fs.IntP("warmup", "w", 0, "warm-up iterations per size (default: at least 5 and 0.1 s)")
 	mode := fs.String("mode", "auto", "intra, inter or auto")
 	backend := fs.String("backend", "auto", "cpu, cuda or auto")
 	eager := fs.Bool("eager-mode", false, "launch without CUDA graphs (the CPU backend always does)")
