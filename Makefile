@@ -1,22 +1,27 @@
 # slimego: see README.md.
+# A recipe's pipeline fails when any of its commands does (a benchmark that
+# fails must not leave an empty table behind a sed or a tee).
+SHELL       := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 GO      ?= go
 BIN     := bin
 OUT     ?= out
 P       ?= 2
 # OpenMPI on one node as its defaults have it: two ranks bound to two cores,
-# oversubscribed ranks (P > cores) unbound and yielding. (Across network
-# namespaces each daemon believes it has the machine to itself, and its
-# default binding puts both nodes' ranks on core 0: scripts/bench-netns.sh
-# runs it unbound.) slimego's ranks are bound (slimerun --bind-to core),
-# and where P outnumbers the cores `make bench` runs OpenMPI bound alike
-# too (see bench). MPIBIND=none compares both unbound.
+# more bound to a socket each, oversubscribed ranks (P > cores) unbound and
+# yielding. (Across network namespaces each daemon believes it has the
+# machine to itself, and its default binding puts both nodes' ranks on core
+# 0: scripts/bench-netns.sh runs it unbound.) slimego's ranks are bound
+# (slimerun --bind-to core), and from P = 3 on, where mpirun's default
+# binding is not slimego's, `make bench` runs OpenMPI bound alike too (see
+# bench). MPIBIND=none compares both unbound.
 MPIBIND ?=
 MPIRUN  ?= mpirun --allow-run-as-root --oversubscribe $(if $(MPIBIND),--bind-to $(MPIBIND)) --mca btl self,vader
 
 # Where libopenblas-dev is installed, the commands' GEMMs use OpenBLAS
 # (make bench-gemm measures both); elsewhere gonum's pure Go. OPENBLAS=0
 # forces the latter.
-OPENBLAS ?= $(shell [ -e /usr/include/x86_64-linux-gnu/cblas.h ] && ldconfig -p 2>/dev/null | grep -q libopenblas && echo 1)
+OPENBLAS ?= $(shell [ -e /usr/include/x86_64-linux-gnu/cblas.h ] && ldconfig -p 2>/dev/null | grep libopenblas >/dev/null && echo 1)
 # go-nvml's header declares deprecated functions that its bindings still wrap.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
@@ -145,11 +150,11 @@ mutate:
 # faster). OpenMPI runs as its docs advise on one node, shared memory (vader)
 # and --oversubscribe, which makes it yield when idle where ranks outnumber
 # the cores. slimego's ranks are bound (slimerun --bind-to core: one per
-# CPU, dealt round where they outnumber the CPUs); where P is at most the
-# cores mpirun binds its ranks alike by default, and where P outnumbers
-# them it binds none, so OpenMPI runs twice there: as its default
-# (openmpi) and bound as slimego is (openmpi-bound: --map-by core
-# --bind-to core:overload-allowed). MPIBIND=none leaves both unbound.
+# CPU, dealt round where they outnumber the CPUs); mpirun binds its ranks
+# alike by default only where P is 2 (more to a socket each, and none
+# where they outnumber the cores), so from P = 3 OpenMPI runs twice: as
+# its default (openmpi) and bound as slimego is (openmpi-bound: --map-by
+# core --bind-to core:overload-allowed). MPIBIND=none leaves both unbound.
 # The ceiling is a two-thread memcpy (slimebench memcpy --threads 2): out
 # of place, two ranks copy 4·S bytes between them, so an all-gather of S
 # is bounded by the ceiling's time at 4·S (its sweep goes on to 256 MiB, 4
@@ -176,7 +181,7 @@ bench: build
 	  $(BIN)/slimerun -q --standalone --nproc-per-node $$p $$bind $(BIN)/slimebench allgather --buffers plain --csv --quiet $(BENCH_ARGS) \
 	    | sed 's/^\[0\]: //; s/^slimego/slimego-plain/' > $(OUT)/bench/slimego-plain.P$$p.$$i.csv || exit 1; \
 	  if [ -x $(BIN)/allgather_mpi ]; then $(MPIRUN) -np $$p $(BIN)/allgather_mpi $(BENCH_ARGS) 2>/dev/null > $(OUT)/bench/openmpi.P$$p.$$i.csv || exit 1; \
-	    if [ -z "$(MPIBIND)" ] && [ $$p -gt $$(nproc) ]; then \
+	    if [ -z "$(MPIBIND)" ] && [ $$p -gt 2 ]; then \
 	      $(MPIRUN) --map-by core --bind-to core:overload-allowed -np $$p $(BIN)/allgather_mpi $(BENCH_ARGS) 2>/dev/null \
 	        | sed 's/^openmpi/openmpi-bound/' > $(OUT)/bench/openmpi-bound.P$$p.$$i.csv || exit 1; fi; fi; \
 	done; done

@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/slimego/slimego/collective"
@@ -64,9 +63,10 @@ func Sizes(min, max int64, factor float64) ([]int64, error) {
 	return s, nil
 }
 
-// DefaultWarmupTime is the least each size's warm-up lasts. A TCP
-// connection adapts its congestion and receive windows to a larger
-// message over many calls: across namespaces, the first 0.1 s of
+// DefaultWarmupTime is how long each size's warm-up calls take at least
+// (in up to five rounds; a warm-up whose calls keep slowing down may end
+// short of it). A TCP connection adapts its congestion and receive
+// windows to a larger message over many calls: across namespaces, the first 0.1 s of
 // 256 KiB calls after the 32 KiB ones took up to three times as long as
 // the calls after them, and a warm-up of five calls left that in the
 // timed ones (docs/PERFORMANCE.md). The OpenMPI program of bench/mpi
@@ -82,8 +82,8 @@ type Config struct {
 	Iters, Warmup int
 	MinIters      int
 	MinTime       time.Duration
-	// WarmupTime is the least a size's warm-up lasts (default
-	// DefaultWarmupTime) unless Warmup fixes its count.
+	// WarmupTime is how long a size's warm-up calls take at least (default
+	// DefaultWarmupTime; see there) unless Warmup fixes their count.
 	WarmupTime time.Duration
 	// Symmetric puts the buffers in symmetric memory (Communicator.Alloc).
 	Symmetric bool
@@ -307,33 +307,48 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 		}
 		return ts, nil
 	}
+	// pace agrees on how a round of calls went: every rank's median call
+	// and time spent, the largest of each.
+	pace := make([]float64, 2*P)
+	agree := func(ts []float64) (per, spent float64, err error) {
+		sum := 0.0
+		for _, t := range ts {
+			sum += t
+		}
+		if err := collective.AllGatherOf(ctx, c, pace, []float64{interleave.Median(ts), sum}); err != nil {
+			return 0, 0, err
+		}
+		for r := range P {
+			per, spent = max(per, pace[2*r]), max(spent, pace[2*r+1])
+		}
+		return per, spent, nil
+	}
 	warmTimes, err := warmup(warm)
 	if err != nil {
 		return err
 	}
-	est := []float64{interleave.Median(warmTimes)}
-	all := make([]float64, P)
-	if err := collective.AllGatherOf(ctx, c, all, est); err != nil {
+	per, spent, err := agree(warmTimes)
+	if err != nil {
 		return err
 	}
-	// The rest of the warm-up, to WarmupTime: a count every rank agrees
-	// on, from the first calls' estimate; the iteration count then comes
-	// from these later calls.
-	if cfg.Warmup <= 0 {
-		per := slices.Max(all) + 2e-6
-		if more := min(int(math.Ceil(cfg.WarmupTime.Seconds()/per))-warm, 100_000); more > 0 {
-			if warmTimes, err = warmup(more); err != nil {
-				return err
-			}
-			est[0] = interleave.Median(warmTimes)
-			if err := collective.AllGatherOf(ctx, c, all, est); err != nil {
-				return err
-			}
+	// The rest of the warm-up, until its calls have taken WarmupTime: in
+	// rounds whose counts every rank agrees on, each from the pace of the
+	// round before (early calls may be the slow ones); the iteration count
+	// then comes from the last round's pace.
+	for round := 0; cfg.Warmup <= 0 && round < 4 && spent < cfg.WarmupTime.Seconds(); round++ {
+		more := min(int(math.Ceil((cfg.WarmupTime.Seconds()-spent)/(per+2e-6))), 100_000)
+		if warmTimes, err = warmup(more); err != nil {
+			return err
 		}
+		var took float64
+		if per, took, err = agree(warmTimes); err != nil {
+			return err
+		}
+		spent += took
 	}
 	iters := cfg.Iters
 	if iters <= 0 {
-		per := slices.Max(all) + 2e-6 // the barrier is not free
+		per += 2e-6 // the barrier is not free
 		iters = max(cfg.MinIters, int(math.Ceil(cfg.MinTime.Seconds()/per)))
 		iters = min(iters, 200_000)
 	}

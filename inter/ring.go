@@ -133,14 +133,15 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 		}
 		rerr := r.t.WaitRecv(r.prev)
 		serr := r.t.WaitSend(r.next)
-		if cerr != nil {
-			return o.fail(cerr, -1)
-		}
+		// A peer's failure says more than this rank's copy failing beside it.
 		if rerr != nil && !errors.Is(rerr, fault.ErrSizeMismatch) {
 			return o.fail(rerr, r.prev)
 		}
 		if serr != nil {
 			return o.fail(serr, r.next)
+		}
+		if cerr != nil {
+			return o.fail(cerr, -1)
 		}
 		if rerr != nil && mismatch == nil {
 			mismatch = &fault.OpError{Op: o.name, Rank: r.rank, Peer: r.prev, Err: rerr}

@@ -28,13 +28,13 @@ const (
 	// reader has read it, one more hand-over of the processor per call,
 	// which costs there far more than staging a small block: below it,
 	// staged blocks made 4 and 8 ranks on 2 cores take 0.55-0.73 of the
-	// time in place (docs/PERFORMANCE.md). From it, the alternative to
-	// reading in place is cross-memory attach, which needs the same
-	// acknowledgement.
+	// time in place (docs/PERFORMANCE.md). From it, with the default
+	// CMAMin, the alternative to reading in place is cross-memory attach,
+	// which needs the same acknowledgement.
 	OversubscribedZeroCopyMin = DefaultCMAMin
-	DefaultCMAMin      = 16 << 10
-	DefaultBigCopy     = 8 << 20
-	DefaultTimeout     = 5 * time.Minute
+	DefaultCMAMin             = 16 << 10
+	DefaultBigCopy            = 8 << 20
+	DefaultTimeout            = 5 * time.Minute
 )
 
 // Config describes one rank's membership in a node-local group.

@@ -113,37 +113,35 @@ int main(int argc, char **argv) {
             free(want);
             long long wrong_all;
             MPI_Allreduce(&wrong, &wrong_all, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-            /* warm-up and iteration count */
-            double est = 0;
-            for (int i = 0; i < warmup; i++) {
-                MPI_Barrier(MPI_COMM_WORLD);
-                double t0 = MPI_Wtime();
-                if (inplace) MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, dst, (int)n, MPI_BYTE, MPI_COMM_WORLD);
-                else MPI_Allgather(src, (int)n, MPI_BYTE, dst, (int)n, MPI_BYTE, MPI_COMM_WORLD);
-                double t = MPI_Wtime() - t0;
-                if (t > est) est = t;
-            }
-            double est_all;
-            MPI_Allreduce(&est, &est_all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-            /* the rest of the warm-up, to 0.1 s (as slimebench's: TCP's
-               windows adapt to a new size over many calls); the iteration
-               count then comes from these later calls' mean */
-            if (!fixed_warmup) {
-                long more = (long)ceil(0.1 / (est_all + 2e-6)) - warmup;
-                if (more > 100000) more = 100000;
-                if (more > 0) {
-                    double sum = 0;
-                    for (long i = 0; i < more; i++) {
-                        MPI_Barrier(MPI_COMM_WORLD);
-                        double t0 = MPI_Wtime();
-                        if (inplace) MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, dst, (int)n, MPI_BYTE, MPI_COMM_WORLD);
-                        else MPI_Allgather(src, (int)n, MPI_BYTE, dst, (int)n, MPI_BYTE, MPI_COMM_WORLD);
-                        sum += MPI_Wtime() - t0;
-                    }
-                    est = sum / more;
-                    MPI_Allreduce(&est, &est_all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            /* warm-up and iteration count, as slimebench's: the first calls,
+               then, unless -w fixed the count, rounds until the calls have
+               taken 0.1 s (TCP's windows adapt to a new size over many
+               calls), each round's count from the pace of the one before;
+               the pace is the median call, the largest over ranks */
+            double pace[2], pace_all[2], spent = 0;
+            long count = warmup;
+            for (int round = 0; round < 5; round++) {
+                if (count < 1) count = 1;
+                double *wt = malloc(sizeof(double) * count), sum = 0;
+                for (long i = 0; i < count; i++) {
+                    MPI_Barrier(MPI_COMM_WORLD);
+                    double t0 = MPI_Wtime();
+                    if (inplace) MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, dst, (int)n, MPI_BYTE, MPI_COMM_WORLD);
+                    else MPI_Allgather(src, (int)n, MPI_BYTE, dst, (int)n, MPI_BYTE, MPI_COMM_WORLD);
+                    wt[i] = MPI_Wtime() - t0;
+                    sum += wt[i];
                 }
+                qsort(wt, count, sizeof(double), cmp);
+                pace[0] = count % 2 ? wt[count / 2] : (wt[count / 2 - 1] + wt[count / 2]) / 2;
+                pace[1] = sum;
+                free(wt);
+                MPI_Allreduce(pace, pace_all, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+                spent += pace_all[1];
+                if (fixed_warmup || spent >= 0.1) break;
+                count = (long)ceil((0.1 - spent) / (pace_all[0] + 2e-6));
+                if (count > 100000) count = 100000;
             }
+            double est_all = pace_all[0];
             int iters = fixed_iters;
             if (iters <= 0) {
                 iters = (int)ceil(0.2 / (est_all + 2e-6));

@@ -73,7 +73,7 @@ func run(args []string) int {
 	rdzvConf := fs.String("rdzv-conf", "", "torchrun's key=value,... rendezvous settings: timeout (or join_timeout, seconds) sets --rdzv-timeout; the others are ignored")
 	secretFile := fs.String("job-secret-file", "", "file whose first line is the job's secret, the same on every node (mode 600); default: SLIME_JOB_SECRET")
 	fs.BoolVar(&cfg.Force, "force", false, fmt.Sprintf("run more than %d workers per core", launcher.MaxWorkersPerCore))
-	bindTo := fs.String("bind-to", "none", "core: bind local rank i to the i-th CPU this launcher may use, dealt round where workers outnumber CPUs (only where the job has the node to itself), as mpirun binds; none: leave placement to the scheduler")
+	bindTo := fs.String("bind-to", "none", "core: bind local rank i to the i-th CPU this launcher may use, dealt round where workers outnumber CPUs, nodes of the job on one machine with the same CPUs dealing them as one (only where the job has the machine to itself), as mpirun binds; none: leave placement to the scheduler")
 	quiet := fs.BoolP("quiet", "q", false, "do not report the launcher's own progress")
 	printTopo := fs.Bool("print-topology", false, "print this machine's CPUs, GPUs (NVML: NVLink, P2P, NUMA) and GPU libraries, then run the program, if any")
 	fs.Usage = func() {
