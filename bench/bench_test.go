@@ -31,22 +31,11 @@ func TestAllGatherEveryBackend(t *testing.T) {
 		{"cuda/eager", device.CUDA, true, false, EmulatedBackend, "intra/eager"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var mu sync.Mutex
-			var rows []Result
-			testranks.Run(t, 1, 2, func(o *collective.Options) {
+			rows := sweep(t, 2, func(o *collective.Options) {
 				o.Backend, o.Eager, o.GPUScratch, o.Timeout = tc.backend, tc.eager, 64<<10, 30*time.Second
-			}, func(c *collective.Communicator) error {
-				rs, err := AllGather(context.Background(), c, Config{Sizes: []int64{1, 4097, 100_000}, Iters: 3, Warmup: 1,
-					Symmetric: tc.symmetric, Backend: c.Backend().String(), Mode: "intra"})
-				if err != nil {
-					return err
-				}
-				if c.Rank() == 0 {
-					mu.Lock()
-					rows = rs
-					mu.Unlock()
-				}
-				return nil
+			}, func(c *collective.Communicator) Config {
+				return Config{Sizes: []int64{1, 4097, 100_000}, Iters: 3, Warmup: 1,
+					Symmetric: tc.symmetric, Backend: c.Backend().String(), Mode: "intra"}
 			})
 			if len(rows) != 6 {
 				t.Fatalf("%d rows, want 6 (3 sizes, out of and in place)", len(rows))
@@ -90,17 +79,8 @@ func TestGatherCopy(t *testing.T) {
 // agree on it (a rank that called once more would hang or mismatch the
 // others) and every row is right.
 func TestWarmupTime(t *testing.T) {
-	var mu sync.Mutex
-	var rows []Result
-	testranks.Run(t, 1, 3, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(c *collective.Communicator) error {
-		rs, err := AllGather(context.Background(), c, Config{Sizes: []int64{8, 4096}, Iters: 3, WarmupTime: 20 * time.Millisecond,
-			Symmetric: true, Backend: "cpu", Mode: "intra"})
-		if err == nil && c.Rank() == 0 {
-			mu.Lock()
-			rows = rs
-			mu.Unlock()
-		}
-		return err
+	rows := sweep(t, 3, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(*collective.Communicator) Config {
+		return Config{Sizes: []int64{8, 4096}, Iters: 3, WarmupTime: 20 * time.Millisecond, Symmetric: true, Backend: "cpu", Mode: "intra"}
 	})
 	if len(rows) != 4 {
 		t.Fatalf("%d rows, want 4", len(rows))
@@ -110,4 +90,22 @@ func TestWarmupTime(t *testing.T) {
 			t.Errorf("%d bytes in place %t: %d wrong bytes, %d iterations, median %v", r.S, r.InPlace, r.Wrong, r.Iters, r.Median)
 		}
 	}
+}
+
+// sweep runs AllGather on P in-process ranks, each with the Config cfg
+// makes for it, and returns rank 0's rows.
+func sweep(t *testing.T, P int, opts func(*collective.Options), cfg func(*collective.Communicator) Config) []Result {
+	t.Helper()
+	var mu sync.Mutex
+	var rows []Result
+	testranks.Run(t, 1, P, opts, func(c *collective.Communicator) error {
+		rs, err := AllGather(context.Background(), c, cfg(c))
+		if err == nil && c.Rank() == 0 {
+			mu.Lock()
+			rows = rs
+			mu.Unlock()
+		}
+		return err
+	})
+	return rows
 }
