@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -118,7 +119,7 @@ func TestBindAcrossNodesOnOneMachine(t *testing.T) {
 	for _, nproc := range []int{1, 2} {
 		port := testbin.FreePort(t)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		var outs [2]syncBuffer
+		var outs, logs [2]syncBuffer
 		errs := make(chan error, 2)
 		for node := range 2 {
 			go func() {
@@ -126,7 +127,8 @@ func TestBindAcrossNodesOnOneMachine(t *testing.T) {
 					RdzvTimeout: 30 * time.Second, BindToCore: true, JobSecret: []byte("s"),
 					Env: []string{"PATH=" + os.Getenv("PATH")}, Program: "sh",
 					Args:   []string{"-c", `echo "C=$(grep Cpus_allowed_list /proc/self/status | cut -f2)"`},
-					Stdout: &outs[node], Stderr: &outs[node]})
+					Stdout: &outs[node], Stderr: &outs[node],
+					Logf:   func(f string, a ...any) { fmt.Fprintf(&logs[node], f+"\n", a...) }})
 			}()
 		}
 		for range 2 {
@@ -135,6 +137,12 @@ func TestBindAcrossNodesOnOneMachine(t *testing.T) {
 			}
 		}
 		cancel()
+		// Node 1 says where its ranks start; node 0, which starts at the
+		// first CPU, says nothing of it.
+		shares := func(node int) bool { return strings.Contains(logs[node].String(), "shares its machine's CPUs") }
+		if want := fmt.Sprintf("shares its machine's CPUs with %d rank(s) of earlier nodes", nproc); !strings.Contains(logs[1].String(), want) || shares(0) {
+			t.Errorf("%d per node: node 1 logged %q, node 0 %q; want node 1 alone to log %q", nproc, logs[1].String(), logs[0].String(), want)
+		}
 		for node := range 2 {
 			for local := range nproc {
 				rank := node*nproc + local
