@@ -37,6 +37,7 @@ func TestParsePlacement(t *testing.T) {
 		{"- " + strings.Repeat("1,", (maxPlacement-4)/2) + "11", "-", strings.Repeat("1,", (maxPlacement-4)/2) + "11", true},
 		{"- " + strings.Repeat("1,", (maxPlacement-4)/2) + "111", "", "", false},
 		{"- 1234567", "-", "1234567", true},
+		{"- 9,09,90", "-", "9,09,90", true},
 		{"09af- 0", "09af-", "0", true},
 		{"g 0", "", "", false},
 		{"/ 0", "", "", false},
