@@ -3,6 +3,7 @@ package collective
 import (
 	"context"
 	"fmt"
+	"github.com/slimego/slimego/internal/machine"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,14 +29,11 @@ type where struct {
 	host              string
 }
 
-// maxHostID bounds a layout entry's machine name (a boot id is 36 bytes).
-const maxHostID = 64
-
 func (w where) String() string { return fmt.Sprintf("%d %d %d %s", w.node, w.local, w.size, w.host) }
 
 // parseWhere decodes a layout entry read from the store, which is not
 // trusted: four fields, three of them integers in [0, 2^31), the last a
-// machine name of at most maxHostID bytes of [0-9a-f-].
+// machine name (machine.ValidID).
 func parseWhere(v []byte) (where, error) {
 	f := strings.Fields(string(v))
 	if len(f) != 4 {
@@ -49,32 +47,17 @@ func parseWhere(v []byte) (where, error) {
 		}
 		n[i] = int(x)
 	}
-	if !validHostID(f[3]) {
+	if !machine.ValidID(f[3]) {
 		return where{}, fmt.Errorf("machine %q", f[3])
 	}
 	return where{node: n[0], local: n[1], size: n[2], host: f[3]}, nil
-}
-
-func validHostID(s string) bool {
-	if s == "-" {
-		return true
-	}
-	if s == "" || len(s) > maxHostID {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // exchangeLayout publishes this rank's node, local rank, local size and
 // machine through the store and reads everyone's.
 func (c *Communicator) exchangeLayout(ctx context.Context) (layout, error) {
 	o := c.opts
-	me := where{node: o.NodeRank, local: o.LocalRank, size: o.LocalWorldSize, host: hostID()}
+	me := where{node: o.NodeRank, local: o.LocalRank, size: o.LocalWorldSize, host: machine.ID()}
 	if err := c.store.Set(ctx, c.key("layout/"+strconv.Itoa(o.Rank)), []byte(me.String())); err != nil {
 		return layout{}, c.storeFault("init", err, -1, "publishing the layout")
 	}

@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"github.com/slimego/slimego/internal/machine"
 	"strings"
 	"testing"
 )
@@ -23,8 +24,8 @@ func TestParseWhere(t *testing.T) {
 		{"0 0 2147483648 -", where{}, "field 3"},
 		{"0 0 1 ../../etc", where{}, "machine"},
 		{"0 0 1 ABC", where{}, "machine"},
-		{"0 0 1 " + strings.Repeat("a", maxHostID+1), where{}, "machine"},
-		{"0 0 1 " + strings.Repeat("a", maxHostID), where{0, 0, 1, strings.Repeat("a", maxHostID)}, ""},
+		{"0 0 1 " + strings.Repeat("a", machine.MaxID+1), where{}, "machine"},
+		{"0 0 1 " + strings.Repeat("a", machine.MaxID), where{0, 0, 1, strings.Repeat("a", machine.MaxID)}, ""},
 	}
 	for _, tc := range cases {
 		got, err := parseWhere([]byte(tc.in))
@@ -54,7 +55,7 @@ func FuzzParseWhere(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if w.node < 0 || w.local < 0 || w.size < 0 || !validHostID(w.host) || len(w.host) > maxHostID {
+		if w.node < 0 || w.local < 0 || w.size < 0 || !machine.ValidID(w.host) || len(w.host) > machine.MaxID {
 			t.Fatalf("%q decoded to %+v", b, w)
 		}
 		if back, err := parseWhere([]byte(w.String())); err != nil || back != w {
@@ -74,7 +75,7 @@ func TestSameHost(t *testing.T) {
 }
 
 func TestHostID(t *testing.T) {
-	if id := hostID(); id == "-" || !validHostID(id) {
-		t.Errorf("hostID() = %q: this machine's boot id is not read", id)
+	if id := machine.ID(); id == "-" || !machine.ValidID(id) {
+		t.Errorf("machine.ID() = %q: this machine's boot id is not read", id)
 	}
 }

@@ -29,11 +29,7 @@ const maxPlacement = 1 << 14
 // it cannot be read) and the CPUs its ranks may be bound to, a
 // comma-separated list in order ("-" where they cannot be read).
 func placement(cpus []int) string {
-	host := machine.BootID()
-	if !validHost(host) || host == "-" {
-		host = "-"
-	}
-	list := "-"
+	host, list := machine.ID(), "-"
 	if len(cpus) > 0 {
 		s := make([]string, len(cpus))
 		for i, c := range cpus {
@@ -52,26 +48,10 @@ func parsePlacement(b []byte) (host, cpus string, err error) {
 		return "", "", fmt.Errorf("placement of %d bytes, more than %d", len(b), maxPlacement)
 	}
 	f := strings.Split(string(b), " ")
-	if len(f) != 2 || !validHost(f[0]) || !validCPUList(f[1]) {
+	if len(f) != 2 || !machine.ValidID(f[0]) || !validCPUList(f[1]) {
 		return "", "", fmt.Errorf("placement %q is not a machine and a CPU list", b)
 	}
 	return f[0], f[1], nil
-}
-
-// validHost accepts "-" and a boot id's characters, at most 64 of them.
-func validHost(s string) bool {
-	if s == "-" {
-		return true
-	}
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, c := range []byte(s) {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // validCPUList accepts "-" and comma-separated decimal numbers.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/testbin"
 )
 
@@ -95,7 +96,7 @@ func FuzzParsePlacement(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if host+" "+cpus != string(b) || !validHost(host) || !validCPUList(cpus) {
+		if host+" "+cpus != string(b) || !machine.ValidID(host) || !validCPUList(cpus) {
 			t.Fatalf("%q accepted as %q, %q", b, host, cpus)
 		}
 		for part := range strings.SplitSeq(cpus, ",") {
@@ -129,7 +130,7 @@ func TestBindAcrossNodesOnOneMachine(t *testing.T) {
 					Env: []string{"PATH=" + os.Getenv("PATH")}, Program: "sh",
 					Args:   []string{"-c", `echo "C=$(grep Cpus_allowed_list /proc/self/status | cut -f2)"`},
 					Stdout: &outs[node], Stderr: &outs[node],
-					Logf:   func(f string, a ...any) { fmt.Fprintf(&logs[node], f+"\n", a...) }})
+					Logf: func(f string, a ...any) { fmt.Fprintf(&logs[node], f+"\n", a...) }})
 			}()
 		}
 		for range 2 {

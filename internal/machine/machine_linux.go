@@ -21,6 +21,38 @@ func BootID() string {
 	return strings.TrimSpace(string(b))
 }
 
+// MaxID bounds a machine name read from another process (a boot id is 36
+// bytes).
+const MaxID = 64
+
+// ValidID says whether s, read from another process (the store, the
+// wire), can name a machine: "-" (none) or at most MaxID bytes of
+// [0-9a-f-].
+func ValidID(s string) bool {
+	if s == "-" {
+		return true
+	}
+	if s == "" || len(s) > MaxID {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// ID names this machine for other processes: its boot id, or "-" where
+// that cannot be read or is not a ValidID.
+func ID() string {
+	s := BootID()
+	if s == "" || !ValidID(s) {
+		return "-"
+	}
+	return s
+}
+
 // OnlineCPUs is the number of the machine's processors that are online
 // (not this process's affinity mask: other processes of the machine may
 // run on the others), or runtime.NumCPU where that cannot be read.
