@@ -66,11 +66,9 @@ func Sizes(min, max int64, factor float64) ([]int64, error) {
 // DefaultWarmupTime is how long each size's warm-up calls take at least
 // (in up to five rounds; a warm-up whose calls keep slowing down may end
 // short of it). A TCP connection adapts its congestion and receive
-// windows to a larger message over many calls: across namespaces, the first 0.1 s of
-// 256 KiB calls after the 32 KiB ones took up to three times as long as
-// the calls after them, and a warm-up of five calls left that in the
-// timed ones (docs/PERFORMANCE.md). The OpenMPI program of bench/mpi
-// warms up alike.
+// windows to a larger message over many calls, which a warm-up of five
+// calls left in the timed ones (docs/PERFORMANCE.md). The OpenMPI program
+// of bench/mpi warms up alike.
 const DefaultWarmupTime = 100 * time.Millisecond
 
 // Config drives an AllGather sweep.

@@ -26,9 +26,8 @@ const (
 	// OversubscribedZeroCopyMin replaces DefaultZeroCopyMin where ranks
 	// outnumber cores. A block read in place holds its owner until every
 	// reader has read it, one more hand-over of the processor per call,
-	// which costs there far more than staging a small block: below it,
-	// staged blocks made 4 and 8 ranks on 2 cores take 0.55-0.73 of the
-	// time in place (docs/PERFORMANCE.md). From it, with the default
+	// which costs there more than staging a small block does
+	// (docs/PERFORMANCE.md). From it, with the default
 	// CMAMin, the alternative to reading in place is cross-memory attach,
 	// which needs the same acknowledgement.
 	OversubscribedZeroCopyMin = DefaultCMAMin
