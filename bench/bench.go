@@ -85,6 +85,16 @@ type Config struct {
 	WarmupTime time.Duration
 	// Symmetric puts the buffers in symmetric memory (Communicator.Alloc).
 	Symmetric bool
+	// Ceiling, on host memory, times beside each out-of-place size the
+	// bound of its copies: after every timed call, between barriers, each
+	// rank copies P·S bytes from one private buffer to another (what the
+	// all-gather copies into it). The row, named CeilingImpl, follows the
+	// size's out-of-place row. With a rank per core it is the P-thread
+	// memcpy of P²·S bytes, taken in the same moments as the all-gather:
+	// the memory's speed on a shared machine moves by tens of percent
+	// within seconds, so a bound taken once, apart from the runs, says
+	// little about any one of them.
+	Ceiling bool
 	Backend   string
 	Mode      string
 	// Progress is called on rank 0 after each size.
@@ -109,18 +119,28 @@ func (c *Config) defaults() {
 	}
 }
 
+// CeilingImpl names the rows of Config.Ceiling.
+const CeilingImpl = "ceiling"
+
 // AllGather runs the sweep on every rank of c and returns, on every rank,
-// an out-of-place and an in-place row per size.
+// an out-of-place and an in-place row per size (and with Config.Ceiling,
+// the ceiling's row after the out-of-place one).
 func AllGather(ctx context.Context, c *collective.Communicator, cfg Config) ([]Result, error) {
 	cfg.defaults()
+	if cfg.Ceiling && c.Device().Kind() != device.CPU {
+		return nil, fmt.Errorf("bench: rank %d: the ceiling copies host memory; the communicator's buffers are on %s", c.Rank(), c.Device())
+	}
 	var out []Result
 	for i, s := range cfg.Sizes {
 		for _, inPlace := range []bool{false, true} {
-			r, err := oneSize(ctx, c, cfg, int(s), inPlace)
+			r, ceil, err := oneSize(ctx, c, cfg, int(s), inPlace)
 			if err != nil {
 				return out, fmt.Errorf("bench: %d bytes per rank: %w", s, err)
 			}
 			out = append(out, r)
+			if ceil != nil {
+				out = append(out, *ceil)
+			}
 			if inPlace && c.Rank() == 0 && cfg.Progress != nil {
 				cfg.Progress(i+1, len(cfg.Sizes), r)
 			}
@@ -132,8 +152,9 @@ func AllGather(ctx context.Context, c *collective.Communicator, cfg Config) ([]R
 // oneSize measures one size on the communicator's backend: the buffers
 // live where it keeps memory (host memory, or its GPU's), get fresh data,
 // are gathered once by a planned all-gather and checked byte for byte, then
-// the same plan is timed.
-func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int, inPlace bool) (Result, error) {
+// the same plan is timed, with Config.Ceiling's copy between its calls
+// where it applies.
+func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int, inPlace bool) (Result, *Result, error) {
 	P, me := c.Size(), c.Rank()
 	res := Result{Impl: "slimego", Backend: cfg.Backend, Mode: cfg.Mode, P: P, Nodes: c.Nodes(), S: int64(n), InPlace: inPlace}
 	if BackendName(c) == EmulatedBackend {
@@ -142,24 +163,33 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	b, err := planBuffers(ctx, c, n, inPlace, cfg.Symmetric)
 	defer b.free()
 	if err != nil {
-		return res, err
+		return res, nil, err
 	}
 	// Correctness first: fresh data in, every byte checked.
 	pattern.Fill(b.dst, 0xdead)
 	pattern.Fill(b.src, pattern.Seed(me, 1, uint64(n)))
 	if err := b.load(); err != nil {
-		return res, err
+		return res, nil, err
 	}
 	if err := b.plan.Run(ctx); err != nil {
-		return res, err
+		return res, nil, err
 	}
 	if err := b.unload(); err != nil {
-		return res, err
+		return res, nil, err
 	}
 	if m := b.plan.Mode(); m != "host" {
 		res.Mode = cfg.Mode + "/" + m
 	}
-	return res, timeRuns(ctx, c, cfg, &res, countWrong(b.dst, P, n), b.plan.Run)
+	if !cfg.Ceiling || inPlace {
+		return res, nil, timeRuns(ctx, c, cfg, &res, countWrong(b.dst, P, n), b.plan.Run, nil, nil)
+	}
+	ceil := Result{Impl: CeilingImpl, Backend: res.Backend, Mode: "memcpy", P: P, Nodes: res.Nodes, S: int64(n)}
+	from, to := make([]byte, P*n), make([]byte, P*n)
+	pattern.Fill(from, pattern.Seed(me, 2, uint64(n)))
+	copy(to, from) // the pages exist before the first timed copy
+	cp := func(context.Context) error { copy(to, from); return nil }
+	err = timeRuns(ctx, c, cfg, &res, countWrong(b.dst, P, n), b.plan.Run, cp, &ceil)
+	return res, &ceil, err
 }
 
 // gatherBuffers are one size's buffers of the communicator's device, and
@@ -280,7 +310,10 @@ func buffers(ctx context.Context, c *collective.Communicator, n int, inPlace, sy
 // timeRuns applies BENCH.md's timing to run on every rank: warm-up, an
 // iteration count every rank agrees on, each iteration between barriers,
 // the slowest rank's time of each, then the median; it fills res.
-func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *Result, wrong int64, run func(context.Context) error) error {
+//
+// With alt, each timed call of run is followed, between barriers, by a
+// timed call of alt, whose times fill altRes alike (Wrong aside).
+func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *Result, wrong int64, run, alt func(context.Context) error, altRes *Result) error {
 	P := c.Size()
 	warm := cfg.Warmup
 	if warm <= 0 {
@@ -350,19 +383,37 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 		iters = max(cfg.MinIters, int(math.Ceil(cfg.MinTime.Seconds()/per)))
 		iters = min(iters, 200_000)
 	}
-	times := make([]float64, iters)
-	for i := range times {
+	times, altTimes := make([]float64, iters), make([]float64, iters)
+	timed := func(f func(context.Context) error) (float64, error) {
 		if err := c.Barrier(ctx); err != nil {
-			return err
+			return 0, err
 		}
 		t0 = time.Now()
-		if err := run(ctx); err != nil {
+		if err := f(ctx); err != nil {
+			return 0, err
+		}
+		return float64(time.Since(t0).Nanoseconds()) / 1e3, nil
+	}
+	for i := range times {
+		if times[i], err = timed(run); err != nil {
 			return err
 		}
-		times[i] = float64(time.Since(t0).Nanoseconds()) / 1e3
+		if alt == nil {
+			continue
+		}
+		if altTimes[i], err = timed(alt); err != nil {
+			return err
+		}
 	}
 	// The slowest rank's time of each iteration, then the median.
 	everyone := make([]float64, P*iters)
+	if alt != nil {
+		if err := collective.AllGatherOf(ctx, c, everyone, altTimes); err != nil {
+			return err
+		}
+		altRes.Median, altRes.Iters = slowestMedian(everyone, altTimes, P), iters
+		altRes.Bandwidths()
+	}
 	if err := collective.AllGatherOf(ctx, c, everyone, times); err != nil {
 		return err
 	}
@@ -370,6 +421,20 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 	if err := collective.AllGatherOf(ctx, c, wrongs, []int64{wrong}); err != nil {
 		return err
 	}
+	res.Median = slowestMedian(everyone, times, P)
+	for _, w := range wrongs {
+		res.Wrong += w
+	}
+	res.Iters = iters
+	res.Bandwidths()
+	return nil
+}
+
+// slowestMedian is the median over iterations of the slowest rank's time:
+// everyone holds P ranks' times of len(times) iterations each, rank by
+// rank; times is overwritten.
+func slowestMedian(everyone, times []float64, P int) float64 {
+	iters := len(times)
 	for i := range times {
 		m := 0.0
 		for r := range P {
@@ -377,13 +442,7 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 		}
 		times[i] = m
 	}
-	res.Median = interleave.Median(times)
-	for _, w := range wrongs {
-		res.Wrong += w
-	}
-	res.Iters = iters
-	res.Bandwidths()
-	return nil
+	return interleave.Median(times)
 }
 
 // countWrong counts the bytes of dst (P blocks of n) that differ from

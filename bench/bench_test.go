@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -88,6 +90,55 @@ func TestWarmupTime(t *testing.T) {
 	for _, r := range rows {
 		if r.Wrong != 0 || r.Iters != 3 || r.Median <= 0 {
 			t.Errorf("%d bytes in place %t: %d wrong bytes, %d iterations, median %v", r.S, r.InPlace, r.Wrong, r.Iters, r.Median)
+		}
+	}
+}
+
+// TestCeiling: with Config.Ceiling, each out-of-place row is followed by
+// its ceiling's row, timed as often, with the all-gather's P and S; the
+// CSV holds both, and ByImpl splits them again as slimebench compare
+// does. On a GPU's memory the ceiling is refused.
+func TestCeiling(t *testing.T) {
+	rows := sweep(t, 2, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(*collective.Communicator) Config {
+		return Config{Sizes: []int64{8, 70_000}, Iters: 3, Warmup: 1, Ceiling: true, Symmetric: true, Backend: "cpu", Mode: "intra"}
+	})
+	want := []struct {
+		impl    string
+		S       int64
+		inPlace bool
+	}{{"slimego", 8, false}, {CeilingImpl, 8, false}, {"slimego", 8, true},
+		{"slimego", 70_000, false}, {CeilingImpl, 70_000, false}, {"slimego", 70_000, true}}
+	if len(rows) != len(want) {
+		t.Fatalf("%d rows, want %d: %+v", len(rows), len(want), rows)
+	}
+	for i, w := range want {
+		r := rows[i]
+		if r.Impl != w.impl || r.S != w.S || r.InPlace != w.inPlace || r.P != 2 || r.Iters != 3 || r.Median <= 0 || r.Wrong != 0 {
+			t.Errorf("row %d: %+v, want %s of %d bytes in place %t, P 2, 3 iterations, timed, nothing wrong", i, r, w.impl, w.S, w.inPlace)
+		}
+	}
+	var csv bytes.Buffer
+	if err := WriteCSV(&csv, rows); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadCSV(&csv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sets := ByImpl(back)
+	if len(sets) != 2 || len(sets[0]) != 4 || sets[0][0].Impl != "slimego" || len(sets[1]) != 2 || sets[1][0].Impl != CeilingImpl {
+		t.Errorf("ByImpl: %+v, want slimego's 4 rows then the ceiling's 2", sets)
+	}
+
+	errs := collective.RunInProcess(context.Background(), 1, 2, func(o *collective.Options) {
+		o.Backend, o.GPUScratch, o.Timeout = device.CUDA, 64<<10, 30*time.Second
+	}, func(c *collective.Communicator) error {
+		_, err := AllGather(context.Background(), c, Config{Sizes: []int64{8}, Iters: 1, Warmup: 1, Ceiling: true})
+		return err
+	})
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "ceiling") {
+			t.Errorf("rank %d on the GPU: %v, want the ceiling refused", r, err)
 		}
 	}
 }

@@ -136,6 +136,23 @@ func center(s string, w int) string {
 	return strings.Repeat(" ", max(pad, 0)) + s + strings.Repeat(" ", max(w-len(s)-pad, 0))
 }
 
+// ByImpl splits rows by implementation, in the order each first appears:
+// one CSV may hold several (slimego's rows and Config.Ceiling's).
+func ByImpl(rs []Result) [][]Result {
+	var out [][]Result
+	at := map[string]int{}
+	for _, r := range rs {
+		i, ok := at[r.Impl]
+		if !ok {
+			i = len(out)
+			at[r.Impl] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], r)
+	}
+	return out
+}
+
 // Merge combines repeated runs of one implementation: for each (P, S,
 // placement) the row with the median time across runs. Runs interleaved
 // with other implementations' (A B A B A B) make a comparison that a

@@ -135,6 +135,8 @@ func allgather(args []string) error {
 	asJSON := fs.Bool("json", false, "print JSON instead of the table")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
 	inProcess := fs.Int("in-process", 0, "run this many ranks of one node as goroutines of this process, without a launcher")
+	ceiling := fs.Bool("ceiling", false, "host memory: after every timed out-of-place call, each rank also copies P·S bytes between "+
+		"buffers of its own, timed alike (rows named ceiling): with a rank per core, the copy bound of the all-gather, taken beside it")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -153,7 +155,7 @@ func allgather(args []string) error {
 	opts := collective.Options{Backend: kind, TCP: collective.TCP{Channels: *channels, Algo: *algo}, CUDA: collective.CUDA{Eager: *eager}}
 	if *inProcess > 0 {
 		return inProcessRanks(ctx, *inProcess, opts, func(c *collective.Communicator) error {
-			return allgatherRank(ctx, c, *mode, *buffers, *eager, *asCSV, *asJSON, *quiet, bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup})
+			return allgatherRank(ctx, c, *mode, *buffers, *eager, *asCSV, *asJSON, *quiet, bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup, Ceiling: *ceiling})
 		})
 	}
 	c, err := collective.Init(ctx, opts)
@@ -161,7 +163,7 @@ func allgather(args []string) error {
 		return err
 	}
 	defer c.Close()
-	return allgatherRank(ctx, c, *mode, *buffers, *eager, *asCSV, *asJSON, *quiet, bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup})
+	return allgatherRank(ctx, c, *mode, *buffers, *eager, *asCSV, *asJSON, *quiet, bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup, Ceiling: *ceiling})
 }
 
 // allgatherRank runs the sweep on one rank; rank 0 prints.
@@ -199,7 +201,27 @@ func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffer
 		}
 		launch += " on " + c.Device().String()
 	}
+	var ceil []bench.Result
+	for _, set := range bench.ByImpl(rs) {
+		if set[0].Impl == bench.CeilingImpl {
+			ceil = set
+		} else {
+			rs = set
+		}
+	}
 	bench.WriteTable(os.Stdout, rs, fmt.Sprintf("slimego allgather: P=%d nodes=%d backend=%s mode=%s buffers=%s launch=%s%s", c.Size(), c.Nodes(), backendLabel(c), m, bufs, launch, c.Describe()))
+	if len(ceil) > 0 {
+		fmt.Println("# ceiling: each rank's copy of P·S bytes between buffers of its own, timed between the calls out of place;")
+		fmt.Println("# share: its time over the all-gather's (the fraction of the copy bound reached)")
+		fmt.Printf("#%12s %9s %7s %6s\n", "size (B)", "time (us)", "busbw", "share")
+		for _, r := range ceil {
+			for _, o := range rs {
+				if o.S == r.S && !o.InPlace {
+					fmt.Printf(" %12d %9.2f %7.3f %5.0f%%\n", r.S, r.Median, r.BusBW, 100*r.Median/o.Median)
+				}
+			}
+		}
+	}
 	for _, r := range rs {
 		if r.Wrong != 0 {
 			return fmt.Errorf("%d wrong bytes", r.Wrong)
@@ -825,6 +847,8 @@ func compare(args []string) error {
 		return fmt.Errorf("compare: want CSV files of at least two implementations")
 	}
 	// Files of the same implementation are repeated runs: merged by median.
+	// A file may hold several implementations' rows (slimego's and its
+	// ceiling's): each is a run of its own.
 	var order []string
 	runs := map[string][][]bench.Result{}
 	for _, name := range fs.Args() {
@@ -840,11 +864,13 @@ func compare(args []string) error {
 		if len(rs) == 0 {
 			return fmt.Errorf("%s: no rows", name)
 		}
-		impl := rs[0].Impl
-		if _, ok := runs[impl]; !ok {
-			order = append(order, impl)
+		for _, set := range bench.ByImpl(rs) {
+			impl := set[0].Impl
+			if _, ok := runs[impl]; !ok {
+				order = append(order, impl)
+			}
+			runs[impl] = append(runs[impl], set)
 		}
-		runs[impl] = append(runs[impl], rs)
 	}
 	if len(order) < 2 {
 		return fmt.Errorf("compare: every file is %s; want at least two implementations", order[0])
