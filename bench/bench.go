@@ -95,8 +95,8 @@ type Config struct {
 	// within seconds, so a bound taken once, apart from the runs, says
 	// little about any one of them.
 	Ceiling bool
-	Backend   string
-	Mode      string
+	Backend string
+	Mode    string
 	// Progress is called on rank 0 after each size.
 	Progress func(done, total int, r Result)
 }
