@@ -155,11 +155,16 @@ mutate:
 # where they outnumber the cores), so from P = 3 OpenMPI runs twice: as
 # its default (openmpi) and bound as slimego is (openmpi-bound: --map-by
 # core --bind-to core:overload-allowed). MPIBIND=none leaves both unbound.
-# The ceiling is a two-thread memcpy (slimebench memcpy --threads 2): out
-# of place, two ranks copy 4·S bytes between them, so an all-gather of S
-# is bounded by the ceiling's time at 4·S (its sweep goes on to 256 MiB, 4
-# times the largest S). The ceiling's own row of S is no bound: its 2·S
-# bytes of buffers stay in the cache where the all-gather's 6·S do not.
+# Where P is at most the cores, slimego's run has the ceiling column
+# (slimebench allgather --ceiling): between its timed calls out of place,
+# each rank copies its source into each block of its destination, the
+# all-gather's copies alone on its own buffers, timed in the same moments
+# (the memory's speed moves while the runs go on); its ratio is the share
+# of that bound reached. The two-thread memcpy table at the end
+# (slimebench memcpy --threads 2, to 256 MiB) is the machine's copy speed
+# at the end of the run: out of place, two ranks copy 4·S bytes between
+# them; a row of S is no bound for S, its 2·S bytes of buffers stay in
+# the cache where the all-gather's 6·S do not.
 # Where P is at most the cores, each table also has the bound column memcpy-gather
 # (slimebench memcpy --threads P --gather: P threads doing the all-gather's
 # copies alone, block for block), whose ratio is the share of that bound
@@ -191,11 +196,11 @@ bench: build
 	@for p in $(PS); do [ $$p -le $$(nproc) ] || continue; \
 	  $(BIN)/slimebench memcpy --threads $$p --gather --csv $(BENCH_ARGS) > $(OUT)/bench/memcpy-gather.P$$p.csv; done
 	@for p in $(PS); do \
-	  echo; echo "== P=$$p, one node: slimego (symmetric buffers) vs slimego (plain buffers), OpenMPI (vader)$$([ -f $(OUT)/bench/memcpy-gather.P$$p.csv ] && echo ' and the bound (memcpy-gather: the all-gather'"'"'s copies alone; its ratio is the share of the bound slimego reaches)')$$([ $$p -le $$(nproc) ] && echo '; ceiling: each rank copying P*S bytes of its own between slimego'"'"'s timed calls out of place, the P-thread memcpy of P*P*S (its ratio is the share of that bound reached)') =="; \
+	  echo; echo "== P=$$p, one node: slimego (symmetric buffers) vs slimego (plain buffers), OpenMPI (vader)$$([ -f $(OUT)/bench/memcpy-gather.P$$p.csv ] && echo ' and the bound (memcpy-gather: the all-gather'"'"'s copies alone; its ratio is the share of the bound slimego reaches)')$$([ $$p -le $$(nproc) ] && echo '; ceiling: the all-gather'"'"'s copies alone, each rank copying its source into every block of its destination between slimego'"'"'s timed calls (its ratio is the share of that bound reached)') =="; \
 	  $(BIN)/slimebench compare $(OUT)/bench/slimego.P$$p.*.csv $(OUT)/bench/slimego-plain.P$$p.*.csv \
 	    $$(ls $(OUT)/bench/openmpi.P$$p.*.csv $(OUT)/bench/openmpi-bound.P$$p.*.csv $(OUT)/bench/memcpy-gather.P$$p.csv 2>/dev/null) \
 	    | tee $(OUT)/bench/compare-P$$p.txt; done
-	@echo; echo "== two-thread memcpy, the ceiling (busbw column = GB/s of the pair's copy; an out-of-place P=2 row of S is bounded by the time of this table's row of 4*S: the pair copies 4*S bytes) =="
+	@echo; echo "== two-thread memcpy, the machine's copy speed after the runs (busbw column = GB/s of the pair's copy; out of place, two ranks copy 4*S bytes) =="
 	@cat $(OUT)/bench/memcpy.csv
 	@echo; echo "== AllGather+GEMM overlap, P=$(P), one node (plot: $(OUT)/bench/overlap.png) =="
 	$(BIN)/slimerun -q --standalone --nproc-per-node $(P) $(BIN)/slimebench overlap --m-min 64 --m-max 1024 --nk 256,512 \

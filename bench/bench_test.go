@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -130,16 +129,66 @@ func TestCeiling(t *testing.T) {
 		t.Errorf("ByImpl: %+v, want slimego's 4 rows then the ceiling's 2", sets)
 	}
 
-	errs := collective.RunInProcess(context.Background(), 1, 2, func(o *collective.Options) {
+	// On a GPU's memory the ceiling adds no rows (make bench asks for it
+	// on whatever backend the machine has).
+	gpu := sweep(t, 2, func(o *collective.Options) {
 		o.Backend, o.GPUScratch, o.Timeout = device.CUDA, 64<<10, 30*time.Second
-	}, func(c *collective.Communicator) error {
-		_, err := AllGather(context.Background(), c, Config{Sizes: []int64{8}, Iters: 1, Warmup: 1, Ceiling: true})
+	}, func(c *collective.Communicator) Config {
+		return Config{Sizes: []int64{8}, Iters: 1, Warmup: 1, Ceiling: true, Backend: c.Backend().String(), Mode: "intra"}
+	})
+	if len(gpu) != 2 || gpu[0].Impl != "slimego" || gpu[1].Impl != "slimego" {
+		t.Errorf("on the GPU: %+v, want slimego's two rows alone", gpu)
+	}
+}
+
+// TestTimeRunsAlternates: with alt, each iteration times run and then alt
+// apart, and each result gets its own median: an alt that takes 2 ms
+// beside a run that takes nothing must say so, on every rank alike.
+func TestTimeRunsAlternates(t *testing.T) {
+	var mu sync.Mutex
+	var got []Result
+	testranks.Run(t, 1, 2, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(c *collective.Communicator) error {
+		cfg := Config{Iters: 5, Warmup: 1}
+		cfg.defaults()
+		var res, alt Result
+		res.P, alt.P, res.S, alt.S = 2, 2, 1000, 1000
+		calls := 0
+		err := timeRuns(context.Background(), c, cfg, &res, 0, func(context.Context) error { return nil },
+			func(context.Context) error { calls++; time.Sleep(2 * time.Millisecond); return nil }, &alt)
+		if calls != 5 {
+			return fmt.Errorf("alt called %d times, want 5 (once per timed iteration)", calls)
+		}
+		mu.Lock()
+		got = append(got, res, alt)
+		mu.Unlock()
 		return err
 	})
-	for r, err := range errs {
-		if err == nil || !strings.Contains(err.Error(), "ceiling") {
-			t.Errorf("rank %d on the GPU: %v, want the ceiling refused", r, err)
+	for i := 0; i+1 < len(got); i += 2 {
+		res, alt := got[i], got[i+1]
+		if alt.Median < 2000 || res.Median >= 1000 || alt.Iters != 5 || res.Iters != 5 || alt.AlgBW <= 0 {
+			t.Errorf("run %.1f µs, alt %.1f µs (%d, %d iterations, alt algbw %v): want alt ≥ 2000 µs, run under 1000, 5 each",
+				res.Median, alt.Median, res.Iters, alt.Iters, alt.AlgBW)
 		}
+	}
+}
+
+// TestMergeAlong: a further implementation's row comes from the run of
+// its host's median row, not from its own median run; a row its host
+// lacks is merged alone.
+func TestMergeAlong(t *testing.T) {
+	row := func(impl string, S int64, us float64) Result { return Result{Impl: impl, P: 2, S: S, Median: us} }
+	host := [][]Result{{row("slimego", 8, 3)}, {row("slimego", 8, 1)}, {row("slimego", 8, 2)}}
+	other := [][]Result{
+		{row("ceiling", 8, 5), row("ceiling", 64, 50)},
+		{row("ceiling", 8, 7), row("ceiling", 64, 90)},
+		{row("ceiling", 8, 9), row("ceiling", 64, 70)},
+	}
+	got := MergeAlong(host, other)
+	if len(got) != 2 || got[0].Median != 9 || got[1].Median != 70 {
+		t.Errorf("MergeAlong: %+v, want 9 µs at 8 B (the run of the host's median, 2 µs) and 70 at 64 B (the median alone)", got)
+	}
+	if m := Merge(other...); m[0].Median != 7 {
+		t.Errorf("Merge: %+v, want 7 µs at 8 B", m)
 	}
 }
 

@@ -153,6 +153,54 @@ func ByImpl(rs []Result) [][]Result {
 	return out
 }
 
+// MergeAlong combines repeated runs of an implementation measured in
+// the same runs as another, host: other[i] and host[i] come from one run.
+// For each (P, S, placement) it takes other's row from the run whose host
+// row is the median one (with an even count, the upper middle, as
+// Merge), so that a ratio of the two compares rows of one moment; rows
+// that host lacks are merged as Merge does.
+func MergeAlong(host, other [][]Result) []Result {
+	if len(other) == 0 || len(host) != len(other) {
+		return Merge(other...)
+	}
+	find := func(run []Result, r Result) (Result, bool) {
+		for _, o := range run {
+			if o.P == r.P && o.S == r.S && o.InPlace == r.InPlace {
+				return o, true
+			}
+		}
+		return Result{}, false
+	}
+	merged := Merge(other...) // row by row as other[0]'s
+	var out []Result
+	for k, r := range other[0] {
+		var at []int // runs that have the row in both
+		for i := range other {
+			_, okH := find(host[i], r)
+			_, okO := find(other[i], r)
+			if okH && okO {
+				at = append(at, i)
+			}
+		}
+		if len(at) < len(other) {
+			out = append(out, merged[k])
+			continue
+		}
+		slices.SortStableFunc(at, func(a, b int) int {
+			ha, _ := find(host[a], r)
+			hb, _ := find(host[b], r)
+			return cmp.Compare(ha.Median, hb.Median)
+		})
+		m, _ := find(other[at[len(at)/2]], r)
+		for _, i := range at {
+			o, _ := find(other[i], r)
+			m.Wrong = max(m.Wrong, o.Wrong)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
 // Merge combines repeated runs of one implementation: for each (P, S,
 // placement) the row with the median time across runs. Runs interleaved
 // with other implementations' (A B A B A B) make a comparison that a

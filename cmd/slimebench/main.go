@@ -135,8 +135,9 @@ func allgather(args []string) error {
 	asJSON := fs.Bool("json", false, "print JSON instead of the table")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
 	inProcess := fs.Int("in-process", 0, "run this many ranks of one node as goroutines of this process, without a launcher")
-	ceiling := fs.Bool("ceiling", false, "host memory: after every timed out-of-place call, each rank also copies P·S bytes between "+
-		"buffers of its own, timed alike (rows named ceiling): with a rank per core, the copy bound of the all-gather, taken beside it")
+	ceiling := fs.Bool("ceiling", false, "after every timed out-of-place call, each rank also copies its source into each block of its "+
+		"destination, timed alike (rows named ceiling): with a rank per core, the copy bound of the all-gather, taken beside it "+
+		"(host memory on one node; elsewhere no rows)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -173,6 +174,10 @@ func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffer
 		return err
 	}
 	cfg.Symmetric, cfg.Backend, cfg.Mode = buffers == "symmetric", c.Backend().String(), m
+	if cfg.Ceiling && !bench.CeilingApplies(c) && c.Rank() == 0 {
+		fmt.Fprintf(os.Stderr, "slimebench: --ceiling adds no rows here: it bounds the copies of one node's all-gather in host memory (backend %s, %d nodes)\n",
+			c.Backend(), c.Nodes())
+	}
 	start := time.Now()
 	if !quiet {
 		cfg.Progress = func(done, total int, r bench.Result) {
@@ -211,7 +216,7 @@ func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffer
 	}
 	bench.WriteTable(os.Stdout, rs, fmt.Sprintf("slimego allgather: P=%d nodes=%d backend=%s mode=%s buffers=%s launch=%s%s", c.Size(), c.Nodes(), backendLabel(c), m, bufs, launch, c.Describe()))
 	if len(ceil) > 0 {
-		fmt.Println("# ceiling: each rank's copy of P·S bytes between buffers of its own, timed between the calls out of place;")
+		fmt.Println("# ceiling: the copies alone, each rank copying its source into every block of its destination between the calls out of place;")
 		fmt.Println("# share: its time over the all-gather's (the fraction of the copy bound reached)")
 		fmt.Printf("#%12s %9s %7s %6s\n", "size (B)", "time (us)", "busbw", "share")
 		for _, r := range ceil {
@@ -843,14 +848,15 @@ func compare(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if fs.NArg() < 2 {
+	if fs.NArg() < 1 {
 		return fmt.Errorf("compare: want CSV files of at least two implementations")
 	}
 	// Files of the same implementation are repeated runs: merged by median.
-	// A file may hold several implementations' rows (slimego's and its
-	// ceiling's): each is a run of its own.
-	var order []string
-	runs := map[string][][]bench.Result{}
+	// A file may hold further implementations' rows after its first one's
+	// (slimego's ceiling): each of those takes, row by row, the run of the
+	// first one's median (MergeAlong), and its column comes after those of
+	// the files' first implementations.
+	var files [][][]bench.Result
 	for _, name := range fs.Args() {
 		f, err := os.Open(name)
 		if err != nil {
@@ -864,12 +870,30 @@ func compare(args []string) error {
 		if len(rs) == 0 {
 			return fmt.Errorf("%s: no rows", name)
 		}
-		for _, set := range bench.ByImpl(rs) {
-			impl := set[0].Impl
-			if _, ok := runs[impl]; !ok {
-				order = append(order, impl)
+		files = append(files, bench.ByImpl(rs))
+	}
+	var order []string
+	runs := map[string][][]bench.Result{}
+	hosts := map[string][][]bench.Result{} // a further implementation's first ones, run by run
+	hostOf := map[string]string{}          // and their name ("" where they differ)
+	add := func(impl string, set []bench.Result) {
+		if _, ok := runs[impl]; !ok {
+			order = append(order, impl)
+		}
+		runs[impl] = append(runs[impl], set)
+	}
+	for _, sets := range files {
+		add(sets[0][0].Impl, sets[0])
+	}
+	for _, sets := range files {
+		for _, set := range sets[1:] {
+			impl, host := set[0].Impl, sets[0][0].Impl
+			add(impl, set)
+			hosts[impl] = append(hosts[impl], sets[0])
+			if h, ok := hostOf[impl]; ok && h != host {
+				host = ""
 			}
-			runs[impl] = append(runs[impl], set)
+			hostOf[impl] = host
 		}
 	}
 	if len(order) < 2 {
@@ -877,7 +901,11 @@ func compare(args []string) error {
 	}
 	var sets [][]bench.Result
 	for _, impl := range order {
-		sets = append(sets, bench.Merge(runs[impl]...))
+		if hostOf[impl] != "" && len(hosts[impl]) == len(runs[impl]) {
+			sets = append(sets, bench.MergeAlong(hosts[impl], runs[impl]))
+		} else {
+			sets = append(sets, bench.Merge(runs[impl]...))
+		}
 	}
 	fmt.Printf("# %s vs %s: median of %d interleaved run(s) each; ratio = other's time / %s's time (above 1: %s is faster); busbw in GB/s\n",
 		order[0], strings.Join(order[1:], ", "), len(runs[order[0]]), order[0], order[0])
