@@ -85,8 +85,8 @@ type Config struct {
 	WarmupTime time.Duration
 	// Symmetric puts the buffers in symmetric memory (Communicator.Alloc).
 	Symmetric bool
-	// Ceiling times beside each out-of-place size the copies the
-	// all-gather makes, alone: after every timed call, between barriers,
+	// Ceiling times beside each out-of-place size from CeilingMin the
+	// copies the all-gather makes, alone: after every timed call, between barriers,
 	// each rank copies its source into each of the P blocks of its
 	// destination (the same buffers, pages and bytes as the all-gather's:
 	// P·S written, S read per rank). The row, named CeilingImpl, follows
@@ -123,6 +123,13 @@ func (c *Config) defaults() {
 
 // CeilingImpl names the rows of Config.Ceiling.
 const CeilingImpl = "ceiling"
+
+// CeilingMin is the least size that Config.Ceiling measures: the sizes
+// of the copy bound's target, whose buffers outgrow the caches. Below,
+// the copy between the calls changes what the calls find in the caches
+// (whose lines a peer's copy has just read), and so the all-gather's own
+// row (docs/PERFORMANCE.md).
+const CeilingMin = 16 << 20
 
 // CeilingApplies says whether Config.Ceiling measures anything on c: its
 // buffers are host memory and its ranks on one node (across nodes the
@@ -187,7 +194,7 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	if m := b.plan.Mode(); m != "host" {
 		res.Mode = cfg.Mode + "/" + m
 	}
-	if !cfg.Ceiling || inPlace {
+	if !cfg.Ceiling || inPlace || n < CeilingMin {
 		return res, nil, timeRuns(ctx, c, cfg, &res, countWrong(b.dst, P, n), b.plan.Run, nil, nil)
 	}
 	// The copy writes the destination the gather has filled: its bytes
