@@ -411,7 +411,11 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 		iters = max(cfg.MinIters, int(math.Ceil(cfg.MinTime.Seconds()/per)))
 		iters = min(iters, 200_000)
 	}
-	times, altTimes := make([]float64, iters), make([]float64, iters)
+	times := make([]float64, iters)
+	var altTimes []float64
+	if alt != nil {
+		altTimes = make([]float64, iters)
+	}
 	timed := func(f func(context.Context) error) (float64, error) {
 		if err := c.Barrier(ctx); err != nil {
 			return 0, err
