@@ -1,6 +1,7 @@
 package inter
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -138,5 +139,60 @@ func queued(t *testing.T, c *net.TCPConn, n int) {
 			t.Fatalf("%d of %d bytes queued after 10 s", have, n)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestReadFullVecWays: ReadFullVec reads buffers that hold lowatMin bytes
+// or more together (however small each is) with the low-water mark set for
+// their total, and smaller batches buffer by buffer as ReadFull does, with
+// the mark at 1, every buffer filled. A batch of pages read buffer by
+// buffer would wake the reader once per segment; a small batch read with
+// a mark for its total would wait for bytes that a peer's small frame
+// never sends together.
+func TestReadFullVecWays(t *testing.T) {
+	c, d := tcpPair(t)
+	r := NewReader(c, DefaultLowat)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	data := make([]byte, lowatMin+60)
+	for i := range data {
+		data[i] = byte(i*7 + i>>8)
+	}
+	// Everything queued first (in a receive buffer made to hold it), so
+	// that one readv takes the whole batch: a first readv that returned
+	// part of it would leave the mark at what was left.
+	if err := c.SetReadBuffer(4 * len(data)); err != nil {
+		t.Fatal(err)
+	}
+	go d.Write(data)
+	queued(t, c, len(data))
+	for _, s := range []struct {
+		name  string
+		sizes []int
+		mark  func(int) bool
+		want  string
+	}{
+		{"4 buffers of 64 KiB, lowatMin in all", []int{64 << 10, 64 << 10, 64 << 10, 64 << 10},
+			func(m int) bool { return m >= 2 && m <= lowatMin }, "set for the batch (2 to lowatMin)"},
+		{"3 small buffers and an empty one", []int{10, 0, 20, 30},
+			func(m int) bool { return m <= 1 }, "1 (or the socket's own, untouched)"},
+	} {
+		bufs := make([][]byte, len(s.sizes))
+		outs := make([][]byte, len(s.sizes))
+		for i, n := range s.sizes {
+			bufs[i] = make([]byte, n)
+			outs[i] = bufs[i]
+		}
+		if err := r.ReadFullVec(bufs); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if got := rcvlowat(t, c); !s.mark(got) {
+			t.Errorf("%s: mark %d after the read, want %s", s.name, got, s.want)
+		}
+		for i, b := range outs {
+			if !bytes.Equal(b, data[:len(b)]) {
+				t.Fatalf("%s: buffer %d of %d bytes: wrong bytes", s.name, i, len(b))
+			}
+			data = data[len(b):]
+		}
 	}
 }
