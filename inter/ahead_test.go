@@ -118,3 +118,21 @@ func TestReadAheadHeaderAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestReadAheadCutShort: a stream that ends inside the header, with or
+// without some of it sent, is io.ErrUnexpectedEOF from ReadAhead (room
+// for more past the header or not), never a header returned part-filled.
+func TestReadAheadCutShort(t *testing.T) {
+	for _, sent := range []int{0, 5} {
+		for _, more := range []int{0, AheadMax} {
+			a, b := tcpPair(t)
+			r := NewReader(b, DefaultLowat)
+			r.SetDeadline(time.Now().Add(10 * time.Second))
+			a.Write(bytes.Repeat([]byte{9}, sent))
+			a.CloseWrite()
+			if err := r.ReadAhead(make([]byte, HeaderSize), more); err != io.ErrUnexpectedEOF {
+				t.Errorf("%d bytes of a %d-byte header, then the end, room for %d more: %v, want io.ErrUnexpectedEOF", sent, HeaderSize, more, err)
+			}
+		}
+	}
+}
