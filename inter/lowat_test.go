@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
 	"testing"
 	"time"
@@ -154,15 +155,15 @@ func TestReadFullVecWays(t *testing.T) {
 	r := NewReader(c, DefaultLowat)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	data := make([]byte, lowatMin+60)
+	rng := rand.New(rand.NewPCG(5, 6))
 	for i := range data {
-		data[i] = byte(i*7 + i>>8)
+		data[i] = byte(rng.Uint32())
 	}
-	// Everything queued first (in a receive buffer made to hold it), so
-	// that one readv takes the whole batch: a first readv that returned
-	// part of it would leave the mark at what was left.
-	if err := c.SetReadBuffer(4 * len(data)); err != nil {
-		t.Fatal(err)
-	}
+	// Everything queued first, so that one readv takes the whole batch: a
+	// first readv that returned part of it would leave the mark at what
+	// was left. A mark above it makes the kernel grow the receive buffer
+	// and window to hold it all (see Reader).
+	r.SetLowat(2 * len(data))
 	go d.Write(data)
 	queued(t, c, len(data))
 	for _, s := range []struct {
