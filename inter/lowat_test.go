@@ -152,8 +152,8 @@ func queued(t *testing.T, c *net.TCPConn, n int) {
 // never sends together.
 func TestReadFullVecWays(t *testing.T) {
 	c, d := tcpPair(t)
-	r := NewReader(c, DefaultLowat)
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	r := NewReader(c, 1<<20) // a bound above the 2·(lowatMin+60) set below
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
 	data := make([]byte, lowatMin+60)
 	rng := rand.New(rand.NewPCG(5, 6))
 	for i := range data {
@@ -161,8 +161,9 @@ func TestReadFullVecWays(t *testing.T) {
 	}
 	// Everything queued first, so that one readv takes the whole batch: a
 	// first readv that returned part of it would leave the mark at what
-	// was left. A mark above it makes the kernel grow the receive buffer
-	// and window to hold it all (see Reader).
+	// was left. A mark above it makes the kernel (Linux 4.19 and later)
+	// grow the receive buffer and window to hold it all (see Reader):
+	// without it the queue stops near 128 KiB.
 	r.SetLowat(2 * len(data))
 	go d.Write(data)
 	queued(t, c, len(data))
