@@ -128,8 +128,12 @@ func TestReadAheadCutShort(t *testing.T) {
 			a, b := tcpPair(t)
 			r := NewReader(b, DefaultLowat)
 			r.SetDeadline(time.Now().Add(10 * time.Second))
-			a.Write(bytes.Repeat([]byte{9}, sent))
-			a.CloseWrite()
+			if _, err := a.Write(bytes.Repeat([]byte{9}, sent)); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
 			if err := r.ReadAhead(make([]byte, HeaderSize), more); err != io.ErrUnexpectedEOF {
 				t.Errorf("%d bytes of a %d-byte header, then the end, room for %d more: %v, want io.ErrUnexpectedEOF", sent, HeaderSize, more, err)
 			}
