@@ -499,6 +499,14 @@ func TestEmuIPC(t *testing.T) {
 	ok(t, lib.CopyFromHost(0, p, pattern(size, 5)))
 	h, err := lib.IPCHandle(0, p)
 	ok(t, err)
+	// MemRange finds the allocation from any address in it (an exporter
+	// sends a view's offset in its allocation), and refuses one in none.
+	if b, n, err := lib.MemRange(0, p+size-1); err != nil || b != p || n < size {
+		t.Errorf("MemRange of the allocation's last byte: %#x, %d, %v; want %#x, >= %d", b, n, err, p, size)
+	}
+	if _, _, err := lib.MemRange(0, 8); !errors.Is(err, ErrCUDA) {
+		t.Errorf("MemRange of an address in no allocation: %v", err)
+	}
 	if lib.Emulated() {
 		if _, err := lib.IPCOpen(0, h); !errors.Is(err, ErrCUDA) || !strings.Contains(err.Error(), "slime_ipc_open") {
 			t.Errorf("opening its own handle: %v", err)
@@ -554,6 +562,10 @@ func runChild(which string) int {
 		p, err := lib.IPCOpen(0, h)
 		if err != nil {
 			fmt.Println(err)
+			return 1
+		}
+		if b, n, err := lib.MemRange(0, p+1000); err != nil || b != p || n < uint64(size) {
+			fmt.Printf("child: MemRange in the mapped allocation: %#x, %d, %v; want %#x, >= %d\n", b, n, err, p, size)
 			return 1
 		}
 		got := make([]byte, size)

@@ -13,7 +13,7 @@ package kernels
   X(slime_device_pci_bus_id) X(slime_device_can_access_peer) X(slime_enable_peer_access) X(slime_driver_version) \
   X(slime_runtime_version) X(slime_malloc) X(slime_free) X(slime_host_alloc) X(slime_host_free) \
   X(slime_memcpy) X(slime_memcpy_async) X(slime_memset) X(slime_memset_async) \
-  X(slime_ipc_get_handle) X(slime_ipc_open) X(slime_ipc_close) X(slime_stream_create) \
+  X(slime_ipc_get_handle) X(slime_ipc_open) X(slime_ipc_close) X(slime_mem_range) X(slime_stream_create) \
   X(slime_stream_destroy) X(slime_stream_query) X(slime_stream_wait_event) X(slime_event_create) \
   X(slime_event_destroy) X(slime_event_record) X(slime_event_query) X(slime_event_elapsed_ms) \
   X(slime_graph_begin) X(slime_graph_end) X(slime_graph_launch) X(slime_graph_destroy) \
@@ -81,6 +81,7 @@ static int w_memset_async(int d, uint64_t dst, int v, uint64_t n, uint64_t s) { 
 static int w_ipc_get_handle(int d, uint64_t p, void *h) { return cuda_live.p_slime_ipc_get_handle(d, p, (uint8_t *)h); }
 static int w_ipc_open(int d, void *h, uint64_t *p) { return cuda_live.p_slime_ipc_open(d, (const uint8_t *)h, p); }
 static int w_ipc_close(int d, uint64_t p) { return cuda_live.p_slime_ipc_close(d, p); }
+static int w_mem_range(int d, uint64_t p, uint64_t *b, uint64_t *n) { return cuda_live.p_slime_mem_range(d, p, b, n); }
 static int w_stream_create(int d, uint64_t *s) { return cuda_live.p_slime_stream_create(d, s); }
 static int w_stream_destroy(int d, uint64_t s) { return cuda_live.p_slime_stream_destroy(d, s); }
 static int w_stream_query(int d, uint64_t s) { return cuda_live.p_slime_stream_query(d, s); }
@@ -384,6 +385,16 @@ func (l *Lib) IPCClose(dev int, p Ptr) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	return check(C.w_ipc_close(C.int(dev), C.uint64_t(p)), "slime_ipc_close")
+}
+
+// MemRange is the allocation of device memory that holds p (this
+// process's, or one IPCOpen mapped): its start and size.
+func (l *Lib) MemRange(dev int, p Ptr) (Ptr, uint64, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var b, n C.uint64_t
+	err := check(C.w_mem_range(C.int(dev), C.uint64_t(p), &b, &n), "slime_mem_range")
+	return Ptr(b), uint64(n), err
 }
 
 // StreamCreate makes a non-blocking stream.

@@ -76,6 +76,8 @@ func (l *Lib) IPCOpen(dev int, h [IPCHandleBytes]byte) (Ptr, error) { return 0, 
 
 func (l *Lib) IPCClose(dev int, p Ptr) error { return errNoCgo }
 
+func (l *Lib) MemRange(dev int, p Ptr) (Ptr, uint64, error) { return 0, 0, errNoCgo }
+
 func (l *Lib) StreamCreate(dev int) (Stream, error) { return 0, errNoCgo }
 
 func (l *Lib) StreamDestroy(dev int, s Stream) error { return errNoCgo }

@@ -195,6 +195,36 @@ int slime_ipc_close(int dev, uint64_t ptr) {
     return SLIME_OK;
 }
 
+// cuMemGetAddressRange, found through the runtime (no link with libcuda):
+// CUresult (CUdeviceptr *base, size_t *size, CUdeviceptr ptr).
+typedef int (*mem_range_fn)(unsigned long long *, size_t *, unsigned long long);
+
+int slime_mem_range(int dev, uint64_t ptr, uint64_t *base, uint64_t *size) {
+    static mem_range_fn fn = NULL;
+    static std::once_flag once;
+    static cudaError_t found = cudaSuccess;
+    unsigned long long b = 0;
+    size_t n = 0;
+    USE(dev);
+    std::call_once(once, [] {
+        void *f = NULL;
+#if CUDART_VERSION >= 12050
+        cudaDriverEntryPointQueryResult q;
+        found = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 3020, cudaEnableDefault, &q);
+        if (found == cudaSuccess && q != cudaDriverEntryPointSuccess) found = cudaErrorSymbolNotFound;
+#else
+        found = cudaGetDriverEntryPoint("cuMemGetAddressRange", &f, cudaEnableDefault);
+#endif
+        fn = (mem_range_fn)f;
+    });
+    if (found != cudaSuccess || !fn) return cuda_fail(found != cudaSuccess ? found : cudaErrorSymbolNotFound, "cudaGetDriverEntryPoint(cuMemGetAddressRange)");
+    int r = fn(&b, &n, (unsigned long long)ptr);
+    if (r != 0) return fail(SLIME_ERR_CUDA, "cuMemGetAddressRange(%#llx): CUresult %d", (unsigned long long)ptr, r);
+    *base = (uint64_t)b;
+    *size = (uint64_t)n;
+    return SLIME_OK;
+}
+
 int slime_stream_create(int dev, uint64_t *stream) {
     cudaStream_t s;
     USE(dev);

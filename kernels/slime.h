@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define SLIME_ABI_VERSION 1
+#define SLIME_ABI_VERSION 2
 
 /* Most ranks of one node that the intra-node kernels take. */
 #define SLIME_MAX_LOCAL 64
@@ -84,6 +84,11 @@ int slime_memset_async(int dev, uint64_t dst, int value, uint64_t bytes, uint64_
 int slime_ipc_get_handle(int dev, uint64_t ptr, uint8_t handle[SLIME_IPC_HANDLE_BYTES]);
 int slime_ipc_open(int dev, const uint8_t handle[SLIME_IPC_HANDLE_BYTES], uint64_t *ptr);
 int slime_ipc_close(int dev, uint64_t ptr);
+/* The allocation of device memory that holds ptr (one of this process's,
+ * or one mapped by slime_ipc_open): its start and its size. An IPC handle
+ * maps a whole allocation, so an exporter sends ptr's offset in it, and an
+ * importer checks a range against the size of what it mapped. */
+int slime_mem_range(int dev, uint64_t ptr, uint64_t *base, uint64_t *size);
 
 /* Streams and events. Queries return SLIME_ERR_NOT_READY while work runs. */
 int slime_stream_create(int dev, uint64_t *stream);

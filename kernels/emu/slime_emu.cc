@@ -806,6 +806,16 @@ int slime_ipc_close(int dev, uint64_t ptr) {
     return SLIME_OK;
 }
 
+int slime_mem_range(int dev, uint64_t ptr, uint64_t *base, uint64_t *size) {
+    USE(dev);
+    std::lock_guard<std::mutex> lk(G().mu);
+    Alloc *a = find(ptr, 1);
+    if (!a || a->kind == MEM_HOST) return cfail(eInvalidValue, "cuMemGetAddressRange(&base, &size, ptr)", "not device memory this process has mapped");
+    *base = a->base;
+    *size = a->size;
+    return SLIME_OK;
+}
+
 int slime_stream_create(int dev, uint64_t *stream) {
     USE(dev);
     std::lock_guard<std::mutex> lk(G().mu);
