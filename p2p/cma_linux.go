@@ -95,6 +95,7 @@ func (l *link) enableCMA(in info) bool {
 	}
 	l.pid = int(in.pid) // before cma is set: transfers read it after they see cma
 	l.self = self
+	l.ipcOff.Store(self)
 	if pidfd >= 0 {
 		// A pidfd of the link's own, for taking the peer's Shared
 		// memory (mapPeer); closed when the link has ended.
@@ -225,11 +226,12 @@ func (l *link) watch(fd int) {
 type grantJob struct {
 	id  uint64
 	sub uint8
+	n   uint32 // iovecs or IPC records
 	iov []byte
 }
 
 func (j grantJob) write(c *conn) error {
-	return c.send(header{kind: kResp, sub: j.sub, id: j.id, b: uint32(len(j.iov) / IovSize), payload: uint32(len(j.iov))}, j.iov)
+	return c.send(header{kind: kResp, sub: j.sub, id: j.id, b: j.n, payload: uint32(len(j.iov))}, j.iov)
 }
 
 // grant records the checked ranges segs (on regs) of request id as lent
@@ -245,8 +247,22 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 		l.enqueue(c.idx, frame{kind: kResp, sub: sub, id: id, status: stNotHost})
 		return
 	}
-	iov := make([]byte, len(segs)*IovSize)
+	var iov []byte
+	if sub == rReadG || sub == rWriteG {
+		// GPU memory: IPC handles (ipc.go); anything else over TCP.
+		var ok bool
+		if iov, ok = ipcRecords(segs); !ok {
+			l.e.release(regs)
+			l.enqueue(c.idx, frame{kind: kResp, sub: sub, id: id, status: stNotHost})
+			return
+		}
+	} else {
+		iov = make([]byte, len(segs)*IovSize)
+	}
 	for i, s := range segs {
+		if sub == rReadG || sub == rWriteG {
+			break
+		}
 		if s.d != nil { // GPU memory has no address to lend: over TCP instead
 			l.e.release(regs)
 			l.enqueue(c.idx, frame{kind: kResp, sub: sub, id: id, status: stNotHost})
@@ -280,11 +296,12 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 	l.grants[id] = regs
 	l.grantRefs += len(regs)
 	l.mu.Unlock()
+	n := uint32(len(segs))
 	if !(HeaderSize+len(iov) <= directMax && c.direct(true, func(b []byte) []byte {
-		b = appendHeader(b, header{kind: kResp, sub: sub, id: id, b: uint32(len(iov) / IovSize), payload: uint32(len(iov))})
+		b = appendHeader(b, header{kind: kResp, sub: sub, id: id, b: n, payload: uint32(len(iov))})
 		return append(b, iov...)
 	})) {
-		l.enqueue(c.idx, grantJob{id: id, sub: sub, iov: iov})
+		l.enqueue(c.idx, grantJob{id: id, sub: sub, n: n, iov: iov})
 	}
 	if sub == rLease {
 		// Recorded once the grant is queued, so that a revocation goes

@@ -12,7 +12,9 @@
 // (Future.Transport): striped, authenticated TCP across hosts (several
 // connections, inter's Reader and Stripes), and on the same host one copy
 // with process_vm_readv/writev of ranges the target checked and granted.
-// GPU memory is staged through host memory over TCP. The target checks
+// GPU memory goes device to device through CUDA IPC handles of the
+// target's allocations between processes on one host, and is staged
+// through host memory over TCP elsewhere. The target checks
 // every request (region, key, bounds) before it touches memory; a refused
 // request fails on both sides and moves nothing. Every wait is bounded: a
 // dead peer fails its transfers when its sockets close or its pidfd

@@ -297,8 +297,10 @@ func (r *Region) label() string { return fmt.Sprintf("%q", r.name) }
 // carry. mem is a []byte, a *Shared (which a peer on the same host maps
 // and copies itself), a device.Buffer of host memory
 // (*device.HostBuffer, symmetric or not), or GPU memory
-// (*device.CUDABuffer), which transfers stage through host memory a chunk
-// at a time, over TCP (also on the same host). Registration costs a map
+// (*device.CUDABuffer), which a peer on the same host whose own memory is
+// GPU memory copies device to device through CUDA IPC, and transfers
+// elsewhere stage through host memory a chunk at a time, over TCP.
+// Registration costs a map
 // insert; it pins nothing (Go's heap does not move).
 func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 	if err := validName(name); err != nil {

@@ -114,11 +114,12 @@ func (f *Future) Done() <-chan struct{} {
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // Transport names the transport that carried the transfer: "tcp",
-// "cma" (same host, copied by process_vm_readv/writev) or "shm" (same
+// "cma" (same host, copied by process_vm_readv/writev), "shm" (same
 // host, copied through a mapping of the peer's Shared memory, for all or
-// part of the transfer), or "" for a call that failed before it started.
-// It is final once the Future is done (a same-host request for the
-// peer's GPU memory goes over TCP after all).
+// part of the transfer) or "ipc" (same host, GPU memory on both sides,
+// copied device to device through CUDA IPC), or "" for a call that failed
+// before it started. It is final once the Future is done (a same-host
+// request for memory the grant cannot carry goes over TCP after all).
 func (f *Future) Transport() string {
 	if f == nil {
 		return ""

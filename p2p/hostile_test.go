@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -16,7 +17,9 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/auth"
+	"github.com/slimego/slimego/kernels"
 	"golang.org/x/sys/unix"
 )
 
@@ -1422,5 +1425,134 @@ func TestSharedGrantManyMemories(t *testing.T) {
 	}
 	if n := a.mapCount.Load(); n > maxMaps || n < 1 {
 		t.Errorf("the endpoint maps %d memories, want 1 to %d", n, maxMaps)
+	}
+}
+
+// TestIPCGrantChecked: an IPC grant is copied only within the allocation
+// its handle opens, whose size is the driver's word: a range past it, or
+// records that do not add up to the request, fail the link with nothing
+// copied; a handle that does not open here sends the request again over
+// TCP, and the link's later transfers of GPU memory go over TCP at once.
+// The handle is a child process's (a process cannot open its own); the
+// fake target, this process, grants it.
+func TestIPCGrantChecked(t *testing.T) {
+	if gpuErr != nil {
+		t.Skip("no CUDA backend:", gpuErr)
+	}
+	g, err := device.OpenGPU(0)
+	if err != nil {
+		t.Skip("no GPU:", err)
+	}
+	const n = 1 << 16
+	_, line := startChildLine(t, "gpu-export", "", n, 7)
+	var hx string
+	var allocSize uint64
+	if _, err := fmt.Sscan(line, &hx, &allocSize); err != nil {
+		t.Fatalf("the child printed %q: %v", line, err)
+	}
+	var handle [kernels.IPCHandleBytes]byte
+	if raw, err := hex.DecodeString(hx); err != nil || len(raw) != len(handle) {
+		t.Fatalf("handle %q: %v", hx, err)
+	} else {
+		copy(handle[:], raw)
+	}
+	want := make([]byte, n) // the child's bytes, at offset 4099 of its allocation
+	fill(want, 7)
+	h := func(recs ...ipcRec) []ipcRec { return recs }
+	for _, tc := range []struct {
+		name string
+		recs []ipcRec
+		// "ipc": read through the grant; "tcp": asked again over TCP;
+		// "frame": the link fails, nothing copied.
+		outcome string
+	}{
+		{"one range", h(ipcRec{handle, 4099, n}), "ipc"},
+		{"two ranges", h(ipcRec{handle, 4099, 1000}, ipcRec{handle, 5099, n - 1000}), "ipc"},
+		{"past the allocation", h(ipcRec{handle, allocSize - n + 1, n}), "frame"},
+		{"offset past the allocation", h(ipcRec{handle, 4099, n - 1}, ipcRec{handle, allocSize, 1}), "frame"},
+		{"short of the request", h(ipcRec{handle, 4099, n - 1}), "frame"},
+		{"a handle that does not open", h(ipcRec{[kernels.IPCHandleBytes]byte{1}, 0, n}), "tcp"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t, 20*time.Second)
+			a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
+			p, c := fakeSameHostTarget(t, ctx, a, rr)
+			p.l.ipcOff.Store(false) // the fake target is this process; the handle is the child's
+			ld, err := g.Alloc(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ld.Free()
+			sentinel := bytes.Repeat([]byte{0xa5}, n)
+			if err := ld.CopyFromHost(sentinel); err != nil {
+				t.Fatal(err)
+			}
+			lr, _ := a.Register("l", ld)
+			contents := func() []byte {
+				b := make([]byte, n)
+				if err := ld.CopyToHost(b); err != nil {
+					t.Fatal(err)
+				}
+				return b
+			}
+			f := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+			rq, _ := nextFrame(t, c)
+			if rq.kind != kReq || rq.sub != rReadG {
+				t.Fatalf("got %+v, want a same-host read of GPU memory", rq)
+			}
+			b := make([]byte, len(tc.recs)*IPCRecSize)
+			for i := range tc.recs {
+				tc.recs[i].put(b[i*IPCRecSize:])
+			}
+			c.Write(append(hdr(header{kind: kResp, sub: rReadG, id: rq.id, b: uint32(len(tc.recs)), payload: uint32(len(b))}), b...))
+			switch tc.outcome {
+			case "frame":
+				if err := f.Wait(ctx); !errors.Is(err, ErrPeerLost) {
+					t.Fatalf("a bad grant: %v, want ErrPeerLost", err)
+				}
+				if !bytes.Equal(contents(), sentinel) {
+					t.Fatal("a bad grant copied bytes")
+				}
+				return
+			case "tcp":
+				// The grant is released, and the read asked again over
+				// TCP, where the fake target answers with its bytes.
+				if rel, _ := nextFrame(t, c); rel.kind != kRelease || rel.id != rq.id {
+					t.Fatalf("got %+v, want the grant's release", rel)
+				}
+				again, _ := nextFrame(t, c)
+				if again.kind != kReq || again.sub != rRead || again.id != rq.id {
+					t.Fatalf("got %+v, want the read over TCP", again)
+				}
+				c.Write(append(hdr(header{kind: kResp, sub: rRead, id: rq.id, a: n}),
+					append(hdr(header{kind: kData, id: rq.id, payload: n}), want...)...))
+			}
+			if err := f.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if f.Transport() != tc.outcome {
+				t.Errorf("transport %q, want %q", f.Transport(), tc.outcome)
+			}
+			if !bytes.Equal(contents(), want) {
+				t.Fatal("the bytes read differ from the granted ones")
+			}
+			if tc.outcome == "ipc" {
+				if rel, _ := nextFrame(t, c); rel.kind != kRelease || rel.id != rq.id {
+					t.Fatalf("got %+v, want the grant's release", rel)
+				}
+				return
+			}
+			// After a handle that did not open, the next read goes over
+			// TCP at once.
+			p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+			if next, _ := nextFrame(t, c); next.kind != kReq || next.sub != rRead {
+				t.Fatalf("got %+v, want a read over TCP", next)
+			}
+		})
 	}
 }

@@ -174,10 +174,17 @@ type link struct {
 	// it (mapPeer).
 	pidfd int
 	self  bool // the peer is this process (cma)
+	// ipcOff: GPU memory goes over TCP, not through CUDA IPC (ipc.go):
+	// the peer is this process, which cannot open its own handles, or a
+	// handle it granted did not open here.
+	ipcOff atomic.Bool
 	// maps are the peer's Shared memories mapped here, by their ids
 	// (shared_linux.go); mapTick orders their use.
 	maps    map[uint64]*peerMap
 	mapTick uint64
+	// ipcs are the peer's GPU allocations opened here (ipc.go), ordered
+	// by mapTick too.
+	ipcs map[ipcKey]*ipcMap
 	// peerPid is the pid the peer gave (its hello, or its Info when this
 	// side dialed); grants go only to a peer whose process it is
 	// (grantable, once per link).
@@ -274,6 +281,7 @@ func (l *link) start() {
 		l.mu.Lock()
 		l.endLeases()
 		l.dropMaps()
+		l.dropIPC()
 		if l.pidfd >= 0 {
 			unix.Close(l.pidfd)
 			l.pidfd = -1
@@ -1124,7 +1132,7 @@ func (c *conn) dispatch(h header) error {
 		return fmt.Errorf("%w: %d answers wait to be sent on connection %d: the peer sends requests and does not read them", ErrFrame, queued, c.idx)
 	}
 	switch h.sub {
-	case rRead, rWrite, rReadV, rWriteV, rLease:
+	case rRead, rWrite, rReadV, rWriteV, rReadG, rWriteG, rLease:
 		if cap(c.desc) < int(h.payload) {
 			c.desc = make([]byte, h.payload)
 		}
@@ -1142,7 +1150,7 @@ func (c *conn) dispatch(h header) error {
 		if st == stOK {
 			c.segs = stripe(c.segs, lo, h.a)
 		}
-		op := map[uint8]string{rRead: "read", rWrite: "write", rReadV: "read", rWriteV: "write"}[h.sub]
+		op := map[uint8]string{rRead: "read", rWrite: "write", rReadV: "read", rWriteV: "write", rReadG: "read", rWriteG: "write"}[h.sub]
 		if st != stOK {
 			if h.sub != rLease { // a lease refused: the transfer that asked it is refused itself
 				l.e.refuse(l.p.name, op, st, why)
@@ -1154,7 +1162,7 @@ func (c *conn) dispatch(h header) error {
 			}
 			return nil
 		}
-		if h.sub == rReadV || h.sub == rWriteV || h.sub == rLease {
+		if h.sub == rReadV || h.sub == rWriteV || h.sub == rReadG || h.sub == rWriteG || h.sub == rLease {
 			c.grant(h.id, h.sub, c.segs, c.regs)
 			return nil
 		}
@@ -1242,13 +1250,10 @@ func (c *conn) response(h header) error {
 			return fmt.Errorf("%w: an answer of kind %d to request %d of kind %d", ErrFrame, h.sub, h.id, sub)
 		}
 	}
-	if h.status == stNotHost && p != nil && (p.sub == rReadV || p.sub == rWriteV) {
-		// The peer's range is GPU memory: the same request over TCP.
-		p.mu.Lock()
-		p.sub = map[uint8]uint8{rReadV: rRead, rWriteV: rWrite}[p.sub]
-		p.mu.Unlock()
-		p.f.transport = "tcp" // read by Transport only after the Future is done
-		l.enqueue(c.idx, reqJob{p: p})
+	if h.status == stNotHost && p != nil && (p.sub == rReadV || p.sub == rWriteV || p.sub == rReadG || p.sub == rWriteG) {
+		// The peer's range is not memory of the kind asked (GPU memory
+		// for a host grant, host memory for an IPC one): over TCP.
+		c.overTCP(p)
 		return nil
 	}
 	if h.status != stOK {
@@ -1259,6 +1264,9 @@ func (c *conn) response(h header) error {
 	}
 	if h.sub == rReadV || h.sub == rWriteV {
 		return c.granted(h, p)
+	}
+	if h.sub == rReadG || h.sub == rWriteG {
+		return c.ipcGranted(h, p)
 	}
 	if h.sub != rRead {
 		if p != nil {
@@ -1287,6 +1295,16 @@ func (c *conn) response(h header) error {
 		}
 	}
 	return nil
+}
+
+// overTCP sends same-host part p's request again as a TCP one (rRead or
+// rWrite), its grant having been refused (stNotHost) or given back.
+func (c *conn) overTCP(p *part) {
+	p.mu.Lock()
+	p.sub = map[uint8]uint8{rReadV: rRead, rWriteV: rWrite, rReadG: rRead, rWriteG: rWrite}[p.sub]
+	p.mu.Unlock()
+	p.f.transport = "tcp" // read by Transport only after the Future is done
+	c.l.enqueue(c.idx, reqJob{p: p})
 }
 
 func (c *conn) refusal(p *part, st uint8) error {

@@ -3,6 +3,7 @@ package p2p
 import (
 	"bufio"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -65,6 +66,8 @@ func child() error {
 	switch os.Getenv("P2P_TEST_CHILD") {
 	case "netns-target", "netns-initiator":
 		return netnsChild(ctx)
+	case "gpu-export":
+		return gpuExport()
 	}
 	st, err := rendezvous.Dial(ctx, os.Getenv("P2P_STORE"), rendezvous.Auth{Secret: []byte("s3cret"), Job: "p2p-test"})
 	if err != nil {
@@ -88,6 +91,21 @@ func child() error {
 		buf, mem = sh.Bytes(), sh
 	}
 	fill(buf, seed)
+	if os.Getenv("P2P_TEST_CHILD") == "gpu-target" {
+		// "mem" is GPU memory, a view at an odd offset of a larger
+		// allocation (an IPC grant names the allocation and the offset);
+		// "host" is host memory from seed+1.
+		d, err := gpuMem(n, seed)
+		if err != nil {
+			return err
+		}
+		defer d.Free()
+		mem = d
+		fill(buf, seed+1)
+		if _, err := e.Register("host", buf); err != nil {
+			return err
+		}
+	}
 	if _, err := e.Register("mem", mem); err != nil {
 		return err
 	}
@@ -136,10 +154,66 @@ func child() error {
 	return nil
 }
 
+// gpuAlloc is the allocation gpuMem views.
+var gpuAlloc *device.CUDABuffer
+
+// gpuMem is n bytes of (emulated) GPU memory from seed, at offset 4099 of
+// an allocation 8 KiB larger.
+func gpuMem(n int, seed uint64) (*device.CUDABuffer, error) {
+	if err := device.UseEmulator(0); err != nil {
+		return nil, err
+	}
+	g, err := device.OpenGPU(0)
+	if err != nil {
+		return nil, err
+	}
+	a, err := g.Alloc(n + 8192)
+	if err != nil {
+		return nil, err
+	}
+	gpuAlloc = a
+	d, err := a.Slice(4099, n)
+	if err != nil {
+		return nil, err
+	}
+	h := make([]byte, n)
+	fill(h, seed)
+	return d, d.CopyFromHost(h)
+}
+
+// gpuExport is the child that lends GPU memory to a hostile test: it
+// makes P2P_SIZE bytes from P2P_SEED (gpuMem), prints "ready", the IPC
+// handle of their allocation in hex and its size, and waits until its
+// stdin closes.
+func gpuExport() error {
+	n, _ := strconv.Atoi(os.Getenv("P2P_SIZE"))
+	seed, _ := strconv.ParseUint(os.Getenv("P2P_SEED"), 10, 64)
+	d, err := gpuMem(n, seed)
+	if err != nil {
+		return err
+	}
+	defer gpuAlloc.Free()
+	h, err := d.Dev.Lib().IPCHandle(d.Dev.Ordinal, gpuAlloc.Ptr)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("ready %s %d\n", hex.EncodeToString(h[:]), gpuAlloc.Len)
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	return nil
+}
+
 // startChild runs the test binary as a child of the given role whose
 // region holds size bytes from seed; it returns once the child is ready,
 // and kills it when the test ends.
 func startChild(t *testing.T, role, store string, size int, seed uint64) *exec.Cmd {
+	t.Helper()
+	cmd, _ := startChildLine(t, role, store, size, seed)
+	return cmd
+}
+
+// startChildLine is startChild, returning also what the child printed
+// after "ready" on its first line.
+func startChildLine(t *testing.T, role, store string, size int, seed uint64) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "P2P_TEST_CHILD="+role, "P2P_STORE="+store,
@@ -168,13 +242,15 @@ func startChild(t *testing.T, role, store string, size int, seed uint64) *exec.C
 	}()
 	select {
 	case s := <-line:
-		if strings.TrimSpace(s) != "ready" {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(s), "ready")
+		if !ok {
 			t.Fatalf("child said %q", s)
 		}
+		return cmd, strings.TrimSpace(rest)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the child did not get ready")
 	}
-	return cmd
+	return cmd, ""
 }
 
 // storeFor serves a store for the test (with the children's secret) and

@@ -63,9 +63,10 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	n := len(l.conns)
 	k := inter.Stripes(int(min(total, MaxLen)), n)
 	sub := kind
-	gpu := false
+	gpu, allGPU := false, true
 	for _, o := range ops {
 		gpu = gpu || o.Local.dev != nil
+		allGPU = allGPU && o.Local.dev != nil
 	}
 	var pins []*lease
 	if !gpu && l.cma.Load() {
@@ -73,6 +74,11 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	}
 	if pins != nil { // copied here through leases (lease_linux.go)
 		k, sub = 1, rLease
+	} else if allGPU && total > cmaMin && l.cma.Load() && !l.ipcOff.Load() {
+		// Same host, GPU memory here: the peer's GPU memory through CUDA
+		// IPC (ipc.go), or over TCP if it is not GPU memory.
+		k, f.transport = 1, "ipc"
+		sub = map[uint8]uint8{rRead: rReadG, rWrite: rWriteG}[kind]
 	} else if gpu || total <= cmaMin {
 		f.transport = "tcp"
 	} else if l.cma.Load() { // one request: the copy is one thread's either way

@@ -728,7 +728,8 @@ func TestConnectBothSides(t *testing.T) {
 // TestGPU: GPU memory (the emulated CUDA backend here) registered on
 // either side is read and written, staged through host memory over TCP,
 // to and from host and GPU memory, every byte checked; on a same-host
-// link a request for the peer's GPU memory goes over TCP and says so.
+// link within one process (which cannot open its own IPC handles) a
+// request for the peer's GPU memory goes over TCP and says so.
 func TestGPU(t *testing.T) { transports(t, testGPU) }
 
 func testGPU(t *testing.T, tcpOnly bool, wantT string) {
@@ -814,6 +815,122 @@ func testGPU(t *testing.T, tcpOnly bool, wantT string) {
 		t.Errorf("a read into this side's GPU memory reports %q", f.Transport())
 	}
 	_ = wantT
+}
+
+// TestGPUIPC: a child process on this host registers GPU memory (a view
+// at an odd offset of its allocation) and host memory; this process,
+// with GPU memory of its own, reads the child's GPU region whole (more
+// than a chunk) and as a batch of 64 scattered ranges, and writes it,
+// through CUDA IPC ("ipc"), checking every byte; what it wrote is read
+// back into host memory over TCP, and the child's host region, which IPC
+// cannot carry, is read over TCP too. TCPOnly carries everything over
+// TCP.
+func TestGPUIPC(t *testing.T) {
+	for _, tcpOnly := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ipc", true: "tcp"}[tcpOnly], func(t *testing.T) { testGPUIPC(t, tcpOnly) })
+	}
+}
+
+func testGPUIPC(t *testing.T, tcpOnly bool) {
+	if gpuErr != nil {
+		t.Skip("no CUDA backend:", gpuErr)
+	}
+	g, err := device.OpenGPU(0)
+	if err != nil {
+		t.Skip("no GPU:", err)
+	}
+	want := "ipc"
+	if tcpOnly {
+		want = "tcp"
+	}
+	const size = 5<<20 + 333
+	addr, st := storeFor(t)
+	startChild(t, "gpu-target", addr, size, 21)
+	ctx := ctxT(t, 60*time.Second)
+	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth(), TCPOnly: tcpOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	p, err := e.Connect(ctx, "child")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rg, ok1 := p.Remote("mem")
+	rh, ok2 := p.Remote("host")
+	if !ok1 || !ok2 {
+		t.Fatal("the child's regions are not in its Info")
+	}
+	ld, err := g.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ld.Free()
+	lr, err := e.Register("lgpu", ld)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lh := make([]byte, size)
+	lhr, _ := e.Register("lhost", lh)
+	contents := func() []byte {
+		h := make([]byte, size)
+		if err := ld.CopyToHost(h); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	run := func(what string, f *Future, transport string) {
+		t.Helper()
+		if err := f.Wait(ctx); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if f.Transport() != transport {
+			t.Errorf("%s: transport %q, want %q", what, f.Transport(), transport)
+		}
+	}
+	// The child's GPU region whole.
+	gw := make([]byte, size)
+	fill(gw, 21)
+	run("read", p.Read([]Op{{Local: lr, Remote: rg, Len: size}}), want)
+	if !bytes.Equal(contents(), gw) {
+		t.Fatal("the GPU region read differs")
+	}
+	// 64 scattered ranges of it, into slots of the local region.
+	rng := rand.New(rand.NewPCG(5, 6))
+	var ops []Op
+	slot := size / 64
+	for i := range 64 {
+		n := 1 + rng.IntN(slot)
+		ops = append(ops, Op{Local: lr, LocalOff: i * slot, Remote: rg, RemoteOff: rng.IntN(size - n), Len: n})
+	}
+	if err := ld.CopyFromHost(make([]byte, size)); err != nil {
+		t.Fatal(err)
+	}
+	run("batched read", p.Read(ops), want)
+	got := contents()
+	for i, o := range ops {
+		if !bytes.Equal(got[o.LocalOff:o.LocalOff+o.Len], gw[o.RemoteOff:o.RemoteOff+o.Len]) {
+			t.Fatalf("range %d of the batch differs", i)
+		}
+	}
+	// A write of fresh bytes, read back into host memory over TCP.
+	fresh := make([]byte, size)
+	fill(fresh, 23)
+	if err := ld.CopyFromHost(fresh); err != nil {
+		t.Fatal(err)
+	}
+	run("write", p.Write([]Op{{Local: lr, Remote: rg, Len: size}}), want)
+	run("read back", p.Read([]Op{{Local: lhr, Remote: rg, Len: size}}), "tcp")
+	if !bytes.Equal(lh, fresh) {
+		t.Fatal("the GPU region written differs")
+	}
+	// The child's host region into GPU memory: not through IPC.
+	hw := make([]byte, size)
+	fill(hw, 22)
+	run("read of host memory", p.Read([]Op{{Local: lr, Remote: rh, Len: size}}), "tcp")
+	if !bytes.Equal(contents(), hw) {
+		t.Fatal("the host region read differs")
+	}
 }
 
 // TestConcurrent: both ends at once, 8 goroutines each, write random

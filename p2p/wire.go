@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/slimego/slimego/kernels"
 )
 
 // The wire protocol (docs/P2P.md). Every connection of a link starts with
@@ -22,7 +24,7 @@ import (
 // is allocated or read for its payload.
 const (
 	wireMagic   = 0x5032 // "P2"
-	wireVersion = 3
+	wireVersion = 4
 	// HeaderSize is the size of an encoded frame header.
 	HeaderSize = 32
 	// DescSize is the size of one encoded remote descriptor.
@@ -94,10 +96,23 @@ const (
 	// iovec); the initiator then copies to and from the region itself,
 	// with no request per transfer, until the target revokes it (kRevoke)
 	// and the initiator releases it (kRelease).
-	rLease  uint8 = 9
-	subLast       = rLease
+	rLease uint8 = 9
+	// Same host, from an initiator whose local ranges are GPU memory: a
+	// read or write request as rRead and rWrite, whose answer grants the
+	// target's GPU memory (b records) for the initiator to open with CUDA
+	// IPC and copy device to device, until it sends kRelease; or, where
+	// a range is not GPU memory, stNotHost (ask again over TCP). A
+	// record is
+	//
+	//	64 bytes an IPC handle of an allocation
+	//	u64 offset (of the range in the allocation)  u64 length
+	rReadG  uint8 = 10
+	rWriteG uint8 = 11
+	subLast       = rWriteG
 	// IovSize is the size of one granted iovec.
 	IovSize = 40
+	// IPCRecSize is the size of one granted IPC record.
+	IPCRecSize = kernels.IPCHandleBytes + 16
 )
 
 // Status codes, in a response, an end and a hello's answer.
@@ -112,7 +127,7 @@ const (
 	stBusy         uint8 = 7  // the target holds too many undelivered immediates
 	stDup          uint8 = 8  // hello: a link to this peer exists or is being made by the lower name
 	stRefusedHello uint8 = 9  // hello: not accepted
-	stNotHost      uint8 = 10 // a same-host grant asked for GPU memory: ask again over TCP
+	stNotHost      uint8 = 10 // a same-host grant asked for memory it cannot lend (GPU memory as host memory, host memory through IPC): ask again over TCP
 	stDevice       uint8 = 11 // copying to or from GPU memory failed
 	statusLast           = stDevice
 )
@@ -122,7 +137,7 @@ var statusText = [...]string{
 	stNoRegion: "no such region (never registered, or deregistered)", stInvalid: "malformed request",
 	stCancelled: "cancelled", stTooLarge: "message larger than the posted receive",
 	stBusy: "too many undelivered immediates", stDup: "duplicate link", stRefusedHello: "refused",
-	stNotHost: "GPU memory cannot be granted", stDevice: "a copy to or from GPU memory failed",
+	stNotHost: "the memory cannot be granted so", stDevice: "a copy to or from GPU memory failed",
 }
 
 // ErrFrame marks a frame that breaks the format: the link is closed.
@@ -196,7 +211,7 @@ func decodeHeader(p []byte) (header, error) {
 			if h.b != 1 || h.payload != stripeSize+DescSize || h.a == 0 || h.a > MaxLen {
 				return bad("lease fields")
 			}
-		case rRead, rWrite, rReadV, rWriteV:
+		case rRead, rWrite, rReadV, rWriteV, rReadG, rWriteG:
 			if h.b == 0 || h.b > MaxBatch || h.payload != stripeSize+h.b*DescSize || h.a == 0 || h.a > MaxLen {
 				return bad("descriptor count, payload or length")
 			}
@@ -223,6 +238,12 @@ func decodeHeader(p []byte) (header, error) {
 		if (h.sub == rReadV || h.sub == rWriteV || h.sub == rLease) && h.status == stOK {
 			if h.a != 0 || h.b == 0 || h.b > MaxBatch || h.payload != h.b*IovSize || h.sub == rLease && h.b != 1 {
 				return bad("grant fields")
+			}
+			break
+		}
+		if (h.sub == rReadG || h.sub == rWriteG) && h.status == stOK {
+			if h.a != 0 || h.b == 0 || h.b > MaxBatch || h.payload != h.b*IPCRecSize {
+				return bad("IPC grant fields")
 			}
 			break
 		}
@@ -292,4 +313,48 @@ func decodeDescs(p []byte, n int, total uint64, ds []desc) ([]desc, uint64, erro
 		return ds, 0, fmt.Errorf("%w: a stripe of %d bytes at %d of a batch of %d", ErrFrame, total, lo, sum)
 	}
 	return ds, lo, nil
+}
+
+// ipcRec is one range of an IPC grant (see rReadG): n bytes at off in
+// the allocation that handle h maps.
+type ipcRec struct {
+	h      [kernels.IPCHandleBytes]byte
+	off, n uint64
+}
+
+func (r *ipcRec) put(p []byte) {
+	_ = p[IPCRecSize-1]
+	copy(p, r.h[:])
+	binary.LittleEndian.PutUint64(p[kernels.IPCHandleBytes:], r.off)
+	binary.LittleEndian.PutUint64(p[kernels.IPCHandleBytes+8:], r.n)
+}
+
+// decodeIPCGrant parses an IPC grant's n records into rs (reused) and
+// checks what can be checked before a handle is opened: each length is 1
+// to MaxLen, each offset at most MaxLen, and the lengths add up to the
+// request's total. Whether a range lies inside its allocation is checked
+// once the handle is opened (the allocation's size is the driver's word,
+// not the peer's).
+func decodeIPCGrant(p []byte, n int, total uint64, rs []ipcRec) ([]ipcRec, error) {
+	if n <= 0 || n > MaxBatch || len(p) != n*IPCRecSize {
+		return rs, fmt.Errorf("%w: %d IPC records in %d bytes", ErrFrame, n, len(p))
+	}
+	rs = rs[:0]
+	var sum uint64
+	for i := range n {
+		q := p[i*IPCRecSize:]
+		var r ipcRec
+		copy(r.h[:], q)
+		r.off = binary.LittleEndian.Uint64(q[kernels.IPCHandleBytes:])
+		r.n = binary.LittleEndian.Uint64(q[kernels.IPCHandleBytes+8:])
+		if r.n == 0 || r.n > MaxLen || r.off > MaxLen {
+			return rs, fmt.Errorf("%w: IPC record %d: offset %d length %d", ErrFrame, i, r.off, r.n)
+		}
+		sum += r.n
+		rs = append(rs, r)
+	}
+	if sum != total {
+		return rs, fmt.Errorf("%w: an IPC grant of %d bytes for a request of %d", ErrFrame, sum, total)
+	}
+	return rs, nil
 }

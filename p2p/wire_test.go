@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/internal/auth"
+	"github.com/slimego/slimego/kernels"
 )
 
 func hdr(h header) []byte {
@@ -39,6 +40,9 @@ func FuzzDecodeHeader(f *testing.F) {
 		{kind: kReq, sub: rLease, id: 4, a: 4096, b: 1, payload: stripeSize + DescSize},
 		{kind: kResp, sub: rLease, id: 4, b: 1, payload: IovSize},
 		{kind: kResp, sub: rLease, id: 4, status: stNotHost},
+		{kind: kReq, sub: rReadG, id: 5, a: 100, b: 1, payload: stripeSize + DescSize},
+		{kind: kResp, sub: rWriteG, id: 5, b: 2, payload: 2 * IPCRecSize},
+		{kind: kResp, sub: rReadG, id: 5, status: stNotHost},
 		{kind: kPing},
 	} {
 		f.Add(hdr(h))
@@ -58,7 +62,9 @@ func FuzzDecodeHeader(f *testing.F) {
 		switch {
 		case h.kind == kData && (h.payload == 0 || h.payload > ChunkMax),
 			h.kind == kReq && h.payload > stripeSize+MaxBatch*DescSize,
-			h.kind == kResp && h.payload > MaxBatch*IovSize,
+			h.kind == kResp && h.payload > MaxBatch*IPCRecSize,
+			h.kind == kResp && h.payload > MaxBatch*IovSize && h.sub != rReadG && h.sub != rWriteG,
+			h.kind == kResp && h.payload != 0 && h.payload != h.b*IovSize && h.payload != h.b*IPCRecSize,
 			h.kind == kHello && (h.payload <= helloFixed || h.payload > helloFixed+MaxName),
 			h.kind != kData && h.kind != kReq && h.kind != kResp && h.kind != kHello && h.payload != 0,
 			h.a > MaxLen && !(h.kind == kHello),
@@ -96,6 +102,80 @@ func TestDecodeLease(t *testing.T) {
 			t.Errorf("%+v: %v, want ok %v", tc.h, err, tc.ok)
 		}
 	}
+}
+
+// TestDecodeIPCGrant: an IPC grant's records are checked before any
+// handle is opened: a length of 1 to MaxLen, an offset of at most
+// MaxLen, as many records as the header says, adding up to the request.
+func TestDecodeIPCGrant(t *testing.T) {
+	enc := func(rs ...ipcRec) []byte {
+		b := make([]byte, len(rs)*IPCRecSize)
+		for i := range rs {
+			rs[i].put(b[i*IPCRecSize:])
+		}
+		return b
+	}
+	h := [kernels.IPCHandleBytes]byte{1, 2, 3}
+	for _, tc := range []struct {
+		name  string
+		b     []byte
+		n     int
+		total uint64
+		ok    bool
+	}{
+		{"one", enc(ipcRec{h, 8, 100}), 1, 100, true},
+		{"two", enc(ipcRec{h, 0, 1}, ipcRec{h, MaxLen, MaxLen}), 2, MaxLen + 1, true},
+		{"short of the request", enc(ipcRec{h, 0, 99}), 1, 100, false},
+		{"more than the request", enc(ipcRec{h, 0, 60}, ipcRec{h, 0, 60}), 2, 100, false},
+		{"empty range", enc(ipcRec{h, 0, 0}, ipcRec{h, 0, 100}), 2, 100, false},
+		{"too long", enc(ipcRec{h, 0, MaxLen + 1}), 1, MaxLen + 1, false},
+		{"offset too far", enc(ipcRec{h, MaxLen + 1, 100}), 1, 100, false},
+		{"count differs", enc(ipcRec{h, 0, 100}), 2, 100, false},
+		{"truncated", enc(ipcRec{h, 0, 100})[:IPCRecSize-1], 1, 100, false},
+		{"none", nil, 0, 0, false},
+	} {
+		rs, err := decodeIPCGrant(tc.b, tc.n, tc.total, nil)
+		if (err == nil) != tc.ok || err != nil && !errors.Is(err, ErrFrame) {
+			t.Errorf("%s: %v, want ok %v", tc.name, err, tc.ok)
+		}
+		if err == nil && (len(rs) != tc.n || rs[0].h != h) {
+			t.Errorf("%s: decoded %d records %+v", tc.name, len(rs), rs)
+		}
+	}
+}
+
+// FuzzDecodeIPCGrant: the IPC grant decoder never panics, and what it
+// accepts are n bounded, non-empty ranges that add up to the request.
+func FuzzDecodeIPCGrant(f *testing.F) {
+	r := ipcRec{h: [kernels.IPCHandleBytes]byte{9}, off: 4096, n: 1 << 20}
+	b := make([]byte, IPCRecSize)
+	r.put(b)
+	f.Add(b, 1, uint64(1<<20))
+	f.Add(append(b, b...), 2, uint64(2<<20))
+	f.Fuzz(func(t *testing.T, b []byte, n int, total uint64) {
+		rs, err := decodeIPCGrant(b, n, total, nil)
+		if err != nil {
+			if !errors.Is(err, ErrFrame) {
+				t.Fatalf("an error that is not ErrFrame: %v", err)
+			}
+			return
+		}
+		var sum uint64
+		for i, r := range rs {
+			if r.n == 0 || r.n > MaxLen || r.off > MaxLen {
+				t.Fatalf("accepted %+v", r)
+			}
+			q := make([]byte, IPCRecSize)
+			r.put(q)
+			if !bytes.Equal(q, b[i*IPCRecSize:(i+1)*IPCRecSize]) {
+				t.Fatalf("record %d does not encode back", i)
+			}
+			sum += r.n
+		}
+		if len(rs) != n || sum != total || len(b) != n*IPCRecSize {
+			t.Fatalf("accepted %d records of %d bytes for %d (n %d, %d bytes)", len(rs), sum, total, n, len(b))
+		}
+	})
 }
 
 // FuzzDecodeDescs: the descriptor decoder never panics, and what it

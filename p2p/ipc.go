@@ -1,0 +1,275 @@
+package p2p
+
+import (
+	"fmt"
+
+	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/kernels"
+)
+
+// The same-host transport for GPU memory (CUDA IPC). An initiator whose
+// local ranges are all GPU memory, on a same-host link (cma) to another
+// process, asks with rReadG or rWriteG. The target checks the request as
+// any other; where every range of the stripe is GPU memory it answers
+// with an IPC handle of each range's allocation and the range's offset in
+// it (slime_mem_range), and counts the request in flight on its regions
+// until the initiator releases the grant, as for host memory. The
+// initiator opens each handle once per link (kept for later grants, up
+// to maxIPCMaps, closed when the link ends), checks each range against
+// the size of the allocation it opened (the driver's word, not the
+// peer's), and copies device to device a chunk at a time under its
+// part's lock while the part is active, so that a cancelled transfer
+// stops touching either side's memory at its next chunk. A range that is
+// not GPU memory is answered stNotHost, and a handle that does not open
+// here (a device this process cannot see, a container without the
+// peer's IPC namespace) is released unused: either way the request goes
+// again over TCP, staged through host memory, and after a handle that did
+// not open so do the link's later transfers of GPU memory (ipcOff, set
+// from the start where the peer is this process, which cannot open its
+// own handles).
+//
+// A handle names memory of the process that exported it; CUDA gives the
+// importer no way to tell which process that was. A member of the job
+// (it passed the link's handshake) could grant memory that a third
+// process exported to it; the ranges are still bounded by what the
+// handle maps.
+
+// maxIPCMaps bounds the peer's allocations a link keeps open; beyond it
+// the least recently used one that no copy uses is closed.
+const maxIPCMaps = 64
+
+// ipcKey names an opened allocation: its handle and the device it was
+// opened on.
+type ipcKey struct {
+	h   [kernels.IPCHandleBytes]byte
+	dev int
+}
+
+// ipcMap is a peer's allocation opened here.
+type ipcMap struct {
+	gpu  *device.GPU
+	ptr  kernels.Ptr
+	size uint64
+	refs int    // copies using it now
+	used uint64 // the link's mapTick when last taken
+}
+
+// ipcRecords encodes the IPC records of segs, all GPU memory, or reports
+// false where one is not GPU memory or cannot be exported.
+func ipcRecords(segs []seg) ([]byte, bool) {
+	b := make([]byte, len(segs)*IPCRecSize)
+	var last *device.CUDABuffer
+	var base kernels.Ptr
+	var h [kernels.IPCHandleBytes]byte
+	for i, s := range segs {
+		if s.d == nil || s.d.Dev == nil {
+			return nil, false
+		}
+		if s.d != last {
+			lib, dev := s.d.Dev.Lib(), s.d.Dev.Ordinal
+			bs, size, err := lib.MemRange(dev, s.d.Ptr)
+			if err != nil || s.d.Ptr < bs || uint64(s.d.Ptr-bs)+uint64(s.d.Len) > size {
+				return nil, false
+			}
+			if h, err = lib.IPCHandle(dev, bs); err != nil {
+				return nil, false
+			}
+			last, base = s.d, bs
+		}
+		r := ipcRec{h: h, off: uint64(s.d.Ptr-base) + uint64(s.off), n: uint64(s.n)}
+		r.put(b[i*IPCRecSize:])
+	}
+	return b, true
+}
+
+// openIPC returns the peer's allocation of handle h opened on gpu, taking
+// a reference that unrefIPC drops.
+func (l *link) openIPC(gpu *device.GPU, h [kernels.IPCHandleBytes]byte) (*ipcMap, error) {
+	k := ipcKey{h: h, dev: gpu.Ordinal}
+	l.mu.Lock()
+	if m := l.ipcs[k]; m != nil {
+		m.refs++
+		l.mapTick++
+		m.used = l.mapTick
+		l.mu.Unlock()
+		return m, nil
+	}
+	l.mu.Unlock()
+	lib := gpu.Lib()
+	ptr, err := lib.IPCOpen(gpu.Ordinal, h)
+	if err != nil {
+		l.ipcOff.Store(true) // later transfers of GPU memory go over TCP at once
+		return nil, err
+	}
+	base, size, err := lib.MemRange(gpu.Ordinal, ptr)
+	if err == nil && base != ptr {
+		err = fmt.Errorf("the opened allocation starts at %#x, its mapping at %#x", base, ptr)
+	}
+	if err != nil {
+		lib.IPCClose(gpu.Ordinal, ptr)
+		l.ipcOff.Store(true)
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		lib.IPCClose(gpu.Ordinal, ptr)
+		return nil, l.err
+	}
+	if m := l.ipcs[k]; m != nil { // another copy opened it meanwhile
+		lib.IPCClose(gpu.Ordinal, ptr)
+		m.refs++
+		return m, nil
+	}
+	if l.ipcs == nil {
+		l.ipcs = map[ipcKey]*ipcMap{}
+	}
+	for len(l.ipcs) >= maxIPCMaps {
+		var old ipcKey
+		var oldest *ipcMap
+		for k, m := range l.ipcs {
+			if m.refs == 0 && (oldest == nil || m.used < oldest.used) {
+				old, oldest = k, m
+			}
+		}
+		if oldest == nil {
+			lib.IPCClose(gpu.Ordinal, ptr)
+			return nil, fmt.Errorf("the link has %d allocations of the peer open, all in use", maxIPCMaps)
+		}
+		delete(l.ipcs, old)
+		oldest.gpu.Lib().IPCClose(oldest.gpu.Ordinal, oldest.ptr)
+	}
+	l.mapTick++
+	m := &ipcMap{gpu: gpu, ptr: ptr, size: size, refs: 1, used: l.mapTick}
+	l.ipcs[k] = m
+	return m, nil
+}
+
+// unrefIPC drops the references openIPC took; a link that has ended
+// closes what nothing uses any more.
+func (l *link) unrefIPC(ms []*ipcMap) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, m := range ms {
+		if m != nil {
+			m.refs--
+		}
+	}
+	if l.err != nil {
+		l.dropIPC()
+	}
+}
+
+// dropIPC closes the peer's allocations that no copy uses (under l.mu).
+func (l *link) dropIPC() {
+	for k, m := range l.ipcs {
+		if m.refs == 0 {
+			delete(l.ipcs, k)
+			m.gpu.Lib().IPCClose(m.gpu.Ordinal, m.ptr)
+		}
+	}
+}
+
+// ipcGranted copies a same-host part's bytes through the IPC grant its
+// answer h carries (the records follow h), then releases the grant. A
+// handle that does not open here sends the request again over TCP; a
+// range outside its allocation breaks the protocol (ErrFrame).
+func (c *conn) ipcGranted(h header, p *part) error {
+	l := c.l
+	if cap(c.desc) < int(h.payload) {
+		c.desc = make([]byte, h.payload)
+	}
+	b := c.desc[:h.payload]
+	if err := c.readFull(b); err != nil {
+		return err
+	}
+	release := func() { l.enqueue(c.idx, frame{kind: kRelease, id: h.id}) }
+	if p == nil { // given up: the grant goes back unused
+		release()
+		return nil
+	}
+	recs, err := decodeIPCGrant(b, int(h.b), p.total, nil)
+	if err != nil {
+		release()
+		return err
+	}
+	var gpu *device.GPU
+	for _, s := range p.local {
+		if s.d == nil || s.d.Dev == nil {
+			// oneSided asks rReadG and rWriteG only for GPU memory.
+			release()
+			return fmt.Errorf("%w: an IPC grant for request %d, whose local ranges are host memory", ErrFrame, h.id)
+		}
+		if gpu == nil {
+			gpu = s.d.Dev
+		}
+	}
+	maps := make([]*ipcMap, len(recs))
+	for i, r := range recs {
+		m, err := l.openIPC(gpu, r.h)
+		if err != nil {
+			l.unrefIPC(maps)
+			release()
+			if l.failed() == nil {
+				c.overTCP(p)
+			}
+			return nil
+		}
+		maps[i] = m
+		if r.off > m.size || r.n > m.size-r.off {
+			l.unrefIPC(maps)
+			release()
+			return fmt.Errorf("%w: an IPC grant of %d bytes at %d of an allocation of %d", ErrFrame, r.n, r.off, m.size)
+		}
+	}
+	// The copy runs in a goroutine of its own, as a host grant's does
+	// (granted), so that the reader goes on reading while it lasts.
+	idx, write := c.idx, h.sub == rWriteG
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		err := ipcCopy(p, recs, maps, write)
+		l.unrefIPC(maps)
+		l.enqueue(idx, frame{kind: kRelease, id: h.id})
+		if err != nil {
+			p.finish(opErr(p.f.op, l.p.name, "", ErrInvalid, "copying GPU memory through the peer's IPC grant: %v", err))
+			return
+		}
+		p.finish(nil)
+	}()
+	return nil
+}
+
+// ipcCopy copies p's bytes from (write false) or to (write true) the
+// peer's ranges recs, opened as maps, a chunk at a time under p's lock,
+// while p is active, each with a synchronous copy on the device of its
+// local range.
+func ipcCopy(p *part, recs []ipcRec, maps []*ipcMap, write bool) error {
+	lk := cursor{segs: p.local}
+	for i, r := range recs {
+		for done := uint64(0); done < r.n; {
+			s := lk.next(int(min(r.n-done, cmaChunk)))
+			if s.n == 0 || s.d == nil {
+				return fmt.Errorf("the local ranges end before the grant's %d bytes", p.total)
+			}
+			local := s.d.Ptr + kernels.Ptr(s.off)
+			remote := maps[i].ptr + kernels.Ptr(r.off+done)
+			dst, src := local, remote
+			if write {
+				dst, src = remote, local
+			}
+			p.mu.Lock()
+			if !p.active {
+				p.mu.Unlock()
+				return nil
+			}
+			err := s.d.Dev.Lib().Memcpy(s.d.Dev.Ordinal, dst, src, uint64(s.n))
+			p.mu.Unlock()
+			if err != nil {
+				return err
+			}
+			done += uint64(s.n)
+		}
+	}
+	return nil
+}
