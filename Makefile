@@ -89,7 +89,7 @@ DBIN := $(BIN)/device
 device-bins:
 	@mkdir -p $(DBIN)/tests
 	$(GO) build -ldflags='-s -w' -o $(DBIN)/ ./cmd/slimerun ./cmd/slimebench
-	for p in kernels device cudagraph intra collective overlap; do \
+	for p in kernels device cudagraph intra collective overlap p2p; do \
 	  $(GO) test -ldflags='-s -w' -c -o $(DBIN)/tests/$$p.test ./$$p || exit 1; done
 	@du -sh $(DBIN)
 

@@ -206,6 +206,9 @@ int slime_mem_range(int dev, uint64_t ptr, uint64_t *base, uint64_t *size) {
     unsigned long long b = 0;
     size_t n = 0;
     USE(dev);
+    // A driver call needs the device's context current on this thread,
+    // which cudaSetDevice alone does not make before CUDA 12.
+    CK(cudaFree(0));
     std::call_once(once, [] {
         void *f = NULL;
 #if CUDART_VERSION >= 12050

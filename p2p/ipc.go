@@ -14,8 +14,9 @@ import (
 // with an IPC handle of each range's allocation and the range's offset in
 // it (slime_mem_range), and counts the request in flight on its regions
 // until the initiator releases the grant, as for host memory. The
-// initiator opens each handle once per link (kept for later grants, up
-// to maxIPCMaps, closed when the link ends), checks each range against
+// initiator opens each handle for the grant (the grants in flight share
+// an open; the last to end closes it, before its release, so that the
+// peer may free the memory once it is released), checks each range against
 // the size of the allocation it opened (the driver's word, not the
 // peer's), and copies device to device a chunk at a time under its
 // part's lock while the part is active, so that a cancelled transfer
@@ -34,9 +35,9 @@ import (
 // process exported to it; the ranges are still bounded by what the
 // handle maps.
 
-// maxIPCMaps bounds the peer's allocations a link keeps open; beyond it
-// the least recently used one that no copy uses is closed.
-const maxIPCMaps = 64
+// maxIPCMaps bounds the peer's allocations a link has open at once;
+// a grant that would pass it goes over TCP instead.
+const maxIPCMaps = 256
 
 // ipcKey names an opened allocation: its handle and the device it was
 // opened on.
@@ -50,8 +51,7 @@ type ipcMap struct {
 	gpu  *device.GPU
 	ptr  kernels.Ptr
 	size uint64
-	refs int    // copies using it now
-	used uint64 // the link's mapTick when last taken
+	refs int // grants' records using it now
 }
 
 // ipcRecords encodes the IPC records of segs, all GPU memory, or reports
@@ -82,24 +82,31 @@ func ipcRecords(segs []seg) ([]byte, bool) {
 	return b, true
 }
 
-// openIPC returns the peer's allocation of handle h opened on gpu, taking
-// a reference that unrefIPC drops.
-func (l *link) openIPC(gpu *device.GPU, h [kernels.IPCHandleBytes]byte) (*ipcMap, error) {
+// openIPC returns the peer's allocation of handle h opened on gpu,
+// taking a reference that unrefIPC drops. An allocation is open only
+// while a grant uses it (the copies in flight share one open): the peer
+// may free its memory once the grant is released, and CUDA leaves the
+// exporter's free of an allocation still open elsewhere undefined (and a
+// stale mapping would keep a later allocation at its address from
+// opening). refused says whether the open itself failed (a handle that
+// does not open here) rather than a bound or the link's end.
+func (l *link) openIPC(gpu *device.GPU, h [kernels.IPCHandleBytes]byte) (m *ipcMap, refused bool, err error) {
 	k := ipcKey{h: h, dev: gpu.Ordinal}
 	l.mu.Lock()
 	if m := l.ipcs[k]; m != nil {
 		m.refs++
-		l.mapTick++
-		m.used = l.mapTick
 		l.mu.Unlock()
-		return m, nil
+		return m, false, nil
 	}
+	full := len(l.ipcs) >= maxIPCMaps
 	l.mu.Unlock()
+	if full {
+		return nil, false, fmt.Errorf("the link has %d allocations of the peer open", maxIPCMaps)
+	}
 	lib := gpu.Lib()
 	ptr, err := lib.IPCOpen(gpu.Ordinal, h)
 	if err != nil {
-		l.ipcOff.Store(true) // later transfers of GPU memory go over TCP at once
-		return nil, err
+		return nil, true, err
 	}
 	base, size, err := lib.MemRange(gpu.Ordinal, ptr)
 	if err == nil && base != ptr {
@@ -107,66 +114,52 @@ func (l *link) openIPC(gpu *device.GPU, h [kernels.IPCHandleBytes]byte) (*ipcMap
 	}
 	if err != nil {
 		lib.IPCClose(gpu.Ordinal, ptr)
-		l.ipcOff.Store(true)
-		return nil, err
+		return nil, true, err
 	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.err != nil {
+		err := l.err
+		l.mu.Unlock()
 		lib.IPCClose(gpu.Ordinal, ptr)
-		return nil, l.err
+		return nil, false, err
 	}
-	if m := l.ipcs[k]; m != nil { // another copy opened it meanwhile
-		lib.IPCClose(gpu.Ordinal, ptr)
+	if m := l.ipcs[k]; m != nil { // another grant opened it meanwhile
 		m.refs++
-		return m, nil
+		l.mu.Unlock()
+		lib.IPCClose(gpu.Ordinal, ptr) // opens are counted: this one's
+		return m, false, nil
 	}
 	if l.ipcs == nil {
 		l.ipcs = map[ipcKey]*ipcMap{}
 	}
-	for len(l.ipcs) >= maxIPCMaps {
-		var old ipcKey
-		var oldest *ipcMap
-		for k, m := range l.ipcs {
-			if m.refs == 0 && (oldest == nil || m.used < oldest.used) {
-				old, oldest = k, m
-			}
-		}
-		if oldest == nil {
-			lib.IPCClose(gpu.Ordinal, ptr)
-			return nil, fmt.Errorf("the link has %d allocations of the peer open, all in use", maxIPCMaps)
-		}
-		delete(l.ipcs, old)
-		oldest.gpu.Lib().IPCClose(oldest.gpu.Ordinal, oldest.ptr)
-	}
-	l.mapTick++
-	m := &ipcMap{gpu: gpu, ptr: ptr, size: size, refs: 1, used: l.mapTick}
+	m = &ipcMap{gpu: gpu, ptr: ptr, size: size, refs: 1}
 	l.ipcs[k] = m
-	return m, nil
+	l.mu.Unlock()
+	return m, false, nil
 }
 
-// unrefIPC drops the references openIPC took; a link that has ended
-// closes what nothing uses any more.
+// unrefIPC drops the references openIPC took (ms may hold nils and
+// repeats), and closes what no grant uses any more, outside l.mu.
 func (l *link) unrefIPC(ms []*ipcMap) {
+	var done []*ipcMap
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	for _, m := range ms {
-		if m != nil {
-			m.refs--
+		if m == nil {
+			continue
+		}
+		if m.refs--; m.refs == 0 {
+			for k, o := range l.ipcs {
+				if o == m {
+					delete(l.ipcs, k)
+					break
+				}
+			}
+			done = append(done, m)
 		}
 	}
-	if l.err != nil {
-		l.dropIPC()
-	}
-}
-
-// dropIPC closes the peer's allocations that no copy uses (under l.mu).
-func (l *link) dropIPC() {
-	for k, m := range l.ipcs {
-		if m.refs == 0 {
-			delete(l.ipcs, k)
-			m.gpu.Lib().IPCClose(m.gpu.Ordinal, m.ptr)
-		}
+	l.mu.Unlock()
+	for _, m := range done {
+		m.gpu.Lib().IPCClose(m.gpu.Ordinal, m.ptr)
 	}
 }
 
@@ -206,10 +199,14 @@ func (c *conn) ipcGranted(h header, p *part) error {
 	}
 	maps := make([]*ipcMap, len(recs))
 	for i, r := range recs {
-		m, err := l.openIPC(gpu, r.h)
+		m, refused, err := l.openIPC(gpu, r.h)
 		if err != nil {
 			l.unrefIPC(maps)
 			release()
+			if refused {
+				// Later transfers of GPU memory go over TCP at once.
+				l.ipcOff.Store(true)
+			}
 			if l.failed() == nil {
 				c.overTCP(p)
 			}

@@ -182,8 +182,8 @@ type link struct {
 	// (shared_linux.go); mapTick orders their use.
 	maps    map[uint64]*peerMap
 	mapTick uint64
-	// ipcs are the peer's GPU allocations opened here (ipc.go), ordered
-	// by mapTick too.
+	// ipcs are the peer's GPU allocations open here (ipc.go), while
+	// grants use them.
 	ipcs map[ipcKey]*ipcMap
 	// peerPid is the pid the peer gave (its hello, or its Info when this
 	// side dialed); grants go only to a peer whose process it is
@@ -281,7 +281,6 @@ func (l *link) start() {
 		l.mu.Lock()
 		l.endLeases()
 		l.dropMaps()
-		l.dropIPC()
 		if l.pidfd >= 0 {
 			unix.Close(l.pidfd)
 			l.pidfd = -1
@@ -1301,9 +1300,15 @@ func (c *conn) response(h header) error {
 // rWrite), its grant having been refused (stNotHost) or given back.
 func (c *conn) overTCP(p *part) {
 	p.mu.Lock()
+	if !p.active { // given up meanwhile: its Future may be done
+		p.mu.Unlock()
+		return
+	}
 	p.sub = map[uint8]uint8{rReadV: rRead, rWriteV: rWrite, rReadG: rRead, rWriteG: rWrite}[p.sub]
+	// Read by Transport only after the Future is done, which it cannot
+	// be while p is active and its lock held.
+	p.f.transport = "tcp"
 	p.mu.Unlock()
-	p.f.transport = "tcp" // read by Transport only after the Future is done
 	c.l.enqueue(c.idx, reqJob{p: p})
 }
 

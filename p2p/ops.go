@@ -63,10 +63,12 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	n := len(l.conns)
 	k := inter.Stripes(int(min(total, MaxLen)), n)
 	sub := kind
+	// allGPU: every local range is GPU memory of one device (IPC opens
+	// the peer's memory on that device).
 	gpu, allGPU := false, true
 	for _, o := range ops {
 		gpu = gpu || o.Local.dev != nil
-		allGPU = allGPU && o.Local.dev != nil
+		allGPU = allGPU && o.Local.dev != nil && o.Local.dev.Dev.Ordinal == ops[0].Local.dev.Dev.Ordinal
 	}
 	var pins []*lease
 	if !gpu && l.cma.Load() {

@@ -211,7 +211,7 @@ bounded 30 bin/device/slimerun --print-topology 2>&1 | tee -a "$SUM"
 
 say; say "== tests (-v output in tests.log)"
 : >"$OUT/tests.log"
-for t in kernels device cudagraph intra collective overlap; do
+for t in kernels device cudagraph intra collective overlap p2p; do
   [ -x bin/device/tests/$t.test ] || { say "$t: no test binary (make device-bins)"; continue; }
   args=(-test.v -test.count=1) envs=()
   case $t in
@@ -220,6 +220,9 @@ for t in kernels device cudagraph intra collective overlap; do
     kernels) envs=(-u CUDA_DEVICE_MAX_CONNECTIONS) ;;
     intra) args+=(-test.run GPU) envs=("${INTRA_ENV[@]}") ;;
     overlap) args+=(-test.run GPU) ;;
+    # GPU memory in p2p: staged over TCP in one process, CUDA IPC between
+    # processes (the test binary re-run as the peer), hostile IPC grants.
+    p2p) args+=(-test.run 'GPU|IPC') ;;
     # The slimerun jobs of TestGPUSlimebenchProcesses need Go to build the
     # commands; the sweeps below run the same jobs with bin/device's.
     collective) args+=(-test.run GPU -test.skip GPUSlimebenchProcesses) ;;
