@@ -933,6 +933,126 @@ func testGPUIPC(t *testing.T, tcpOnly bool) {
 	}
 }
 
+// TestGPUIPCCancelReuse: reads of a child's GPU region through CUDA IPC
+// cancelled at once or a few milliseconds in, and a cancelled write:
+// once Wait has returned, the local GPU buffer, refilled, is not touched
+// again (checked after a later transfer on the link); a full write after
+// a cancelled one lands whole (read back over TCP); nothing is left on
+// this side (parts, open allocations), and the local region deregisters
+// at once. Deregistering the local region during a read fails it with
+// ErrClosed.
+func TestGPUIPCCancelReuse(t *testing.T) {
+	if gpuErr != nil {
+		t.Skip("no CUDA backend:", gpuErr)
+	}
+	g, err := device.OpenGPU(0)
+	if err != nil {
+		t.Skip("no GPU:", err)
+	}
+	const size = 64 << 20
+	addr, st := storeFor(t)
+	startChild(t, "gpu-target", addr, size, 31)
+	ctx := ctxT(t, 60*time.Second)
+	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	p, err := e.Connect(ctx, "child")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rg, _ := p.Remote("mem")
+	ld, err := g.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ld.Free()
+	lr, err := e.Register("lgpu", ld)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := bytes.Repeat([]byte{0xA5}, size)
+	small := make([]byte, 4096)
+	sr, _ := e.Register("small", small)
+	cancelled := 0
+	for round := range 5 {
+		f := p.Read([]Op{{Local: lr, Remote: rg, Len: size}})
+		cctx, cancel := context.WithCancel(ctx)
+		go func() { time.Sleep(time.Duration(round) * time.Millisecond); cancel() }()
+		err := f.Wait(cctx)
+		cancel()
+		if err == nil {
+			if f.Transport() != "ipc" {
+				t.Fatalf("round %d: transport %q, want ipc", round, f.Transport())
+			}
+			continue // it finished first
+		}
+		if !errors.Is(err, ErrCancelled) {
+			t.Fatalf("round %d: %v, want ErrCancelled", round, err)
+		}
+		cancelled++
+		if err := ld.CopyFromHost(mark); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Read([]Op{{Local: sr, Remote: rg, Len: len(small)}}).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, size)
+		if err := ld.CopyToHost(got); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, mark) {
+			i := 0
+			for got[i] == 0xA5 {
+				i++
+			}
+			t.Fatalf("round %d: byte %d of the reused GPU buffer was written after the cancel", round, i)
+		}
+	}
+	t.Logf("%d of 5 reads cancelled mid-way", cancelled)
+	// A cancelled write, then a full one that lands whole.
+	fresh := make([]byte, size)
+	fill(fresh, 32)
+	if err := ld.CopyFromHost(fresh); err != nil {
+		t.Fatal(err)
+	}
+	f := p.Write([]Op{{Local: lr, Remote: rg, Len: size}})
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := f.Wait(cctx); err != nil && !errors.Is(err, ErrCancelled) {
+		t.Fatal(err)
+	}
+	fill(fresh, 33)
+	if err := ld.CopyFromHost(fresh); err != nil {
+		t.Fatal(err)
+	}
+	if f := p.Write([]Op{{Local: lr, Remote: rg, Len: size}}); f.Wait(ctx) != nil || f.Transport() != "ipc" {
+		t.Fatalf("the write after a cancelled one: %v, transport %q", f.Wait(ctx), f.Transport())
+	}
+	back := make([]byte, size)
+	br, _ := e.Register("back", back)
+	if err := p.Read([]Op{{Local: br, Remote: rg, Len: size}}).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back, fresh) {
+		t.Fatal("the write after a cancelled one did not land whole")
+	}
+	// Deregistering the local region fails a read in flight.
+	f = p.Read([]Op{{Local: lr, Remote: rg, Len: size}})
+	if err := e.Deregister(ctx, lr); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Wait(ctx); err != nil && !errors.Is(err, ErrClosed) {
+		t.Fatalf("a read whose local region was deregistered: %v, want ErrClosed (or done first)", err)
+	}
+	eventually(t, "the transfers' state to drain", func() bool {
+		p.l.mu.Lock()
+		defer p.l.mu.Unlock()
+		return len(p.l.parts) == 0 && len(p.l.ipcs) == 0
+	})
+}
+
 // TestConcurrent: both ends at once, 8 goroutines each, write random
 // batches into slots of the other's region and read them back, while
 // sends and receives cross; every byte is checked.
