@@ -248,7 +248,7 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 		return
 	}
 	var iov []byte
-	if sub == rReadG || sub == rWriteG {
+	if sub == rReadG || sub == rWriteG || sub == rLeaseG {
 		// GPU memory: IPC handles (ipc.go); anything else over TCP.
 		var ok bool
 		if iov, ok = ipcRecords(segs); !ok {
@@ -260,7 +260,7 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 		iov = make([]byte, len(segs)*IovSize)
 	}
 	for i, s := range segs {
-		if sub == rReadG || sub == rWriteG {
+		if sub == rReadG || sub == rWriteG || sub == rLeaseG {
 			break
 		}
 		if s.d != nil { // GPU memory has no address to lend: over TCP instead
@@ -303,7 +303,7 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 	})) {
 		l.enqueue(c.idx, grantJob{id: id, sub: sub, n: n, iov: iov})
 	}
-	if sub == rLease {
+	if sub == rLease || sub == rLeaseG {
 		// Recorded once the grant is queued, so that a revocation goes
 		// after it on this connection; a Deregister that ran meanwhile
 		// did not see it, and it is revoked here instead (whichever

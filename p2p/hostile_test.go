@@ -132,16 +132,17 @@ func nextFrame(t *testing.T, c net.Conn) (header, []byte) {
 // sameHostRequest reads the next frame a same-host initiator sends the
 // fake target c, first answering the lease request that asks for a
 // region whole before a batch's own request: with lease (the region's
-// iovec) as its grant, or "not host" when lease is nil.
+// iovec) as its grant, or "not host" when lease is nil (always for a
+// lease of GPU memory).
 func sameHostRequest(t *testing.T, c net.Conn, lease []byte) header {
 	t.Helper()
 	for {
 		h, _ := nextFrame(t, c)
-		if h.kind != kReq || h.sub != rLease {
+		if h.kind != kReq || h.sub != rLease && h.sub != rLeaseG {
 			return h
 		}
-		if lease == nil {
-			c.Write(hdr(header{kind: kResp, sub: rLease, id: h.id, status: stNotHost}))
+		if lease == nil || h.sub == rLeaseG {
+			c.Write(hdr(header{kind: kResp, sub: h.sub, id: h.id, status: stNotHost}))
 			continue
 		}
 		c.Write(append(hdr(header{kind: kResp, sub: rLease, id: h.id, b: 1, payload: IovSize}), lease...))
@@ -1508,7 +1509,7 @@ func TestIPCGrantChecked(t *testing.T) {
 				return b
 			}
 			f := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
-			rq, _ := nextFrame(t, c)
+			rq := sameHostRequest(t, c, nil) // the lease refused: a grant per batch
 			if rq.kind != kReq || rq.sub != rReadG {
 				t.Fatalf("got %+v, want a same-host read of GPU memory", rq)
 			}
@@ -1569,4 +1570,169 @@ func TestIPCGrantChecked(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestIPCLease: a batch of GPU memory on a same-host link asks a lease of
+// the peer's GPU region; once the fake target grants it (a child
+// process's IPC handle), reads copy through it asking nothing, whole and
+// as ranges at offsets, every byte checked; a revocation is answered by
+// the release, the allocation closed first, and later batches ask again
+// per batch. A lease granted past its allocation, or answered as a lease
+// of host memory, breaks the protocol; one whose handle does not open is
+// given back unused, and the link's GPU memory goes over TCP after it.
+func TestIPCLease(t *testing.T) {
+	if gpuErr != nil {
+		t.Skip("no CUDA backend:", gpuErr)
+	}
+	g, err := device.OpenGPU(0)
+	if err != nil {
+		t.Skip("no GPU:", err)
+	}
+	const n = 1 << 16
+	_, line := startChildLine(t, "gpu-export", "", n, 9)
+	var hx string
+	var allocSize uint64
+	if _, err := fmt.Sscan(line, &hx, &allocSize); err != nil {
+		t.Fatalf("the child printed %q: %v", line, err)
+	}
+	var handle [kernels.IPCHandleBytes]byte
+	raw, err := hex.DecodeString(hx)
+	if err != nil || len(raw) != len(handle) {
+		t.Fatalf("handle %q: %v", hx, err)
+	}
+	copy(handle[:], raw)
+	want := make([]byte, n)
+	fill(want, 9)
+	setup := func(t *testing.T) (*Peer, net.Conn, RemoteRegion, *Region, *device.CUDABuffer, context.Context) {
+		ctx := ctxT(t, 20*time.Second)
+		a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
+		p, c := fakeSameHostTarget(t, ctx, a, rr)
+		p.l.ipcOff.Store(false) // the fake target is this process; the handle is the child's
+		ld, err := g.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ld.Free() })
+		lr, _ := a.Register("l", ld)
+		return p, c, rr, lr, ld, ctx
+	}
+	contents := func(t *testing.T, ld *device.CUDABuffer) []byte {
+		b := make([]byte, n)
+		if err := ld.CopyToHost(b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	rec := func(r ipcRec) []byte {
+		b := make([]byte, IPCRecSize)
+		r.put(b)
+		return b
+	}
+	// leaseAsked reads the lease request and the batch's own request,
+	// which it answers with a grant of the child's bytes.
+	leaseAsked := func(t *testing.T, c net.Conn) header {
+		lq, _ := nextFrame(t, c)
+		if lq.kind != kReq || lq.sub != rLeaseG || lq.a != n {
+			t.Fatalf("got %+v, want a lease of the GPU region", lq)
+		}
+		rq, _ := nextFrame(t, c)
+		if rq.kind != kReq || rq.sub != rReadG {
+			t.Fatalf("got %+v, want the batch's request", rq)
+		}
+		c.Write(append(hdr(header{kind: kResp, sub: rReadG, id: rq.id, b: 1, payload: IPCRecSize}), rec(ipcRec{handle, 4099, n})...))
+		if rel, _ := nextFrame(t, c); rel.kind != kRelease || rel.id != rq.id {
+			t.Fatalf("got %+v, want the grant's release", rel)
+		}
+		return lq
+	}
+
+	t.Run("granted, used, revoked", func(t *testing.T) {
+		p, c, rr, lr, ld, ctx := setup(t)
+		f := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+		lq := leaseAsked(t, c)
+		if err := f.Wait(ctx); err != nil || f.Transport() != "ipc" || !bytes.Equal(contents(t, ld), want) {
+			t.Fatalf("the first read: %v, transport %q", err, f.Transport())
+		}
+		c.Write(append(hdr(header{kind: kResp, sub: rLeaseG, id: lq.id, b: 1, payload: IPCRecSize}), rec(ipcRec{handle, 4099, n})...))
+		eventually(t, "the lease to be ready", func() bool {
+			p.l.mu.Lock()
+			defer p.l.mu.Unlock()
+			ls := p.l.leaseIDs[lq.id]
+			return ls != nil && ls.ready && ls.ipc != nil
+		})
+		// Through the lease: nothing asked, ranges at their offsets.
+		if err := ld.CopyFromHost(make([]byte, n)); err != nil {
+			t.Fatal(err)
+		}
+		ops := []Op{{Local: lr, LocalOff: 0, Remote: rr, RemoteOff: 100, Len: 5000}, {Local: lr, LocalOff: 6000, Remote: rr, RemoteOff: 40000, Len: n - 40000}}
+		f = p.Read(ops)
+		if err := f.Wait(ctx); err != nil || f.Transport() != "ipc" {
+			t.Fatalf("a read through the lease: %v, transport %q", err, f.Transport())
+		}
+		got := contents(t, ld)
+		for i, o := range ops {
+			if !bytes.Equal(got[o.LocalOff:o.LocalOff+o.Len], want[o.RemoteOff:o.RemoteOff+o.Len]) {
+				t.Fatalf("range %d read through the lease differs", i)
+			}
+		}
+		quiet(t, c)
+		// Revoked: released, the allocation closed before.
+		c.Write(hdr(header{kind: kRevoke, id: lq.id}))
+		if rel, _ := nextFrame(t, c); rel.kind != kRelease || rel.id != lq.id {
+			t.Fatalf("got %+v, want the lease's release", rel)
+		}
+		p.l.mu.Lock()
+		open := len(p.l.ipcs)
+		p.l.mu.Unlock()
+		if open != 0 {
+			t.Fatalf("%d allocations open after the lease's release", open)
+		}
+		p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+		if rq, _ := nextFrame(t, c); rq.kind != kReq || rq.sub != rReadG {
+			t.Fatalf("got %+v after the revocation, want a request per batch", rq)
+		}
+	})
+	for _, tc := range []struct {
+		name   string
+		answer []byte
+	}{
+		{"past the allocation", append(hdr(header{kind: kResp, sub: rLeaseG, b: 1, payload: IPCRecSize}), rec(ipcRec{handle, 1 << 30, n})...)},
+		{"a region of another size", append(hdr(header{kind: kResp, sub: rLeaseG, b: 1, payload: IPCRecSize}), rec(ipcRec{handle, 4099, n - 1})...)},
+		{"answered as host memory", append(hdr(header{kind: kResp, sub: rLease, b: 1, payload: IovSize}), make([]byte, IovSize)...)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, c, rr, lr, _, ctx := setup(t)
+			f := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+			lq, _ := nextFrame(t, c)
+			if lq.kind != kReq || lq.sub != rLeaseG {
+				t.Fatalf("got %+v, want a lease of the GPU region", lq)
+			}
+			binary.LittleEndian.PutUint64(tc.answer[8:], lq.id)
+			c.Write(tc.answer)
+			if err := f.Wait(ctx); !errors.Is(err, ErrPeerLost) {
+				t.Fatalf("a bad lease: %v, want the link to fail (ErrPeerLost)", err)
+			}
+		})
+	}
+	t.Run("a handle that does not open", func(t *testing.T) {
+		p, c, rr, lr, ld, ctx := setup(t)
+		f := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+		lq := leaseAsked(t, c)
+		if err := f.Wait(ctx); err != nil || !bytes.Equal(contents(t, ld), want) {
+			t.Fatalf("the first read: %v", err)
+		}
+		c.Write(append(hdr(header{kind: kResp, sub: rLeaseG, id: lq.id, b: 1, payload: IPCRecSize}), rec(ipcRec{[kernels.IPCHandleBytes]byte{1}, 0, n})...))
+		if rel, _ := nextFrame(t, c); rel.kind != kRelease || rel.id != lq.id {
+			t.Fatalf("got %+v, want the lease given back", rel)
+		}
+		p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+		if rq, _ := nextFrame(t, c); rq.kind != kReq || rq.sub != rRead {
+			t.Fatalf("got %+v, want a read over TCP", rq)
+		}
+	})
 }

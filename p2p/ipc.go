@@ -27,7 +27,10 @@ import (
 // again over TCP, staged through host memory, and after a handle that did
 // not open so do the link's later transfers of GPU memory (ipcOff, set
 // from the start where the peer is this process, which cannot open its
-// own handles).
+// own handles). GPU memory is leased as host memory is (lease_linux.go):
+// a batch of this side's GPU memory asks a lease of the peer's GPU region
+// (rLeaseG), which keeps its allocation open until it is revoked, and
+// later batches copy through it with no request.
 //
 // A handle names memory of the process that exported it; CUDA gives the
 // importer no way to tell which process that was. A member of the job
@@ -267,6 +270,45 @@ func ipcCopy(p *part, recs []ipcRec, maps []*ipcMap, write bool) error {
 			}
 			done += uint64(s.n)
 		}
+	}
+	return nil
+}
+
+// ipcLeaseAnswered takes the grant of GPU lease ls (its one record, b):
+// the region's allocation is opened on the lease's device and the region
+// checked against it. A handle that does not open here gives the lease
+// back unused (and the link's GPU memory goes over TCP from then on); a
+// region outside the allocation breaks the protocol.
+func (c *conn) ipcLeaseAnswered(ls *lease, b []byte) error {
+	l := c.l
+	recs, err := decodeIPCGrant(b, 1, ls.region.Size, nil)
+	if err != nil {
+		return err
+	}
+	r := recs[0]
+	m, refused, err := l.openIPC(ls.gpu, r.h)
+	if err == nil && (r.off > m.size || r.n > m.size-r.off) {
+		l.unrefIPC([]*ipcMap{m})
+		return fmt.Errorf("%w: a lease of %d bytes at %d of an allocation of %d", ErrFrame, r.n, r.off, m.size)
+	}
+	l.mu.Lock()
+	ls.ready = true // granted: the target holds it until the release
+	if err == nil {
+		ls.ipc, ls.ipcOff = m, r.off
+	} else {
+		ls.dead = true
+		if refused {
+			l.ipcOff.Store(true)
+		}
+	}
+	rel := false
+	if l.err != nil || ls.dead { // ended meanwhile, or never usable: given back
+		ls.dead = true
+		rel = l.endLeaseLocked(ls)
+	}
+	l.mu.Unlock()
+	if rel {
+		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
 	}
 	return nil
 }

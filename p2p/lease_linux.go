@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"time"
+
+	"github.com/slimego/slimego/device"
 )
 
 // Leases: one-sided copies on the same host, with no request per transfer.
@@ -31,6 +33,14 @@ import (
 // its grants: the target counts them in use for a heartbeat more, and the
 // initiator's copies stop at their next chunk.
 //
+// A batch whose local ranges are GPU memory of one device asks, and
+// copies through, leases of the peer's GPU memory instead (rLeaseG): the
+// grant is an IPC record of the region's allocation, which the initiator
+// opens on its device and keeps open while the lease lives, and closes
+// before it releases it, so that the target may free the memory once its
+// Deregister returns. A lease serves batches of the memory it was asked
+// for only (host memory here, or GPU memory of that device).
+//
 // All of a link's lease state is under its mu.
 
 // maxLeases bounds the regions of a peer a link asks leases of (granted,
@@ -49,13 +59,20 @@ type lease struct {
 	released bool     // given back (or never granted): nothing is held
 	g        grantIov // the region whole; g.m its mapping, if mapped
 	inflight int      // copies through it now
+	// gpu: asked for batches of GPU memory of this device (rLeaseG);
+	// once granted, ipc is the peer's allocation opened on it and
+	// ipcOff the region's offset in it.
+	gpu    *device.GPU
+	ipc    *ipcMap
+	ipcOff uint64
 }
 
-// pinLeases returns, for a batch of host memory on a same-host link, the
-// lease of each op's region, each pinned against release, when every one
-// is granted for the op's key and size (unpin them when the copy ends); or
-// nil, having asked leases of regions that have none yet.
-func (l *link) pinLeases(ops []Op) []*lease {
+// pinLeases returns, for a batch of host memory (gpu nil) or of GPU
+// memory of device gpu on a same-host link, the lease of each op's
+// region, each pinned against release, when every one is granted for the
+// op's key and size and for that memory (unpin them when the copy ends);
+// or nil, having asked leases of regions that have none yet.
+func (l *link) pinLeases(ops []Op, gpu *device.GPU) []*lease {
 	var ask []*lease
 	l.mu.Lock()
 	alive := l.err == nil
@@ -66,7 +83,7 @@ func (l *link) pinLeases(ops []Op) []*lease {
 		// the caller) is not asked for: its request would break the
 		// protocol; the batch goes the usual way and is refused there.
 		if ls == nil && alive && len(l.leases) < maxLeases && o.Remote.Size > 0 && o.Remote.Size <= MaxLen {
-			ls = &lease{id: l.nextID, ch: l.rr, region: o.Remote}
+			ls = &lease{id: l.nextID, ch: l.rr, region: o.Remote, gpu: gpu}
 			l.nextID++
 			l.rr = (l.rr + 1) % len(l.conns)
 			if l.leases == nil {
@@ -76,7 +93,7 @@ func (l *link) pinLeases(ops []Op) []*lease {
 			l.leaseIDs[ls.id] = ls
 			ask = append(ask, ls)
 		}
-		if ls == nil || !ls.ready || ls.dead || ls.region != o.Remote {
+		if ls == nil || !ls.ready || ls.dead || ls.region != o.Remote || (ls.gpu == nil) != (gpu == nil) || gpu != nil && ls.gpu.Ordinal != gpu.Ordinal {
 			ok = false
 		}
 	}
@@ -97,7 +114,11 @@ func (l *link) pinLeases(ops []Op) []*lease {
 
 // askLease sends ls's request: a read request of the region whole.
 func (l *link) askLease(ls *lease) {
-	b := appendHeader(nil, header{kind: kReq, sub: rLease, id: ls.id, a: ls.region.Size, b: 1, payload: stripeSize + DescSize})
+	sub := rLease
+	if ls.gpu != nil {
+		sub = rLeaseG
+	}
+	b := appendHeader(nil, header{kind: kReq, sub: sub, id: ls.id, a: ls.region.Size, b: 1, payload: stripeSize + DescSize})
 	b = binary.LittleEndian.AppendUint64(b, 0)
 	b = append(b, make([]byte, DescSize)...)
 	d := desc{region: ls.region.ID, key: ls.region.Key, off: 0, len: ls.region.Size}
@@ -141,6 +162,20 @@ func (l *link) endLeaseLocked(ls *lease) bool {
 			l.dropMaps()
 		}
 	}
+	if m := ls.ipc; m != nil {
+		// Closed before the release goes (under l.mu: a lease ends when
+		// its region is deregistered, or its link).
+		ls.ipc = nil
+		if m.refs--; m.refs == 0 {
+			for k, o := range l.ipcs {
+				if o == m {
+					delete(l.ipcs, k)
+					break
+				}
+			}
+			m.gpu.Lib().IPCClose(m.gpu.Ordinal, m.ptr)
+		}
+	}
 	return ls.ready && l.err == nil
 }
 
@@ -149,16 +184,21 @@ func (l *link) endLeaseLocked(ls *lease) bool {
 func (c *conn) leaseAnswered(h header) error {
 	l := c.l
 	var iov [IovSize]byte
+	var rec [IPCRecSize]byte
 	if h.status == stOK {
-		if err := c.readFull(iov[:]); err != nil {
+		b := iov[:]
+		if h.sub == rLeaseG {
+			b = rec[:]
+		}
+		if err := c.readFull(b); err != nil {
 			return err
 		}
 	}
 	l.mu.Lock()
 	ls := l.leaseIDs[h.id]
-	if ls == nil || ls.answered || ls.ch != c.idx {
+	if ls == nil || ls.answered || ls.ch != c.idx || (ls.gpu != nil) != (h.sub == rLeaseG) {
 		l.mu.Unlock()
-		return fmt.Errorf("%w: an answer to lease %d on connection %d, never asked there or answered already", ErrFrame, h.id, c.idx)
+		return fmt.Errorf("%w: an answer of kind %d to lease %d on connection %d, never asked so there or answered already", ErrFrame, h.sub, h.id, c.idx)
 	}
 	ls.answered = true
 	if h.status != stOK {
@@ -168,6 +208,9 @@ func (c *conn) leaseAnswered(h header) error {
 		return nil
 	}
 	l.mu.Unlock()
+	if ls.gpu != nil {
+		return c.ipcLeaseAnswered(ls, rec[:])
+	}
 	g := grantIov{addr: binary.LittleEndian.Uint64(iov[:]), n: binary.LittleEndian.Uint64(iov[8:]),
 		mem: binary.LittleEndian.Uint64(iov[16:]), off: binary.LittleEndian.Uint64(iov[24:]), fd: binary.LittleEndian.Uint32(iov[32:])}
 	zero := binary.LittleEndian.Uint32(iov[36:])
@@ -266,7 +309,7 @@ func (l *link) flush(d time.Duration) {
 // made to wait (on pages a userfaultfd of the peer's holds back).
 func mapped(pins []*lease) bool {
 	for _, ls := range pins {
-		if ls.g.m == nil {
+		if ls.g.m == nil && ls.ipc == nil {
 			return false
 		}
 	}
@@ -286,6 +329,22 @@ func (l *link) endLeases() {
 // p: the ranges of the ops, in order, at their offsets in the leased
 // regions.
 func (l *link) leaseCopy(p *part, ops []Op, pins []*lease, write bool) {
+	if pins[0].ipc != nil { // GPU memory (pinLeases: all alike)
+		recs := make([]ipcRec, len(ops))
+		maps := make([]*ipcMap, len(ops))
+		for i, o := range ops {
+			recs[i] = ipcRec{off: pins[i].ipcOff + uint64(o.RemoteOff), n: uint64(o.Len)}
+			maps[i] = pins[i].ipc
+		}
+		err := ipcCopy(p, recs, maps, write)
+		l.unpinLeases(pins)
+		if err != nil {
+			p.finish(opErr(p.f.op, l.p.name, "", ErrInvalid, "copying GPU memory through a lease: %v", err))
+			return
+		}
+		p.finish(nil)
+		return
+	}
 	rem := make([]grantIov, len(ops))
 	for i, o := range ops {
 		g := pins[i].g

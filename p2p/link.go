@@ -1131,7 +1131,7 @@ func (c *conn) dispatch(h header) error {
 		return fmt.Errorf("%w: %d answers wait to be sent on connection %d: the peer sends requests and does not read them", ErrFrame, queued, c.idx)
 	}
 	switch h.sub {
-	case rRead, rWrite, rReadV, rWriteV, rReadG, rWriteG, rLease:
+	case rRead, rWrite, rReadV, rWriteV, rReadG, rWriteG, rLease, rLeaseG:
 		if cap(c.desc) < int(h.payload) {
 			c.desc = make([]byte, h.payload)
 		}
@@ -1151,7 +1151,7 @@ func (c *conn) dispatch(h header) error {
 		}
 		op := map[uint8]string{rRead: "read", rWrite: "write", rReadV: "read", rWriteV: "write", rReadG: "read", rWriteG: "write"}[h.sub]
 		if st != stOK {
-			if h.sub != rLease { // a lease refused: the transfer that asked it is refused itself
+			if h.sub != rLease && h.sub != rLeaseG { // a lease refused: the transfer that asked it is refused itself
 				l.e.refuse(l.p.name, op, st, why)
 			}
 			l.enqueue(c.idx, frame{kind: kResp, sub: h.sub, id: h.id, status: st})
@@ -1161,7 +1161,7 @@ func (c *conn) dispatch(h header) error {
 			}
 			return nil
 		}
-		if h.sub == rReadV || h.sub == rWriteV || h.sub == rReadG || h.sub == rWriteG || h.sub == rLease {
+		if h.sub == rReadV || h.sub == rWriteV || h.sub == rReadG || h.sub == rWriteG || h.sub == rLease || h.sub == rLeaseG {
 			c.grant(h.id, h.sub, c.segs, c.regs)
 			return nil
 		}
@@ -1227,7 +1227,7 @@ func (c *conn) dispatch(h header) error {
 // response handles the answer to one of this side's requests.
 func (c *conn) response(h header) error {
 	l := c.l
-	if h.sub == rLease {
+	if h.sub == rLease || h.sub == rLeaseG {
 		return c.leaseAnswered(h)
 	}
 	l.mu.Lock()

@@ -71,11 +71,18 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 		allGPU = allGPU && o.Local.dev != nil && o.Local.dev.Dev.Ordinal == ops[0].Local.dev.Dev.Ordinal
 	}
 	var pins []*lease
-	if !gpu && l.cma.Load() {
-		pins = l.pinLeases(ops)
+	switch {
+	case !l.cma.Load():
+	case !gpu:
+		pins = l.pinLeases(ops, nil)
+	case allGPU && !l.ipcOff.Load():
+		pins = l.pinLeases(ops, ops[0].Local.dev.Dev)
 	}
 	if pins != nil { // copied here through leases (lease_linux.go)
 		k, sub = 1, rLease
+		if pins[0].ipc != nil {
+			f.transport = "ipc"
+		}
 	} else if allGPU && total > cmaMin && l.cma.Load() && !l.ipcOff.Load() {
 		// Same host, GPU memory here: the peer's GPU memory through CUDA
 		// IPC (ipc.go), or over TCP if it is not GPU memory.

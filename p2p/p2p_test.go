@@ -820,8 +820,9 @@ func testGPU(t *testing.T, tcpOnly bool, wantT string) {
 // TestGPUIPC: a child process on this host registers GPU memory (a view
 // at an odd offset of its allocation) and host memory; this process,
 // with GPU memory of its own, reads the child's GPU region whole (more
-// than a chunk) and as a batch of 64 scattered ranges, and writes it,
-// through CUDA IPC ("ipc"), checking every byte; what it wrote is read
+// than a chunk; by a grant, asking a lease meanwhile) and, through the
+// lease, as a batch of 64 scattered ranges, and writes it, through CUDA
+// IPC ("ipc"), checking every byte; what it wrote is read
 // back into host memory over TCP, and the child's host region, which IPC
 // cannot carry, is read over TCP too. TCPOnly carries everything over
 // TCP.
@@ -894,6 +895,16 @@ func testGPUIPC(t *testing.T, tcpOnly bool) {
 	run("read", p.Read([]Op{{Local: lr, Remote: rg, Len: size}}), want)
 	if !bytes.Equal(contents(), gw) {
 		t.Fatal("the GPU region read differs")
+	}
+	if !tcpOnly {
+		// The first read asked a lease of the region: the transfers
+		// below copy through it.
+		eventually(t, "the lease of the child's GPU region", func() bool {
+			p.l.mu.Lock()
+			defer p.l.mu.Unlock()
+			ls := p.l.leases[rg.ID]
+			return ls != nil && ls.ready && ls.ipc != nil
+		})
 	}
 	// 64 scattered ranges of it, into slots of the local region.
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -1049,7 +1060,13 @@ func TestGPUIPCCancelReuse(t *testing.T) {
 	eventually(t, "the transfers' state to drain", func() bool {
 		p.l.mu.Lock()
 		defer p.l.mu.Unlock()
-		return len(p.l.parts) == 0 && len(p.l.ipcs) == 0
+		leased := 0 // allocations a lease keeps open until it is revoked
+		for _, ls := range p.l.leases {
+			if ls.ipc != nil {
+				leased++
+			}
+		}
+		return len(p.l.parts) == 0 && len(p.l.ipcs) <= leased
 	})
 }
 

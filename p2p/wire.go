@@ -108,7 +108,14 @@ const (
 	//	u64 offset (of the range in the allocation)  u64 length
 	rReadG  uint8 = 10
 	rWriteG uint8 = 11
-	subLast       = rWriteG
+	// Same host: a lease of a region of GPU memory, asked as rLease is
+	// and granted as rReadG's answer (one record), for an initiator
+	// whose own memory is GPU memory: it opens the handle and copies
+	// device to device with no request per transfer until the target
+	// revokes the lease (kRevoke) and it releases it (kRelease), having
+	// closed the handle.
+	rLeaseG uint8 = 12
+	subLast       = rLeaseG
 	// IovSize is the size of one granted iovec.
 	IovSize = 40
 	// IPCRecSize is the size of one granted IPC record.
@@ -207,7 +214,7 @@ func decodeHeader(p []byte) (header, error) {
 			return bad("status in a request")
 		}
 		switch h.sub {
-		case rLease:
+		case rLease, rLeaseG:
 			if h.b != 1 || h.payload != stripeSize+DescSize || h.a == 0 || h.a > MaxLen {
 				return bad("lease fields")
 			}
@@ -241,8 +248,8 @@ func decodeHeader(p []byte) (header, error) {
 			}
 			break
 		}
-		if (h.sub == rReadG || h.sub == rWriteG) && h.status == stOK {
-			if h.a != 0 || h.b == 0 || h.b > MaxBatch || h.payload != h.b*IPCRecSize {
+		if (h.sub == rReadG || h.sub == rWriteG || h.sub == rLeaseG) && h.status == stOK {
+			if h.a != 0 || h.b == 0 || h.b > MaxBatch || h.payload != h.b*IPCRecSize || h.sub == rLeaseG && h.b != 1 {
 				return bad("IPC grant fields")
 			}
 			break
