@@ -1681,10 +1681,17 @@ func TestIPCLease(t *testing.T) {
 			}
 		}
 		quiet(t, c)
-		// Revoked: released, the allocation closed before.
+		// Revoked: released, the allocation closed before (the mapping
+		// is gone by the time the release is read).
+		p.l.mu.Lock()
+		mapping := p.l.gpuLeases[rr.ID].ipc.ptr
+		p.l.mu.Unlock()
 		c.Write(hdr(header{kind: kRevoke, id: lq.id}))
 		if rel, _ := nextFrame(t, c); rel.kind != kRelease || rel.id != lq.id {
 			t.Fatalf("got %+v, want the lease's release", rel)
+		}
+		if _, _, err := g.Lib().MemRange(g.Ordinal, mapping); err == nil {
+			t.Fatal("the lease's allocation is still mapped when its release arrives")
 		}
 		p.l.mu.Lock()
 		open := len(p.l.ipcs)
@@ -1735,4 +1742,70 @@ func TestIPCLease(t *testing.T) {
 			t.Fatalf("got %+v, want a read over TCP", rq)
 		}
 	})
+}
+
+// TestLeaseGivenBackWhileOpening: a GPU lease whose grant is being opened
+// when the endpoint starts closing (giveBackLeases, Close's first step)
+// is still released once opened, its allocation closed first; it is not
+// left open and held by the target until the link's end.
+func TestLeaseGivenBackWhileOpening(t *testing.T) {
+	if gpuErr != nil {
+		t.Skip("no CUDA backend:", gpuErr)
+	}
+	g, err := device.OpenGPU(0)
+	if err != nil {
+		t.Skip("no GPU:", err)
+	}
+	const n = 1 << 16
+	_, line := startChildLine(t, "gpu-export", "", n, 9)
+	var hx string
+	fmt.Sscan(line, &hx)
+	var handle [kernels.IPCHandleBytes]byte
+	raw, err := hex.DecodeString(hx)
+	if err != nil || len(raw) != len(handle) {
+		t.Fatalf("the child printed %q: %v", line, err)
+	}
+	copy(handle[:], raw)
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
+	p, c := fakeSameHostTarget(t, ctx, a, rr)
+	p.l.ipcOff.Store(false) // the fake target is this process; the handle is the child's
+	ld, err := g.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ld.Free()
+	lr, _ := a.Register("l", ld)
+	p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+	lq, _ := nextFrame(t, c)
+	if lq.kind != kReq || lq.sub != rLeaseG {
+		t.Fatalf("got %+v, want a lease of the GPU region", lq)
+	}
+	nextFrame(t, c) // the batch's own request, left unanswered
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	testHookLeaseOpen = func() { close(entered); <-proceed }
+	defer func() { testHookLeaseOpen = nil }()
+	rec := make([]byte, IPCRecSize)
+	(&ipcRec{handle, 4099, n}).put(rec)
+	c.Write(append(hdr(header{kind: kResp, sub: rLeaseG, id: lq.id, b: 1, payload: IPCRecSize}), rec...))
+	<-entered
+	p.l.giveBackLeases()
+	close(proceed)
+	for {
+		h, _ := nextFrame(t, c)
+		if h.kind == kRelease && h.id == lq.id {
+			break
+		}
+	}
+	p.l.mu.Lock()
+	open := len(p.l.ipcs)
+	p.l.mu.Unlock()
+	if open != 0 {
+		t.Fatalf("%d allocations open after the lease's release", open)
+	}
 }

@@ -161,7 +161,12 @@ func (l *link) unrefIPC(ms []*ipcMap) {
 		}
 	}
 	l.mu.Unlock()
-	for _, m := range done {
+	closeIPC(done)
+}
+
+// closeIPC closes allocations that nothing uses any more.
+func closeIPC(ms []*ipcMap) {
+	for _, m := range ms {
 		m.gpu.Lib().IPCClose(m.gpu.Ordinal, m.ptr)
 	}
 }
@@ -286,6 +291,9 @@ func (c *conn) ipcLeaseAnswered(ls *lease, b []byte) error {
 		return err
 	}
 	r := recs[0]
+	if testHookLeaseOpen != nil {
+		testHookLeaseOpen()
+	}
 	m, refused, err := l.openIPC(ls.gpu, r.h)
 	if err == nil && (r.off > m.size || r.n > m.size-r.off) {
 		l.unrefIPC([]*ipcMap{m})
@@ -302,11 +310,13 @@ func (c *conn) ipcLeaseAnswered(ls *lease, b []byte) error {
 		}
 	}
 	rel := false
+	var doomed []*ipcMap
 	if l.err != nil || ls.dead { // ended meanwhile, or never usable: given back
 		ls.dead = true
-		rel = l.endLeaseLocked(ls)
+		rel = l.endLeaseLocked(ls, &doomed)
 	}
 	l.mu.Unlock()
+	closeIPC(doomed)
 	if rel {
 		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
 	}

@@ -43,10 +43,18 @@ import (
 //
 // All of a link's lease state is under its mu.
 
+// testHookLeaseOpen, set by a test, runs where a granted GPU lease's
+// allocation is about to be opened (outside l.mu).
+var testHookLeaseOpen func()
+
 // maxLeases bounds the regions of a peer a link asks leases of (granted,
 // refused or revoked alike: an entry is never reused, as region ids are
 // not): past it, batches go the usual way.
 const maxLeases = 1024
+
+// maxGPULeases bounds the leases of GPU regions a link asks (each keeps
+// an allocation open, within maxIPCMaps, which grants need too).
+const maxGPULeases = maxIPCMaps / 2
 
 // lease is a region of the peer's that this side asked a lease of.
 type lease struct {
@@ -75,25 +83,31 @@ type lease struct {
 func (l *link) pinLeases(ops []Op, gpu *device.GPU) []*lease {
 	var ask []*lease
 	l.mu.Lock()
+	if l.leases == nil {
+		l.leases, l.gpuLeases, l.leaseIDs = map[uint64]*lease{}, map[uint64]*lease{}, map[uint64]*lease{}
+	}
+	// Leases of host and of GPU memory apart: a region's lease serves
+	// the batches of the memory it was asked for.
+	leases, most := l.leases, maxLeases
+	if gpu != nil {
+		leases, most = l.gpuLeases, maxGPULeases
+	}
 	alive := l.err == nil
 	ok := alive
 	for _, o := range ops {
-		ls := l.leases[o.Remote.ID]
+		ls := leases[o.Remote.ID]
 		// A size the target would not take (a RemoteRegion made up by
 		// the caller) is not asked for: its request would break the
 		// protocol; the batch goes the usual way and is refused there.
-		if ls == nil && alive && len(l.leases) < maxLeases && o.Remote.Size > 0 && o.Remote.Size <= MaxLen {
+		if ls == nil && alive && len(leases) < most && o.Remote.Size > 0 && o.Remote.Size <= MaxLen {
 			ls = &lease{id: l.nextID, ch: l.rr, region: o.Remote, gpu: gpu}
 			l.nextID++
 			l.rr = (l.rr + 1) % len(l.conns)
-			if l.leases == nil {
-				l.leases, l.leaseIDs = map[uint64]*lease{}, map[uint64]*lease{}
-			}
-			l.leases[o.Remote.ID] = ls
+			leases[o.Remote.ID] = ls
 			l.leaseIDs[ls.id] = ls
 			ask = append(ask, ls)
 		}
-		if ls == nil || !ls.ready || ls.dead || ls.region != o.Remote || (ls.gpu == nil) != (gpu == nil) || gpu != nil && ls.gpu.Ordinal != gpu.Ordinal {
+		if ls == nil || !ls.ready || ls.dead || ls.region != o.Remote || gpu != nil && ls.gpu.Ordinal != gpu.Ordinal {
 			ok = false
 		}
 	}
@@ -101,7 +115,7 @@ func (l *link) pinLeases(ops []Op, gpu *device.GPU) []*lease {
 	if ok {
 		pins = make([]*lease, len(ops))
 		for i, o := range ops {
-			pins[i] = l.leases[o.Remote.ID]
+			pins[i] = leases[o.Remote.ID]
 			pins[i].inflight++
 		}
 	}
@@ -132,26 +146,32 @@ func (l *link) askLease(ls *lease) {
 // released by its last one.
 func (l *link) unpinLeases(pins []*lease) {
 	var rel []*lease
+	var doomed []*ipcMap
 	l.mu.Lock()
 	for _, ls := range pins {
 		ls.inflight--
-		if l.endLeaseLocked(ls) {
+		if l.endLeaseLocked(ls, &doomed) {
 			rel = append(rel, ls)
 		}
 	}
 	l.mu.Unlock()
+	closeIPC(doomed)
 	for _, ls := range rel {
 		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
 	}
 }
 
 // endLeaseLocked gives ls back once it is dead and no copy uses it:
-// its mapping's reference is dropped, and it reports whether the target
-// is to be told (kRelease; not once the link has ended).
-func (l *link) endLeaseLocked(ls *lease) bool {
-	// One not answered yet is ended by its answer (leaseAnswered), which
-	// finds it dead: what the answer grants is then given back.
-	if !ls.dead || ls.inflight > 0 || ls.released || !ls.answered {
+// its mapping's reference is dropped (an IPC allocation no one uses any
+// more is added to doomed, for the caller to close, outside l.mu, before
+// the release goes), and it reports whether the target is to be told
+// (kRelease; not once the link has ended).
+func (l *link) endLeaseLocked(ls *lease, doomed *[]*ipcMap) bool {
+	// One not granted yet is ended by its answer (leaseAnswered), which
+	// finds it dead: what the answer grants is then given back. (An
+	// answer being taken in, its memory mapped or opened outside l.mu,
+	// is not granted yet either.)
+	if !ls.dead || ls.inflight > 0 || ls.released || !ls.ready {
 		return false
 	}
 	ls.released = true
@@ -163,8 +183,6 @@ func (l *link) endLeaseLocked(ls *lease) bool {
 		}
 	}
 	if m := ls.ipc; m != nil {
-		// Closed before the release goes (under l.mu: a lease ends when
-		// its region is deregistered, or its link).
 		ls.ipc = nil
 		if m.refs--; m.refs == 0 {
 			for k, o := range l.ipcs {
@@ -173,10 +191,10 @@ func (l *link) endLeaseLocked(ls *lease) bool {
 					break
 				}
 			}
-			m.gpu.Lib().IPCClose(m.gpu.Ordinal, m.ptr)
+			*doomed = append(*doomed, m)
 		}
 	}
-	return ls.ready && l.err == nil
+	return l.err == nil
 }
 
 // leaseAnswered handles the answer to lease request h.id (its grant's one
@@ -229,7 +247,7 @@ func (c *conn) leaseAnswered(h header) error {
 	rel := false
 	if l.err != nil || ls.dead { // ended meanwhile (the link, or this side's Close): the mapping goes
 		ls.dead = true
-		rel = l.endLeaseLocked(ls)
+		rel = l.endLeaseLocked(ls, new([]*ipcMap)) // host memory: nothing to close
 	}
 	l.mu.Unlock()
 	if rel {
@@ -249,8 +267,10 @@ func (l *link) revoked(id uint64) {
 	}
 	delete(l.leaseIDs, id)
 	ls.dead = true
-	rel := l.endLeaseLocked(ls)
+	var doomed []*ipcMap
+	rel := l.endLeaseLocked(ls, &doomed)
 	l.mu.Unlock()
+	closeIPC(doomed)
 	if rel {
 		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
 	}
@@ -264,14 +284,18 @@ func (l *link) revoked(id uint64) {
 // waits as for a link that failed.
 func (l *link) giveBackLeases() {
 	var rel []*lease
+	var doomed []*ipcMap
 	l.mu.Lock()
-	for _, ls := range l.leases {
-		ls.dead = true
-		if l.endLeaseLocked(ls) {
-			rel = append(rel, ls)
+	for _, leases := range []map[uint64]*lease{l.leases, l.gpuLeases} {
+		for _, ls := range leases {
+			ls.dead = true
+			if l.endLeaseLocked(ls, &doomed) {
+				rel = append(rel, ls)
+			}
 		}
 	}
 	l.mu.Unlock()
+	closeIPC(doomed)
 	// On every connection: the peer fails the link at the first
 	// connection's end it reads, which may be another's than the lease's,
 	// and a release still unread behind it would be lost; each
@@ -317,12 +341,17 @@ func mapped(pins []*lease) bool {
 }
 
 // endLeases ends every lease when the link has ended (nothing copies
-// any more, or will: the copies' parts are finished).
-func (l *link) endLeases() {
-	for _, ls := range l.leases {
-		ls.dead = true
-		l.endLeaseLocked(ls)
+// any more, or will: the copies' parts are finished), under l.mu; it
+// returns the allocations to close.
+func (l *link) endLeases() []*ipcMap {
+	var doomed []*ipcMap
+	for _, leases := range []map[uint64]*lease{l.leases, l.gpuLeases} {
+		for _, ls := range leases {
+			ls.dead = true
+			l.endLeaseLocked(ls, &doomed)
+		}
 	}
+	return doomed
 }
 
 // leaseCopy copies a batch through its pinned leases (one per op) as part

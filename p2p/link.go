@@ -162,8 +162,10 @@ type link struct {
 	leased map[uint64]int
 	// leases are the peer's regions this side asked leases of, by region
 	// id, and leaseIDs the live ones by their request's id.
-	leases   map[uint64]*lease
-	leaseIDs map[uint64]*lease
+	leases map[uint64]*lease
+	// gpuLeases: the same for batches of GPU memory (ipc.go).
+	gpuLeases map[uint64]*lease
+	leaseIDs  map[uint64]*lease
 	// grantRefs counts the regions of all grants (at most maxGrantRefs).
 	grantRefs int
 	serving   map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
@@ -279,7 +281,7 @@ func (l *link) start() {
 		l.wg.Wait()
 		// Nothing copies any more: the peer's memories are unmapped.
 		l.mu.Lock()
-		l.endLeases()
+		doomed := l.endLeases()
 		l.dropMaps()
 		if l.pidfd >= 0 {
 			unix.Close(l.pidfd)
@@ -290,6 +292,7 @@ func (l *link) start() {
 			l.grantPidfd = -1
 		}
 		l.mu.Unlock()
+		closeIPC(doomed)
 	}()
 }
 

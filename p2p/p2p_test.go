@@ -902,7 +902,7 @@ func testGPUIPC(t *testing.T, tcpOnly bool) {
 		eventually(t, "the lease of the child's GPU region", func() bool {
 			p.l.mu.Lock()
 			defer p.l.mu.Unlock()
-			ls := p.l.leases[rg.ID]
+			ls := p.l.gpuLeases[rg.ID]
 			return ls != nil && ls.ready && ls.ipc != nil
 		})
 	}
@@ -941,6 +941,21 @@ func testGPUIPC(t *testing.T, tcpOnly bool) {
 	run("read of host memory", p.Read([]Op{{Local: lr, Remote: rh, Len: size}}), "tcp")
 	if !bytes.Equal(contents(), hw) {
 		t.Fatal("the host region read differs")
+	}
+	if !tcpOnly {
+		// Into host memory, the same region is leased all the same (its
+		// GPU lease was refused).
+		clear(lh)
+		run("host read of host memory", p.Read([]Op{{Local: lhr, Remote: rh, Len: size}}), "cma")
+		if !bytes.Equal(lh, hw) {
+			t.Fatal("the host region read into host memory differs")
+		}
+		eventually(t, "the lease of the child's host region", func() bool {
+			p.l.mu.Lock()
+			defer p.l.mu.Unlock()
+			ls := p.l.leases[rh.ID]
+			return ls != nil && ls.ready
+		})
 	}
 }
 
@@ -1061,7 +1076,7 @@ func TestGPUIPCCancelReuse(t *testing.T) {
 		p.l.mu.Lock()
 		defer p.l.mu.Unlock()
 		leased := 0 // allocations a lease keeps open until it is revoked
-		for _, ls := range p.l.leases {
+		for _, ls := range p.l.gpuLeases {
 			if ls.ipc != nil {
 				leased++
 			}
