@@ -24,6 +24,7 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/bytesize"
 	"github.com/slimego/slimego/p2p"
@@ -77,7 +78,15 @@ type P2PConfig struct {
 	// Shared registers each rank's region as p2p.Shared memory, which a
 	// peer on the same host maps and copies itself ("shm"), instead of a
 	// plain slice (copied by process_vm_readv/writev, "cma").
-	Shared    bool
+	Shared bool
+	// GPU registers each rank's region as GPU memory (a CUDABuffer on
+	// device LocalRank mod the devices there are), which a peer on the
+	// same host copies device to device through CUDA IPC ("ipc") and
+	// other peers stage through host memory over TCP. Rank 1's operations
+	// are GPU memory too. The random data goes up, and is checked, through
+	// host copies outside the timed window. The baselines' paired rows
+	// (host memory) are left out.
+	GPU       bool
 	Channels  int           // TCP connections of the link (0: p2p's default)
 	MinTime   time.Duration // timed time per combination (default 200 ms), at least 5 rounds
 	MaxRounds int           // at most this many timed rounds per combination (default 2000)
@@ -217,7 +226,25 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 	}
 	var region []byte
 	var mem any
-	if cfg.Shared {
+	var gpuBuf *device.CUDABuffer
+	if cfg.GPU {
+		n, err := device.CUDADeviceCount()
+		if err == nil && n < 1 {
+			err = fmt.Errorf("no CUDA device")
+		}
+		var g *device.GPU
+		if err == nil {
+			g, err = device.OpenGPU(c.LocalRank() % n)
+		}
+		if err == nil {
+			gpuBuf, err = g.Alloc(int(need))
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: rank %d: GPU memory: %w", ErrP2PBench, c.Rank(), err)
+		}
+		defer gpuBuf.Free() // after the endpoint's Close (deferred below)
+		region, mem = make([]byte, need), gpuBuf
+	} else if cfg.Shared {
 		sh, err := p2p.NewShared(int(need))
 		if err != nil {
 			return nil, fmt.Errorf("%w: rank %d: %w", ErrP2PBench, c.Rank(), err)
@@ -252,7 +279,7 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 	if !ok {
 		return nil, fmt.Errorf("%w: rank %d: rank %d's Info lists no region \"bench\"", ErrP2PBench, c.Rank(), 1-c.Rank())
 	}
-	b := &p2pBench{c: c, cfg: cfg, e: e, peer: peer, local: reg, remote: remote, region: region, expect: expect, seed: seeds[1], timeout: c.Timeout()}
+	b := &p2pBench{c: c, cfg: cfg, e: e, peer: peer, local: reg, remote: remote, region: region, gpu: gpuBuf, expect: expect, seed: seeds[1], timeout: c.Timeout()}
 	if err := b.warm(ctx); err != nil {
 		return nil, err
 	}
@@ -274,8 +301,10 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 		if err := b.baselines(ctx, emit); err != nil {
 			return nil, err
 		}
-		if err := b.paired(ctx, emit); err != nil {
-			return nil, err
+		if !cfg.GPU {
+			if err := b.paired(ctx, emit); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if cfg.RegisterBytes > 0 {
@@ -321,8 +350,45 @@ type p2pBench struct {
 	local          *p2p.Region
 	remote         p2p.RemoteRegion
 	region, expect []byte
-	seed           uint64
-	timeout        time.Duration
+	// gpu, when set, is the registered region: region is its host copy,
+	// which up, down and zero keep in step outside the timed window.
+	gpu     *device.CUDABuffer
+	seed    uint64
+	timeout time.Duration
+}
+
+// up copies region's first n bytes to the GPU region (if there is one).
+func (b *p2pBench) up(n int) error {
+	if b.gpu == nil {
+		return nil
+	}
+	v, err := b.gpu.Slice(0, n)
+	if err == nil {
+		err = v.CopyFromHost(b.region[:n])
+	}
+	return err
+}
+
+// down copies the GPU region's first n bytes into region (if there is
+// one).
+func (b *p2pBench) down(n int) error {
+	if b.gpu == nil {
+		return nil
+	}
+	v, err := b.gpu.Slice(0, n)
+	if err == nil {
+		err = v.CopyToHost(b.region[:n])
+	}
+	return err
+}
+
+// zero clears the region's first n bytes (and the GPU region's).
+func (b *p2pBench) zero(n int) error {
+	clear(b.region[:n])
+	if b.gpu == nil {
+		return nil
+	}
+	return b.gpu.Dev.Lib().Memset(b.gpu.Dev.Ordinal, b.gpu.Ptr, 0, uint64(n))
 }
 
 // fill writes combination i's random data into b.
@@ -398,11 +464,16 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 	if b.c.Rank() == 0 {
 		// The target: its region is the source of reads (random) and the
 		// destination of writes (cleared, checked after each round).
+		var err error
 		if k.op == "read" {
 			b.fill(i, b.region[:n])
+			err = b.up(n)
 		} else {
 			b.fill(i, b.expect[:n])
-			clear(b.region[:n])
+			err = b.zero(n)
+		}
+		if err != nil {
+			return res, fmt.Errorf("%w: rank 0: GPU memory: %w", ErrP2PBench, err)
 		}
 		if err := b.answer(ctx, 0); err != nil { // ready
 			return res, err
@@ -421,8 +492,13 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 				break
 			}
 			t := cpuSeconds()
+			if err := b.down(n); err != nil {
+				return res, fmt.Errorf("%w: rank 0: GPU memory: %w", ErrP2PBench, err)
+			}
 			wrong := countWrongBytes(b.region[:n], b.expect[:n])
-			clear(b.region[:n])
+			if err := b.zero(n); err != nil {
+				return res, fmt.Errorf("%w: rank 0: GPU memory: %w", ErrP2PBench, err)
+			}
 			checking += cpuSeconds() - t
 			if err := b.answer(ctx, uint64(wrong)); err != nil {
 				return res, err
@@ -437,6 +513,9 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 		b.fill(i, b.expect[:n])
 	} else {
 		b.fill(i, src)
+		if err := b.up(n); err != nil {
+			return res, fmt.Errorf("%w: rank 1: GPU memory: %w", ErrP2PBench, err)
+		}
 	}
 	if _, err := b.recvCtl(ctx); err != nil { // the target is ready
 		return res, err
@@ -456,7 +535,9 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 	var wg sync.WaitGroup
 	round := func(timed bool) error {
 		if k.op == "read" {
-			clear(src)
+			if err := b.zero(n); err != nil {
+				return fmt.Errorf("%w: rank 1: GPU memory: %w", ErrP2PBench, err)
+			}
 		}
 		c0 := cpuSeconds()
 		t0 := time.Now()
@@ -496,6 +577,9 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 			lats = append(lats, lat...)
 		}
 		if k.op == "read" {
+			if err := b.down(n); err != nil {
+				return fmt.Errorf("%w: rank 1: GPU memory: %w", ErrP2PBench, err)
+			}
 			res.Wrong += countWrongBytes(src, b.expect[:n])
 			return nil
 		}

@@ -15,14 +15,15 @@
 # CUDA tests, then the benchmarks on the one GPU: a device-to-device copy
 # (the ceiling), a checking sweep of odd sizes on 1-8 ranks in graph and
 # eager mode, the timed sweep with 2, 4 and 8 ranks as goroutines of one
-# process (one CUDA context) and as processes (CUDA IPC), and the overlap.
+# process (one CUDA context) and as processes (CUDA IPC), the overlap, and
+# p2p between two processes with GPU memory (CUDA IPC, and over TCP).
 # Every step is bounded, and all of them together by a budget
 # (DEVICE_CHECK_BUDGET seconds, default 330): a step that would pass it is
 # skipped, and says so. Everything lands in $OUT (at most 8 files):
 #   device-check.log  all output, as it happens (a run cut short still
 #                     explains itself)
 #   summary.txt       tables, in order (topology, tests, d2d, check sweep,
-#                     all-gather, overlap, targets)
+#                     all-gather, overlap, p2p, targets)
 #   tests.log         the tests' output
 #   bench.csv         every benchmark row
 #   build.log         the kernels' build
@@ -192,7 +193,7 @@ if [ "$EMU" = 1 ]; then
   export SLIME_CUDA_LIB=$PWD/kernels/build/libslimecuda-emu.so
   # Every emulated allocation is shared host memory: small scratch blocks.
   export SLIME_GPU_SCRATCH=${SLIME_GPU_SCRATCH:-256K}
-  BIG=1M PROC_MAX=64K M_MIN=16 M_MAX=64 NK=64
+  BIG=1M PROC_MAX=64K M_MIN=16 M_MAX=64 NK=64 P2P_MAX=1M
   # Two emulated devices for the intra tests: in-process ranks on
   # different GPUs need peer access (TestGPUPeerDevices).
   INTRA_ENV=(SLIME_EMU_DEVICES=2)
@@ -200,7 +201,7 @@ if [ "$EMU" = 1 ]; then
 else
   export SLIME_CUDA_LIB=$PWD/kernels/build/libslimecuda.so
   [ -e kernels/build/libslimenvshmem.so ] && export SLIME_NVSHMEM_LIB=$PWD/kernels/build/libslimenvshmem.so
-  BIG=64M PROC_MAX=4M M_MIN=256 M_MAX=4096 NK=4096
+  BIG=64M PROC_MAX=4M M_MIN=256 M_MAX=4096 NK=4096 P2P_MAX=64M
   INTRA_ENV=()
   TAG=""
 fi
@@ -291,6 +292,17 @@ for launch in graph eager; do
   flag=(); [ $launch = eager ] && flag=(--eager-mode)
   bounded 60 bin/device/slimebench overlap --backend cuda --in-process 4 "${flag[@]}" --m-min $M_MIN --m-max $M_MAX \
     --nk $NK --pieces 4 --iters 5 --quiet 2>&1 | tee -a "$SUM"
+done
+
+# p2p with GPU memory between two processes on this GPU: device to device
+# through CUDA IPC, and staged through host memory over TCP (--tcp-only),
+# every byte checked.
+for mode in ipc tcp; do
+  flag=(); [ $mode = tcp ] && flag=(--tcp-only)
+  say; say "== p2p, GPU memory, 2 processes: $mode$TAG"
+  bounded 60 bin/device/slimerun -q --standalone --nproc-per-node 2 bin/device/slimebench p2p --gpu "${flag[@]}" \
+    -b 64K -e $P2P_MAX -f 4 --batch 1,64 --concurrency 1 --max-in-flight 256M --register 0 --no-baselines --quiet \
+    2>>"$OUT/tests.log" | sed 's/^\[0\]: //' | tee -a "$SUM" || say "p2p --gpu $mode: failed (see tests.log)"
 done
 
 # The issue's targets, from the rows above: an 8-byte all-gather among 8

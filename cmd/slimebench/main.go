@@ -431,6 +431,7 @@ func p2pCmd(args []string) error {
 	ops := fs.StringSlice("op", []string{"read", "write"}, "read, write or both")
 	tcpOnly := fs.Bool("tcp-only", false, "carry every transfer over TCP, even to a peer on this host")
 	shared := fs.Bool("shared", false, "register each rank's region as p2p.Shared memory, which a peer on this host maps and copies itself (transport shm)")
+	gpu := fs.Bool("gpu", false, "register each rank's region as GPU memory (device LOCAL_RANK mod the devices), copied device to device through CUDA IPC on one host (transport ipc), staged through host memory over TCP otherwise; no paired baselines")
 	channels := fs.Int("channels", 0, "TCP connections of the link (default p2p's, inter.DefaultChannels)")
 	inFlight := fs.String("max-in-flight", "256M", "skip combinations moving more bytes at once than this (size x batch x concurrency)")
 	register := fs.String("register", "1G", "memory whose registration is timed, as 4K pages and as one region (0: none)")
@@ -442,7 +443,10 @@ func p2pCmd(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Shared: *shared, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
+	if *gpu && *shared {
+		return fmt.Errorf("p2p: --gpu and --shared: one kind of memory")
+	}
+	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Shared: *shared, GPU: *gpu, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
 	for _, op := range *ops {
 		if op != "read" && op != "write" {
 			return fmt.Errorf("p2p: --op %q: want read or write", op)
@@ -478,6 +482,9 @@ func p2pCmd(args []string) error {
 	}
 	defer c.Close()
 	if c.Rank() == 0 {
+		if *gpu && device.CUDAEmulated() {
+			fmt.Fprintln(os.Stderr, "slimebench p2p: --gpu on the emulated CUDA library: no figure here is a GPU's")
+		}
 		for _, s := range cfg.Skipped() {
 			fmt.Fprintf(os.Stderr, "slimebench p2p: skipped %s (over --max-in-flight %s)\n", s, *inFlight)
 		}
@@ -495,7 +502,17 @@ func p2pCmd(args []string) error {
 	if c.Rank() != 0 {
 		return nil
 	}
-	title := fmt.Sprintf("slimebench p2p: rank 1 reads/writes rank 0's region, %d node(s), tcp-only %v, shared %v, %s", c.Nodes(), *tcpOnly, *shared, time.Now().UTC().Format("2006-01-02"))
+	memory := "host"
+	switch {
+	case *shared:
+		memory = "shared"
+	case *gpu:
+		memory = "gpu"
+		if device.CUDAEmulated() {
+			memory = "gpu (EMULATED: no figure here is a GPU's)"
+		}
+	}
+	title := fmt.Sprintf("slimebench p2p: rank 1 reads/writes rank 0's region, %d node(s), tcp-only %v, memory %s, %s", c.Nodes(), *tcpOnly, memory, time.Now().UTC().Format("2006-01-02"))
 	if *asCSV {
 		if err := bench.WriteP2PCSV(os.Stdout, rs); err != nil {
 			return err
