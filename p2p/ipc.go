@@ -257,16 +257,18 @@ func ipcCopy(p *part, recs []ipcRec, maps []*ipcMap, write bool) error {
 			if s.n == 0 || s.d == nil {
 				return fmt.Errorf("the local ranges end before the grant's %d bytes", p.total)
 			}
+			p.mu.Lock()
+			if !p.active {
+				p.mu.Unlock()
+				return nil
+			}
+			// The local buffer is read only while p is active: once it
+			// has ended, its owner may free it (Deregister returned).
 			local := s.d.Ptr + kernels.Ptr(s.off)
 			remote := maps[i].ptr + kernels.Ptr(r.off+done)
 			dst, src := local, remote
 			if write {
 				dst, src = remote, local
-			}
-			p.mu.Lock()
-			if !p.active {
-				p.mu.Unlock()
-				return nil
 			}
 			err := s.d.Dev.Lib().Memcpy(s.d.Dev.Ordinal, dst, src, uint64(s.n))
 			p.mu.Unlock()
