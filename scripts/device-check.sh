@@ -25,7 +25,8 @@
 #   summary.txt       tables, in order (topology, tests, d2d, check sweep,
 #                     all-gather, overlap, p2p, targets)
 #   tests.log         the tests' output
-#   bench.csv         every benchmark row
+#   bench.csv         every all-gather and copy row (p2p's are tables in
+#                     summary.txt)
 #   build.log         the kernels' build
 #
 # SLIME_DEVICE_CHECK_EMU=1 rehearses the whole script where there is no GPU:
@@ -300,8 +301,11 @@ done
 for mode in ipc tcp; do
   flag=(); [ $mode = tcp ] && flag=(--tcp-only)
   say; say "== p2p, GPU memory, 2 processes: $mode$TAG"
+  # 20 ms of timed rounds per row: each round's check (the bytes back to
+  # host memory and compared) costs far more than an IPC round; progress
+  # lines go to tests.log, so that a step cut short still shows its rows.
   bounded 60 bin/device/slimerun -q --standalone --nproc-per-node 2 bin/device/slimebench p2p --gpu "${flag[@]}" \
-    -b 64K -e $P2P_MAX -f 4 --batch 1,64 --concurrency 1 --max-in-flight 256M --register 0 --no-baselines --quiet \
+    -b 64K -e $P2P_MAX -f 4 --batch 1,64 --concurrency 1 --max-in-flight 64M --min-time 20ms --register 0 --no-baselines \
     2>>"$OUT/tests.log" | sed 's/^\[0\]: //' | tee -a "$SUM" || say "p2p --gpu $mode: failed (see tests.log)"
 done
 
