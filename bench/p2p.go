@@ -219,7 +219,7 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 	for _, k := range cases {
 		need = max(need, k.bytes())
 	}
-	if cfg.Baselines {
+	if cfg.Baselines && !cfg.GPU { // paired's batches (not measured on GPU memory)
 		for _, k := range cfg.pairs() {
 			need = max(need, k.bytes())
 		}
