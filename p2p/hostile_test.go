@@ -1438,26 +1438,8 @@ func TestSharedGrantManyMemories(t *testing.T) {
 // may free it then). The handle is a child process's (a process cannot open its own); the
 // fake target, this process, grants it.
 func TestIPCGrantChecked(t *testing.T) {
-	if gpuErr != nil {
-		t.Skip("no CUDA backend:", gpuErr)
-	}
-	g, err := device.OpenGPU(0)
-	if err != nil {
-		t.Skip("no GPU:", err)
-	}
 	const n = 1 << 16
-	_, line := startChildLine(t, "gpu-export", "", n, 7)
-	var hx string
-	var allocSize uint64
-	if _, err := fmt.Sscan(line, &hx, &allocSize); err != nil {
-		t.Fatalf("the child printed %q: %v", line, err)
-	}
-	var handle [kernels.IPCHandleBytes]byte
-	if raw, err := hex.DecodeString(hx); err != nil || len(raw) != len(handle) {
-		t.Fatalf("handle %q: %v", hx, err)
-	} else {
-		copy(handle[:], raw)
-	}
+	g, handle, allocSize := gpuExporter(t, n, 7)
 	want := make([]byte, n) // the child's bytes, at offset 4099 of its allocation
 	fill(want, 7)
 	h := func(recs ...ipcRec) []ipcRec { return recs }
@@ -1482,32 +1464,12 @@ func TestIPCGrantChecked(t *testing.T) {
 				// granularity: only the emulator's size is exact.
 				t.Skip("the emulator's allocation size only")
 			}
-			ctx := ctxT(t, 20*time.Second)
-			a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
-			rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
-			p, c := fakeSameHostTarget(t, ctx, a, rr)
-			p.l.ipcOff.Store(false) // the fake target is this process; the handle is the child's
-			ld, err := g.Alloc(n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ld.Free()
+			p, c, rr, lr, ld, ctx := ipcFakeTarget(t, g, n)
 			sentinel := bytes.Repeat([]byte{0xa5}, n)
 			if err := ld.CopyFromHost(sentinel); err != nil {
 				t.Fatal(err)
 			}
-			lr, _ := a.Register("l", ld)
-			contents := func() []byte {
-				b := make([]byte, n)
-				if err := ld.CopyToHost(b); err != nil {
-					t.Fatal(err)
-				}
-				return b
-			}
+			contents := func() []byte { return gpuContents(t, ld) }
 			f := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
 			rq := sameHostRequest(t, c, nil) // the lease refused: a grant per batch
 			if rq.kind != kReq || rq.sub != rReadG {
@@ -1581,53 +1543,14 @@ func TestIPCGrantChecked(t *testing.T) {
 // of host memory, breaks the protocol; one whose handle does not open is
 // given back unused, and the link's GPU memory goes over TCP after it.
 func TestIPCLease(t *testing.T) {
-	if gpuErr != nil {
-		t.Skip("no CUDA backend:", gpuErr)
-	}
-	g, err := device.OpenGPU(0)
-	if err != nil {
-		t.Skip("no GPU:", err)
-	}
 	const n = 1 << 16
-	_, line := startChildLine(t, "gpu-export", "", n, 9)
-	var hx string
-	var allocSize uint64
-	if _, err := fmt.Sscan(line, &hx, &allocSize); err != nil {
-		t.Fatalf("the child printed %q: %v", line, err)
-	}
-	var handle [kernels.IPCHandleBytes]byte
-	raw, err := hex.DecodeString(hx)
-	if err != nil || len(raw) != len(handle) {
-		t.Fatalf("handle %q: %v", hx, err)
-	}
-	copy(handle[:], raw)
+	g, handle, _ := gpuExporter(t, n, 9)
 	want := make([]byte, n)
 	fill(want, 9)
 	setup := func(t *testing.T) (*Peer, net.Conn, RemoteRegion, *Region, *device.CUDABuffer, context.Context) {
-		ctx := ctxT(t, 20*time.Second)
-		a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { a.Close() })
-		rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
-		p, c := fakeSameHostTarget(t, ctx, a, rr)
-		p.l.ipcOff.Store(false) // the fake target is this process; the handle is the child's
-		ld, err := g.Alloc(n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ld.Free() })
-		lr, _ := a.Register("l", ld)
-		return p, c, rr, lr, ld, ctx
+		return ipcFakeTarget(t, g, n)
 	}
-	contents := func(t *testing.T, ld *device.CUDABuffer) []byte {
-		b := make([]byte, n)
-		if err := ld.CopyToHost(b); err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	contents := gpuContents
 	rec := func(r ipcRec) []byte {
 		b := make([]byte, IPCRecSize)
 		r.put(b)
@@ -1749,38 +1672,9 @@ func TestIPCLease(t *testing.T) {
 // is still released once opened, its allocation closed first; it is not
 // left open and held by the target until the link's end.
 func TestLeaseGivenBackWhileOpening(t *testing.T) {
-	if gpuErr != nil {
-		t.Skip("no CUDA backend:", gpuErr)
-	}
-	g, err := device.OpenGPU(0)
-	if err != nil {
-		t.Skip("no GPU:", err)
-	}
 	const n = 1 << 16
-	_, line := startChildLine(t, "gpu-export", "", n, 9)
-	var hx string
-	fmt.Sscan(line, &hx)
-	var handle [kernels.IPCHandleBytes]byte
-	raw, err := hex.DecodeString(hx)
-	if err != nil || len(raw) != len(handle) {
-		t.Fatalf("the child printed %q: %v", line, err)
-	}
-	copy(handle[:], raw)
-	ctx := ctxT(t, 20*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
-	p, c := fakeSameHostTarget(t, ctx, a, rr)
-	p.l.ipcOff.Store(false) // the fake target is this process; the handle is the child's
-	ld, err := g.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ld.Free()
-	lr, _ := a.Register("l", ld)
+	g, handle, _ := gpuExporter(t, n, 9)
+	p, c, rr, lr, _, _ := ipcFakeTarget(t, g, n)
 	p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
 	lq, _ := nextFrame(t, c)
 	if lq.kind != kReq || lq.sub != rLeaseG {
@@ -1808,4 +1702,69 @@ func TestLeaseGivenBackWhileOpening(t *testing.T) {
 	if open != 0 {
 		t.Fatalf("%d allocations open after the lease's release", open)
 	}
+}
+
+// gpuExporter starts a gpu-export child whose n bytes from seed lie at
+// offset 4099 of its allocation (gpuMem), and returns this process's GPU
+// 0, the allocation's IPC handle and its size; it skips the test without
+// a CUDA backend.
+func gpuExporter(t *testing.T, n int, seed uint64) (*device.GPU, [kernels.IPCHandleBytes]byte, uint64) {
+	t.Helper()
+	var handle [kernels.IPCHandleBytes]byte
+	if gpuErr != nil {
+		t.Skip("no CUDA backend:", gpuErr)
+	}
+	g, err := device.OpenGPU(0)
+	if err != nil {
+		t.Skip("no GPU:", err)
+	}
+	_, line := startChildLine(t, "gpu-export", "", n, seed)
+	var hx string
+	var allocSize uint64
+	if _, err := fmt.Sscan(line, &hx, &allocSize); err != nil {
+		t.Fatalf("the child printed %q: %v", line, err)
+	}
+	raw, err := hex.DecodeString(hx)
+	if err != nil || len(raw) != len(handle) {
+		t.Fatalf("handle %q: %v", hx, err)
+	}
+	copy(handle[:], raw)
+	return g, handle, allocSize
+}
+
+// ipcFakeTarget links a fresh endpoint to a fake same-host target with
+// one region of n bytes, lets the link use CUDA IPC (the fake target is
+// this process, but the handles it grants are a child's), and registers
+// n bytes of GPU memory on g as the local region.
+func ipcFakeTarget(t *testing.T, g *device.GPU, n int) (*Peer, net.Conn, RemoteRegion, *Region, *device.CUDABuffer, context.Context) {
+	t.Helper()
+	ld, err := g.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ld.Free() }) // after the endpoint's Close (cleanups run last first)
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: uint64(n)}
+	p, c := fakeSameHostTarget(t, ctx, a, rr)
+	p.l.ipcOff.Store(false)
+	lr, err := a.Register("l", ld)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, c, rr, lr, ld, ctx
+}
+
+// gpuContents is d's bytes.
+func gpuContents(t *testing.T, d *device.CUDABuffer) []byte {
+	t.Helper()
+	b := make([]byte, d.Len)
+	if err := d.CopyToHost(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
