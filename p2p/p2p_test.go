@@ -50,20 +50,41 @@ func TestProcessReadWriteShared(t *testing.T) {
 	t.Run("shm", func(t *testing.T) { processReadWrite(t, "shared-target", false, "shm") })
 }
 
-func processReadWrite(t *testing.T, role string, tcpOnly bool, wantT string) {
-	const size = 24<<20 + 12345
+// parentOf starts a child of the given role whose region holds size
+// bytes from seed, and links a fresh endpoint "parent" (over TCP only, if
+// tcpOnly) to it; the endpoint closes when the test ends.
+func parentOf(t *testing.T, role string, size int, seed uint64, tcpOnly bool) (*Endpoint, *Peer, context.Context) {
+	t.Helper()
 	addr, st := storeFor(t)
-	startChild(t, role, addr, size, 7)
+	startChild(t, role, addr, size, seed)
 	ctx := ctxT(t, 60*time.Second)
 	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth(), TCPOnly: tcpOnly})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
+	t.Cleanup(func() { e.Close() })
 	p, err := e.Connect(ctx, "child")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return e, p, ctx
+}
+
+// gpuAllocFor is n bytes of GPU memory on g, freed when the test ends,
+// after the endpoints made later have closed.
+func gpuAllocFor(t *testing.T, g *device.GPU, n int) *device.CUDABuffer {
+	t.Helper()
+	d, err := g.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Free() })
+	return d
+}
+
+func processReadWrite(t *testing.T, role string, tcpOnly bool, wantT string) {
+	const size = 24<<20 + 12345
+	e, p, ctx := parentOf(t, role, size, 7, tcpOnly)
 	rr, ok := p.Remote("mem")
 	if !ok || rr.Size != size {
 		t.Fatalf("the child's info lists %+v (%v)", rr, ok)
@@ -845,28 +866,13 @@ func testGPUIPC(t *testing.T, tcpOnly bool) {
 		want = "tcp"
 	}
 	const size = 5<<20 + 333
-	addr, st := storeFor(t)
-	startChild(t, "gpu-target", addr, size, 21)
-	ctx := ctxT(t, 60*time.Second)
-	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth(), TCPOnly: tcpOnly})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	p, err := e.Connect(ctx, "child")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ld := gpuAllocFor(t, g, size)
+	e, p, ctx := parentOf(t, "gpu-target", size, 21, tcpOnly)
 	rg, ok1 := p.Remote("mem")
 	rh, ok2 := p.Remote("host")
 	if !ok1 || !ok2 {
 		t.Fatal("the child's regions are not in its Info")
 	}
-	ld, err := g.Alloc(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ld.Free()
 	lr, err := e.Register("lgpu", ld)
 	if err != nil {
 		t.Fatal(err)
@@ -976,24 +982,9 @@ func TestGPUIPCCancelReuse(t *testing.T) {
 		t.Skip("no GPU:", err)
 	}
 	const size = 64 << 20
-	addr, st := storeFor(t)
-	startChild(t, "gpu-target", addr, size, 31)
-	ctx := ctxT(t, 60*time.Second)
-	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	p, err := e.Connect(ctx, "child")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ld := gpuAllocFor(t, g, size)
+	e, p, ctx := parentOf(t, "gpu-target", size, 31, false)
 	rg, _ := p.Remote("mem")
-	ld, err := g.Alloc(size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ld.Free()
 	lr, err := e.Register("lgpu", ld)
 	if err != nil {
 		t.Fatal(err)
