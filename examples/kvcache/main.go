@@ -15,6 +15,13 @@
 // Rounds are separated by a barrier in the store. A wrong byte, a missing,
 // repeated or unknown batch makes the rank fail and the program exit 1.
 //
+// With --gpu the staging areas and caches are GPU memory (device
+// LOCAL_RANK mod the devices there are): between ranks on one host the
+// pages go device to device through CUDA IPC, elsewhere staged through
+// host memory over TCP; a prefill rank generates each batch's pages in
+// host memory and copies them up, a decode rank copies each page down to
+// check it.
+//
 // It needs the store of slimerun (or torchrun with its agent store): the
 // endpoints find each other there. Across hosts, set SLIME_SOCKET_IFNAME
 // or let MASTER_ADDR pick the interface, as for the collectives.
@@ -33,6 +40,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/bytesize"
 	"github.com/slimego/slimego/internal/pattern"
 	"github.com/slimego/slimego/p2p"
@@ -45,6 +53,7 @@ type config struct {
 	batch, inflight int // pages per WriteWithImm, batches in flight per prefill rank
 	rounds          int
 	tcpOnly         bool
+	gpu             bool // staging areas and caches in GPU memory
 	timeout         time.Duration
 	corrupt         int // a test's: prefill rank 0 flips a byte of this page in round 0 (-1: none)
 }
@@ -83,6 +92,7 @@ func main() {
 	pflag.IntVar(&c.inflight, "inflight", 4, "batches a prefill rank has in flight")
 	pflag.IntVar(&c.rounds, "rounds", 3, "rounds: each rewrites every cache with new data")
 	pflag.BoolVar(&c.tcpOnly, "tcp-only", false, "carry the pages over TCP even between ranks on one host")
+	pflag.BoolVar(&c.gpu, "gpu", false, "keep the staging areas and caches in GPU memory (CUDA IPC between ranks on one host)")
 	pflag.DurationVar(&c.timeout, "timeout", time.Minute, "bound on every wait")
 	pflag.IntVar(&c.corrupt, "corrupt-page", -1, "prefill rank 0 sends this page with one byte wrong in round 0 (to see the check fail)")
 	pflag.Parse()
@@ -147,6 +157,31 @@ func run(o collective.Options, c config) error {
 	return decodeRank(ctx, st, e, o, c)
 }
 
+// gpuMem is n bytes of GPU memory on device LOCAL_RANK mod the devices.
+func gpuMem(o collective.Options, n int) (*device.CUDABuffer, error) {
+	count, err := device.CUDADeviceCount()
+	if err == nil && count < 1 {
+		err = errors.New("no CUDA device")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("--gpu: %w", err)
+	}
+	g, err := device.OpenGPU(o.LocalRank % count)
+	if err != nil {
+		return nil, fmt.Errorf("--gpu: %w", err)
+	}
+	return g.Alloc(n)
+}
+
+// freeRegistered frees GPU memory registered as reg once Deregister has
+// returned (no transfer touches it then, and no peer holds it open); if
+// Deregister fails, it is left to the process's exit.
+func freeRegistered(ctx context.Context, e *p2p.Endpoint, reg *p2p.Region, d *device.CUDABuffer) {
+	if err := e.Deregister(ctx, reg); err == nil {
+		d.Free()
+	}
+}
+
 // barrier waits, in the store, for every rank to reach round r's end.
 func barrier(ctx context.Context, st *rendezvous.Client, o collective.Options, what string) error {
 	if err := st.Barrier(ctx, "kvcache/"+what, o.Rank, o.WorldSize); err != nil {
@@ -159,9 +194,21 @@ func prefillRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o 
 	p := o.Rank
 	// The staging area: inflight batches of pages, per decode rank.
 	stage := make([]byte, c.decode*c.inflight*c.batch*c.pageSize)
-	reg, err := e.Register("stage", stage)
+	var mem any = stage
+	var dstage *device.CUDABuffer // with --gpu: the staging area, filled from stage
+	if c.gpu {
+		var err error
+		if dstage, err = gpuMem(o, len(stage)); err != nil {
+			return err
+		}
+		mem = dstage
+	}
+	reg, err := e.Register("stage", mem)
 	if err != nil {
 		return err
+	}
+	if dstage != nil {
+		defer freeRegistered(ctx, e, reg, dstage)
 	}
 	if err := e.Publish(ctx); err != nil {
 		return err
@@ -216,6 +263,17 @@ func prefillRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o 
 					ops[j] = p2p.Op{Local: reg, LocalOff: off, Remote: caches[d], RemoteOff: slot * c.pageSize, Len: c.pageSize}
 					moved += int64(c.pageSize)
 				}
+				if dstage != nil { // the batch's pages up to the GPU
+					lo := (d*c.inflight + w) * c.batch * c.pageSize
+					n := len(pages) * c.pageSize
+					v, err := dstage.Slice(lo, n)
+					if err == nil {
+						err = v.CopyFromHost(stage[lo : lo+n])
+					}
+					if err != nil {
+						return fmt.Errorf("round %d: staging a batch in GPU memory: %w", r, err)
+					}
+				}
 				futs[d][w] = peers[d].WriteWithImm(ops, uint32(v))
 			}
 		}
@@ -247,8 +305,21 @@ func prefillRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o 
 func decodeRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o collective.Options, c config) error {
 	d := o.Rank - c.prefill
 	cache := make([]byte, c.pages*c.pageSize)
-	if _, err := e.Register("kv", cache); err != nil {
+	var mem any = cache
+	var dcache *device.CUDABuffer // with --gpu: the cache, copied down page by page to check
+	if c.gpu {
+		var err error
+		if dcache, err = gpuMem(o, len(cache)); err != nil {
+			return err
+		}
+		mem = dcache
+	}
+	reg, err := e.Register("kv", mem)
+	if err != nil {
 		return err
+	}
+	if dcache != nil {
+		defer freeRegistered(ctx, e, reg, dcache)
 	}
 	if err := e.Publish(ctx); err != nil {
 		return err
@@ -286,6 +357,15 @@ func decodeRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o c
 			seen[p][v] = true
 			for _, slot := range orders[p][v*c.batch : min((v+1)*c.batch, len(orders[p]))] {
 				page := cache[slot*c.pageSize : (slot+1)*c.pageSize]
+				if dcache != nil {
+					v, err := dcache.Slice(slot*c.pageSize, c.pageSize)
+					if err == nil {
+						err = v.CopyToHost(page)
+					}
+					if err != nil {
+						return fmt.Errorf("round %d: reading a page of the GPU cache: %w", r, err)
+					}
+				}
 				s := seed(r, p, d, slot)
 				if pattern.Check(page, s) >= 0 {
 					pattern.Fill(want, s)

@@ -5,9 +5,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/device"
 )
 
 // build compiles slimerun and this example into a temporary directory.
@@ -53,11 +56,15 @@ func slimerun(t *testing.T, dir string, nproc string, args ...string) (string, i
 
 // TestKVCache runs the example under slimerun, as real processes: 2
 // prefill and 2 decode ranks over the same-host transport, 3 prefill and 1
-// decode over TCP with pages that do not divide evenly, and every decode
+// decode over TCP with pages that do not divide evenly, the caches in GPU
+// memory through CUDA IPC and over TCP, and every decode
 // rank reports every page checked with no wrong byte. A page sent with
 // one wrong byte must make the job exit non-zero, naming the wrong data.
 func TestKVCache(t *testing.T) {
 	dir := build(t)
+	// The GPU cases run on the emulated CUDA library where there is no
+	// GPU (the ranks inherit SLIME_CUDA_LIB).
+	gpuErr := device.UseEmulator(0)
 	for _, tc := range []struct {
 		name, nproc string
 		args        []string
@@ -66,10 +73,17 @@ func TestKVCache(t *testing.T) {
 	}{
 		{"2+2 same host", "4", []string{"--pages", "512", "--page-size", "8K", "--batch", "64"}, 2, "[cma]"},
 		{"3+1 tcp", "4", []string{"--prefill", "3", "--tcp-only", "--pages", "301", "--page-size", "3000", "--batch", "16", "--inflight", "2"}, 3, "[tcp]"},
+		// GPU memory (the emulated CUDA library here): device to device
+		// through CUDA IPC, and staged over TCP.
+		{"2+2 gpu", "4", []string{"--gpu", "--pages", "256", "--page-size", "8K", "--batch", "32"}, 2, "[ipc]"},
+		{"1+1 gpu tcp", "2", []string{"--gpu", "--tcp-only", "--pages", "100", "--page-size", "5000", "--batch", "8"}, 1, "[tcp]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if strings.Contains(tc.name, "gpu") && gpuErr != nil {
+				t.Skip("no CUDA backend:", gpuErr)
+			}
 			out, code := slimerun(t, dir, tc.nproc, tc.args...)
-			if code != 0 || strings.Count(out, "PASS rank") != 4 || strings.Count(out, "(prefill)") != tc.prefill ||
+			if n, _ := strconv.Atoi(tc.nproc); code != 0 || strings.Count(out, "PASS rank") != n || strings.Count(out, "(prefill)") != tc.prefill ||
 				strings.Count(out, "over "+tc.transport) != tc.prefill || strings.Contains(out, " 0 pages") {
 				t.Fatalf("exit %d:\n%s", code, out)
 			}
