@@ -43,6 +43,8 @@ func FuzzDecodeHeader(f *testing.F) {
 		{kind: kReq, sub: rReadG, id: 5, a: 100, b: 1, payload: stripeSize + DescSize},
 		{kind: kResp, sub: rWriteG, id: 5, b: 2, payload: 2 * IPCRecSize},
 		{kind: kResp, sub: rReadG, id: 5, status: stNotHost},
+		{kind: kReq, sub: rLeaseG, id: 6, a: 4096, b: 1, payload: stripeSize + DescSize},
+		{kind: kResp, sub: rLeaseG, id: 6, b: 1, payload: IPCRecSize},
 		{kind: kPing},
 	} {
 		f.Add(hdr(h))
@@ -68,14 +70,14 @@ func FuzzDecodeHeader(f *testing.F) {
 			h.kind == kHello && (h.payload <= helloFixed || h.payload > helloFixed+MaxName),
 			h.kind != kData && h.kind != kReq && h.kind != kResp && h.kind != kHello && h.payload != 0,
 			h.a > MaxLen && !(h.kind == kHello),
-			h.sub == rLease && h.b > 1:
+			(h.sub == rLease || h.sub == rLeaseG) && h.b > 1:
 			t.Fatalf("accepted out of bounds: %+v", h)
 		}
 	})
 }
 
 // TestDecodeLease: a lease is asked for one region whole (one
-// descriptor) and granted as one iovec; a revocation carries nothing but
+// descriptor) and granted as one iovec (one IPC record for GPU memory); a revocation carries nothing but
 // the lease's id.
 func TestDecodeLease(t *testing.T) {
 	for _, tc := range []struct {
@@ -92,6 +94,12 @@ func TestDecodeLease(t *testing.T) {
 		{header{kind: kResp, sub: rLease, id: 1, b: 1, payload: IovSize - 1}, false},
 		{header{kind: kResp, sub: rLease, id: 1, status: stKey}, true},
 		{header{kind: kResp, sub: rLease, id: 1, status: stKey, a: 5}, false},
+		{header{kind: kReq, sub: rLeaseG, id: 1, a: 10, b: 1, payload: stripeSize + DescSize}, true},
+		{header{kind: kReq, sub: rLeaseG, id: 1, a: 10, b: 2, payload: stripeSize + 2*DescSize}, false},
+		{header{kind: kResp, sub: rLeaseG, id: 1, b: 1, payload: IPCRecSize}, true},
+		{header{kind: kResp, sub: rLeaseG, id: 1, b: 2, payload: 2 * IPCRecSize}, false},
+		{header{kind: kResp, sub: rLeaseG, id: 1, b: 1, payload: IovSize}, false},
+		{header{kind: kResp, sub: rLeaseG, id: 1, status: stNotHost}, true},
 		{header{kind: kRevoke, id: 7}, true},
 		{header{kind: kRevoke, id: 7, a: 1}, false},
 		{header{kind: kRevoke, id: 7, payload: 8}, false},
