@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // BenchmarkRead and BenchmarkWrite move one region's bytes between two
@@ -40,9 +43,11 @@ func benchOneSided(b *testing.B, write bool) {
 				b.SetBytes(int64(size))
 				b.ResetTimer()
 				for range b.N {
-					f := p.Read(ops)
+					var f *Future
 					if write {
 						f = p.Write(ops)
+					} else {
+						f = p.Read(ops)
 					}
 					if err := f.Wait(ctx); err != nil {
 						b.Fatal(err)
@@ -50,5 +55,40 @@ func benchOneSided(b *testing.B, write bool) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkSameHostCeiling measures what bounds the same-host transport
+// of plain memory: process_vm_readv between two buffers of this process,
+// a cmaChunk per call as grantCopy makes them, beside a memcpy (Go's
+// copy) of the same bytes.
+func BenchmarkSameHostCeiling(b *testing.B) {
+	for _, size := range []int{1 << 20, 4 << 20, 16 << 20, 64 << 20} {
+		src, dst := make([]byte, size), make([]byte, size)
+		for i := range src {
+			src[i] = byte(i)
+		}
+		copy(dst, src)
+		b.Run(fmt.Sprintf("memcpy/%d", size), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			for range b.N {
+				copy(dst, src)
+			}
+		})
+		b.Run(fmt.Sprintf("process_vm/%d", size), func(b *testing.B) {
+			b.SetBytes(int64(size))
+			pid := unix.Getpid()
+			for range b.N {
+				for off := 0; off < size; off += cmaChunk {
+					n := min(cmaChunk, size-off)
+					l := []unix.Iovec{{Base: &dst[off]}}
+					l[0].SetLen(n)
+					r := []unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&src[off])), Len: n}}
+					if m, err := unix.ProcessVMReadv(pid, l, r, 0); err != nil || m != n {
+						b.Fatalf("process_vm_readv: %d of %d bytes, %v", m, n, err)
+					}
+				}
+			}
+		})
 	}
 }
