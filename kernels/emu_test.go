@@ -564,6 +564,10 @@ func runChild(which string) int {
 			fmt.Println(err)
 			return 1
 		}
+		if _, err := lib.IPCOpen(0, h); err == nil {
+			fmt.Println("child: a handle mapped already opened again (CUDA refuses: resource already mapped)")
+			return 1
+		}
 		if b, n, err := lib.MemRange(0, p+1000); err != nil || b != p || n < uint64(size) {
 			fmt.Printf("child: MemRange in the mapped allocation: %#x, %d, %v; want %#x, >= %d\n", b, n, err, p, size)
 			return 1

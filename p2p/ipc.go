@@ -38,6 +38,10 @@ import (
 // process exported to it; the ranges are still bounded by what the
 // handle maps.
 
+// testHookIPCOpen, set by a test, runs just before an allocation of the
+// peer's is opened.
+var testHookIPCOpen func()
+
 // maxIPCMaps bounds the peer's allocations a link has open at once;
 // a grant that would pass it goes over TCP instead.
 const maxIPCMaps = 256
@@ -94,6 +98,11 @@ func ipcRecords(segs []seg) ([]byte, bool) {
 // opening). refused says whether the open itself failed (a handle that
 // does not open here) rather than a bound or the link's end.
 func (l *link) openIPC(gpu *device.GPU, h [kernels.IPCHandleBytes]byte) (m *ipcMap, refused bool, err error) {
+	// One open or close at a time on the link: CUDA may refuse to map an
+	// allocation this process has mapped already (two grants of it
+	// opening at once, or one opening while another closes it).
+	l.ipcMu.Lock()
+	defer l.ipcMu.Unlock()
 	k := ipcKey{h: h, dev: gpu.Ordinal}
 	l.mu.Lock()
 	if m := l.ipcs[k]; m != nil {
@@ -107,6 +116,9 @@ func (l *link) openIPC(gpu *device.GPU, h [kernels.IPCHandleBytes]byte) (m *ipcM
 		return nil, false, fmt.Errorf("the link has %d allocations of the peer open", maxIPCMaps)
 	}
 	lib := gpu.Lib()
+	if testHookIPCOpen != nil {
+		testHookIPCOpen()
+	}
 	ptr, err := lib.IPCOpen(gpu.Ordinal, h)
 	if err != nil {
 		return nil, true, err
@@ -125,12 +137,6 @@ func (l *link) openIPC(gpu *device.GPU, h [kernels.IPCHandleBytes]byte) (m *ipcM
 		l.mu.Unlock()
 		lib.IPCClose(gpu.Ordinal, ptr)
 		return nil, false, err
-	}
-	if m := l.ipcs[k]; m != nil { // another grant opened it meanwhile
-		m.refs++
-		l.mu.Unlock()
-		lib.IPCClose(gpu.Ordinal, ptr) // opens are counted: this one's
-		return m, false, nil
 	}
 	if l.ipcs == nil {
 		l.ipcs = map[ipcKey]*ipcMap{}
@@ -161,11 +167,17 @@ func (l *link) unrefIPC(ms []*ipcMap) {
 		}
 	}
 	l.mu.Unlock()
-	closeIPC(done)
+	l.closeIPC(done)
 }
 
-// closeIPC closes allocations that nothing uses any more.
-func closeIPC(ms []*ipcMap) {
+// closeIPC closes allocations that nothing uses any more (under
+// l.ipcMu: see openIPC).
+func (l *link) closeIPC(ms []*ipcMap) {
+	if len(ms) == 0 {
+		return
+	}
+	l.ipcMu.Lock()
+	defer l.ipcMu.Unlock()
 	for _, m := range ms {
 		m.gpu.Lib().IPCClose(m.gpu.Ordinal, m.ptr)
 	}
@@ -318,7 +330,7 @@ func (c *conn) ipcLeaseAnswered(ls *lease, b []byte) error {
 		rel = l.endLeaseLocked(ls, &doomed)
 	}
 	l.mu.Unlock()
-	closeIPC(doomed)
+	l.closeIPC(doomed)
 	if rel {
 		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
 	}

@@ -155,7 +155,7 @@ func (l *link) unpinLeases(pins []*lease) {
 		}
 	}
 	l.mu.Unlock()
-	closeIPC(doomed)
+	l.closeIPC(doomed)
 	for _, ls := range rel {
 		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
 	}
@@ -270,7 +270,7 @@ func (l *link) revoked(id uint64) {
 	var doomed []*ipcMap
 	rel := l.endLeaseLocked(ls, &doomed)
 	l.mu.Unlock()
-	closeIPC(doomed)
+	l.closeIPC(doomed)
 	if rel {
 		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
 	}
@@ -295,7 +295,7 @@ func (l *link) giveBackLeases() {
 		}
 	}
 	l.mu.Unlock()
-	closeIPC(doomed)
+	l.closeIPC(doomed)
 	// On every connection: the peer fails the link at the first
 	// connection's end it reads, which may be another's than the lease's,
 	// and a release still unread behind it would be lost; each

@@ -185,8 +185,10 @@ type link struct {
 	maps    map[uint64]*peerMap
 	mapTick uint64
 	// ipcs are the peer's GPU allocations open here (ipc.go), while
-	// grants use them.
-	ipcs map[ipcKey]*ipcMap
+	// grants use them; ipcMu orders their opens and closes (taken before
+	// mu).
+	ipcs  map[ipcKey]*ipcMap
+	ipcMu sync.Mutex
 	// peerPid is the pid the peer gave (its hello, or its Info when this
 	// side dialed); grants go only to a peer whose process it is
 	// (grantable, once per link).
@@ -292,7 +294,7 @@ func (l *link) start() {
 			l.grantPidfd = -1
 		}
 		l.mu.Unlock()
-		closeIPC(doomed)
+		l.closeIPC(doomed)
 	}()
 }
 

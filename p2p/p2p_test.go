@@ -965,6 +965,53 @@ func testGPUIPC(t *testing.T, tcpOnly bool) {
 	}
 }
 
+// TestGPUIPCConcurrent: the first batches of a link to a child's GPU
+// region, 8 reads of its slices at once (each a grant on its own
+// connection, beside the region's lease being granted), all go through
+// CUDA IPC and read the right bytes: one allocation is opened once at a
+// time, as CUDA, and the emulator, refuse to map it twice in one process.
+func TestGPUIPCConcurrent(t *testing.T) {
+	if gpuErr != nil {
+		t.Skip("no CUDA backend:", gpuErr)
+	}
+	g, err := device.OpenGPU(0)
+	if err != nil {
+		t.Skip("no GPU:", err)
+	}
+	const size, k = 8 << 20, 8
+	ld := gpuAllocFor(t, g, size)
+	e, p, ctx := parentOf(t, "gpu-target", size, 41, false)
+	rg, _ := p.Remote("mem")
+	lr, err := e.Register("lgpu", ld)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every open takes a while, as a real one does (a mapping made).
+	testHookIPCOpen = func() { time.Sleep(2 * time.Millisecond) }
+	defer func() { testHookIPCOpen = nil }()
+	futs := make([]*Future, k)
+	for i := range futs {
+		futs[i] = p.Read([]Op{{Local: lr, LocalOff: i * size / k, Remote: rg, RemoteOff: i * size / k, Len: size / k}})
+	}
+	for i, f := range futs {
+		if err := f.Wait(ctx); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+		if f.Transport() != "ipc" {
+			t.Errorf("read %d: transport %q, want ipc", i, f.Transport())
+		}
+	}
+	want := make([]byte, size)
+	fill(want, 41)
+	got := make([]byte, size)
+	if err := ld.CopyToHost(got); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the slices read at once differ")
+	}
+}
+
 // TestGPUIPCCancelReuse: reads of a child's GPU region through CUDA IPC
 // cancelled at once or a few milliseconds in, and a cancelled write:
 // once Wait has returned, the local GPU buffer, refilled, is not touched

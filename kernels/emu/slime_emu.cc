@@ -109,6 +109,7 @@ const CudaErr eIllegalAddress{"cudaErrorIllegalAddress", "an illegal memory acce
 const CudaErr eMemory{"cudaErrorMemoryAllocation", "out of memory"};
 const CudaErr eInvalidContext{"cudaErrorInvalidContext", "invalid device context"};
 const CudaErr eMapFailed{"cudaErrorMapBufferObjectFailed", "mapping of buffer object failed"};
+const CudaErr eAlreadyMapped{"cudaErrorAlreadyMapped", "resource already mapped"};
 const CudaErr eCaptureUnsupported{"cudaErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"};
 const CudaErr eCaptureInvalidated{"cudaErrorStreamCaptureInvalidated", "operation failed due to a previous error during capture"};
 const CudaErr eCaptureUnmatched{"cudaErrorStreamCaptureUnmatched", "capture was not initiated in this stream"};
@@ -770,11 +771,10 @@ int slime_ipc_open(int dev, const uint8_t handle[SLIME_IPC_HANDLE_BYTES], uint64
     {
         std::lock_guard<std::mutex> lk(g.mu);
         for (auto &kv : g.allocs)
-            if (kv.second.kind == MEM_IPC && kv.second.pid == h.pid && kv.second.id == h.id && kv.second.dev == dev) {
-                kv.second.refs++;
-                *ptr = kv.first;
-                return SLIME_OK;
-            }
+            if (kv.second.kind == MEM_IPC && kv.second.pid == h.pid && kv.second.id == h.id && kv.second.dev == dev)
+                // As CUDA: a handle is mapped at most once per device and
+                // process at a time ("resource already mapped").
+                return cfail(eAlreadyMapped, what, "the allocation is mapped in this process already");
     }
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
