@@ -1768,3 +1768,65 @@ func gpuContents(t *testing.T, d *device.CUDABuffer) []byte {
 	}
 	return b
 }
+
+// TestIPCCloseThenOpen: a grant that opens an allocation while the grant
+// before it, done with the same allocation, has yet to close it takes
+// the open that is still there and goes through CUDA IPC; it does not
+// open the allocation a second time (which CUDA, and the emulator,
+// refuse), fall back to TCP and turn IPC off for the link. Nor is the
+// allocation closed twice.
+func TestIPCCloseThenOpen(t *testing.T) {
+	const n = 1 << 16
+	g, handle, _ := gpuExporter(t, n, 9)
+	p, c, rr, lr, ld, ctx := ipcFakeTarget(t, g, n)
+	rec := make([]byte, IPCRecSize)
+	(&ipcRec{handle, 4099, n}).put(rec)
+	grant := func(id uint64) {
+		c.Write(append(hdr(header{kind: kResp, sub: rReadG, id: id, b: 1, payload: IPCRecSize}), rec...))
+	}
+	f1 := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+	rq1 := sameHostRequest(t, c, nil) // the lease refused: a grant per batch
+	f2 := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+	rq2, _ := nextFrame(t, c)
+	if rq1.sub != rReadG || rq2.sub != rReadG {
+		t.Fatalf("got %+v and %+v, want two same-host reads of GPU memory", rq1, rq2)
+	}
+	// The first grant's close waits until the second grant is answered.
+	closing, proceed := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	testHookIPCClose = func() {
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			close(closing)
+			<-proceed
+		}
+	}
+	defer func() { testHookIPCClose = nil }()
+	grant(rq1.id)
+	<-closing
+	grant(rq2.id)
+	if rel, _ := nextFrame(t, c); rel.kind != kRelease || rel.id != rq2.id {
+		t.Fatalf("got %+v, want the second grant's release", rel)
+	}
+	close(proceed)
+	if rel, _ := nextFrame(t, c); rel.kind != kRelease || rel.id != rq1.id {
+		t.Fatalf("got %+v, want the first grant's release", rel)
+	}
+	for i, f := range []*Future{f1, f2} {
+		if err := f.Wait(ctx); err != nil || f.Transport() != "ipc" {
+			t.Fatalf("read %d: %v, transport %q", i+1, err, f.Transport())
+		}
+	}
+	want := make([]byte, n)
+	fill(want, 9)
+	if !bytes.Equal(gpuContents(t, ld), want) {
+		t.Fatal("the bytes read differ")
+	}
+	p.l.mu.Lock()
+	open := len(p.l.ipcs)
+	p.l.mu.Unlock()
+	if open != 0 || p.l.ipcOff.Load() {
+		t.Fatalf("%d allocations open after both releases, IPC off %v", open, p.l.ipcOff.Load())
+	}
+}

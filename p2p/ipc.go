@@ -38,9 +38,10 @@ import (
 // process exported to it; the ranges are still bounded by what the
 // handle maps.
 
-// testHookIPCOpen, set by a test, runs just before an allocation of the
-// peer's is opened.
-var testHookIPCOpen func()
+// testHookIPCOpen and testHookIPCClose, set by tests, run just before an
+// allocation of the peer's is opened, and before allocations no grant
+// uses any more are closed (closeIPC).
+var testHookIPCOpen, testHookIPCClose func()
 
 // maxIPCMaps bounds the peer's allocations a link has open at once;
 // a grant that would pass it goes over TCP instead.
@@ -55,10 +56,11 @@ type ipcKey struct {
 
 // ipcMap is a peer's allocation opened here.
 type ipcMap struct {
+	key  ipcKey
 	gpu  *device.GPU
 	ptr  kernels.Ptr
 	size uint64
-	refs int // grants' records using it now
+	refs int // grants' records and leases using it now
 }
 
 // ipcRecords encodes the IPC records of segs, all GPU memory, or reports
@@ -141,45 +143,58 @@ func (l *link) openIPC(gpu *device.GPU, h [kernels.IPCHandleBytes]byte) (m *ipcM
 	if l.ipcs == nil {
 		l.ipcs = map[ipcKey]*ipcMap{}
 	}
-	m = &ipcMap{gpu: gpu, ptr: ptr, size: size, refs: 1}
+	m = &ipcMap{key: k, gpu: gpu, ptr: ptr, size: size, refs: 1}
 	l.ipcs[k] = m
 	l.mu.Unlock()
 	return m, false, nil
 }
 
 // unrefIPC drops the references openIPC took (ms may hold nils and
-// repeats), and closes what no grant uses any more, outside l.mu.
+// repeats), and closes what nothing uses any more.
 func (l *link) unrefIPC(ms []*ipcMap) {
-	var done []*ipcMap
+	var idle []*ipcMap
 	l.mu.Lock()
 	for _, m := range ms {
-		if m == nil {
-			continue
-		}
-		if m.refs--; m.refs == 0 {
-			for k, o := range l.ipcs {
-				if o == m {
-					delete(l.ipcs, k)
-					break
-				}
-			}
-			done = append(done, m)
+		if m != nil {
+			l.unrefIPCLocked(m, &idle)
 		}
 	}
 	l.mu.Unlock()
-	l.closeIPC(done)
+	l.closeIPC(idle)
 }
 
-// closeIPC closes allocations that nothing uses any more (under
-// l.ipcMu: see openIPC).
+// unrefIPCLocked drops a reference to m (under l.mu), adding m to idle
+// when it was the last, for closeIPC.
+func (l *link) unrefIPCLocked(m *ipcMap, idle *[]*ipcMap) {
+	if m.refs--; m.refs == 0 {
+		*idle = append(*idle, m)
+	}
+}
+
+// closeIPC closes the allocations of ms that nothing uses (outside l.mu,
+// which it takes). It removes them from l.ipcs only under l.ipcMu, as it
+// closes them, so that an open that comes first (see openIPC) takes the
+// allocation still open instead of mapping it a second time; one it
+// took is left open, one closed already is not closed again.
 func (l *link) closeIPC(ms []*ipcMap) {
 	if len(ms) == 0 {
 		return
 	}
+	if testHookIPCClose != nil {
+		testHookIPCClose()
+	}
 	l.ipcMu.Lock()
 	defer l.ipcMu.Unlock()
 	for _, m := range ms {
-		m.gpu.Lib().IPCClose(m.gpu.Ordinal, m.ptr)
+		l.mu.Lock()
+		last := m.refs == 0 && l.ipcs[m.key] == m
+		if last {
+			delete(l.ipcs, m.key)
+		}
+		l.mu.Unlock()
+		if last {
+			m.gpu.Lib().IPCClose(m.gpu.Ordinal, m.ptr)
+		}
 	}
 }
 

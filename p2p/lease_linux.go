@@ -182,17 +182,9 @@ func (l *link) endLeaseLocked(ls *lease, doomed *[]*ipcMap) bool {
 			l.dropMaps()
 		}
 	}
-	if m := ls.ipc; m != nil {
+	if ls.ipc != nil {
+		l.unrefIPCLocked(ls.ipc, doomed)
 		ls.ipc = nil
-		if m.refs--; m.refs == 0 {
-			for k, o := range l.ipcs {
-				if o == m {
-					delete(l.ipcs, k)
-					break
-				}
-			}
-			*doomed = append(*doomed, m)
-		}
 	}
 	return l.err == nil
 }
