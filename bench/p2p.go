@@ -351,32 +351,24 @@ type p2pBench struct {
 	remote         p2p.RemoteRegion
 	region, expect []byte
 	// gpu, when set, is the registered region: region is its host copy,
-	// which up, down and zero keep in step outside the timed window.
+	// which sync and zero keep in step outside the timed window.
 	gpu     *device.CUDABuffer
 	seed    uint64
 	timeout time.Duration
 }
 
-// up copies region's first n bytes to the GPU region (if there is one).
-func (b *p2pBench) up(n int) error {
+// sync copies region's first n bytes to the GPU region (up) or back (if
+// there is a GPU region).
+func (b *p2pBench) sync(n int, up bool) error {
 	if b.gpu == nil {
 		return nil
 	}
 	v, err := b.gpu.Slice(0, n)
-	if err == nil {
+	switch {
+	case err != nil:
+	case up:
 		err = v.CopyFromHost(b.region[:n])
-	}
-	return err
-}
-
-// down copies the GPU region's first n bytes into region (if there is
-// one).
-func (b *p2pBench) down(n int) error {
-	if b.gpu == nil {
-		return nil
-	}
-	v, err := b.gpu.Slice(0, n)
-	if err == nil {
+	default:
 		err = v.CopyToHost(b.region[:n])
 	}
 	return err
@@ -467,7 +459,7 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 		var err error
 		if k.op == "read" {
 			b.fill(i, b.region[:n])
-			err = b.up(n)
+			err = b.sync(n, true)
 		} else {
 			b.fill(i, b.expect[:n])
 			err = b.zero(n)
@@ -492,7 +484,7 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 				break
 			}
 			t := cpuSeconds()
-			if err := b.down(n); err != nil {
+			if err := b.sync(n, false); err != nil {
 				return res, fmt.Errorf("%w: rank 0: GPU memory: %w", ErrP2PBench, err)
 			}
 			wrong := countWrongBytes(b.region[:n], b.expect[:n])
@@ -513,7 +505,7 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 		b.fill(i, b.expect[:n])
 	} else {
 		b.fill(i, src)
-		if err := b.up(n); err != nil {
+		if err := b.sync(n, true); err != nil {
 			return res, fmt.Errorf("%w: rank 1: GPU memory: %w", ErrP2PBench, err)
 		}
 	}
@@ -577,7 +569,7 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 			lats = append(lats, lat...)
 		}
 		if k.op == "read" {
-			if err := b.down(n); err != nil {
+			if err := b.sync(n, false); err != nil {
 				return fmt.Errorf("%w: rank 1: GPU memory: %w", ErrP2PBench, err)
 			}
 			res.Wrong += countWrongBytes(src, b.expect[:n])

@@ -1526,10 +1526,7 @@ func TestIPCGrantChecked(t *testing.T) {
 			}
 			// After a handle that did not open, the next read goes over
 			// TCP at once.
-			p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
-			if next, _ := nextFrame(t, c); next.kind != kReq || next.sub != rRead {
-				t.Fatalf("got %+v, want a read over TCP", next)
-			}
+			readOverTCP(t, p, c, []Op{{Local: lr, Remote: rr, Len: n}})
 		})
 	}
 }
@@ -1660,10 +1657,7 @@ func TestIPCLease(t *testing.T) {
 		if rel, _ := nextFrame(t, c); rel.kind != kRelease || rel.id != lq.id {
 			t.Fatalf("got %+v, want the lease given back", rel)
 		}
-		p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
-		if rq, _ := nextFrame(t, c); rq.kind != kReq || rq.sub != rRead {
-			t.Fatalf("got %+v, want a read over TCP", rq)
-		}
+		readOverTCP(t, p, c, []Op{{Local: lr, Remote: rr, Len: n}})
 	})
 }
 
@@ -1711,13 +1705,7 @@ func TestLeaseGivenBackWhileOpening(t *testing.T) {
 func gpuExporter(t *testing.T, n int, seed uint64) (*device.GPU, [kernels.IPCHandleBytes]byte, uint64) {
 	t.Helper()
 	var handle [kernels.IPCHandleBytes]byte
-	if gpuErr != nil {
-		t.Skip("no CUDA backend:", gpuErr)
-	}
-	g, err := device.OpenGPU(0)
-	if err != nil {
-		t.Skip("no GPU:", err)
-	}
+	g := gpuOrSkip(t)
 	_, line := startChildLine(t, "gpu-export", "", n, seed)
 	var hx string
 	var allocSize uint64
@@ -1757,6 +1745,16 @@ func ipcFakeTarget(t *testing.T, g *device.GPU, n int) (*Peer, net.Conn, RemoteR
 		t.Fatal(err)
 	}
 	return p, c, rr, lr, ld, ctx
+}
+
+// readOverTCP starts a read of ops and checks that the fake target c
+// gets it as a read over TCP (IPC is off on the link).
+func readOverTCP(t *testing.T, p *Peer, c net.Conn, ops []Op) {
+	t.Helper()
+	p.Read(ops)
+	if rq, _ := nextFrame(t, c); rq.kind != kReq || rq.sub != rRead {
+		t.Fatalf("got %+v, want a read over TCP", rq)
+	}
 }
 
 // gpuContents is d's bytes.

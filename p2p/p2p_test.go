@@ -70,6 +70,20 @@ func parentOf(t *testing.T, role string, size int, seed uint64, tcpOnly bool) (*
 	return e, p, ctx
 }
 
+// gpuOrSkip is GPU 0 (of the emulated CUDA library where there is no
+// GPU); it skips the test without a CUDA backend.
+func gpuOrSkip(t *testing.T) *device.GPU {
+	t.Helper()
+	if gpuErr != nil {
+		t.Skip("no CUDA backend:", gpuErr)
+	}
+	g, err := device.OpenGPU(0)
+	if err != nil {
+		t.Skip("no GPU:", err)
+	}
+	return g
+}
+
 // gpuAllocFor is n bytes of GPU memory on g, freed when the test ends,
 // after the endpoints made later have closed.
 func gpuAllocFor(t *testing.T, g *device.GPU, n int) *device.CUDABuffer {
@@ -754,13 +768,7 @@ func TestConnectBothSides(t *testing.T) {
 func TestGPU(t *testing.T) { transports(t, testGPU) }
 
 func testGPU(t *testing.T, tcpOnly bool, wantT string) {
-	if gpuErr != nil {
-		t.Skip("no CUDA backend:", gpuErr)
-	}
-	g, err := device.OpenGPU(0)
-	if err != nil {
-		t.Skip("no GPU:", err)
-	}
+	g := gpuOrSkip(t)
 	a, b, ab, _ := pair(t, func(o *Options) { o.TCPOnly = tcpOnly })
 	ctx := ctxT(t, 60*time.Second)
 	const size = 3<<20 + 333
@@ -854,13 +862,7 @@ func TestGPUIPC(t *testing.T) {
 }
 
 func testGPUIPC(t *testing.T, tcpOnly bool) {
-	if gpuErr != nil {
-		t.Skip("no CUDA backend:", gpuErr)
-	}
-	g, err := device.OpenGPU(0)
-	if err != nil {
-		t.Skip("no GPU:", err)
-	}
+	g := gpuOrSkip(t)
 	want := "ipc"
 	if tcpOnly {
 		want = "tcp"
@@ -956,12 +958,7 @@ func testGPUIPC(t *testing.T, tcpOnly bool) {
 		if !bytes.Equal(lh, hw) {
 			t.Fatal("the host region read into host memory differs")
 		}
-		eventually(t, "the lease of the child's host region", func() bool {
-			p.l.mu.Lock()
-			defer p.l.mu.Unlock()
-			ls := p.l.leases[rh.ID]
-			return ls != nil && ls.ready
-		})
+		leaseReady(t, p, rh)
 	}
 }
 
@@ -971,13 +968,7 @@ func testGPUIPC(t *testing.T, tcpOnly bool) {
 // CUDA IPC and read the right bytes: one allocation is opened once at a
 // time, as CUDA, and the emulator, refuse to map it twice in one process.
 func TestGPUIPCConcurrent(t *testing.T) {
-	if gpuErr != nil {
-		t.Skip("no CUDA backend:", gpuErr)
-	}
-	g, err := device.OpenGPU(0)
-	if err != nil {
-		t.Skip("no GPU:", err)
-	}
+	g := gpuOrSkip(t)
 	const size, k = 8 << 20, 8
 	ld := gpuAllocFor(t, g, size)
 	e, p, ctx := parentOf(t, "gpu-target", size, 41, false)
@@ -1021,13 +1012,7 @@ func TestGPUIPCConcurrent(t *testing.T) {
 // at once. Deregistering the local region during a read fails it with
 // ErrClosed.
 func TestGPUIPCCancelReuse(t *testing.T) {
-	if gpuErr != nil {
-		t.Skip("no CUDA backend:", gpuErr)
-	}
-	g, err := device.OpenGPU(0)
-	if err != nil {
-		t.Skip("no GPU:", err)
-	}
+	g := gpuOrSkip(t)
 	const size = 64 << 20
 	ld := gpuAllocFor(t, g, size)
 	e, p, ctx := parentOf(t, "gpu-target", size, 31, false)
