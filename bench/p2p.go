@@ -228,14 +228,7 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 	var mem any
 	var gpuBuf *device.CUDABuffer
 	if cfg.GPU {
-		n, err := device.CUDADeviceCount()
-		if err == nil && n < 1 {
-			err = fmt.Errorf("no CUDA device")
-		}
-		var g *device.GPU
-		if err == nil {
-			g, err = device.OpenGPU(c.LocalRank() % n)
-		}
+		g, err := device.OpenLocalGPU(c.LocalRank())
 		if err == nil {
 			gpuBuf, err = g.Alloc(int(need))
 		}

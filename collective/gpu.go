@@ -37,11 +37,7 @@ type gpuState struct {
 // share one) and sets up the node's GPU group.
 func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
 	o := c.opts
-	n, err := device.CUDADeviceCount()
-	if err != nil {
-		return fault.New("init", o.Rank, -1, ErrInvalid, "cuda: %v", err)
-	}
-	dev, err := device.OpenGPU(o.LocalRank % n)
+	dev, err := device.OpenLocalGPU(o.LocalRank)
 	if err != nil {
 		return fault.New("init", o.Rank, -1, ErrInvalid, "%v", err)
 	}

@@ -86,6 +86,19 @@ func OpenGPU(ordinal int) (*GPU, error) {
 	return d, nil
 }
 
+// OpenLocalGPU opens the GPU of the rank that is localRank-th on its node:
+// GPU localRank mod the devices there are (several ranks may share one).
+func OpenLocalGPU(localRank int) (*GPU, error) {
+	n, err := CUDADeviceCount()
+	if err == nil && n < 1 {
+		err = errors.New("no device")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: cuda: %v", ErrUnavailable, err)
+	}
+	return OpenGPU(localRank % n)
+}
+
 // Emulated says whether d is the emulator's stand-in for a GPU.
 func (d *GPU) Emulated() bool { return d.lib.Emulated() }
 

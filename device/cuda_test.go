@@ -54,6 +54,9 @@ func TestResolveWithoutGPU(t *testing.T) {
 		if _, err := device.OpenGPU(0); !errors.Is(err, device.ErrUnavailable) {
 			t.Errorf("OpenGPU(0): %v, want ErrUnavailable", err)
 		}
+		if _, err := device.OpenLocalGPU(0); !errors.Is(err, device.ErrUnavailable) {
+			t.Errorf("OpenLocalGPU(0): %v, want ErrUnavailable", err)
+		}
 		return
 	}
 	t.Run("library", func(t *testing.T) {
@@ -74,6 +77,13 @@ func TestResolveWithoutGPU(t *testing.T) {
 		}
 		if _, err := device.OpenGPU(-1); !errors.Is(err, device.ErrUnavailable) {
 			t.Errorf("OpenGPU(-1): %v, want ErrUnavailable", err)
+		}
+		// A node's ranks share its GPUs round robin.
+		n, _ := device.CUDADeviceCount()
+		for _, local := range []int{0, n, 2*n + 1} {
+			if d, err := device.OpenLocalGPU(local); err != nil || d.Ordinal != local%n {
+				t.Errorf("OpenLocalGPU(%d) of %d devices: %v, %v; want GPU %d", local, n, d, err, local%n)
+			}
 		}
 		t.Logf("%s, emulated %v", g, g.Emulated())
 	})

@@ -159,14 +159,7 @@ func run(o collective.Options, c config) error {
 
 // gpuMem is n bytes of GPU memory on device LOCAL_RANK mod the devices.
 func gpuMem(o collective.Options, n int) (*device.CUDABuffer, error) {
-	count, err := device.CUDADeviceCount()
-	if err == nil && count < 1 {
-		err = errors.New("no CUDA device")
-	}
-	if err != nil {
-		return nil, fmt.Errorf("--gpu: %w", err)
-	}
-	g, err := device.OpenGPU(o.LocalRank % count)
+	g, err := device.OpenLocalGPU(o.LocalRank)
 	if err != nil {
 		return nil, fmt.Errorf("--gpu: %w", err)
 	}
