@@ -193,6 +193,9 @@ func (l *link) closeIPC(ms []*ipcMap) {
 		}
 		l.mu.Unlock()
 		if last {
+			// A close that fails leaves the mapping to the process's
+			// exit: nothing here can do better, and no transfer waits
+			// on it (the grant's release goes all the same).
 			m.gpu.Lib().IPCClose(m.gpu.Ordinal, m.ptr)
 		}
 	}
