@@ -224,6 +224,9 @@ type conn struct {
 	answers int
 
 	whdr    [HeaderSize]byte
+	lhdr    [HeaderSize]byte // a lead frame's header (sendChunks)
+	lead    [][]byte         // the pieces of a lead frame (sendChunks)
+	pieces  [][]byte         // a data frame's pieces (sendChunks)
 	rhdr    [HeaderSize]byte
 	wdesc   []byte // the writer's encoded descriptors
 	desc    []byte // the reader's payloads
@@ -628,13 +631,39 @@ func (c *conn) classify(err error, what string) error {
 // send writes the header h and the payload pieces in one vectored write,
 // within the heartbeat deadline.
 func (c *conn) send(h header, pieces ...[]byte) error {
+	return c.sendAfter(nil, h, pieces...)
+}
+
+// sendAfter is send with lead (the pieces of whole frames, or nil) written
+// first, in the same vectored write.
+func (c *conn) sendAfter(lead [][]byte, h header, pieces ...[]byte) error {
 	h.put(c.whdr[:])
-	c.bufs = append(c.bufs[:0], c.whdr[:])
+	c.bufs = append(c.bufs[:0], lead...)
+	c.bufs = append(c.bufs, c.whdr[:])
 	for _, p := range pieces {
 		if len(p) > 0 {
 			c.bufs = append(c.bufs, p)
 		}
 	}
+	c.c.SetWriteDeadline(time.Now().Add(c.l.hb))
+	c.wdl = true
+	raceio.Release()
+	_, err := c.bufs.WriteTo(c.c)
+	c.bufs = c.bufs[:0]
+	return err
+}
+
+// leadOf is bufs as a lead for sendChunks, in the connection's own slice
+// (the writer's: one at a time).
+func (c *conn) leadOf(bufs ...[]byte) [][]byte {
+	c.lead = append(c.lead[:0], bufs...)
+	return c.lead
+}
+
+// sendRaw writes bufs, the pieces of whole frames, in one vectored write,
+// within the heartbeat deadline.
+func (c *conn) sendRaw(bufs [][]byte) error {
+	c.bufs = append(c.bufs[:0], bufs...)
 	c.c.SetWriteDeadline(time.Now().Add(c.l.hb))
 	c.wdl = true
 	raceio.Release()
@@ -712,9 +741,14 @@ func (k *cursor) next(n int) seg {
 // sendChunks writes total bytes of segs as data frames of up to ChunkMax,
 // each under lock (nil: none), checking ok before each; when ok says
 // stop, it writes an end frame for id with the status it gives instead of
-// the rest. It returns the status of the end frame it sent (stOK: none).
-func (c *conn) sendChunks(id uint64, segs []seg, total uint64, lock *sync.Mutex, ok func() uint8) (uint8, error) {
+// the rest. The frame lead (nil: none) goes first, in the first frame's
+// write: the peer wakes once for both. It returns the status of the end
+// frame it sent (stOK: none).
+func (c *conn) sendChunks(lead [][]byte, id uint64, segs []seg, total uint64, lock *sync.Mutex, ok func() uint8) (uint8, error) {
 	k := cursor{segs: segs}
+	if total == 0 && len(lead) > 0 {
+		return stOK, c.sendRaw(lead)
+	}
 	for sent := uint64(0); sent < total; {
 		n := int(min(total-sent, ChunkMax))
 		if lock != nil {
@@ -724,9 +758,9 @@ func (c *conn) sendChunks(id uint64, segs []seg, total uint64, lock *sync.Mutex,
 			if lock != nil {
 				lock.Unlock()
 			}
-			return st, c.send(header{kind: kEnd, id: id, status: st})
+			return st, c.sendAfter(lead, header{kind: kEnd, id: id, status: st})
 		}
-		pieces := make([][]byte, 0, 4)
+		pieces := c.pieces[:0]
 		var err error
 		for got := 0; got < n && err == nil; {
 			s := k.next(n - got)
@@ -744,9 +778,13 @@ func (c *conn) sendChunks(id uint64, segs []seg, total uint64, lock *sync.Mutex,
 			if lock != nil {
 				lock.Unlock()
 			}
-			return stDevice, c.send(header{kind: kEnd, id: id, status: stDevice})
+			clear(pieces)
+			return stDevice, c.sendAfter(lead, header{kind: kEnd, id: id, status: stDevice})
 		}
-		err = c.send(header{kind: kData, id: id, payload: uint32(n)}, pieces...)
+		err = c.sendAfter(lead, header{kind: kData, id: id, payload: uint32(n)}, pieces...)
+		lead = nil
+		c.pieces = pieces[:0]
+		clear(pieces) // keep no memory alive
 		if lock != nil {
 			lock.Unlock()
 		}
@@ -839,12 +877,16 @@ func (j reqJob) write(c *conn) error {
 	if p.kind == rImm {
 		h = header{kind: kReq, sub: rImm, id: p.id, a: uint64(p.imm)}
 	}
-	err := c.send(h, c.wdesc[:h.payload])
-	p.mu.Unlock()
-	if err != nil || sub != rWrite {
+	if sub != rWrite {
+		err := c.send(h, c.wdesc[:h.payload])
+		p.mu.Unlock()
 		return err
 	}
-	return p.sent(c.sendChunks(p.id, p.local, p.total, &p.mu, func() uint8 {
+	// A write's request goes with its first data frame, in one write: the
+	// target wakes once for both.
+	p.mu.Unlock()
+	h.put(c.lhdr[:])
+	return p.sent(c.sendChunks(c.leadOf(c.lhdr[:], c.wdesc[:h.payload]), p.id, p.local, p.total, &p.mu, func() uint8 {
 		if !p.active {
 			return stCancelled
 		}
@@ -857,10 +899,9 @@ type sendJob struct{ p *part }
 
 func (j sendJob) write(c *conn) error {
 	p := j.p
-	if err := c.send(header{kind: kReq, sub: rSend, id: p.id, a: p.total}); err != nil {
-		return err
-	}
-	return p.sent(c.sendChunks(p.id, p.local, p.total, &p.mu, func() uint8 {
+	h := header{kind: kReq, sub: rSend, id: p.id, a: p.total}
+	h.put(c.lhdr[:])
+	return p.sent(c.sendChunks(c.leadOf(c.lhdr[:]), p.id, p.local, p.total, &p.mu, func() uint8 {
 		if !p.active {
 			return stCancelled
 		}
@@ -891,10 +932,11 @@ func (j serveRead) write(c *conn) error {
 		delete(c.l.serving, j.id)
 		c.l.mu.Unlock()
 	}()
-	if err := c.send(header{kind: kResp, sub: rRead, id: j.id, a: j.total}); err != nil {
-		return err
-	}
-	_, err := c.sendChunks(j.id, j.segs, j.total, nil, func() uint8 {
+	// The answer goes with the first data frame, in one write: the
+	// initiator wakes once for both.
+	h := header{kind: kResp, sub: rRead, id: j.id, a: j.total}
+	h.put(c.lhdr[:])
+	_, err := c.sendChunks(c.leadOf(c.lhdr[:]), j.id, j.segs, j.total, nil, func() uint8 {
 		if j.stop.Load() {
 			return stCancelled
 		}
