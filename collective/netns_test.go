@@ -2,12 +2,13 @@ package collective_test
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/testnetns"
 )
 
 // The tests in this file run each node in a network namespace of its own,
@@ -16,50 +17,17 @@ import (
 // stacks between the nodes. They need root and iproute2 and run with
 // SLIME_NETNS=1 (make test-netns).
 
-type netnsTopo struct {
-	tag   string
-	nodes int
-}
+type netnsTopo struct{ testnetns.Topo }
 
-func (n netnsTopo) ns(i int) string   { return fmt.Sprintf("%sn%d", n.tag, i) }
-func (n netnsTopo) veth(i int) string { return fmt.Sprintf("%sa%d", n.tag, i) }
-func (n netnsTopo) addr(i int) string { return fmt.Sprintf("192.0.2.%d", i+1) }
-func (n netnsTopo) sw() string        { return n.tag + "sw" }
 func (n netnsTopo) place() placement {
-	return placement{master: n.addr(0), port: 29500, wrap: func(i int) []string { return []string{"ip", "netns", "exec", n.ns(i)} }}
-}
-
-func ip(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
+	return placement{master: n.Addr(0), port: 29500, wrap: n.Exec}
 }
 
 // netns builds the namespaces and removes them when the test ends, passed
 // or failed.
 func netns(t *testing.T, nodes int) netnsTopo {
 	t.Helper()
-	if os.Getenv("SLIME_NETNS") != "1" {
-		t.Skip("needs root and iproute2: run with SLIME_NETNS=1 (make test-netns)")
-	}
-	n := netnsTopo{tag: fmt.Sprintf("sg%d", os.Getpid()%100000), nodes: nodes}
-	del := func(ns string) { exec.Command("ip", "netns", "del", ns).Run() }
-	ip(t, "netns", "add", n.sw())
-	t.Cleanup(func() { del(n.sw()) })
-	ip(t, "-n", n.sw(), "link", "add", "br0", "type", "bridge")
-	ip(t, "-n", n.sw(), "link", "set", "br0", "up")
-	for i := range nodes {
-		ip(t, "netns", "add", n.ns(i))
-		t.Cleanup(func() { del(n.ns(i)) })
-		ip(t, "-n", n.ns(i), "link", "set", "lo", "up")
-		peer := fmt.Sprintf("%sb%d", n.tag, i)
-		ip(t, "link", "add", n.veth(i), "netns", n.ns(i), "type", "veth", "peer", "name", peer, "netns", n.sw())
-		ip(t, "-n", n.ns(i), "addr", "add", n.addr(i)+"/24", "dev", n.veth(i))
-		ip(t, "-n", n.ns(i), "link", "set", n.veth(i), "up")
-		ip(t, "-n", n.sw(), "link", "set", peer, "master", "br0", "up")
-	}
-	return n
+	return netnsTopo{testnetns.Up(t, "sg", nodes)}
 }
 
 func TestNetnsAllGather(t *testing.T) {
@@ -139,7 +107,7 @@ func netnsFault(t *testing.T, breakNode func(n netnsTopo, cmd *exec.Cmd), surviv
 
 func TestNetnsLinkDown(t *testing.T) {
 	netnsFault(t, func(n netnsTopo, _ *exec.Cmd) {
-		exec.Command("ip", "-n", n.ns(1), "link", "set", n.veth(1), "down").Run()
+		exec.Command("ip", "-n", n.NS(1), "link", "set", n.Veth(1), "down").Run()
 	}, []int{0, 1, 2, 3})
 }
 
@@ -154,7 +122,7 @@ func TestNetnsNodeKilled(t *testing.T) {
 func TestNetnsOverlap(t *testing.T) {
 	n := netns(t, 2)
 	for i := range 2 {
-		if out, err := exec.Command("ip", "netns", "exec", n.ns(i), "tc", "qdisc", "replace", "dev", n.veth(i), "root",
+		if out, err := exec.Command("ip", "netns", "exec", n.NS(i), "tc", "qdisc", "replace", "dev", n.Veth(i), "root",
 			"tbf", "rate", "1gbit", "burst", "256k", "latency", "20ms").CombinedOutput(); err != nil {
 			t.Fatalf("tc: %v\n%s", err, out)
 		}

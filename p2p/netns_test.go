@@ -12,46 +12,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/testnetns"
 )
 
 // The test in this file runs two endpoints in network namespaces of their
-// own, joined by veth pairs on a bridge (addresses from 192.0.2.0/24 that
-// exist only there), and takes one's link down mid-transfer. It needs root
-// and iproute2 and runs with SLIME_NETNS=1 (make test-netns), as
-// collective's netns tests do.
-
-func ipCmd(t *testing.T, args ...string) {
-	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
-// netnsPair builds namespaces <tag>n0 and <tag>n1 (192.0.2.1 and .2) on a
-// bridge in <tag>sw, removed when the test ends; it returns the tag.
-func netnsPair(t *testing.T) string {
-	if os.Getenv("SLIME_NETNS") != "1" {
-		t.Skip("needs root and iproute2: run with SLIME_NETNS=1 (make test-netns)")
-	}
-	tag := fmt.Sprintf("p2p%d", os.Getpid()%100000)
-	del := func(ns string) { exec.Command("ip", "netns", "del", ns).Run() }
-	ipCmd(t, "netns", "add", tag+"sw")
-	t.Cleanup(func() { del(tag + "sw") })
-	ipCmd(t, "-n", tag+"sw", "link", "add", "br0", "type", "bridge")
-	ipCmd(t, "-n", tag+"sw", "link", "set", "br0", "up")
-	for i := range 2 {
-		ns := fmt.Sprintf("%sn%d", tag, i)
-		ipCmd(t, "netns", "add", ns)
-		t.Cleanup(func() { del(ns) })
-		ipCmd(t, "-n", ns, "link", "set", "lo", "up")
-		veth, peer := fmt.Sprintf("%sa%d", tag, i), fmt.Sprintf("%sb%d", tag, i)
-		ipCmd(t, "link", "add", veth, "netns", ns, "type", "veth", "peer", "name", peer, "netns", tag+"sw")
-		ipCmd(t, "-n", ns, "addr", "add", fmt.Sprintf("192.0.2.%d/24", i+1), "dev", veth)
-		ipCmd(t, "-n", ns, "link", "set", veth, "up")
-		ipCmd(t, "-n", tag+"sw", "link", "set", peer, "master", "br0", "up")
-	}
-	return tag
-}
+// own (internal/testnetns: 192.0.2.1 and .2), and takes one's link down
+// mid-transfer. It needs root and iproute2 and runs with SLIME_NETNS=1
+// (make test-netns), as collective's netns tests do.
 
 // netnsChild: "netns-target" listens on 192.0.2.2, registers "mem" (8 MiB
 // of P2P_SEED's bytes), prints its Info in hex and serves until stdin
@@ -114,7 +82,7 @@ func netnsChild(ctx context.Context) error {
 // no FIN, no RST, just silence) fails the transfers within the heartbeat
 // deadline with ErrTimeout.
 func TestNetnsLinkDown(t *testing.T) {
-	tag := netnsPair(t)
+	n := testnetns.Up(t, "p2p", 2)
 	start := func(ns, role string, env ...string) (*exec.Cmd, io.WriteCloser, *bufio.Reader) {
 		cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^$")
 		cmd.Env = append(append(os.Environ(), "P2P_TEST_CHILD="+role), env...)
@@ -138,15 +106,15 @@ func TestNetnsLinkDown(t *testing.T) {
 			return ""
 		}
 	}
-	_, _, tout := start(tag+"n1", "netns-target")
+	_, _, tout := start(n.NS(1), "netns-target")
 	info := line(tout, "info from the target")
-	_, iin, iout := start(tag+"n0", "netns-initiator", "P2P_INFO="+info)
+	_, iin, iout := start(n.NS(0), "netns-initiator", "P2P_INFO="+info)
 	if s := line(iout, "link"); s != "linked" {
 		t.Fatalf("the initiator said %q", s)
 	}
 	iin.Write([]byte("go\n"))
 	time.Sleep(200 * time.Millisecond) // let reads be under way
-	ipCmd(t, "-n", tag+"n1", "link", "set", fmt.Sprintf("%sa1", tag), "down")
+	n.Down(t, 1)
 	s := line(iout, "failure after the link went down")
 	if !strings.HasPrefix(s, "failed:") || !strings.Contains(s, ErrTimeout.Error()) {
 		t.Fatalf("the initiator said %q, want a timeout", s)
