@@ -109,7 +109,7 @@ test:
 
 # Nodes in network namespaces joined by veth pairs (root and iproute2).
 test-netns:
-	SLIME_NETNS=1 $(GO) test -count=1 -timeout 10m -run Netns -v ./collective/ ./p2p/
+	SLIME_NETNS=1 $(GO) test -count=1 -timeout 10m -run Netns -v ./collective/ ./p2p/ ./examples/kvcache/
 
 test-short:
 	$(GO) test -count=1 ./...

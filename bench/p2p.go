@@ -248,7 +248,7 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 		region = make([]byte, need)
 		mem = region
 	}
-	prefix := fmt.Sprintf("p2pbench-%x", seeds[0])
+	prefix := o.StoreKey(fmt.Sprintf("p2pbench-%x", seeds[0])) // under the attempt: aborted when a rank exits
 	e, err := p2p.New(ctx, p2p.Options{Name: fmt.Sprintf("rank%d", c.Rank()), Store: st, Prefix: prefix,
 		Auth: rendezvous.Auth{Secret: o.JobSecret, Job: o.JobID}, IfName: o.SocketIfName, MasterAddr: o.MasterAddr,
 		Channels: cfg.Channels, TCPOnly: cfg.TCPOnly, Timeout: c.Timeout()})

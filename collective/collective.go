@@ -360,14 +360,28 @@ func (c *Communicator) storeAddr() string {
 }
 
 func (c *Communicator) key(s string) string {
-	o := c.opts
-	// Under the launcher's attempt prefix, which its aborts reach; a run id
-	// of the program's own choosing nests below it.
-	p := rendezvous.AttemptPrefix(o.JobID, o.Attempt)
-	if o.RunID != o.JobID {
+	return c.opts.StoreKey(c.opts.Name + "/" + s)
+}
+
+// StoreKey is store key s of this attempt of the job: under the
+// launcher's attempt prefix (rendezvous.AttemptPrefix), which the launcher
+// aborts when a worker exits, so that a wait on the key fails at once,
+// naming that worker, rather than running out its timeout on a rank that
+// will never come (on another node, where the launcher cannot stop the
+// waiting ranks itself). A run id of the program's own choosing nests
+// below it. A program that keeps keys of its own in the job's store
+// beside or without a communicator (p2p.Options.Prefix, barriers) names
+// them with it.
+func (o Options) StoreKey(s string) string {
+	job := o.JobID
+	if job == "" {
+		job = o.RunID
+	}
+	p := rendezvous.AttemptPrefix(job, o.Attempt)
+	if o.RunID != job {
 		p += "run/" + o.RunID + "/"
 	}
-	return p + o.Name + "/" + s
+	return p + s
 }
 
 // attemptID names this attempt of the job in shared-memory names.

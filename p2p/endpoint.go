@@ -32,7 +32,10 @@ type Options struct {
 	// ConnectInfo works).
 	Store *rendezvous.Client
 	// Prefix is the store key prefix of this job's endpoints (default
-	// "p2p"); the info of endpoint n is at Prefix+"/info/"+n.
+	// "p2p"); the info of endpoint n is at Prefix+"/info/"+n. Under a
+	// launcher, name it with collective.Options.StoreKey: the launcher
+	// aborts the attempt's keys when a worker exits, and a Connect waiting
+	// for that worker's info then fails at once instead of at Timeout.
 	Prefix string
 	// Auth is the job's secret and run id: every connection proves both
 	// ways that its two ends hold it (internal/auth, purpose "p2p"). The

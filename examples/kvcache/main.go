@@ -145,7 +145,7 @@ func run(o collective.Options, c config) error {
 	}
 	defer st.Close()
 	st.Timeout = c.timeout
-	e, err := p2p.New(ctx, p2p.Options{Name: name(o.Rank), Store: st, Prefix: "kvcache", Auth: auth,
+	e, err := p2p.New(ctx, p2p.Options{Name: name(o.Rank), Store: st, Prefix: o.StoreKey("kvcache"), Auth: auth,
 		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, TCPOnly: c.tcpOnly, Timeout: c.timeout})
 	if err != nil {
 		return err
@@ -177,7 +177,7 @@ func freeRegistered(ctx context.Context, e *p2p.Endpoint, reg *p2p.Region, d *de
 
 // barrier waits, in the store, for every rank to reach round r's end.
 func barrier(ctx context.Context, st *rendezvous.Client, o collective.Options, what string) error {
-	if err := st.Barrier(ctx, "kvcache/"+what, o.Rank, o.WorldSize); err != nil {
+	if err := st.Barrier(ctx, o.StoreKey("kvcache/"+what), o.Rank, o.WorldSize); err != nil {
 		return fmt.Errorf("barrier %s: %w", what, err)
 	}
 	return nil

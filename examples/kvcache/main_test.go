@@ -2,8 +2,11 @@ package main
 
 import (
 	"bytes"
+	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -52,6 +55,74 @@ func slimerun(t *testing.T, dir string, nproc string, args ...string) (string, i
 		t.Fatalf("slimerun kvcache %v hung:\n%s", args, out.String())
 	}
 	return "", -1
+}
+
+// nodes runs kvcache as a job of two nodes, each one slimerun with 2 ranks
+// (node i's command prefixed with wrap(i): its namespace, say), the store
+// at master:port, and waits for both within limit (killing them then). It
+// returns each node's output and how those that failed exited.
+func nodes(t *testing.T, dir string, wrap func(int) []string, master string, port int, limit time.Duration, args ...string) ([2]string, []string) {
+	t.Helper()
+	var outs [2]bytes.Buffer
+	var cmds [2]*exec.Cmd
+	done := make(chan error, 2)
+	for node := range 2 {
+		argv := append(wrap(node), filepath.Join(dir, "slimerun"), "-q", "--nnodes", "2", "--node-rank", strconv.Itoa(node),
+			"--master-addr", master, "--master-port", strconv.Itoa(port), "--nproc-per-node", "2",
+			filepath.Join(dir, "kvcache"))
+		cmd := exec.Command(argv[0], append(argv[1:], args...)...)
+		cmd.Env = append(os.Environ(), "SLIME_JOB_SECRET=kvcache-nodes-test")
+		cmd.Stdout, cmd.Stderr = &outs[node], &outs[node]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds[node] = cmd
+		go func() { done <- cmd.Wait() }()
+	}
+	deadline := time.After(limit)
+	var failed []string
+	for range 2 {
+		select {
+		case err := <-done:
+			if err != nil {
+				failed = append(failed, err.Error())
+			}
+		case <-deadline:
+			for _, c := range cmds {
+				c.Process.Kill()
+			}
+			t.Fatalf("kvcache on two nodes %v: not done within %v:\n%s\n%s", args, limit, outs[0].String(), outs[1].String())
+		}
+	}
+	return [2]string{outs[0].String(), outs[1].String()}, failed
+}
+
+// TestKVCacheNodeFails: two nodes on this host (two slimeruns on
+// loopback), a decode rank of node 1 finds a wrong byte and fails. Node
+// 1's launcher stops its ranks and aborts the attempt in the store; the
+// prefill ranks of node 0, waiting at the round's barrier, must fail at
+// once (the barrier's keys are under the attempt's prefix), not after
+// their --timeout (60 s per wait here, 4 minutes for the run).
+func TestKVCacheNodeFails(t *testing.T) {
+	dir := build(t)
+	noWrap := func(int) []string { return nil }
+	outs, failed := nodes(t, dir, noWrap, "127.0.0.1", freePort(t), 30*time.Second,
+		"--pages", "256", "--batch", "16", "--corrupt-page", "4", "--timeout", "60s")
+	if len(failed) != 2 || !strings.Contains(outs[1], "wrong data") || !strings.Contains(outs[0], "aborted") ||
+		!regexp.MustCompile(`by rank [23]: rank [23] \(pid \d+\) exited with code 1`).MatchString(outs[0]) {
+		t.Fatalf("want both nodes failed, node 1 naming the wrong data, node 0 the decode rank that exited; failed %v:\n%s\n%s", failed, outs[0], outs[1])
+	}
+}
+
+// freePort is a TCP port of loopback free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // TestKVCache runs the example under slimerun, as real processes: 2
