@@ -88,8 +88,12 @@ const (
 	DefaultHeartbeat = 5 * time.Second
 	// maxChannels bounds the connections of one link (and a hello's count).
 	maxChannels = 64
-	// maxImm bounds the immediates received and not yet taken by Imm.
-	maxImm = 1 << 16
+	// maxImm bounds the immediates received and not yet taken by Imm,
+	// and maxImmPeer those of one peer: a peer that floods the queue
+	// (or whose immediates the program leaves there) takes at most a
+	// quarter of it, and the others' WriteWithImm still go through.
+	maxImm     = 1 << 16
+	maxImmPeer = maxImm / 4
 	// maxPendingRTS bounds the sends announced by a peer before their
 	// receives are posted.
 	maxPendingRTS = 1 << 16
@@ -122,6 +126,7 @@ type Endpoint struct {
 
 	immMu   sync.Mutex
 	imms    []Imm
+	immPer  map[string]int // undelivered immediates by peer
 	immWake chan struct{}
 
 	refused atomic.Int64
@@ -181,7 +186,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	rand.Read(first[:])
 	e := &Endpoint{opts: o, key: auth.NewKey(o.Auth.Secret, o.Auth.Job), ln: ln.(*net.TCPListener), addr: ln.Addr().String(),
 		host: hostID(), done: make(chan struct{}), closed: make(chan struct{}), regs: map[uint64]*Region{}, peers: map[string]*Peer{},
-		immWake: make(chan struct{}, 1), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
+		immWake: make(chan struct{}, 1), immPer: make(map[string]int), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
 	e.token = new(uint64)
 	rand.Read(first[:])
 	*e.token = binary.LittleEndian.Uint64(first[:]) | 1
@@ -955,6 +960,9 @@ func (e *Endpoint) Imm(ctx context.Context) (Imm, error) {
 		if len(e.imms) > 0 {
 			v := e.imms[0]
 			e.imms = e.imms[1:]
+			if e.immPer[v.Peer]--; e.immPer[v.Peer] == 0 {
+				delete(e.immPer, v.Peer)
+			}
 			e.immMu.Unlock()
 			return v, nil
 		}
@@ -972,10 +980,11 @@ func (e *Endpoint) Imm(ctx context.Context) (Imm, error) {
 func (e *Endpoint) pushImm(v Imm) bool {
 	e.immMu.Lock()
 	defer e.immMu.Unlock()
-	if len(e.imms) >= maxImm {
+	if len(e.imms) >= maxImm || e.immPer[v.Peer] >= maxImmPeer {
 		return false
 	}
 	e.imms = append(e.imms, v)
+	e.immPer[v.Peer]++
 	select {
 	case e.immWake <- struct{}{}:
 	default:

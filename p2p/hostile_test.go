@@ -1828,3 +1828,84 @@ func TestIPCCloseThenOpen(t *testing.T) {
 		t.Fatalf("%d allocations open after both releases, IPC off %v", open, p.l.ipcOff.Load())
 	}
 }
+
+// TestImmPerPeer: a peer that fills the target's queue of undelivered
+// immediates gets "busy" refusals once it holds maxImmPeer of them, while
+// another peer's WriteWithImm still goes through; once the target takes
+// one of the first peer's, that peer may write again, and Imm hands each
+// peer's immediates over in the order they were sent.
+func TestImmPerPeer(t *testing.T) {
+	_, st := storeFor(t)
+	ctx := ctxT(t, 2*time.Minute)
+	mk := func(name string) *Endpoint {
+		e, err := New(ctx, Options{Name: name, Store: st, Auth: testAuth(), Heartbeat: 10 * time.Second, Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		if err := e.Publish(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	target, flood, other := mk("target"), mk("flood"), mk("other")
+	tr, _ := target.Register("kv", make([]byte, 64))
+	peerOf := func(e *Endpoint) (*Peer, []Op) {
+		p, err := e.Connect(ctx, "target")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lr, _ := e.Register("src", []byte{1})
+		return p, []Op{{Local: lr, Remote: tr.Remote(), Len: 1}}
+	}
+	fp, fops := peerOf(flood)
+	op, oops := peerOf(other)
+	// The flooding peer fills its share, 256 writes in flight at a time.
+	for sent := 0; sent < maxImmPeer; {
+		var fs []*Future
+		for ; sent < maxImmPeer && len(fs) < 256; sent++ {
+			fs = append(fs, fp.WriteWithImm(fops, uint32(sent)))
+		}
+		for _, f := range fs {
+			if err := f.Wait(ctx); err != nil {
+				t.Fatalf("immediate %d of %d: %v", sent, maxImmPeer, err)
+			}
+		}
+	}
+	err := fp.WriteWithImm(fops, maxImmPeer).Wait(ctx)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "undelivered immediates") {
+		t.Fatalf("a peer past its share of undelivered immediates: %v, want a busy refusal", err)
+	}
+	if err := op.WriteWithImm(oops, 7).Wait(ctx); err != nil {
+		t.Fatalf("another peer's immediate while the first holds its share: %v", err)
+	}
+	// Concurrent writes land in any order: count each immediate once.
+	seen := make(map[uint32]bool)
+	take := func() Imm {
+		im, err := target.Imm(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if im.Peer == "flood" {
+			if seen[im.Value] || im.Value == maxImmPeer || im.Value > maxImmPeer+1 {
+				t.Fatalf("immediate %+v: repeated, refused or never sent", im)
+			}
+			seen[im.Value] = true
+		} else if im.Peer != "other" || im.Value != 7 {
+			t.Fatalf("immediate %+v, want flood's or other's 7", im)
+		}
+		return im
+	}
+	if im := take(); im.Peer != "flood" {
+		t.Fatalf("first immediate %+v, want one of the flooding peer's (queued first)", im)
+	}
+	if err := fp.WriteWithImm(fops, maxImmPeer+1).Wait(ctx); err != nil {
+		t.Fatalf("after the target took one: %v", err)
+	}
+	for range maxImmPeer + 1 {
+		take()
+	}
+	if len(seen) != maxImmPeer+1 {
+		t.Fatalf("the target took %d of the flooding peer's %d immediates", len(seen), maxImmPeer+1)
+	}
+}
