@@ -1837,18 +1837,7 @@ func TestIPCCloseThenOpen(t *testing.T) {
 func TestImmPerPeer(t *testing.T) {
 	_, st := storeFor(t)
 	ctx := ctxT(t, 2*time.Minute)
-	mk := func(name string) *Endpoint {
-		e, err := New(ctx, Options{Name: name, Store: st, Auth: testAuth(), Heartbeat: 10 * time.Second, Timeout: time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		if err := e.Publish(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
-	target, flood, other := mk("target"), mk("flood"), mk("other")
+	target, flood, other := published(t, ctx, st, "target", nil), published(t, ctx, st, "flood", nil), published(t, ctx, st, "other", nil)
 	tr, _ := target.Register("kv", make([]byte, 64))
 	peerOf := func(e *Endpoint) (*Peer, []Op) {
 		p, err := e.Connect(ctx, "target")

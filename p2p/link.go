@@ -215,7 +215,7 @@ type conn struct {
 	// busy: a goroutine is writing to the socket (the writer with a job,
 	// or another with a direct frame); under qmu.
 	busy bool
-	// wdl: the socket has a write deadline (set by send for a blocking
+	// wdl: the socket has a write deadline (set by writeBufs for a blocking
 	// write); only the goroutine that holds busy reads or sets it.
 	wdl  bool
 	wake chan struct{}
@@ -645,12 +645,7 @@ func (c *conn) sendAfter(lead [][]byte, h header, pieces ...[]byte) error {
 			c.bufs = append(c.bufs, p)
 		}
 	}
-	c.c.SetWriteDeadline(time.Now().Add(c.l.hb))
-	c.wdl = true
-	raceio.Release()
-	_, err := c.bufs.WriteTo(c.c)
-	c.bufs = c.bufs[:0]
-	return err
+	return c.writeBufs()
 }
 
 // leadOf is bufs as a lead for sendChunks, in the connection's own slice
@@ -664,10 +659,20 @@ func (c *conn) leadOf(bufs ...[]byte) [][]byte {
 // within the heartbeat deadline.
 func (c *conn) sendRaw(bufs [][]byte) error {
 	c.bufs = append(c.bufs[:0], bufs...)
+	return c.writeBufs()
+}
+
+// writeBufs writes c.bufs in one vectored write, within the heartbeat
+// deadline, and empties it. The write consumes a copy of the slice, so
+// that c.bufs keeps its array for the next frame; it is cleared, so that
+// it holds no memory of the caller's after a write that failed part-way.
+func (c *conn) writeBufs() error {
 	c.c.SetWriteDeadline(time.Now().Add(c.l.hb))
 	c.wdl = true
 	raceio.Release()
-	_, err := c.bufs.WriteTo(c.c)
+	b := c.bufs
+	_, err := b.WriteTo(c.c)
+	clear(c.bufs)
 	c.bufs = c.bufs[:0]
 	return err
 }
@@ -741,9 +746,9 @@ func (k *cursor) next(n int) seg {
 // sendChunks writes total bytes of segs as data frames of up to ChunkMax,
 // each under lock (nil: none), checking ok before each; when ok says
 // stop, it writes an end frame for id with the status it gives instead of
-// the rest. The frame lead (nil: none) goes first, in the first frame's
-// write: the peer wakes once for both. It returns the status of the end
-// frame it sent (stOK: none).
+// the rest. The frames lead (nil: none) go first, in the first frame's
+// write (the peer wakes once for both), or alone when total is 0. It
+// returns the status of the end frame it sent (stOK: none).
 func (c *conn) sendChunks(lead [][]byte, id uint64, segs []seg, total uint64, lock *sync.Mutex, ok func() uint8) (uint8, error) {
 	k := cursor{segs: segs}
 	if total == 0 && len(lead) > 0 {

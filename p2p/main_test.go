@@ -271,6 +271,25 @@ func storeFor(t *testing.T) (string, *rendezvous.Client) {
 
 func testAuth() rendezvous.Auth { return rendezvous.Auth{Secret: []byte("s3cret"), Job: "p2p-test"} }
 
+// published is a new endpoint of the test's (closed when it ends) whose
+// Info is in st.
+func published(t *testing.T, ctx context.Context, st *rendezvous.Client, name string, tune func(*Options)) *Endpoint {
+	t.Helper()
+	o := Options{Name: name, Store: st, Auth: testAuth(), Heartbeat: 10 * time.Second, Timeout: 30 * time.Second}
+	if tune != nil {
+		tune(&o)
+	}
+	e, err := New(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	if err := e.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 // pair makes two endpoints in this process, "a" and "b", linked over
 // loopback TCP, with the given options tuned.
 func pair(t *testing.T, tune func(*Options)) (*Endpoint, *Endpoint, *Peer, *Peer) {
@@ -278,22 +297,7 @@ func pair(t *testing.T, tune func(*Options)) (*Endpoint, *Endpoint, *Peer, *Peer
 	_, st := storeFor(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	mk := func(name string) *Endpoint {
-		o := Options{Name: name, Store: st, Auth: testAuth(), Heartbeat: 10 * time.Second, Timeout: 30 * time.Second}
-		if tune != nil {
-			tune(&o)
-		}
-		e, err := New(ctx, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		if err := e.Publish(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
-	a, b := mk("a"), mk("b")
+	a, b := published(t, ctx, st, "a", tune), published(t, ctx, st, "b", tune)
 	ab, err := a.Connect(ctx, "b")
 	if err != nil {
 		t.Fatal(err)

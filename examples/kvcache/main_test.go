@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/testbin"
 )
 
 // build compiles slimerun and this example into a temporary directory.
@@ -106,23 +106,12 @@ func nodes(t *testing.T, dir string, wrap func(int) []string, master string, por
 func TestKVCacheNodeFails(t *testing.T) {
 	dir := build(t)
 	noWrap := func(int) []string { return nil }
-	outs, failed := nodes(t, dir, noWrap, "127.0.0.1", freePort(t), 30*time.Second,
+	outs, failed := nodes(t, dir, noWrap, "127.0.0.1", testbin.FreePort(t), 30*time.Second,
 		"--pages", "256", "--batch", "16", "--corrupt-page", "4", "--timeout", "60s")
 	if len(failed) != 2 || !strings.Contains(outs[1], "wrong data") || !strings.Contains(outs[0], "aborted") ||
 		!regexp.MustCompile(`by rank [23]: rank [23] \(pid \d+\) exited with code 1`).MatchString(outs[0]) {
 		t.Fatalf("want both nodes failed, node 1 naming the wrong data, node 0 the decode rank that exited; failed %v:\n%s\n%s", failed, outs[0], outs[1])
 	}
-}
-
-// freePort is a TCP port of loopback free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // TestKVCache runs the example under slimerun, as real processes: 2
