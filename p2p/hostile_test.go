@@ -1838,22 +1838,27 @@ func TestImmPerPeer(t *testing.T) {
 	_, st := storeFor(t)
 	ctx := ctxT(t, 2*time.Minute)
 	target, flood, other := published(t, ctx, st, "target", nil), published(t, ctx, st, "flood", nil), published(t, ctx, st, "other", nil)
-	tr, _ := target.Register("kv", make([]byte, 64))
-	peerOf := func(e *Endpoint) (*Peer, []Op) {
+	// Writes in flight at once land on bytes of their own: the flooding
+	// peer's on 0..255, the other's on 256.
+	const inFlight = 256
+	tr, _ := target.Register("kv", make([]byte, inFlight+1))
+	peerOf := func(e *Endpoint) (*Peer, *Region) {
 		p, err := e.Connect(ctx, "target")
 		if err != nil {
 			t.Fatal(err)
 		}
 		lr, _ := e.Register("src", []byte{1})
-		return p, []Op{{Local: lr, Remote: tr.Remote(), Len: 1}}
+		return p, lr
 	}
-	fp, fops := peerOf(flood)
-	op, oops := peerOf(other)
-	// The flooding peer fills its share, 256 writes in flight at a time.
+	at := func(lr *Region, off int) []Op { return []Op{{Local: lr, Remote: tr.Remote(), RemoteOff: off, Len: 1}} }
+	fp, flr := peerOf(flood)
+	op, olr := peerOf(other)
+	fops, oops := at(flr, 0), at(olr, inFlight)
+	// The flooding peer fills its share, inFlight writes at a time.
 	for sent := 0; sent < maxImmPeer; {
 		var fs []*Future
-		for ; sent < maxImmPeer && len(fs) < 256; sent++ {
-			fs = append(fs, fp.WriteWithImm(fops, uint32(sent)))
+		for ; sent < maxImmPeer && len(fs) < inFlight; sent++ {
+			fs = append(fs, fp.WriteWithImm(at(flr, len(fs)), uint32(sent)))
 		}
 		for _, f := range fs {
 			if err := f.Wait(ctx); err != nil {
