@@ -364,14 +364,16 @@ func (c *Communicator) key(s string) string {
 }
 
 // StoreKey is store key s of this attempt of the job: under the
-// launcher's attempt prefix (rendezvous.AttemptPrefix), which the launcher
-// aborts when a worker exits, so that a wait on the key fails at once,
-// naming that worker, rather than running out its timeout on a rank that
-// will never come (on another node, where the launcher cannot stop the
-// waiting ranks itself). A run id of the program's own choosing nests
-// below it. A program that keeps keys of its own in the job's store
-// beside or without a communicator (p2p.Options.Prefix, barriers) names
-// them with it.
+// attempt's prefix (rendezvous.AttemptPrefix), which slimerun aborts when
+// any worker of the attempt exits, with code 0 too, so that a wait for a
+// key not yet set fails at once, naming that worker, rather than running
+// out its timeout on a rank that will never come (on another node, where
+// that node's slimerun cannot stop the waiting ranks itself). A run id of
+// the program's own choosing nests below it. A program that keeps keys of
+// its own in the job's store beside or without a communicator
+// (p2p.Options.Prefix, barriers) names them with it, and then waits on
+// them only while every rank is still running, as the collectives do.
+// Under other launchers the prefix only keeps attempts apart.
 func (o Options) StoreKey(s string) string {
 	job := o.JobID
 	if job == "" {

@@ -107,6 +107,8 @@ func netnsFault(t *testing.T, breakNode func(n netnsTopo, cmd *exec.Cmd), surviv
 
 func TestNetnsLinkDown(t *testing.T) {
 	netnsFault(t, func(n netnsTopo, _ *exec.Cmd) {
+		// Not n.Down: this may run off the test's goroutine, where a
+		// failed ip(8) must not call t.Fatal.
 		exec.Command("ip", "-n", n.NS(1), "link", "set", n.Veth(1), "down").Run()
 	}, []int{0, 1, 2, 3})
 }

@@ -32,10 +32,11 @@ type Options struct {
 	// ConnectInfo works).
 	Store *rendezvous.Client
 	// Prefix is the store key prefix of this job's endpoints (default
-	// "p2p"); the info of endpoint n is at Prefix+"/info/"+n. Under a
-	// launcher, name it with collective.Options.StoreKey: the launcher
-	// aborts the attempt's keys when a worker exits, and a Connect waiting
-	// for that worker's info then fails at once instead of at Timeout.
+	// "p2p"); the info of endpoint n is at Prefix+"/info/"+n. Under
+	// slimerun, name it with collective.Options.StoreKey: slimerun aborts
+	// the attempt's keys when any worker exits (with code 0 too), and a
+	// Connect waiting for an info not yet published then fails at once
+	// instead of at Timeout.
 	Prefix string
 	// Auth is the job's secret and run id: every connection proves both
 	// ways that its two ends hold it (internal/auth, purpose "p2p"). The

@@ -1832,8 +1832,8 @@ func TestIPCCloseThenOpen(t *testing.T) {
 // TestImmPerPeer: a peer that fills the target's queue of undelivered
 // immediates gets "busy" refusals once it holds maxImmPeer of them, while
 // another peer's WriteWithImm still goes through; once the target takes
-// one of the first peer's, that peer may write again, and Imm hands each
-// peer's immediates over in the order they were sent.
+// one of the first peer's, that peer may write again, and Imm hands every
+// accepted immediate over once.
 func TestImmPerPeer(t *testing.T) {
 	_, st := storeFor(t)
 	ctx := ctxT(t, 2*time.Minute)

@@ -59,13 +59,24 @@ func slimerun(t *testing.T, dir string, nproc string, args ...string) (string, i
 
 // nodes runs kvcache as a job of two nodes, each one slimerun with 2 ranks
 // (node i's command prefixed with wrap(i): its namespace, say), the store
-// at master:port, and waits for both within limit (killing them then). It
-// returns each node's output and how those that failed exited.
+// at master:port, and waits for both within limit (killing both and
+// failing the test then). It returns each node's output and how those
+// that failed exited.
 func nodes(t *testing.T, dir string, wrap func(int) []string, master string, port int, limit time.Duration, args ...string) ([2]string, []string) {
 	t.Helper()
 	var outs [2]bytes.Buffer
-	var cmds [2]*exec.Cmd
+	var cmds []*exec.Cmd
 	done := make(chan error, 2)
+	waited := 0
+	reap := func() { // no slimerun outlives the test
+		for _, c := range cmds {
+			c.Process.Kill()
+		}
+		for ; waited < len(cmds); waited++ {
+			<-done
+		}
+	}
+	defer reap()
 	for node := range 2 {
 		argv := append(wrap(node), filepath.Join(dir, "slimerun"), "-q", "--nnodes", "2", "--node-rank", strconv.Itoa(node),
 			"--master-addr", master, "--master-port", strconv.Itoa(port), "--nproc-per-node", "2",
@@ -76,21 +87,20 @@ func nodes(t *testing.T, dir string, wrap func(int) []string, master string, por
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		cmds[node] = cmd
+		cmds = append(cmds, cmd)
 		go func() { done <- cmd.Wait() }()
 	}
 	deadline := time.After(limit)
 	var failed []string
-	for range 2 {
+	for waited < len(cmds) {
 		select {
 		case err := <-done:
+			waited++
 			if err != nil {
 				failed = append(failed, err.Error())
 			}
 		case <-deadline:
-			for _, c := range cmds {
-				c.Process.Kill()
-			}
+			reap() // the outputs are read once both are waited for: until then exec's goroutines write them
 			t.Fatalf("kvcache on two nodes %v: not done within %v:\n%s\n%s", args, limit, outs[0].String(), outs[1].String())
 		}
 	}

@@ -17,8 +17,7 @@ import (
 
 // Topo is a set of node namespaces made by Up.
 type Topo struct {
-	Tag   string // the prefix of every name
-	Nodes int
+	Tag string // the prefix of every name
 }
 
 // NS is node i's namespace.
@@ -52,7 +51,7 @@ func Up(t testing.TB, prefix string, nodes int) Topo {
 	if os.Getenv("SLIME_NETNS") != "1" {
 		t.Skip("needs root and iproute2: run with SLIME_NETNS=1 (make test-netns)")
 	}
-	n := Topo{Tag: fmt.Sprintf("%s%d", prefix, os.Getpid()%100000), Nodes: nodes}
+	n := Topo{Tag: fmt.Sprintf("%s%d", prefix, os.Getpid()%100000)}
 	sw := n.Tag + "sw"
 	del := func(ns string) { exec.Command("ip", "netns", "del", ns).Run() }
 	IP(t, "netns", "add", sw)
