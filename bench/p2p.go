@@ -670,7 +670,7 @@ func (cfg *P2PConfig) tcpSizes() []int64 {
 func (b *p2pBench) baselines(ctx context.Context, emit func(P2PResult)) error {
 	ch := b.cfg.Channels
 	if ch <= 0 {
-		ch = inter.DefaultChannels
+		ch = p2p.DefaultChannels
 	}
 	sizes := b.cfg.tcpSizes()
 	o := b.c.Options()
@@ -879,7 +879,7 @@ func (cfg *P2PConfig) pairs() []p2pCase {
 func (b *p2pBench) paired(ctx context.Context, emit func(P2PResult)) error {
 	ch := b.cfg.Channels
 	if ch <= 0 {
-		ch = inter.DefaultChannels
+		ch = p2p.DefaultChannels // the raw link has as many connections as p2p's
 	}
 	l, err := openLink(ctx, b.c, b.c.Options().MasterAddr, ch, inter.DefaultLowat)
 	if err != nil {

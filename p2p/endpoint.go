@@ -49,7 +49,7 @@ type Options struct {
 	IfName     string
 	MasterAddr string
 	// Channels is the number of TCP connections of a link this endpoint
-	// dials (default inter.DefaultChannels; a link has its dialer's); an
+	// dials (default DefaultChannels; a link has its dialer's); an
 	// operation of n bytes is striped over inter.Stripes(n, Channels) of
 	// them.
 	Channels int
@@ -87,6 +87,13 @@ const (
 	minHeartbeat     = 10 * time.Millisecond
 	DefaultTimeout   = 5 * time.Minute
 	DefaultHeartbeat = 5 * time.Second
+	// DefaultChannels is the number of TCP connections of a link unless
+	// Options.Channels says otherwise: twice the collectives'
+	// (inter.DefaultChannels), since a transfer of several MiB, striped in
+	// 512 KiB or more per connection, crossed a link faster over eight
+	// connections than over four (docs/PERFORMANCE.md), and a link's
+	// connections cost only while they carry something.
+	DefaultChannels = 8
 	// maxChannels bounds the connections of one link (and a hello's count).
 	maxChannels = 64
 	// maxImm bounds the immediates received and not yet taken by Imm,
@@ -156,7 +163,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 		o.Prefix = "p2p"
 	}
 	if o.Channels <= 0 {
-		o.Channels = inter.DefaultChannels
+		o.Channels = DefaultChannels
 	}
 	o.Channels = min(o.Channels, maxChannels)
 	if o.Timeout <= 0 {

@@ -432,7 +432,7 @@ func p2pCmd(args []string) error {
 	tcpOnly := fs.Bool("tcp-only", false, "carry every transfer over TCP, even to a peer on this host")
 	shared := fs.Bool("shared", false, "register each rank's region as p2p.Shared memory, which a peer on this host maps and copies itself (transport shm)")
 	gpu := fs.Bool("gpu", false, "register each rank's region as GPU memory (device LOCAL_RANK mod the devices), copied device to device through CUDA IPC on one host (transport ipc), staged through host memory over TCP otherwise; no paired baselines")
-	channels := fs.Int("channels", 0, "TCP connections of the link (default p2p's, inter.DefaultChannels)")
+	channels := fs.Int("channels", 0, "TCP connections of the link, p2p's and the raw baseline's (default p2p.DefaultChannels)")
 	inFlight := fs.String("max-in-flight", "256M", "skip combinations moving more bytes at once than this (size x batch x concurrency)")
 	register := fs.String("register", "1G", "memory whose registration is timed, as 4K pages and as one region (0: none)")
 	noBase := fs.Bool("no-baselines", false, "leave out raw TCP, the 8-byte read and memcpy")
