@@ -91,8 +91,9 @@ const (
 	// Options.Channels says otherwise: twice the collectives'
 	// (inter.DefaultChannels), since a transfer of several MiB, striped in
 	// 512 KiB or more per connection, crossed a link faster over eight
-	// connections than over four (docs/PERFORMANCE.md), and a link's
-	// connections cost only while they carry something.
+	// connections than over four (docs/PERFORMANCE.md); an idle
+	// connection costs a socket on each side, its goroutines and a ping
+	// every Heartbeat/4. Lower it where a process links to many peers.
 	DefaultChannels = 8
 	// maxChannels bounds the connections of one link (and a hello's count).
 	maxChannels = 64
