@@ -166,6 +166,25 @@ func gpuMem(o collective.Options, n int) (*device.CUDABuffer, error) {
 	return g.Alloc(n)
 }
 
+// register registers host as name, or with --gpu GPU memory of its size
+// instead (returned, to be filled or read through host).
+func register(e *p2p.Endpoint, o collective.Options, c config, name string, host []byte) (*p2p.Region, *device.CUDABuffer, error) {
+	if !c.gpu {
+		r, err := e.Register(name, host)
+		return r, nil, err
+	}
+	d, err := gpuMem(o, len(host))
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := e.Register(name, d)
+	if err != nil {
+		d.Free()
+		return nil, nil, err
+	}
+	return r, d, nil
+}
+
 // freeRegistered frees GPU memory registered as reg once Deregister has
 // returned (no transfer touches it then, and no peer holds it open); if
 // Deregister fails, it is left to the process's exit.
@@ -187,16 +206,7 @@ func prefillRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o 
 	p := o.Rank
 	// The staging area: inflight batches of pages, per decode rank.
 	stage := make([]byte, c.decode*c.inflight*c.batch*c.pageSize)
-	var mem any = stage
-	var dstage *device.CUDABuffer // with --gpu: the staging area, filled from stage
-	if c.gpu {
-		var err error
-		if dstage, err = gpuMem(o, len(stage)); err != nil {
-			return err
-		}
-		mem = dstage
-	}
-	reg, err := e.Register("stage", mem)
+	reg, dstage, err := register(e, o, c, "stage", stage) // with --gpu dstage is filled from stage
 	if err != nil {
 		return err
 	}
@@ -298,16 +308,7 @@ func prefillRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o 
 func decodeRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o collective.Options, c config) error {
 	d := o.Rank - c.prefill
 	cache := make([]byte, c.pages*c.pageSize)
-	var mem any = cache
-	var dcache *device.CUDABuffer // with --gpu: the cache, copied down page by page to check
-	if c.gpu {
-		var err error
-		if dcache, err = gpuMem(o, len(cache)); err != nil {
-			return err
-		}
-		mem = dcache
-	}
-	reg, err := e.Register("kv", mem)
+	reg, dcache, err := register(e, o, c, "kv", cache) // with --gpu dcache is copied down page by page to check
 	if err != nil {
 		return err
 	}
