@@ -682,6 +682,13 @@ type Buffer struct{ b *intra.Buffer }
 // Bytes is this rank's part of the buffer (nil once freed).
 func (b *Buffer) Bytes() []byte { return b.b.Bytes() }
 
+// File is the shared-memory file that holds the buffer and where this
+// rank's part starts in it (fd -1 once freed): p2p.MapShared(fd, off,
+// len(Bytes())) makes it Shared memory that peers on this host copy to
+// and from through a mapping of their own (zero copy). The descriptor
+// stays the buffer's: do not close it.
+func (b *Buffer) File() (fd int, off int64) { return b.b.File() }
+
 // Free unmaps the buffer on this rank. Every rank frees it, between
 // operations that use it.
 func (b *Buffer) Free() error { return b.b.Free() }

@@ -24,6 +24,19 @@ type Buffer struct {
 // Bytes is this rank's part of the buffer.
 func (b *Buffer) Bytes() []byte { return b.bytes }
 
+// File is the file that holds the buffer (a file in /dev/shm that every
+// rank of the group maps whole) and where this rank's part, Bytes,
+// starts in it; fd is -1 once the buffer is freed. The descriptor stays
+// the buffer's (Free closes it): a process that maps the file itself,
+// as p2p.MapShared does, duplicates it. Every rank's part lies at its
+// own offset of the same file.
+func (b *Buffer) File() (fd int, off int64) {
+	if b.g.bufs == nil || b.g.bufs[b.id] != b {
+		return -1, 0
+	}
+	return b.seg.FD(), int64(pageBytes + b.g.rank*b.stride)
+}
+
 // Alloc allocates n bytes of symmetric memory on every rank. It is
 // collective: every rank calls it with the same n, in the same order.
 func (g *Group) Alloc(ctx context.Context, n int) (*Buffer, error) {

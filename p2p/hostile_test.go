@@ -1220,8 +1220,8 @@ func fakeSameHostTargetN(t *testing.T, ctx context.Context, a *Endpoint, regions
 
 // TestSharedGrantChecked: a same-host grant that names Shared memory is
 // mapped only if the file it names is a memory file sealed against
-// shrinking and large enough, so that no access through the mapping can
-// fault; otherwise the initiator copies at the grant's address, which
+// shrinking, or a regular file on this process's /dev/shm mount, and
+// large enough; otherwise the initiator copies at the grant's address, which
 // the kernel checks against the peer's memory. A malformed entry fails
 // the link. Every case reads the right bytes or fails; none crashes.
 func TestSharedGrantChecked(t *testing.T) {
@@ -1252,6 +1252,48 @@ func TestSharedGrantChecked(t *testing.T) {
 	}
 	defer disk.Close()
 	disk.Truncate(n)
+	// Files in /dev/shm (intra's symmetric memory is one): unsealed, so
+	// mapped only because they are on this process's /dev/shm mount.
+	devShm := func(size int64) *os.File {
+		f, err := os.CreateTemp("/dev/shm", "slimego-p2ptest-")
+		if err != nil {
+			t.Skip("no /dev/shm:", err)
+		}
+		os.Remove(f.Name())
+		t.Cleanup(func() { f.Close() })
+		if err := f.Truncate(size); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	inShm, err := MapShared(int(devShm(8192+n).Fd()), 8192, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inShm.Close()
+	fill(inShm.Bytes(), 6)
+	shortShm := devShm(n / 2)
+	// A tmpfs of its own (root only): tmpfs, but not this process's
+	// /dev/shm (a peer's own mount, not one this process shares).
+	other := plain
+	otherFD := uint32(1 << 30)
+	if mnt := t.TempDir(); unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m") == nil {
+		t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+		f, err := os.Create(mnt + "/mem")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		f.Truncate(n)
+		otherFD = uint32(f.Fd())
+	} else {
+		t.Log("no tmpfs of its own (not root): that case reads a descriptor that is not there")
+	}
+	dir, err := os.Open("/dev/shm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
 	for _, tc := range []struct {
 		name      string
 		addr      []byte // the grant's address: the bytes the read must return
@@ -1263,6 +1305,10 @@ func TestSharedGrantChecked(t *testing.T) {
 		{"shared", good.Bytes(), good.id, 0, uint32(good.fd), "shm", false},
 		{"an unsealed memory file", plain, 77, 0, uint32(unsealed), "cma", false},
 		{"a file on disk", plain, 79, 0, uint32(disk.Fd()), "cma", false},
+		{"a file in /dev/shm", inShm.Bytes(), inShm.id, 8192, uint32(inShm.fd), "shm", false},
+		{"a file in /dev/shm smaller than the grant", plain, 80, 0, uint32(shortShm.Fd()), "cma", false},
+		{"the directory /dev/shm", plain, 81, 0, uint32(dir.Fd()), "cma", false},
+		{"a file on another tmpfs", other, 82, 0, otherFD, "cma", false},
 		{"a file smaller than the grant", plain, small.id, 0, uint32(small.fd), "cma", false},
 		{"an offset past the file", plain, good.id + 1, n, uint32(good.fd), "cma", false},
 		{"a file that is not there", plain, 78, 0, 1 << 30, "cma", false},
@@ -1901,5 +1947,129 @@ func TestImmPerPeer(t *testing.T) {
 	}
 	if len(seen) != maxImmPeer+1 {
 		t.Fatalf("the target took %d of the flooding peer's %d immediates", len(seen), maxImmPeer+1)
+	}
+}
+
+// TestSharedFileShrunk: a file in /dev/shm cannot be sealed, so its
+// owner may shrink it while a peer copies through a lease of it: the
+// copy then fails with the fault (the process goes on), and a copy of
+// the pages still there succeeds.
+func TestSharedFileShrunk(t *testing.T) {
+	const n = 1 << 16
+	f, err := os.CreateTemp("/dev/shm", "slimego-p2ptest-")
+	if err != nil {
+		t.Skip("no /dev/shm:", err)
+	}
+	os.Remove(f.Name())
+	defer f.Close()
+	f.Truncate(n)
+	sh, err := MapShared(int(f.Fd()), 0, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	fill(sh.Bytes(), 8)
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
+	p, c := fakeSameHostTarget(t, ctx, a, rr)
+	local := make([]byte, n)
+	lr, _ := a.Register("l", local)
+	iov := make([]byte, IovSize)
+	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&sh.Bytes()[0]))))
+	binary.LittleEndian.PutUint64(iov[8:], n)
+	binary.LittleEndian.PutUint64(iov[16:], sh.id)
+	binary.LittleEndian.PutUint32(iov[32:], uint32(sh.fd))
+	fr := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+	h := sameHostRequest(t, c, iov)
+	c.Write(append(hdr(header{kind: kResp, sub: rReadV, id: h.id, b: 1, payload: IovSize}), iov...))
+	if err := fr.Wait(ctx); err != nil || fr.Transport() != "shm" || !bytes.Equal(local, sh.Bytes()) {
+		t.Fatalf("the first read: %v, transport %q", err, fr.Transport())
+	}
+	// Through the lease from here on; the file loses its second half.
+	if err := f.Truncate(n / 2); err != nil {
+		t.Fatal(err)
+	}
+	fr = p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+	if err := fr.Wait(ctx); err == nil || !strings.Contains(err.Error(), "fault") {
+		t.Fatalf("a read over pages that are gone: %v, want the fault", err)
+	}
+	clear(local)
+	fr = p.Read([]Op{{Local: lr, Remote: rr, Len: n / 2}})
+	if err := fr.Wait(ctx); err != nil || fr.Transport() != "shm" || !bytes.Equal(local[:n/2], sh.Bytes()[:n/2]) {
+		t.Fatalf("a read of the half still there: %v, transport %q", err, fr.Transport())
+	}
+	quiet(t, c)
+}
+
+// TestMapShared: MapShared takes a range of a regular file on tmpfs
+// only; its memory is the same pages as the caller's mapping of the
+// file, from any offset, and stays valid once the caller's descriptor is
+// closed, until Close.
+func TestMapShared(t *testing.T) {
+	const page = 4096
+	f, err := os.CreateTemp("/dev/shm", "slimego-p2ptest-")
+	if err != nil {
+		t.Skip("no /dev/shm:", err)
+	}
+	os.Remove(f.Name())
+	f.Truncate(3 * page)
+	fd := int(f.Fd())
+	disk, err := os.CreateTemp(t.TempDir(), "disk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer disk.Close()
+	disk.Truncate(3 * page)
+	dir, err := os.Open("/dev/shm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	for _, tc := range []struct {
+		name string
+		fd   int
+		off  int64
+		n    int
+	}{
+		{"no descriptor", -1, 0, page},
+		{"a descriptor not open", 1 << 20, 0, page},
+		{"a negative offset", fd, -1, page},
+		{"no bytes", fd, 0, 0},
+		{"past the end", fd, 2*page + 1, page},
+		{"a file on disk", int(disk.Fd()), 0, page},
+		{"a directory on tmpfs", int(dir.Fd()), 0, 1},
+	} {
+		if sh, err := MapShared(tc.fd, tc.off, tc.n); !errors.Is(err, ErrInvalid) {
+			if sh != nil {
+				sh.Close()
+			}
+			t.Errorf("%s: %v, want ErrInvalid", tc.name, err)
+		}
+	}
+	mine, err := unix.Mmap(fd, 0, 3*page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mine)
+	sh, err := MapShared(fd, page+100, page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close() // MapShared holds a descriptor of its own
+	fill(mine, 9)
+	if b := sh.Bytes(); len(b) != page || !bytes.Equal(b, mine[page+100:2*page+100]) {
+		t.Fatalf("MapShared's bytes (%d) are not the file's at the offset", len(b))
+	}
+	fill(sh.Bytes(), 10)
+	if !bytes.Equal(sh.Bytes(), mine[page+100:2*page+100]) {
+		t.Fatal("what MapShared's memory holds is not in the caller's mapping")
+	}
+	if err := sh.Close(); err != nil || sh.Bytes() != nil {
+		t.Fatalf("Close: %v, bytes %d", err, len(sh.Bytes()))
 	}
 }

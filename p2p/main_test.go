@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/shm"
 	"github.com/slimego/slimego/internal/teststore"
+	"github.com/slimego/slimego/intra"
 	"github.com/slimego/slimego/rendezvous"
 )
 
@@ -59,7 +61,8 @@ func fill(b []byte, seed uint64) {
 // at P2P_STORE, prints "ready", and serves until its stdin closes (or it
 // is killed). With P2P_TEST_CHILD=echo it also receives messages from
 // "parent" and sends each back; with shared-target its region is Shared
-// memory.
+// memory, with symmetric-target intra's symmetric memory (a file in
+// /dev/shm) made Shared by MapShared.
 func child() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -83,12 +86,32 @@ func child() error {
 	seed, _ := strconv.ParseUint(os.Getenv("P2P_SEED"), 10, 64)
 	buf := make([]byte, n)
 	var mem any = buf
-	if os.Getenv("P2P_TEST_CHILD") == "shared-target" {
+	switch os.Getenv("P2P_TEST_CHILD") {
+	case "shared-target":
 		sh, err := NewShared(n)
 		if err != nil {
 			return err
 		}
 		buf, mem = sh.Bytes(), sh
+	case "symmetric-target":
+		// Symmetric memory of a group of one (a file in /dev/shm, its
+		// part at an offset), made Shared by MapShared.
+		g, err := intra.New(ctx, intra.Config{Store: st, Key: "p2p-sym", ShmPrefix: shm.Prefix + "p2ptest-" + strconv.Itoa(os.Getpid()) + "-", Rank: 0, Size: 1})
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		b, err := g.Alloc(ctx, n)
+		if err != nil {
+			return err
+		}
+		fd, off := b.File()
+		sh, err := MapShared(fd, off, n)
+		if err != nil {
+			return err
+		}
+		defer sh.Close()
+		buf, mem = b.Bytes(), sh // the group's mapping of the same pages
 	}
 	fill(buf, seed)
 	if os.Getenv("P2P_TEST_CHILD") == "gpu-target" {

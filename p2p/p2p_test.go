@@ -50,6 +50,15 @@ func TestProcessReadWriteShared(t *testing.T) {
 	t.Run("shm", func(t *testing.T) { processReadWrite(t, "shared-target", false, "shm") })
 }
 
+// TestProcessReadWriteSymmetric: the same with a child whose region is
+// intra's symmetric memory (its part of a file in /dev/shm, at an offset)
+// made Shared by MapShared: the parent maps the file and copies through
+// it ("shm").
+func TestProcessReadWriteSymmetric(t *testing.T) {
+	t.Run("tcp", func(t *testing.T) { processReadWrite(t, "symmetric-target", true, "tcp") })
+	t.Run("shm", func(t *testing.T) { processReadWrite(t, "symmetric-target", false, "shm") })
+}
+
 // parentOf starts a child of the given role whose region holds size
 // bytes from seed, and links a fresh endpoint "parent" (over TCP only, if
 // tcpOnly) to it; the endpoint closes when the test ends.

@@ -21,16 +21,20 @@ import (
 // process_vm_writev copy a plain slice's bytes through the kernel. It is
 // an anonymous memory file (memfd) sealed at its size, so that a peer that
 // maps it can neither be made to fault by its shrinking nor leave
-// anything behind in /dev/shm; a peer on another host reads and writes it
-// over TCP, as any other region.
+// anything behind in /dev/shm (NewShared); or a part of a file in
+// /dev/shm, such as the symmetric memory of a collective.Buffer
+// (MapShared). A peer on another host reads and writes it over TCP, as
+// any other region.
 //
 // Register it like any memory (Endpoint.Register); Close it once every
 // region on it is deregistered (or its endpoint closed).
 type Shared struct {
-	fd int
-	n  int
-	b  []byte
-	id uint64 // names the memory in grants (random, never 0)
+	fd    int
+	n     int
+	b     []byte
+	whole []byte // the mapping (b, and before it the rest of its first page)
+	base  uint64 // where b starts in the file
+	id    uint64 // names the memory in grants (random, never 0)
 
 	mu      sync.Mutex
 	closed  bool
@@ -67,11 +71,65 @@ func NewShared(size int) (*Shared, error) {
 	if err != nil {
 		return fail("mmap", err)
 	}
+	return &Shared{fd: fd, n: size, b: b, whole: b, id: randomID(), regions: map[*Region]struct{}{}}, nil
+}
+
+// randomID is a random memory id (never 0).
+func randomID() uint64 {
 	var k [8]byte
 	for binary.LittleEndian.Uint64(k[:]) == 0 {
 		rand.Read(k[:])
 	}
-	return &Shared{fd: fd, n: size, b: b, id: binary.LittleEndian.Uint64(k[:]), regions: map[*Region]struct{}{}}, nil
+	return binary.LittleEndian.Uint64(k[:])
+}
+
+// MapShared makes Shared memory of the n bytes at off in the file fd: a
+// regular file on tmpfs, such as the file in /dev/shm that holds a
+// collective.Buffer (its File method gives fd and off) or a memory file
+// (memfd). It maps them itself, through a descriptor of its own, so the
+// memory stays valid until Close even if the caller closes fd or unmaps
+// its own mapping (frees the Buffer) first; the bytes are the same pages
+// as the caller's mapping of the file, so what either writes the other
+// sees.
+//
+// A peer on this host copies to and from it through a mapping of its
+// own (zero copy, transport "shm") where the file is a memory file
+// sealed against shrinking (NewShared's), or a file of the same /dev/shm
+// mount as the peer's own /dev/shm (a peer in another mount namespace
+// copies with process_vm, "cma"). A file in /dev/shm cannot be sealed:
+// whoever shrinks it makes the peers' copies through it fail with a
+// fault, not their processes.
+func MapShared(fd int, off int64, n int) (*Shared, error) {
+	if fd < 0 || off < 0 || n <= 0 || uint64(n) > MaxLen || uint64(off) > MaxLen {
+		return nil, opErr("shared", "", "", ErrInvalid, "%d bytes at %d of file %d", n, off, fd)
+	}
+	f, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, opErr("shared", "", "", ErrInvalid, "file %d: %v", fd, err)
+	}
+	fail := func(format string, args ...any) (*Shared, error) {
+		unix.Close(f)
+		return nil, opErr("shared", "", "", ErrInvalid, "file %d: "+format, append([]any{fd}, args...)...)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(f, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		return fail("not on tmpfs (type %#x, %v)", fs.Type, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(f, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fail("not a regular file (mode %#o, %v)", st.Mode, err)
+	}
+	if off+int64(n) > st.Size {
+		return fail("%d bytes at %d of a file of %d", n, off, st.Size)
+	}
+	page := int64(os.Getpagesize())
+	lo := off &^ (page - 1)
+	whole, err := unix.Mmap(f, lo, int(off-lo)+n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fail("mmap: %v", err)
+	}
+	b := whole[off-lo : off-lo+int64(n) : off-lo+int64(n)]
+	return &Shared{fd: f, n: n, b: b, whole: whole, base: uint64(off), id: randomID(), regions: map[*Region]struct{}{}}, nil
 }
 
 // Bytes is the memory (nil once closed).
@@ -102,9 +160,9 @@ func (s *Shared) Close() error {
 		}
 	}
 	s.closed = true
-	err := unix.Munmap(s.b)
+	err := unix.Munmap(s.whole)
 	unix.Close(s.fd)
-	s.b = nil
+	s.b, s.whole = nil, nil
 	return err
 }
 
@@ -131,9 +189,9 @@ func (s *Shared) detach(r *Region) {
 	s.mu.Unlock()
 }
 
-// offset is where b, a piece of s's memory, starts in it.
+// offset is where b, a piece of s's memory, starts in its file.
 func (s *Shared) offset(b []byte) uint64 {
-	return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(s.b))))
+	return s.base + uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))-uintptr(unsafe.Pointer(unsafe.SliceData(s.b))))
 }
 
 // maxMaps bounds the peers' memories a link keeps mapped; past it, the
@@ -159,11 +217,13 @@ type peerMap struct {
 // mapPeer returns a mapping of the peer's Shared memory id (the file at
 // fd in its process) of at least need bytes, taking a reference that
 // unmapPeer drops. Nothing in the grant is taken on trust: the file must
-// be a memory file (memfd) on tmpfs, not hugetlbfs, sealed against
-// shrinking (so that no access to the mapping can fault), and at least
-// need bytes long; the descriptor is looked at before it is taken, so
-// that no other kind of file (one a peer serves through FUSE, say) is
-// ever held here.
+// be a regular file on tmpfs, not hugetlbfs, at least need bytes long,
+// and either a memory file (memfd) sealed against shrinking (so that no
+// access to the mapping can fault) or a file of this process's /dev/shm
+// mount (which cannot be sealed: a fault, should its owner shrink it,
+// fails the copy, see shmChunk); the descriptor is looked at before it is
+// taken, so that no other kind of file (one a peer serves through FUSE,
+// say) is ever held here, and a file in /dev/shm again once taken.
 func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 	l.mu.Lock()
 	if m := l.maps[id]; m != nil {
@@ -182,11 +242,13 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 	if !l.self {
 		proc = strconv.Itoa(l.pid)
 	}
-	if name, err := os.Readlink("/proc/" + proc + "/fd/" + strconv.FormatUint(uint64(fd), 10)); err != nil || !strings.HasPrefix(name, "/memfd:") {
-		return nil, fmt.Errorf("the peer's file %d is not a memory file (%q, %v)", fd, name, err)
+	name, err := os.Readlink("/proc/" + proc + "/fd/" + strconv.FormatUint(uint64(fd), 10))
+	memfd := err == nil && strings.HasPrefix(name, "/memfd:")
+	mnt := devShmMount()
+	if !memfd && (err != nil || mnt < 0 || fdMount(proc, fd) != mnt) {
+		return nil, fmt.Errorf("the peer's file %d is neither a memory file nor in this process's /dev/shm (%q, %v)", fd, name, err)
 	}
 	var f int
-	var err error
 	switch {
 	case l.pidfd >= 0:
 		f, err = unix.PidfdGetfd(l.pidfd, int(fd), 0)
@@ -203,13 +265,17 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 	if err := unix.Fstatfs(f, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
 		return nil, fmt.Errorf("the peer's file %d is not on tmpfs (type %#x, %v)", fd, fs.Type, err)
 	}
-	seals, err := unix.FcntlInt(uintptr(f), unix.F_GET_SEALS, 0)
-	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
-		return nil, fmt.Errorf("the peer's file %d is not a memory file sealed at its size (seals %#x, %v)", fd, seals, err)
+	if memfd {
+		seals, err := unix.FcntlInt(uintptr(f), unix.F_GET_SEALS, 0)
+		if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
+			return nil, fmt.Errorf("the peer's file %d is not a memory file sealed at its size (seals %#x, %v)", fd, seals, err)
+		}
+	} else if fdMount("self", uint32(f)) != mnt { // not the file looked at (the peer replaced it meanwhile)
+		return nil, fmt.Errorf("the peer's file %d is not in this process's /dev/shm", fd)
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(f, &st); err != nil {
-		return nil, fmt.Errorf("the peer's memory file %d: %v", fd, err)
+	if err := unix.Fstat(f, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("the peer's memory file %d: not a regular file (mode %#o, %v)", fd, st.Mode, err)
 	}
 	if st.Size <= 0 || uint64(st.Size) > MaxLen || uint64(st.Size) < need || uint64(st.Size) > uint64(^uint(0)>>1) {
 		return nil, fmt.Errorf("a grant of %d bytes of the peer's memory file %d of %d", need, fd, st.Size)
@@ -263,6 +329,39 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 	m := &peerMap{b: b, refs: 1, used: l.mapTick}
 	l.maps[id] = m
 	return m, nil
+}
+
+// devShmMount is the mount id of this process's /dev/shm (-1 where there
+// is none): a peer's file on it is one this process could open itself,
+// not one a peer serves (through FUSE, say) or a mount of its own.
+var devShmMount = sync.OnceValue(func() int {
+	fd, err := unix.Open("/dev/shm", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1
+	}
+	defer unix.Close(fd)
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		return -1
+	}
+	return fdMount("self", uint32(fd))
+})
+
+// fdMount is the mount id of the file at fd in process proc ("self" or
+// a pid), from its fdinfo (-1 where it cannot be read).
+func fdMount(proc string, fd uint32) int {
+	b, err := os.ReadFile("/proc/" + proc + "/fdinfo/" + strconv.FormatUint(uint64(fd), 10))
+	if err != nil {
+		return -1
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "mnt_id:"); ok {
+			if id, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && id >= 0 {
+				return id
+			}
+		}
+	}
+	return -1
 }
 
 // unmap unmaps m and gives its share of the endpoint's bounds back.

@@ -243,6 +243,16 @@ func mapFD(fd, size int) ([]byte, error) {
 	return unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 }
 
+// FD is the descriptor of the segment's file (-1 once closed). It stays
+// the segment's: the caller neither closes it nor keeps it past Close.
+// A process that maps the file itself (p2p.MapShared) duplicates it.
+func (s *Segment) FD() int {
+	if s == nil {
+		return -1
+	}
+	return s.fd
+}
+
 // Skip hides the first n bytes of the mapping (a header) from Mem; Close
 // still unmaps the whole.
 func (s *Segment) Skip(n int) {
