@@ -1263,6 +1263,54 @@ func TestBufferFree(t *testing.T) {
 	}
 }
 
+// TestBufferFile: File names the file and the offset at which this
+// rank's part lies: what the rank writes into Bytes is in the file there,
+// and the other rank reads it there too; once freed, fd is -1.
+func TestBufferFile(t *testing.T) {
+	errs := group(t, 2, Config{Timeout: 10 * time.Second}, func(g *Group) error {
+		b, err := g.Alloc(context.Background(), 3*pageBytes+5)
+		if err != nil {
+			return err
+		}
+		for i := range b.Bytes() {
+			b.Bytes()[i] = byte(i*7 + g.rank)
+		}
+		if err := g.Barrier(context.Background()); err != nil {
+			return err
+		}
+		fd, off := b.File()
+		if fd < 0 {
+			return fmt.Errorf("File: fd %d", fd)
+		}
+		for r := range 2 {
+			// The peer's part: its offset, as that rank's File gives it.
+			at := off + int64((r-g.rank)*b.stride)
+			got := make([]byte, len(b.Bytes()))
+			if n, err := unix.Pread(fd, got, at); err != nil || n != len(got) {
+				return fmt.Errorf("pread of rank %d's part: %d, %v", r, n, err)
+			}
+			for i, v := range got {
+				if v != byte(i*7+r) {
+					return fmt.Errorf("rank %d's byte %d in the file at %d is %d, want %d", r, i, at, v, byte(i*7+r))
+				}
+			}
+		}
+		if err := g.Barrier(context.Background()); err != nil {
+			return err
+		}
+		b.Free()
+		if fd, _ := b.File(); fd != -1 {
+			return fmt.Errorf("File after Free: fd %d", fd)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
 // hiddenDeadline is a context that ends at a deadline it does not report,
 // as one whose end a caller arranges some other way: the group's waits
 // then learn of the end only from Done and Err.
