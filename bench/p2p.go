@@ -79,6 +79,11 @@ type P2PConfig struct {
 	// peer on the same host maps and copies itself ("shm"), instead of a
 	// plain slice (copied by process_vm_readv/writev, "cma").
 	Shared bool
+	// Symmetric registers each rank's part of symmetric memory
+	// (collective's Alloc, a file in /dev/shm) as p2p.Shared memory
+	// (MapShared), which a peer on the same host maps and copies itself
+	// ("shm").
+	Symmetric bool
 	// GPU registers each rank's region as GPU memory (a CUDABuffer on
 	// device LocalRank mod the devices there are), which a peer on the
 	// same host copies device to device through CUDA IPC ("ipc") and
@@ -237,6 +242,19 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 		}
 		defer gpuBuf.Free() // after the endpoint's Close (deferred below)
 		region, mem = make([]byte, need), gpuBuf
+	} else if cfg.Symmetric {
+		buf, err := c.Alloc(ctx, int(need))
+		if err != nil {
+			return nil, fmt.Errorf("%w: rank %d: symmetric memory: %w", ErrP2PBench, c.Rank(), err)
+		}
+		defer buf.Free()
+		fd, off := buf.File()
+		sh, err := p2p.MapShared(fd, off, int(need))
+		if err != nil {
+			return nil, fmt.Errorf("%w: rank %d: %w", ErrP2PBench, c.Rank(), err)
+		}
+		defer sh.Close() // after the endpoint's Close (deferred below)
+		region, mem = buf.Bytes(), sh // the same pages
 	} else if cfg.Shared {
 		sh, err := p2p.NewShared(int(need))
 		if err != nil {

@@ -16,7 +16,8 @@ import (
 
 // TestP2PSweep runs a tiny slimebench p2p sweep between two in-process
 // ranks (each its own endpoint, linked through the job's store), over the
-// same-host transport and over TCP, and checks the CSV: its exact header,
+// same-host transport (plain, Shared and symmetric memory) and over TCP,
+// and checks the CSV: its exact header,
 // a row for every combination with the transport the transfers reported,
 // the raw TCP, memcpy and registration rows beside them, and no wrong
 // byte. With GPU memory (the emulated CUDA library; between ranks of one
@@ -24,10 +25,14 @@ import (
 // the data goes up and comes back for checking, and the paired rows are
 // left out.
 func TestP2PSweep(t *testing.T) {
-	for _, want := range []string{"cma", "tcp", "shm", "gpu"} {
+	for _, want := range []string{"cma", "tcp", "shm", "symmetric", "gpu"} {
 		tcpOnly := want == "tcp"
 		gpu := want == "gpu"
+		symmetric := want == "symmetric"
 		t.Run(want, func(t *testing.T) {
+			if symmetric {
+				want = "shm"
+			}
 			if gpu {
 				if _, err := device.CUDADeviceCount(); err != nil {
 					t.Skip("no CUDA backend:", err)
@@ -35,7 +40,7 @@ func TestP2PSweep(t *testing.T) {
 				want = "tcp"
 			}
 			cfg := P2PConfig{Sizes: []int64{2 << 10, 64 << 10}, Batches: []int{1, 4}, Concurrency: []int{1, 3},
-				TCPOnly: tcpOnly, Shared: want == "shm", GPU: gpu, MinTime: time.Millisecond, MaxRounds: 6, Baselines: true, RegisterBytes: 4 << 20}
+				TCPOnly: tcpOnly, Shared: want == "shm" && !symmetric, Symmetric: symmetric, GPU: gpu, MinTime: time.Millisecond, MaxRounds: 6, Baselines: true, RegisterBytes: 4 << 20}
 			rows := make([][]P2PResult, 2)
 			testranks.Run(t, 2, 1, nil, func(c *collective.Communicator) error {
 				rs, err := P2P(context.Background(), c, cfg)

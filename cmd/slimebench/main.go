@@ -431,6 +431,7 @@ func p2pCmd(args []string) error {
 	ops := fs.StringSlice("op", []string{"read", "write"}, "read, write or both")
 	tcpOnly := fs.Bool("tcp-only", false, "carry every transfer over TCP, even to a peer on this host")
 	shared := fs.Bool("shared", false, "register each rank's region as p2p.Shared memory, which a peer on this host maps and copies itself (transport shm)")
+	symmetric := fs.Bool("symmetric", false, "register each rank's part of symmetric memory (collective Alloc, a file in /dev/shm) as p2p.Shared memory (MapShared), which a peer on this host maps and copies itself (transport shm)")
 	gpu := fs.Bool("gpu", false, "register each rank's region as GPU memory (device LOCAL_RANK mod the devices), copied device to device through CUDA IPC on one host (transport ipc), staged through host memory over TCP otherwise; no paired baselines")
 	channels := fs.Int("channels", 0, "TCP connections of the link, p2p's and the raw baseline's (default p2p.DefaultChannels)")
 	inFlight := fs.String("max-in-flight", "256M", "skip combinations moving more bytes at once than this (size x batch x concurrency)")
@@ -443,10 +444,10 @@ func p2pCmd(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *gpu && *shared {
-		return fmt.Errorf("p2p: --gpu and --shared: one kind of memory")
+	if *gpu && *shared || *gpu && *symmetric || *shared && *symmetric {
+		return fmt.Errorf("p2p: one of --gpu, --shared and --symmetric: one kind of memory")
 	}
-	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Shared: *shared, GPU: *gpu, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
+	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Shared: *shared, Symmetric: *symmetric, GPU: *gpu, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
 	for _, op := range *ops {
 		if op != "read" && op != "write" {
 			return fmt.Errorf("p2p: --op %q: want read or write", op)
@@ -506,6 +507,8 @@ func p2pCmd(args []string) error {
 	switch {
 	case *shared:
 		memory = "shared"
+	case *symmetric:
+		memory = "symmetric"
 	case *gpu:
 		memory = "gpu"
 		if device.CUDAEmulated() {
