@@ -253,7 +253,7 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 		if err != nil {
 			return nil, fmt.Errorf("%w: rank %d: %w", ErrP2PBench, c.Rank(), err)
 		}
-		defer sh.Close() // after the endpoint's Close (deferred below)
+		defer sh.Close()              // after the endpoint's Close (deferred below)
 		region, mem = buf.Bytes(), sh // the same pages
 	} else if cfg.Shared {
 		sh, err := p2p.NewShared(int(need))
