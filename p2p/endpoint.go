@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -504,17 +505,40 @@ func (e *Endpoint) Info() []byte {
 func (e *Endpoint) infoKey(name string) string { return e.opts.Prefix + "/info/" + name }
 
 // Publish puts Info in the store, where Connect finds it. Publish again
-// after registering regions that peers should find by name.
+// after registering regions that peers should find by name. A name is
+// the first publisher's: where another endpoint's Info holds it already
+// (two processes given one name, or an Info left by an earlier run under
+// the same Prefix), Publish fails with ErrInvalid naming that endpoint,
+// and the store keeps the other's Info; a fresh Prefix per run
+// (Options.Prefix from collective's Options.StoreKey) avoids the second.
 func (e *Endpoint) Publish(ctx context.Context) error {
 	if e.opts.Store == nil {
 		return opErr("publish", "", "", ErrInvalid, "no store in Options")
 	}
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
-	if err := e.opts.Store.Set(ctx, e.infoKey(e.opts.Name), e.Info()); err != nil {
-		return opErr("publish", "", "", ErrPeerLost, "the store: %v", err)
+	mine, key := e.Info(), e.infoKey(e.opts.Name)
+	var old []byte // absent
+	for {
+		cur, ok, err := e.opts.Store.CompareAndSet(ctx, key, old, mine)
+		if err != nil {
+			return opErr("publish", "", "", ErrPeerLost, "the store: %v", err)
+		}
+		if ok {
+			return nil
+		}
+		in, err := decodeInfo(cur)
+		if err != nil {
+			return opErr("publish", "", "", ErrInvalid, "the name %q is taken in the store by something else than an endpoint's info (%v)", e.opts.Name, err)
+		}
+		if in.token != *e.token || in.host != e.host || in.pid != uint32(os.Getpid()) {
+			return opErr("publish", "", "", ErrInvalid, "the name %q is taken by another endpoint (pid %d, listening at %s)", e.opts.Name, in.pid, in.addr)
+		}
+		if bytes.Equal(cur, mine) {
+			return nil
+		}
+		old = cur // this endpoint's earlier Info: replace it (again, if a concurrent Publish changed it meanwhile)
 	}
-	return nil
 }
 
 // Connect returns the link to the endpoint named name, waiting in the

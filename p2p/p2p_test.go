@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1474,5 +1476,66 @@ func testIdleLink(t *testing.T, tcpOnly bool, wantT string) {
 	}
 	if !bytes.Equal(local, mem) {
 		t.Fatal("the bytes read differ")
+	}
+}
+
+// TestPublishNameTaken: a name is its first publisher's. The endpoint
+// that holds it publishes again (its new regions, from several goroutines
+// at once); another endpoint given the same name, or a name whose key
+// holds something that is not an Info, fails with ErrInvalid naming the
+// holder, and peers still find the first endpoint under the name.
+func TestPublishNameTaken(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	_, st := storeFor(t)
+	a := published(t, ctx, st, "x", nil)
+	want := make([]byte, 4096)
+	fill(want, 11)
+	if _, err := a.Register("r", want); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Go(func() { errs[i] = a.Publish(ctx) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("the holder publishing again: %v", err)
+		}
+	}
+	b, err := New(ctx, Options{Name: "x", Store: st, Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	err = b.Publish(ctx)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("taken by another endpoint (pid %d", os.Getpid())) {
+		t.Fatalf("a second endpoint named x: %v, want ErrInvalid naming the holder", err)
+	}
+	c := published(t, ctx, st, "c", nil)
+	p, err := c.Connect(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, ok := p.Remote("r")
+	if !ok {
+		t.Fatal("the Info under x is not the holder's (no region r)")
+	}
+	got := make([]byte, len(want))
+	lr, _ := c.Register("l", got)
+	if err := p.Read([]Op{{Local: lr, Remote: rr, Len: len(got)}}).Wait(ctx); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("reading the holder's region: %v, equal %v", err, bytes.Equal(got, want))
+	}
+	if err := st.Set(ctx, a.infoKey("y"), []byte("not an info")); err != nil {
+		t.Fatal(err)
+	}
+	y, err := New(ctx, Options{Name: "y", Store: st, Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer y.Close()
+	if err := y.Publish(ctx); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "taken") {
+		t.Fatalf("a name whose key holds junk: %v, want ErrInvalid", err)
 	}
 }
