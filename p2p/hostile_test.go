@@ -2073,3 +2073,110 @@ func TestMapShared(t *testing.T) {
 		t.Fatalf("Close: %v, bytes %d", err, len(sh.Bytes()))
 	}
 }
+
+// TestSharedFileUnmapped: a peer's file in /dev/shm is unmapped as soon
+// as no grant or lease uses it (its space in /dev/shm stays taken while
+// it is mapped, even once its owners have freed it), where a memory file
+// stays mapped for later grants. The range starts at an offset that is
+// not a page's.
+func TestSharedFileUnmapped(t *testing.T) {
+	const n, base = 1 << 16, 4096 + 100
+	file, err := os.CreateTemp("/dev/shm", "slimego-p2ptest-")
+	if err != nil {
+		t.Skip("no /dev/shm:", err)
+	}
+	os.Remove(file.Name())
+	defer file.Close()
+	file.Truncate(base + n)
+	sh, err := MapShared(int(file.Fd()), base, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	fill(sh.Bytes(), 12)
+	iov := make([]byte, IovSize)
+	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&sh.Bytes()[0]))))
+	binary.LittleEndian.PutUint64(iov[8:], n)
+	binary.LittleEndian.PutUint64(iov[16:], sh.id)
+	binary.LittleEndian.PutUint64(iov[24:], base)
+	binary.LittleEndian.PutUint32(iov[32:], uint32(sh.fd))
+	for _, leased := range []bool{false, true} {
+		t.Run(fmt.Sprintf("leased=%v", leased), func(t *testing.T) {
+			ctx := ctxT(t, 20*time.Second)
+			a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
+			p, c := fakeSameHostTarget(t, ctx, a, rr)
+			local := make([]byte, n)
+			lr, _ := a.Register("l", local)
+			maps := func() int {
+				p.l.mu.Lock()
+				defer p.l.mu.Unlock()
+				return len(p.l.maps)
+			}
+			// released reads frames until the release of id.
+			released := func(id uint64) {
+				t.Helper()
+				for {
+					h, _ := nextFrame(t, c)
+					if h.kind == kRelease && h.id == id {
+						return
+					}
+					if h.kind != kRelease {
+						t.Fatalf("got %+v, want the release of %d", h, id)
+					}
+				}
+			}
+			fr := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
+			var lq header
+			for {
+				h, _ := nextFrame(t, c)
+				if h.kind == kReq && h.sub == rLease {
+					lq = h
+					if leased {
+						c.Write(append(hdr(header{kind: kResp, sub: rLease, id: h.id, b: 1, payload: IovSize}), iov...))
+					} else {
+						c.Write(hdr(header{kind: kResp, sub: rLease, id: h.id, status: stNotHost}))
+					}
+					continue
+				}
+				if h.kind != kReq || h.sub != rReadV {
+					t.Fatalf("got %+v, want a same-host read", h)
+				}
+				c.Write(append(hdr(header{kind: kResp, sub: rReadV, id: h.id, b: 1, payload: IovSize}), iov...))
+				if err := fr.Wait(ctx); err != nil || fr.Transport() != "shm" || !bytes.Equal(local, sh.Bytes()) {
+					t.Fatalf("the read: %v, transport %q", err, fr.Transport())
+				}
+				if !leased {
+					released(h.id)
+					if m := maps(); m != 0 {
+						t.Fatalf("%d mappings of the file after the grant's release", m)
+					}
+					return
+				}
+				break
+			}
+			eventually(t, "the lease to be ready", func() bool {
+				p.l.mu.Lock()
+				defer p.l.mu.Unlock()
+				ls := p.l.leaseIDs[lq.id]
+				return ls != nil && ls.ready && ls.g.m != nil
+			})
+			clear(local)
+			if err := p.Read([]Op{{Local: lr, Remote: rr, Len: n}}).Wait(ctx); err != nil || !bytes.Equal(local, sh.Bytes()) {
+				t.Fatalf("a read through the lease: %v", err)
+			}
+			if m := maps(); m != 1 {
+				t.Fatalf("%d mappings of the file while the lease holds it, want 1", m)
+			}
+			c.Write(hdr(header{kind: kRevoke, id: lq.id}))
+			released(lq.id)
+			if m := maps(); m != 0 {
+				t.Fatalf("%d mappings of the file after the lease's release", m)
+			}
+		})
+	}
+}

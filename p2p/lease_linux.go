@@ -177,10 +177,8 @@ func (l *link) endLeaseLocked(ls *lease, doomed *[]*ipcMap) bool {
 	ls.released = true
 	if ls.g.m != nil {
 		ls.g.m.refs--
+		l.dropUnused(ls.g.m)
 		ls.g.m = nil
-		if l.err != nil {
-			l.dropMaps()
-		}
 	}
 	if ls.ipc != nil {
 		l.unrefIPCLocked(ls.ipc, doomed)

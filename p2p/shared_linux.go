@@ -97,8 +97,11 @@ func randomID() uint64 {
 // sealed against shrinking (NewShared's), or a file of the same /dev/shm
 // mount as the peer's own /dev/shm (a peer in another mount namespace
 // copies with process_vm, "cma"). A file in /dev/shm cannot be sealed:
-// whoever shrinks it makes the peers' copies through it fail with a
-// fault, not their processes.
+// whoever shrinks it makes the peers' copies through their mappings fail
+// with a fault, not their processes, but this process touches the
+// region's pages itself (serving small transfers over TCP) and, as with
+// any mapped file, faults (SIGBUS) on a page past the file's end: do not
+// shrink a file while it is registered.
 func MapShared(fd int, off int64, n int) (*Shared, error) {
 	if fd < 0 || off < 0 || n <= 0 || uint64(n) > MaxLen || uint64(off) > MaxLen {
 		return nil, opErr("shared", "", "", ErrInvalid, "%d bytes at %d of file %d", n, off, fd)
@@ -212,6 +215,12 @@ type peerMap struct {
 	b    []byte
 	refs int    // copies using it now
 	used uint64 // the link's mapTick when last taken
+	// A file in /dev/shm (MapShared's) rather than a memory file: it is
+	// unmapped as soon as nothing uses it (dropUnused), since it holds
+	// every rank's part of a symmetric buffer and its space in /dev/shm
+	// stays taken while it is mapped, even after its owners free it.
+	id   uint64
+	file bool
 }
 
 // mapPeer returns a mapping of the peer's Shared memory id (the file at
@@ -260,6 +269,16 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 	if err != nil {
 		return nil, fmt.Errorf("taking the peer's memory file %d: %v", fd, err)
 	}
+	// The file taken must be the one looked at (the peer may have put
+	// another at fd meanwhile): checked first through this process's own
+	// /proc, which asks nothing of the file's file system. A file that
+	// fails is closed in a goroutine of its own, since a close may wait
+	// for its file system (FUSE's flush): the link goes on.
+	if name, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(f)); memfd && (err != nil || !strings.HasPrefix(name, "/memfd:")) ||
+		!memfd && fdMount("self", uint32(f)) != mnt {
+		go unix.Close(f)
+		return nil, fmt.Errorf("the peer's file %d changed while it was taken (%q, %v)", fd, name, err)
+	}
 	defer unix.Close(f)
 	var fs unix.Statfs_t
 	if err := unix.Fstatfs(f, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
@@ -270,8 +289,6 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 		if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
 			return nil, fmt.Errorf("the peer's file %d is not a memory file sealed at its size (seals %#x, %v)", fd, seals, err)
 		}
-	} else if fdMount("self", uint32(f)) != mnt { // not the file looked at (the peer replaced it meanwhile)
-		return nil, fmt.Errorf("the peer's file %d is not in this process's /dev/shm", fd)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(f, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
@@ -326,7 +343,7 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 		return nil, fmt.Errorf("mapping the peer's memory file %d: %v", fd, err)
 	}
 	l.mapTick++
-	m := &peerMap{b: b, refs: 1, used: l.mapTick}
+	m := &peerMap{b: b, refs: 1, used: l.mapTick, id: id, file: !memfd}
 	l.maps[id] = m
 	return m, nil
 }
@@ -334,14 +351,17 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 // devShmMount is the mount id of this process's /dev/shm (-1 where there
 // is none): a peer's file on it is one this process could open itself,
 // not one a peer serves (through FUSE, say) or a mount of its own.
+// The descriptor stays open for the process's life: it keeps the mount
+// in use, so that its id, a small number the kernel reuses, cannot pass to
+// another mount (after an unmount of /dev/shm, lazy or not).
 var devShmMount = sync.OnceValue(func() int {
 	fd, err := unix.Open("/dev/shm", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1
 	}
-	defer unix.Close(fd)
 	var fs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		unix.Close(fd)
 		return -1
 	}
 	return fdMount("self", uint32(fd))
@@ -377,8 +397,19 @@ func (l *link) unmapPeer(m *peerMap) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	m.refs--
+	l.dropUnused(m)
+}
+
+// dropUnused unmaps m (under l.mu) if nothing uses it and it is not to be
+// kept: the link has ended, or m maps a file in /dev/shm.
+func (l *link) dropUnused(m *peerMap) {
 	if l.err != nil {
 		l.dropMaps()
+		return
+	}
+	if m.refs == 0 && m.file && l.maps[m.id] == m {
+		delete(l.maps, m.id)
+		l.unmap(m)
 	}
 }
 
