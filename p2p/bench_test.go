@@ -92,3 +92,43 @@ func BenchmarkSameHostCeiling(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWriteWithImm writes one region's bytes and an immediate
+// between two endpoints of this process over loopback TCP, the target
+// taking each immediate in (a batch of one stripe carries its immediate
+// in the write's request).
+func BenchmarkWriteWithImm(b *testing.B) {
+	for _, size := range []int{8, 64 << 10, 4 << 20} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			mk := func(n string) *Endpoint {
+				e, err := New(ctx, Options{Name: n, TCPOnly: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				return e
+			}
+			a, c := mk("a"), mk("b")
+			defer a.Close()
+			defer c.Close()
+			p, err := a.ConnectInfo(ctx, c.Info())
+			if err != nil {
+				b.Fatal(err)
+			}
+			lr, _ := a.Register("l", make([]byte, size))
+			rr, _ := c.Register("r", make([]byte, size))
+			ops := []Op{{Local: lr, Remote: rr.Remote(), Len: size}}
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			for i := range b.N {
+				if err := p.WriteWithImm(ops, uint32(i)).Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+				if im, err := c.Imm(ctx); err != nil || im.Value != uint32(i) {
+					b.Fatalf("immediate %+v, %v", im, err)
+				}
+			}
+		})
+	}
+}

@@ -2180,3 +2180,115 @@ func TestSharedFileUnmapped(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteImmRides: a WriteWithImm of one stripe over TCP is one
+// request (rWriteImm: the write's descriptors, then the immediate) and
+// one answer, not a write and then an immediate. As initiator: the
+// request carries the immediate after the descriptors, and an answer
+// "busy" (the bytes in place, the immediate refused) fails the Future
+// with the refusal. As target: the immediate is queued once the bytes
+// are in place, not when the write is refused, and one of more than 32
+// bits breaks the protocol.
+func TestWriteImmRides(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	t.Run("initiator", func(t *testing.T) {
+		e, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, TCPOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		p, c, rr := fakeTarget(t, e)
+		src := []byte("12345678")
+		lr, _ := e.Register("l", src)
+		for _, st := range []uint8{stOK, stBusy} {
+			f := p.WriteWithImm([]Op{{Local: lr, Remote: rr, RemoteOff: 40, Len: 8}}, 0xfeedbeef)
+			h, pl := nextFrame(t, c)
+			if h.kind != kReq || h.sub != rWriteImm || h.a != 8 || h.b != 1 || len(pl) != stripeSize+DescSize+immSize {
+				t.Fatalf("got %+v (%d bytes), want one write request with its immediate", h, len(pl))
+			}
+			if imm := binary.LittleEndian.Uint64(pl[stripeSize+DescSize:]); imm != 0xfeedbeef {
+				t.Fatalf("the request's immediate is %#x", imm)
+			}
+			if d, dp := nextFrame(t, c); d.kind != kData || d.id != h.id || string(dp) != string(src) {
+				t.Fatalf("got %+v %q, want the write's bytes", d, dp)
+			}
+			c.Write(hdr(header{kind: kResp, sub: rWrite, id: h.id, status: st}))
+			err := f.Wait(ctx)
+			if st == stOK && err != nil {
+				t.Fatal(err)
+			}
+			if st == stBusy && (!errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "undelivered immediates")) {
+				t.Fatalf("answered busy: %v, want the refusal", err)
+			}
+		}
+		quiet(t, c) // no immediate of its own follows
+	})
+	t.Run("target", func(t *testing.T) {
+		b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		mem := make([]byte, 64)
+		r, _ := b.Register("m", mem)
+		rr := r.Remote()
+		c, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		c.Write(helloFrame(7, 0, 1, 20000, 1, "raw"))
+		var ack [HeaderSize]byte
+		if _, err := readFull(c, ack[:]); err != nil {
+			t.Fatal(err)
+		}
+		write := func(id, key, imm uint64) {
+			pl := make([]byte, stripeSize+DescSize+immSize)
+			(&desc{rr.ID, key, 8, 8}).put(pl[stripeSize:])
+			binary.LittleEndian.PutUint64(pl[stripeSize+DescSize:], imm)
+			c.Write(append(append(hdr(header{kind: kReq, sub: rWriteImm, id: id, a: 8, b: 1, payload: uint32(len(pl))}), pl...),
+				append(hdr(header{kind: kData, id: id, payload: 8}), "abcdefgh"...)...))
+		}
+		noImm := func() {
+			t.Helper()
+			short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			defer cancel()
+			if im, err := b.Imm(short); err == nil {
+				t.Fatalf("an immediate %+v the target should not have", im)
+			}
+		}
+		write(1, rr.Key+1, 5)
+		if h, _ := nextFrame(t, c); h.kind != kResp || h.sub != rWrite || h.id != 1 || h.status != stKey {
+			t.Fatalf("a write with a wrong key: %+v, want refused", h)
+		}
+		noImm()
+		if string(mem[8:16]) != "\x00\x00\x00\x00\x00\x00\x00\x00" {
+			t.Fatal("a refused write changed the region")
+		}
+		write(2, rr.Key, 6)
+		if h, _ := nextFrame(t, c); h.kind != kResp || h.sub != rWrite || h.id != 2 || h.status != stOK {
+			t.Fatalf("a write with its immediate: %+v", h)
+		}
+		if im, err := b.Imm(ctx); err != nil || im.Value != 6 || im.Peer != "raw" || string(mem[8:16]) != "abcdefgh" {
+			t.Fatalf("immediate %+v (%v), bytes %q", im, err, mem[8:16])
+		}
+		write(3, rr.Key, 1<<32)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for {
+			var b [HeaderSize]byte
+			if _, err := readFull(c, b[:]); err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatal("an immediate of 33 bits: the link goes on")
+				}
+				break // closed
+			}
+			if h, err := decodeHeader(b[:]); err != nil || h.kind != kPing {
+				t.Fatalf("an immediate of 33 bits answered %+v (%v)", h, err)
+			}
+		}
+		noImm()
+	})
+}

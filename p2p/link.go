@@ -105,8 +105,11 @@ type part struct {
 	lo     uint64 // where the part's stripe starts in the batch's bytes
 	total  uint64 // the stripe's bytes
 	imm    uint32
-	regs   []*Region // this side's regions (Deregister fails the part)
-	cts    bool      // a send: the receiver is ready
+	// withImm: a write (sub rWrite) whose request carries imm, for the
+	// target to queue once the bytes are in place (rWriteImm on the wire).
+	withImm bool
+	regs    []*Region // this side's regions (Deregister fails the part)
+	cts     bool      // a send: the receiver is ready
 }
 
 // finish ends p with err (nil: success) unless it has ended already.
@@ -819,6 +822,9 @@ type reqJob struct{ p *part }
 func (l *link) request(p *part) {
 	c := l.conns[p.ch]
 	size := HeaderSize + stripeSize + len(p.descs)*DescSize
+	if p.withImm {
+		size += immSize
+	}
 	if p.sub == rWrite {
 		size += HeaderSize + int(p.total)
 		for _, s := range p.local {
@@ -844,12 +850,18 @@ func (p *part) appendRequest(b []byte) []byte {
 	if p.kind == rImm {
 		return appendHeader(b, header{kind: kReq, sub: rImm, id: p.id, a: uint64(p.imm)})
 	}
-	size := stripeSize + len(p.descs)*DescSize
-	b = appendHeader(b, header{kind: kReq, sub: p.sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)})
+	size, sub := stripeSize+len(p.descs)*DescSize, p.sub
+	if p.withImm {
+		size, sub = size+immSize, rWriteImm
+	}
+	b = appendHeader(b, header{kind: kReq, sub: sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)})
 	b = binary.LittleEndian.AppendUint64(b, p.lo)
 	for i := range p.descs {
 		b = append(b, make([]byte, DescSize)...)
 		p.descs[i].put(b[len(b)-DescSize:])
+	}
+	if p.withImm {
+		b = binary.LittleEndian.AppendUint64(b, uint64(p.imm))
 	}
 	if p.sub == rWrite {
 		b = appendHeader(b, header{kind: kData, id: p.id, payload: uint32(p.total)})
@@ -868,6 +880,9 @@ func (j reqJob) write(c *conn) error {
 		return nil
 	}
 	size := stripeSize + len(p.descs)*DescSize
+	if p.withImm {
+		size += immSize
+	}
 	if len(c.wdesc) < size {
 		c.wdesc = make([]byte, size)
 	}
@@ -879,6 +894,10 @@ func (j reqJob) write(c *conn) error {
 	// (stNotHost) as soon as the request is out.
 	sub := p.sub
 	h := header{kind: kReq, sub: sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)}
+	if p.withImm {
+		binary.LittleEndian.PutUint64(c.wdesc[size-immSize:], uint64(p.imm))
+		h.sub = rWriteImm
+	}
 	if p.kind == rImm {
 		h = header{kind: kReq, sub: rImm, id: p.id, a: uint64(p.imm)}
 	}
@@ -1183,16 +1202,26 @@ func (c *conn) dispatch(h header) error {
 		return fmt.Errorf("%w: %d answers wait to be sent on connection %d: the peer sends requests and does not read them", ErrFrame, queued, c.idx)
 	}
 	switch h.sub {
-	case rRead, rWrite, rReadV, rWriteV, rReadG, rWriteG, rLease, rLeaseG:
+	case rRead, rWrite, rWriteImm, rReadV, rWriteV, rReadG, rWriteG, rLease, rLeaseG:
 		if cap(c.desc) < int(h.payload) {
 			c.desc = make([]byte, h.payload)
 		}
 		if err := c.readFull(c.desc[:h.payload]); err != nil {
 			return err
 		}
+		pl := c.desc[:h.payload]
+		var imm uint64
+		withImm := h.sub == rWriteImm
+		if withImm { // a write, then its immediate; answered as a write
+			imm = binary.LittleEndian.Uint64(pl[len(pl)-immSize:])
+			if imm > 0xffffffff {
+				return fmt.Errorf("%w: an immediate of %d", ErrFrame, imm)
+			}
+			pl, h.sub = pl[:len(pl)-immSize], rWrite
+		}
 		var err error
 		var lo uint64
-		if c.descs, lo, err = decodeDescs(c.desc[:h.payload], int(h.b), h.a, c.descs); err != nil {
+		if c.descs, lo, err = decodeDescs(pl, int(h.b), h.a, c.descs); err != nil {
 			return err
 		}
 		var st uint8
@@ -1259,7 +1288,11 @@ func (c *conn) dispatch(h header) error {
 		if err != nil || closed || st != stOK { // an end frame: the writer gave up; it expects no answer
 			return err
 		}
-		l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id})
+		st = stOK
+		if withImm && !l.e.pushImm(Imm{Peer: l.p.name, Value: uint32(imm)}) {
+			st = stBusy // the bytes are in place, the immediate refused
+		}
+		l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id, status: st})
 	case rImm:
 		st := stOK
 		if !l.e.pushImm(Imm{Peer: l.p.name, Value: uint32(h.a)}) {

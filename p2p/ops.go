@@ -127,7 +127,12 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 		parts = append(parts, pt)
 	}
 	var then *part
-	if imm != nil {
+	if imm != nil && len(parts) == 1 && parts[0].sub == rWrite && pins == nil {
+		// One stripe over TCP: the immediate rides in its request, which
+		// the target answers once both are done (one round trip, not
+		// two).
+		parts[0].withImm, parts[0].imm = true, *imm
+	} else if imm != nil {
 		then = &part{l: l, f: f, kind: rImm, sub: rImm, ch: first, imm: *imm, active: true}
 		f.then = then
 		f.writesLeft.Store(int32(len(parts)))

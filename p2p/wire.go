@@ -46,6 +46,8 @@ const (
 	// stripeSize is the u64 that starts a read or write request's
 	// payload: where its stripe starts in the batch's bytes.
 	stripeSize = 8
+	// immSize is the immediate that ends an rWriteImm request's payload.
+	immSize = 8
 	// helloFixed is the part of a hello's payload before the name: the
 	// heartbeat (u32 ms) and the connector's pid (u32).
 	helloFixed = 8
@@ -115,7 +117,14 @@ const (
 	// revokes the lease (kRevoke) and it releases it (kRelease), having
 	// closed the handle.
 	rLeaseG uint8 = 12
-	subLast       = rLeaseG
+	// A write that ends with an immediate (WriteWithImm of one stripe):
+	// rWrite's payload and then u64 the immediate (at most 32 bits). The
+	// target queues the immediate once the bytes are in place, and answers
+	// as for rWrite (kResp of sub rWrite): stOK, or stBusy when the bytes
+	// are in place but the immediate was refused; a refused write queues
+	// none.
+	rWriteImm uint8 = 13
+	subLast         = rWriteImm
 	// IovSize is the size of one granted iovec.
 	IovSize = 40
 	// IPCRecSize is the size of one granted IPC record.
@@ -222,6 +231,10 @@ func decodeHeader(p []byte) (header, error) {
 			if h.b == 0 || h.b > MaxBatch || h.payload != stripeSize+h.b*DescSize || h.a == 0 || h.a > MaxLen {
 				return bad("descriptor count, payload or length")
 			}
+		case rWriteImm:
+			if h.b == 0 || h.b > MaxBatch || h.payload != stripeSize+h.b*DescSize+immSize || h.a == 0 || h.a > MaxLen {
+				return bad("descriptor count, payload or length")
+			}
 		case rImm:
 			if h.b != 0 || h.payload != 0 || h.a > 0xffffffff {
 				return bad("immediate fields")
@@ -242,6 +255,9 @@ func decodeHeader(p []byte) (header, error) {
 			return bad("data fields")
 		}
 	case kResp:
+		if h.sub == rWriteImm { // answered as rWrite
+			return bad("answer kind")
+		}
 		if (h.sub == rReadV || h.sub == rWriteV || h.sub == rLease) && h.status == stOK {
 			if h.a != 0 || h.b == 0 || h.b > MaxBatch || h.payload != h.b*IovSize || h.sub == rLease && h.b != 1 {
 				return bad("grant fields")
