@@ -1220,7 +1220,7 @@ func fakeSameHostTargetN(t *testing.T, ctx context.Context, a *Endpoint, regions
 
 // TestSharedGrantChecked: a same-host grant that names Shared memory is
 // mapped only if the file it names is a memory file sealed against
-// shrinking, or a regular file on this process's /dev/shm mount, and
+// shrinking, or a regular file on the tmpfs at this process's /dev/shm, and
 // large enough; otherwise the initiator copies at the grant's address, which
 // the kernel checks against the peer's memory. A malformed entry fails
 // the link. Every case reads the right bytes or fails; none crashes.
@@ -1253,7 +1253,7 @@ func TestSharedGrantChecked(t *testing.T) {
 	defer disk.Close()
 	disk.Truncate(n)
 	// Files in /dev/shm (intra's symmetric memory is one): unsealed, so
-	// mapped only because they are on this process's /dev/shm mount.
+	// mapped only because they are on the tmpfs at this process's /dev/shm.
 	devShm := func(size int64) *os.File {
 		f, err := os.CreateTemp("/dev/shm", "slimego-p2ptest-")
 		if err != nil {
@@ -1274,7 +1274,7 @@ func TestSharedGrantChecked(t *testing.T) {
 	fill(inShm.Bytes(), 6)
 	shortShm := devShm(n / 2)
 	// A tmpfs of its own (root only): tmpfs, but not this process's
-	// /dev/shm (a peer's own mount, not one this process shares).
+	// /dev/shm (a peer's own file system, not one this process shares).
 	other := plain
 	otherFD := uint32(1 << 30)
 	if mnt := t.TempDir(); unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m") == nil {

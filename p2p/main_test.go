@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -239,6 +240,10 @@ func startChild(t *testing.T, role, store string, size int, seed uint64) *exec.C
 func startChildLine(t *testing.T, role, store string, size int, seed uint64) (*exec.Cmd, string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	if r, ok := strings.CutSuffix(role, "+mountns"); ok { // in a mount namespace of its own (root only)
+		role = r
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	}
 	cmd.Env = append(os.Environ(), "P2P_TEST_CHILD="+role, "P2P_STORE="+store,
 		"P2P_SIZE="+strconv.Itoa(size), "P2P_SEED="+strconv.FormatUint(seed, 10))
 	cmd.Stderr = os.Stderr

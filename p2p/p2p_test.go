@@ -55,10 +55,18 @@ func TestProcessReadWriteShared(t *testing.T) {
 // TestProcessReadWriteSymmetric: the same with a child whose region is
 // intra's symmetric memory (its part of a file in /dev/shm, at an offset)
 // made Shared by MapShared: the parent maps the file and copies through
-// it ("shm").
+// it ("shm"), also where the child runs in a mount namespace of its own
+// (as `ip netns exec` puts it, or a container given the host's /dev/shm):
+// its /dev/shm is another mount of the same file system.
 func TestProcessReadWriteSymmetric(t *testing.T) {
 	t.Run("tcp", func(t *testing.T) { processReadWrite(t, "symmetric-target", true, "tcp") })
 	t.Run("shm", func(t *testing.T) { processReadWrite(t, "symmetric-target", false, "shm") })
+	t.Run("shm/mount-namespace", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("a mount namespace needs root")
+		}
+		processReadWrite(t, "symmetric-target+mountns", false, "shm")
+	})
 }
 
 // parentOf starts a child of the given role whose region holds size

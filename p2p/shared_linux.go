@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,9 +95,11 @@ func randomID() uint64 {
 //
 // A peer on this host copies to and from it through a mapping of its
 // own (zero copy, transport "shm") where the file is a memory file
-// sealed against shrinking (NewShared's), or a file of the same /dev/shm
-// mount as the peer's own /dev/shm (a peer in another mount namespace
-// copies with process_vm, "cma"). A file in /dev/shm cannot be sealed:
+// sealed against shrinking (NewShared's), or a file on the file system
+// at the peer's own /dev/shm (a peer in another mount namespace that
+// shares it, as `ip netns exec` or a container given the host's /dev/shm,
+// qualifies; one with a /dev/shm of its own copies with process_vm,
+// "cma"). A file in /dev/shm cannot be sealed:
 // whoever shrinks it makes the peers' copies through their mappings fail
 // with a fault, not their processes, but this process touches the
 // region's pages itself (serving small transfers over TCP) and, as with
@@ -228,11 +231,13 @@ type peerMap struct {
 // unmapPeer drops. Nothing in the grant is taken on trust: the file must
 // be a regular file on tmpfs, not hugetlbfs, at least need bytes long,
 // and either a memory file (memfd) sealed against shrinking (so that no
-// access to the mapping can fault) or a file of this process's /dev/shm
-// mount (which cannot be sealed: a fault, should its owner shrink it,
-// fails the copy, see shmChunk); the descriptor is looked at before it is
-// taken, so that no other kind of file (one a peer serves through FUSE,
-// say) is ever held here, and a file in /dev/shm again once taken.
+// access to the mapping can fault) or a file on the tmpfs at this
+// process's /dev/shm (which cannot be sealed: a fault, should its owner
+// shrink it, fails the copy, see shmChunk): its mount, in the peer's
+// namespace, must be a tmpfs of /dev/shm's device number (sameShm). The
+// descriptor is looked at before it is taken, so that no other kind of
+// file (one a peer serves through FUSE, say) is ever held here, and the
+// taken one must be on the mount looked at.
 func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 	l.mu.Lock()
 	if m := l.maps[id]; m != nil {
@@ -253,9 +258,11 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 	}
 	name, err := os.Readlink("/proc/" + proc + "/fd/" + strconv.FormatUint(uint64(fd), 10))
 	memfd := err == nil && strings.HasPrefix(name, "/memfd:")
-	mnt := devShmMount()
-	if !memfd && (err != nil || mnt < 0 || fdMount(proc, fd) != mnt) {
-		return nil, fmt.Errorf("the peer's file %d is neither a memory file nor in this process's /dev/shm (%q, %v)", fd, name, err)
+	mnt := -1
+	if !memfd {
+		if mnt = fdMount(proc, fd); err != nil || mnt < 0 || !sameShm(proc, mnt) {
+			return nil, fmt.Errorf("the peer's file %d is neither a memory file nor on this process's /dev/shm (%q, %v)", fd, name, err)
+		}
 	}
 	var f int
 	switch {
@@ -348,24 +355,56 @@ func (l *link) mapPeer(id uint64, fd uint32, need uint64) (*peerMap, error) {
 	return m, nil
 }
 
-// devShmMount is the mount id of this process's /dev/shm (-1 where there
-// is none): a peer's file on it is one this process could open itself,
-// not one a peer serves (through FUSE, say) or a mount of its own.
-// The descriptor stays open for the process's life: it keeps the mount
-// in use, so that its id, a small number the kernel reuses, cannot pass to
-// another mount (after an unmount of /dev/shm, lazy or not).
-var devShmMount = sync.OnceValue(func() int {
+// devShm is the device number of the file system at this process's
+// /dev/shm, if it is a tmpfs (ok false otherwise): a peer's file on it
+// is one this process could open itself, not one a peer serves (through
+// FUSE, say) or a tmpfs of its own; a peer in another mount namespace
+// (`ip netns exec`, a container given the same /dev/shm) sees it as a
+// mount of its own, of the same file system. The descriptor stays open
+// for the process's life, so that the file system is the one at
+// /dev/shm when this process first looked.
+var devShm = sync.OnceValues(func() (uint64, bool) {
 	fd, err := unix.Open("/dev/shm", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1
+		return 0, false
 	}
 	var fs unix.Statfs_t
-	if err := unix.Fstatfs(fd, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+	var st unix.Stat_t
+	if unix.Fstatfs(fd, &fs) != nil || fs.Type != unix.TMPFS_MAGIC || unix.Fstat(fd, &st) != nil {
 		unix.Close(fd)
-		return -1
+		return 0, false
 	}
-	return fdMount("self", uint32(fd))
+	return st.Dev, true
 })
+
+// sameShm says whether mount mnt of process proc is a tmpfs mount of the
+// file system at this process's /dev/shm (devShm), from proc's mountinfo:
+// nothing is asked of the file system itself.
+func sameShm(proc string, mnt int) bool {
+	dev, ok := devShm()
+	if !ok {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + proc + "/mountinfo")
+	if err != nil {
+		return false
+	}
+	id := strconv.Itoa(mnt) + " "
+	for line := range strings.Lines(string(b)) {
+		if !strings.HasPrefix(line, id) {
+			continue
+		}
+		// "id parent major:minor root point options [optional...] - type source super"
+		f := strings.Fields(line)
+		sep := slices.Index(f, "-")
+		if len(f) < 3 || sep < 0 || sep+1 >= len(f) {
+			return false
+		}
+		want := strconv.FormatUint(uint64(unix.Major(dev)), 10) + ":" + strconv.FormatUint(uint64(unix.Minor(dev)), 10)
+		return f[2] == want && f[sep+1] == "tmpfs"
+	}
+	return false
+}
 
 // fdMount is the mount id of the file at fd in process proc ("self" or
 // a pid), from its fdinfo (-1 where it cannot be read).
