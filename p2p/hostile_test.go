@@ -2223,20 +2223,21 @@ func TestWriteImmRides(t *testing.T) {
 		}
 		quiet(t, c) // no immediate of its own follows
 	})
-	t.Run("target", func(t *testing.T) {
+	// rawTarget is an endpoint with a region of 64 zero bytes and a raw
+	// member's connection to it, past its hello.
+	rawTarget := func(t *testing.T) (*Endpoint, *Region, []byte, net.Conn) {
 		b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer b.Close()
+		t.Cleanup(func() { b.Close() })
 		mem := make([]byte, 64)
 		r, _ := b.Register("m", mem)
-		rr := r.Remote()
 		c, err := net.Dial("tcp", b.Addr())
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
+		t.Cleanup(func() { c.Close() })
 		if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
@@ -2245,37 +2246,46 @@ func TestWriteImmRides(t *testing.T) {
 		if _, err := readFull(c, ack[:]); err != nil {
 			t.Fatal(err)
 		}
-		write := func(id, key, imm uint64) {
-			pl := make([]byte, stripeSize+DescSize+immSize)
-			(&desc{rr.ID, key, 8, 8}).put(pl[stripeSize:])
-			binary.LittleEndian.PutUint64(pl[stripeSize+DescSize:], imm)
-			c.Write(append(append(hdr(header{kind: kReq, sub: rWriteImm, id: id, a: 8, b: 1, payload: uint32(len(pl))}), pl...),
-				append(hdr(header{kind: kData, id: id, payload: 8}), "abcdefgh"...)...))
+		return b, r, mem, c
+	}
+	// request is an rWriteImm of n bytes at off of rr with key, and
+	// first, the bytes of its first data frame.
+	request := func(id uint64, rr RemoteRegion, key, off, n, imm uint64, first string) []byte {
+		pl := make([]byte, stripeSize+DescSize+immSize)
+		(&desc{rr.ID, key, off, n}).put(pl[stripeSize:])
+		binary.LittleEndian.PutUint64(pl[stripeSize+DescSize:], imm)
+		m := append(hdr(header{kind: kReq, sub: rWriteImm, id: id, a: n, b: 1, payload: uint32(len(pl))}), pl...)
+		return append(append(m, hdr(header{kind: kData, id: id, payload: uint32(len(first))})...), first...)
+	}
+	noImm := func(t *testing.T, b *Endpoint) {
+		t.Helper()
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		if im, err := b.Imm(short); err == nil {
+			t.Fatalf("an immediate %+v the target should not have", im)
 		}
-		noImm := func() {
-			t.Helper()
-			short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-			defer cancel()
-			if im, err := b.Imm(short); err == nil {
-				t.Fatalf("an immediate %+v the target should not have", im)
-			}
+	}
+	answer := func(t *testing.T, c net.Conn, id uint64, st uint8) {
+		t.Helper()
+		if h, _ := nextFrame(t, c); h.kind != kResp || h.sub != rWrite || h.id != id || h.status != st {
+			t.Fatalf("got %+v, want the answer to write %d with status %d", h, id, st)
 		}
-		write(1, rr.Key+1, 5)
-		if h, _ := nextFrame(t, c); h.kind != kResp || h.sub != rWrite || h.id != 1 || h.status != stKey {
-			t.Fatalf("a write with a wrong key: %+v, want refused", h)
-		}
-		noImm()
+	}
+	t.Run("target", func(t *testing.T) {
+		b, r, mem, c := rawTarget(t)
+		rr := r.Remote()
+		c.Write(request(1, rr, rr.Key+1, 8, 8, 5, "abcdefgh"))
+		answer(t, c, 1, stKey)
+		noImm(t, b)
 		if string(mem[8:16]) != "\x00\x00\x00\x00\x00\x00\x00\x00" {
 			t.Fatal("a refused write changed the region")
 		}
-		write(2, rr.Key, 6)
-		if h, _ := nextFrame(t, c); h.kind != kResp || h.sub != rWrite || h.id != 2 || h.status != stOK {
-			t.Fatalf("a write with its immediate: %+v", h)
-		}
+		c.Write(request(2, rr, rr.Key, 8, 8, 6, "abcdefgh"))
+		answer(t, c, 2, stOK)
 		if im, err := b.Imm(ctx); err != nil || im.Value != 6 || im.Peer != "raw" || string(mem[8:16]) != "abcdefgh" {
 			t.Fatalf("immediate %+v (%v), bytes %q", im, err, mem[8:16])
 		}
-		write(3, rr.Key, 1<<32)
+		c.Write(request(3, rr, rr.Key, 8, 8, 1<<32, "abcdefgh"))
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		for {
 			var b [HeaderSize]byte
@@ -2289,6 +2299,79 @@ func TestWriteImmRides(t *testing.T) {
 				t.Fatalf("an immediate of 33 bits answered %+v (%v)", h, err)
 			}
 		}
-		noImm()
+		noImm(t, b)
+	})
+	// A write cut short by its initiator (an end frame) is not answered
+	// and queues no immediate; the stream stays in step.
+	t.Run("target/cut-short", func(t *testing.T) {
+		b, r, _, c := rawTarget(t)
+		rr := r.Remote()
+		c.Write(append(request(1, rr, rr.Key, 0, 16, 5, "abcdefgh"), hdr(header{kind: kEnd, id: 1, status: stCancelled})...))
+		c.Write(request(2, rr, rr.Key, 16, 8, 6, "ABCDEFGH"))
+		answer(t, c, 2, stOK)
+		if im, err := b.Imm(ctx); err != nil || im.Value != 6 {
+			t.Fatalf("the next write's immediate: %+v, %v (the cut one's must not come first)", im, err)
+		}
+		noImm(t, b)
+	})
+	// A region deregistered in the middle of the write: refused, no
+	// immediate.
+	t.Run("target/deregistered", func(t *testing.T) {
+		b, r, _, c := rawTarget(t)
+		rr := r.Remote()
+		c.Write(request(1, rr, rr.Key, 0, 16, 5, "abcdefgh"))
+		eventually(t, "the write to be under way", func() bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.refs > 0
+		})
+		done := make(chan error, 1)
+		go func() { done <- b.Deregister(ctx, r) }()
+		eventually(t, "the region to be withdrawn", r.closed.Load)
+		// Its next chunk finds the region gone.
+		c.Write(append(hdr(header{kind: kData, id: 1, payload: 8}), "ijklmnop"...))
+		answer(t, c, 1, stNoRegion)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		noImm(t, b)
+	})
+	// The connection closed in the middle of the write: no immediate.
+	t.Run("target/link-lost", func(t *testing.T) {
+		b, r, _, c := rawTarget(t)
+		rr := r.Remote()
+		c.Write(request(1, rr, rr.Key, 0, 16, 5, "abcdefgh"))
+		eventually(t, "the write to be under way", func() bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.refs > 0
+		})
+		c.Close()
+		noImm(t, b)
+	})
+	// The peer's share of undelivered immediates full: the bytes land,
+	// the answer is busy, the immediate is not queued.
+	t.Run("target/busy", func(t *testing.T) {
+		b, r, mem, c := rawTarget(t)
+		rr := r.Remote()
+		for i := range maxImmPeer {
+			if !b.pushImm(Imm{Peer: "raw", Value: uint32(i)}) {
+				t.Fatal("the queue is full early")
+			}
+		}
+		c.Write(request(1, rr, rr.Key, 0, 8, maxImmPeer, "abcdefgh"))
+		answer(t, c, 1, stBusy)
+		if err := b.Deregister(ctx, r); err != nil { // after the write's last touch
+			t.Fatal(err)
+		}
+		if string(mem[:8]) != "abcdefgh" {
+			t.Fatalf("the bytes of a write answered busy: %q", mem[:8])
+		}
+		for i := range maxImmPeer {
+			if im, err := b.Imm(ctx); err != nil || im.Value != uint32(i) {
+				t.Fatalf("immediate %d: %+v, %v", i, im, err)
+			}
+		}
+		noImm(t, b)
 	})
 }

@@ -18,7 +18,11 @@ func (p *Peer) Write(ops []Op) *Future { return p.oneSided("write", rWrite, ops,
 
 // WriteWithImm is Write, after which the peer receives imm (Endpoint.Imm)
 // once every byte of the batch is in its regions. Wait returns nil once
-// the peer has taken the immediate in.
+// the peer has taken the immediate in. The peer never receives imm
+// without the bytes; but where Wait ends early (its context) after the
+// request went out, the peer may still receive both (a batch of one
+// stripe over TCP carries imm in its request), so a caller that retries
+// after ErrCancelled or ErrTimeout must expect the immediate twice.
 func (p *Peer) WriteWithImm(ops []Op, imm uint32) *Future {
 	return p.oneSided("write", rWrite, ops, &imm)
 }

@@ -24,7 +24,7 @@ import (
 // is allocated or read for its payload.
 const (
 	wireMagic   = 0x5032 // "P2"
-	wireVersion = 4
+	wireVersion = 5
 	// HeaderSize is the size of an encoded frame header.
 	HeaderSize = 32
 	// DescSize is the size of one encoded remote descriptor.
@@ -179,8 +179,8 @@ func (h *header) put(p []byte) {
 
 // decodeHeader parses and checks a frame header; it never panics and
 // allocates nothing. What it accepts is bounded: a payload is at most
-// ChunkMax (data), MaxBatch descriptors (a request) or MaxName (a hello),
-// and every other frame has none.
+// ChunkMax (data), MaxBatch descriptors (a request; and an immediate,
+// rWriteImm) or MaxName (a hello), and every other frame has none.
 func decodeHeader(p []byte) (header, error) {
 	var h header
 	if len(p) < HeaderSize {

@@ -29,6 +29,7 @@ func FuzzDecodeHeader(f *testing.F) {
 		{kind: kReq, sub: rWriteV, id: 1, a: 100, b: 1, payload: stripeSize + DescSize},
 		{kind: kReq, sub: rImm, id: 9, a: 0xffffffff},
 		{kind: kReq, sub: rWriteImm, id: 1, a: 100, b: 2, payload: stripeSize + 2*DescSize + immSize},
+		{kind: kReq, sub: rWriteImm, id: 1, a: 1 << 30, b: MaxBatch, payload: stripeSize + MaxBatch*DescSize + immSize},
 		{kind: kReq, sub: rCTS, id: 9, status: stCancelled},
 		{kind: kReq, sub: rSend, id: 9, status: stCancelled},
 		{kind: kData, id: 3, payload: ChunkMax},
@@ -64,7 +65,8 @@ func FuzzDecodeHeader(f *testing.F) {
 		}
 		switch {
 		case h.kind == kData && (h.payload == 0 || h.payload > ChunkMax),
-			h.kind == kReq && h.payload > stripeSize+MaxBatch*DescSize,
+			h.kind == kReq && h.payload > stripeSize+MaxBatch*DescSize+immSize,
+			h.kind == kReq && h.sub != rWriteImm && h.payload > stripeSize+MaxBatch*DescSize,
 			h.kind == kResp && h.payload > MaxBatch*IPCRecSize,
 			h.kind == kResp && h.payload > MaxBatch*IovSize && h.sub != rReadG && h.sub != rWriteG,
 			h.kind == kResp && h.payload != 0 && h.payload != h.b*IovSize && h.payload != h.b*IPCRecSize,
