@@ -68,7 +68,7 @@ type P2PConfig struct {
 	Sizes       []int64  // bytes per operation (default 2 KiB … 128 MiB by ×2)
 	Batches     []int    // operations per batched call (default 1, 64)
 	Concurrency []int    // batches in flight at once (default 1, 8)
-	Ops         []string // "read", "write" (default both)
+	Ops         []string // "read", "write" (default both), "writeimm" (WriteWithImm: each batch ends with an immediate, which rank 0 takes in and checks)
 	// MaxInFlight skips the (size, batch, concurrency) combinations that
 	// would move more bytes at once than this (default 256 MiB): each
 	// operation has its own range on both sides, so that every byte is
@@ -482,6 +482,8 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 			return res, err
 		}
 		cpu0, checking := cpuSeconds(), 0.0
+		var rounds uint32
+		seen := make(map[uint32]bool, k.conc)
 		for {
 			v, err := b.recvCtl(ctx)
 			if err != nil {
@@ -499,6 +501,23 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 				return res, fmt.Errorf("%w: rank 0: GPU memory: %w", ErrP2PBench, err)
 			}
 			wrong := countWrongBytes(b.region[:n], b.expect[:n])
+			if k.op == "writeimm" {
+				// This round's immediates, each once (batches end in any
+				// order): a wrong or repeated one counts as wrong.
+				clear(seen)
+				for range k.conc {
+					im, err := b.e.Imm(ctx)
+					if err != nil {
+						return res, fmt.Errorf("%w: rank 0: the immediates of round %d: %w", ErrP2PBench, rounds, err)
+					}
+					v := im.Value - rounds*uint32(k.conc)
+					if v >= uint32(k.conc) || seen[v] {
+						wrong++
+					}
+					seen[v] = true
+				}
+				rounds++
+			}
 			if err := b.zero(n); err != nil {
 				return res, fmt.Errorf("%w: rank 0: GPU memory: %w", ErrP2PBench, err)
 			}
@@ -531,6 +550,7 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 		}
 	}
 	futs := make([]*p2p.Future, k.conc)
+	var seq uint32 // rounds so far (the immediates of writeimm)
 	lat := make([]float64, k.conc)
 	var lats []float64
 	var busy, cpu float64
@@ -545,9 +565,12 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 		c0 := cpuSeconds()
 		t0 := time.Now()
 		for j, ops := range batches {
-			if k.op == "read" {
+			switch k.op {
+			case "read":
 				futs[j] = b.peer.Read(ops)
-			} else {
+			case "writeimm":
+				futs[j] = b.peer.WriteWithImm(ops, seq*uint32(k.conc)+uint32(j))
+			default:
 				futs[j] = b.peer.Write(ops)
 			}
 		}
@@ -568,6 +591,7 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 		}
 		el := time.Since(t0).Seconds()
 		dc := cpuSeconds() - c0
+		seq++
 		for j, err := range errs {
 			if err != nil {
 				return fmt.Errorf("%w: rank 1: %s of %d × %s, batch %d of %d: %w", ErrP2PBench, k.op, k.batch, bytesize.Format(k.s), j, k.conc, err)

@@ -139,3 +139,39 @@ func TestPairedStalledPeer(t *testing.T) {
 		return nil
 	})
 }
+
+// TestP2PWriteImm: slimebench p2p's writeimm rows (WriteWithImm, rank 0
+// taking each batch's immediate in and checking it) over TCP, where a
+// batch of one stripe carries its immediate in the write's request, and
+// on one host: every combination has its row, with no wrong byte or
+// immediate.
+func TestP2PWriteImm(t *testing.T) {
+	for _, tcpOnly := range []bool{true, false} {
+		t.Run(map[bool]string{true: "tcp", false: "same-host"}[tcpOnly], func(t *testing.T) {
+			cfg := P2PConfig{Sizes: []int64{8, 256 << 10}, Batches: []int{1, 4}, Concurrency: []int{1, 3}, Ops: []string{"writeimm"},
+				TCPOnly: tcpOnly, MinTime: time.Millisecond, MaxRounds: 6}
+			rows := make([][]P2PResult, 2)
+			testranks.Run(t, 2, 1, nil, func(c *collective.Communicator) error {
+				rs, err := P2P(context.Background(), c, cfg)
+				rows[c.Rank()] = rs
+				return err
+			})
+			if t.Failed() {
+				return
+			}
+			n := 0
+			for _, r := range rows[0] {
+				if r.Op != "writeimm" {
+					continue
+				}
+				n++
+				if r.Wrong != 0 || r.GBps <= 0 || r.P50 <= 0 {
+					t.Errorf("row %+v", r)
+				}
+			}
+			if n != 8 {
+				t.Errorf("%d writeimm rows, want 8:\n%+v", n, rows[0])
+			}
+		})
+	}
+}

@@ -428,7 +428,7 @@ func p2pCmd(args []string) error {
 	sw := sweepFlags(fs)
 	batches := fs.IntSlice("batch", []int{1, 64}, "operations per batched call (one sweep each)")
 	conc := fs.IntSlice("concurrency", []int{1, 8}, "batches in flight at once (one sweep each)")
-	ops := fs.StringSlice("op", []string{"read", "write"}, "read, write or both")
+	ops := fs.StringSlice("op", []string{"read", "write"}, "read, write, writeimm (WriteWithImm: each batch ends with an immediate the target takes in)")
 	tcpOnly := fs.Bool("tcp-only", false, "carry every transfer over TCP, even to a peer on this host")
 	shared := fs.Bool("shared", false, "register each rank's region as p2p.Shared memory, which a peer on this host maps and copies itself (transport shm)")
 	symmetric := fs.Bool("symmetric", false, "register each rank's part of symmetric memory (collective Alloc, a file in /dev/shm) as p2p.Shared memory (MapShared), which a peer on this host maps and copies itself (transport shm)")
@@ -449,8 +449,8 @@ func p2pCmd(args []string) error {
 	}
 	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Shared: *shared, Symmetric: *symmetric, GPU: *gpu, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
 	for _, op := range *ops {
-		if op != "read" && op != "write" {
-			return fmt.Errorf("p2p: --op %q: want read or write", op)
+		if op != "read" && op != "write" && op != "writeimm" {
+			return fmt.Errorf("p2p: --op %q: want read, write or writeimm", op)
 		}
 	}
 	if fs.Changed("min-bytes") || fs.Changed("max-bytes") || fs.Changed("step-factor") {
