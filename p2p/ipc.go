@@ -350,7 +350,7 @@ func (c *conn) ipcLeaseAnswered(ls *lease, b []byte) error {
 	l.mu.Unlock()
 	l.closeIPC(doomed)
 	if rel {
-		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
+		l.releaseLease(ls)
 	}
 	return nil
 }

@@ -157,7 +157,7 @@ func (l *link) unpinLeases(pins []*lease) {
 	l.mu.Unlock()
 	l.closeIPC(doomed)
 	for _, ls := range rel {
-		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
+		l.releaseLease(ls)
 	}
 }
 
@@ -241,7 +241,7 @@ func (c *conn) leaseAnswered(h header) error {
 	}
 	l.mu.Unlock()
 	if rel {
-		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
+		l.releaseLease(ls)
 	}
 	return nil
 }
@@ -262,7 +262,7 @@ func (l *link) revoked(id uint64) {
 	l.mu.Unlock()
 	l.closeIPC(doomed)
 	if rel {
-		l.enqueue(ls.ch, frame{kind: kRelease, id: ls.id})
+		l.releaseLease(ls)
 	}
 }
 
@@ -286,18 +286,50 @@ func (l *link) giveBackLeases() {
 	}
 	l.mu.Unlock()
 	l.closeIPC(doomed)
-	// On every connection: the peer fails the link at the first
-	// connection's end it reads, which may be another's than the lease's,
-	// and a release still unread behind it would be lost; each
-	// connection's reader reads its release before its end. (A release of
-	// a lease already given back is ignored.)
 	for _, ls := range rel {
-		for ch := range l.conns {
-			l.enqueue(ch, frame{kind: kRelease, id: ls.id})
+		l.releaseLease(ls)
+	}
+	// A lease asked and not answered yet is given back by its answer
+	// (leaseAnswered finds it dead), one a copy pins by the copy's end
+	// (unpinLeases): both are waited for, briefly, so that their releases
+	// too leave before the links close. Then what was queued (these
+	// releases, and those of leases released before, a revocation's)
+	// leaves.
+	end := time.Now().Add(min(l.hb/2, time.Second))
+	for time.Now().Before(end) && l.leasesHeld() {
+		time.Sleep(time.Millisecond)
+	}
+	l.flush(time.Until(end) + time.Millisecond)
+}
+
+// leasesHeld says whether a lease of this side's is not given back yet
+// while the link lives.
+func (l *link) leasesHeld() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return false
+	}
+	for _, leases := range []map[uint64]*lease{l.leases, l.gpuLeases} {
+		for _, ls := range leases {
+			if !ls.released {
+				return true
+			}
 		}
 	}
-	if len(rel) > 0 {
-		l.flush(min(l.hb/2, time.Second))
+	return false
+}
+
+// releaseLease tells the target that ls is given back, on every
+// connection: the target fails the link at the first connection's end it
+// reads, which may be another's than the lease's, and a release still
+// unread behind it would be lost (the target would then count the region
+// as lent for a heartbeat more); each connection's reader reads its
+// release before its end. A release of a lease already given back is
+// ignored.
+func (l *link) releaseLease(ls *lease) {
+	for ch := range l.conns {
+		l.enqueue(ch, frame{kind: kRelease, id: ls.id})
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -330,5 +331,44 @@ func TestLeaseAnsweredAfterGiveBack(t *testing.T) {
 	p.l.mu.Unlock()
 	if maps != 0 || a.mapCount.Load() != 0 {
 		t.Errorf("after Close: %d mappings on the link, %d in the endpoint", maps, a.mapCount.Load())
+	}
+}
+
+// TestCloseBothLeased: two endpoints that lease each other's regions
+// close at once. Each takes the other's leases back (Deregister's revoke)
+// while giving its own back; the releases must reach the other side
+// before the link ends (whichever connection's end it reads first), so
+// that neither Close waits out the heartbeat for memory the other has
+// released already.
+func TestCloseBothLeased(t *testing.T) {
+	const hb = 20 * time.Second
+	for i := range 8 {
+		a, b, ab, ba := pair(t, func(o *Options) { o.Heartbeat = hb })
+		ctx := ctxT(t, 60*time.Second)
+		ra, _ := a.Register(fmt.Sprint("ra", i), make([]byte, 1<<20))
+		rb, _ := b.Register(fmt.Sprint("rb", i), make([]byte, 1<<20))
+		for range 3 { // the first asks the lease, the later ones use it
+			if err := ab.Read([]Op{{Local: ra, Remote: rb.Remote(), Len: 1 << 20}}).Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := ba.Read([]Op{{Local: rb, Remote: ra.Remote(), Len: 1 << 20}}).Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		took := make([]time.Duration, 2)
+		var wg sync.WaitGroup
+		for j, e := range []*Endpoint{a, b} {
+			wg.Go(func() {
+				t0 := time.Now()
+				if err := e.Close(); err != nil {
+					t.Errorf("round %d: Close: %v", i, err)
+				}
+				took[j] = time.Since(t0)
+			})
+		}
+		wg.Wait()
+		if took[0] > hb/2 || took[1] > hb/2 {
+			t.Fatalf("round %d: Close took %v and %v: one waited out the heartbeat for a lease the other had given back", i, took[0], took[1])
+		}
 	}
 }

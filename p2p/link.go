@@ -204,7 +204,18 @@ type link struct {
 	grantPidfd int
 	stop       chan struct{}
 	wg         sync.WaitGroup
+	// closedConns counts the connections whose peer closed them
+	// (ended): the link fails once all have, or closeGrace after the
+	// first.
+	closedConns int
 }
+
+// closeGrace is how long a link whose peer closed one of its connections
+// waits for the others' ends before it fails: the peer closes them all at
+// once (its Close, its exit), and a frame it sent just before on another
+// connection (a release) is read before that connection's end, rather
+// than lost with the link. A peer that dies ends them all at once too.
+const closeGrace = 100 * time.Millisecond
 
 type conn struct {
 	l   *link
@@ -1002,6 +1013,9 @@ func (c *conn) serveNow(id, total uint64) bool {
 func (c *conn) reader() {
 	for {
 		h, err := c.header()
+		if err != nil && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) && c.l.connEnded(c.classify(err, "receiving")) {
+			return // the other connections read on: connEnded fails the link
+		}
 		if err == nil {
 			err = c.dispatch(h)
 		}
@@ -1010,6 +1024,33 @@ func (c *conn) reader() {
 			return
 		}
 	}
+}
+
+// connEnded records that the peer closed one of the link's connections
+// (between frames), which fails with err: the link fails at once when
+// every connection has ended, else closeGrace later (or at the others'
+// ends), so that what the peer sent on the others before it closed them
+// is read first. It reports false when the link fails now.
+func (l *link) connEnded(err error) bool {
+	l.mu.Lock()
+	l.closedConns++
+	first, all := l.closedConns == 1, l.closedConns == len(l.conns)
+	l.mu.Unlock()
+	if all {
+		return false
+	}
+	if first {
+		go func() {
+			t := time.NewTimer(min(closeGrace, l.hb/4))
+			defer t.Stop()
+			select {
+			case <-t.C:
+				l.fail(err)
+			case <-l.stop:
+			}
+		}()
+	}
+	return true
 }
 
 // readDeadline makes the next reads end by the heartbeat deadline. A
