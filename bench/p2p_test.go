@@ -41,12 +41,7 @@ func TestP2PSweep(t *testing.T) {
 			}
 			cfg := P2PConfig{Sizes: []int64{2 << 10, 64 << 10}, Batches: []int{1, 4}, Concurrency: []int{1, 3},
 				TCPOnly: tcpOnly, Shared: want == "shm" && !symmetric, Symmetric: symmetric, GPU: gpu, MinTime: time.Millisecond, MaxRounds: 6, Baselines: true, RegisterBytes: 4 << 20}
-			rows := make([][]P2PResult, 2)
-			testranks.Run(t, 2, 1, nil, func(c *collective.Communicator) error {
-				rs, err := P2P(context.Background(), c, cfg)
-				rows[c.Rank()] = rs
-				return err
-			})
+			rows := p2pRanks(t, cfg)
 			if t.Failed() {
 				return
 			}
@@ -150,12 +145,7 @@ func TestP2PWriteImm(t *testing.T) {
 		t.Run(map[bool]string{true: "tcp", false: "same-host"}[tcpOnly], func(t *testing.T) {
 			cfg := P2PConfig{Sizes: []int64{8, 256 << 10}, Batches: []int{1, 4}, Concurrency: []int{1, 3}, Ops: []string{"writeimm"},
 				TCPOnly: tcpOnly, MinTime: time.Millisecond, MaxRounds: 6}
-			rows := make([][]P2PResult, 2)
-			testranks.Run(t, 2, 1, nil, func(c *collective.Communicator) error {
-				rs, err := P2P(context.Background(), c, cfg)
-				rows[c.Rank()] = rs
-				return err
-			})
+			rows := p2pRanks(t, cfg)
 			if t.Failed() {
 				return
 			}
@@ -174,4 +164,17 @@ func TestP2PWriteImm(t *testing.T) {
 			}
 		})
 	}
+}
+
+// p2pRanks runs P2P with cfg on two in-process ranks and returns each
+// rank's rows.
+func p2pRanks(t *testing.T, cfg P2PConfig) [][]P2PResult {
+	t.Helper()
+	rows := make([][]P2PResult, 2)
+	testranks.Run(t, 2, 1, nil, func(c *collective.Communicator) error {
+		rs, err := P2P(context.Background(), c, cfg)
+		rows[c.Rank()] = rs
+		return err
+	})
+	return rows
 }

@@ -21,22 +21,7 @@ func benchOneSided(b *testing.B, write bool) {
 		for _, size := range []int{8, 64 << 10, 4 << 20, 64 << 20} {
 			name := map[bool]string{true: "tcp", false: "cma"}[tcpOnly]
 			b.Run(fmt.Sprintf("%s/%d", name, size), func(b *testing.B) {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-				defer cancel()
-				mk := func(n string) *Endpoint {
-					e, err := New(ctx, Options{Name: n, TCPOnly: tcpOnly})
-					if err != nil {
-						b.Fatal(err)
-					}
-					return e
-				}
-				a, c := mk("a"), mk("b")
-				defer a.Close()
-				defer c.Close()
-				p, err := a.ConnectInfo(ctx, c.Info())
-				if err != nil {
-					b.Fatal(err)
-				}
+				ctx, a, c, p := benchPair(b, tcpOnly)
 				lr, _ := a.Register("l", make([]byte, size))
 				rr, _ := c.Register("r", make([]byte, size))
 				ops := []Op{{Local: lr, Remote: rr.Remote(), Len: size}}
@@ -100,22 +85,7 @@ func BenchmarkSameHostCeiling(b *testing.B) {
 func BenchmarkWriteWithImm(b *testing.B) {
 	for _, size := range []int{8, 64 << 10, 4 << 20} {
 		b.Run(fmt.Sprint(size), func(b *testing.B) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			mk := func(n string) *Endpoint {
-				e, err := New(ctx, Options{Name: n, TCPOnly: true})
-				if err != nil {
-					b.Fatal(err)
-				}
-				return e
-			}
-			a, c := mk("a"), mk("b")
-			defer a.Close()
-			defer c.Close()
-			p, err := a.ConnectInfo(ctx, c.Info())
-			if err != nil {
-				b.Fatal(err)
-			}
+			ctx, a, c, p := benchPair(b, true)
 			lr, _ := a.Register("l", make([]byte, size))
 			rr, _ := c.Register("r", make([]byte, size))
 			ops := []Op{{Local: lr, Remote: rr.Remote(), Len: size}}
@@ -131,4 +101,27 @@ func BenchmarkWriteWithImm(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchPair is two endpoints of this process, "a" linked to "b" (over TCP
+// only, if tcpOnly), closed when the benchmark ends, and a context that
+// bounds it.
+func benchPair(b *testing.B, tcpOnly bool) (context.Context, *Endpoint, *Endpoint, *Peer) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	b.Cleanup(cancel)
+	mk := func(n string) *Endpoint {
+		e, err := New(ctx, Options{Name: n, TCPOnly: tcpOnly})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { e.Close() })
+		return e
+	}
+	a, c := mk("a"), mk("b")
+	p, err := a.ConnectInfo(ctx, c.Info())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ctx, a, c, p
 }

@@ -2257,6 +2257,15 @@ func TestWriteImmRides(t *testing.T) {
 		m := append(hdr(header{kind: kReq, sub: rWriteImm, id: id, a: n, b: 1, payload: uint32(len(pl))}), pl...)
 		return append(append(m, hdr(header{kind: kData, id: id, payload: uint32(len(first))})...), first...)
 	}
+	// underWay waits until a request is served on r.
+	underWay := func(t *testing.T, r *Region) {
+		t.Helper()
+		eventually(t, "the write to be under way", func() bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.refs > 0
+		})
+	}
 	noImm := func(t *testing.T, b *Endpoint) {
 		t.Helper()
 		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -2320,11 +2329,7 @@ func TestWriteImmRides(t *testing.T) {
 		b, r, _, c := rawTarget(t)
 		rr := r.Remote()
 		c.Write(request(1, rr, rr.Key, 0, 16, 5, "abcdefgh"))
-		eventually(t, "the write to be under way", func() bool {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			return r.refs > 0
-		})
+		underWay(t, r)
 		done := make(chan error, 1)
 		go func() { done <- b.Deregister(ctx, r) }()
 		eventually(t, "the region to be withdrawn", r.closed.Load)
@@ -2341,11 +2346,7 @@ func TestWriteImmRides(t *testing.T) {
 		b, r, _, c := rawTarget(t)
 		rr := r.Remote()
 		c.Write(request(1, rr, rr.Key, 0, 16, 5, "abcdefgh"))
-		eventually(t, "the write to be under way", func() bool {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			return r.refs > 0
-		})
+		underWay(t, r)
 		c.Close()
 		noImm(t, b)
 	})
