@@ -1054,11 +1054,13 @@ func (e *Endpoint) Close() error {
 	}
 	e.mu.Unlock()
 	e.ln.Close()
+	var gave sync.WaitGroup // the links at once: each waits up to a second
 	for _, p := range peers {
 		if p.l != nil {
-			p.l.giveBackLeases()
+			gave.Go(p.l.giveBackLeases)
 		}
 	}
+	gave.Wait()
 	for _, r := range regs {
 		e.withdraw(r)
 	}

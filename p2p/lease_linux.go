@@ -92,7 +92,7 @@ func (l *link) pinLeases(ops []Op, gpu *device.GPU) []*lease {
 	if gpu != nil {
 		leases, most = l.gpuLeases, maxGPULeases
 	}
-	alive := l.err == nil
+	alive := l.err == nil && !l.leasesGone
 	ok := alive
 	for _, o := range ops {
 		ls := leases[o.Remote.ID]
@@ -276,6 +276,8 @@ func (l *link) giveBackLeases() {
 	var rel []*lease
 	var doomed []*ipcMap
 	l.mu.Lock()
+	l.leasesGone = true // none is asked from now on (pinLeases)
+	leased := len(l.leases)+len(l.gpuLeases) > 0
 	for _, leases := range []map[uint64]*lease{l.leases, l.gpuLeases} {
 		for _, ls := range leases {
 			ls.dead = true
@@ -288,6 +290,9 @@ func (l *link) giveBackLeases() {
 	l.closeIPC(doomed)
 	for _, ls := range rel {
 		l.releaseLease(ls)
+	}
+	if !leased { // nothing was leased on this link: nothing to send
+		return
 	}
 	// A lease asked and not answered yet is given back by its answer
 	// (leaseAnswered finds it dead), one a copy pins by the copy's end

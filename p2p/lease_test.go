@@ -372,3 +372,32 @@ func TestCloseBothLeased(t *testing.T) {
 		}
 	}
 }
+
+// TestGiveBackWithoutLeases: Close gives a link's leases back and waits
+// for its writers to send the releases; a link that leased nothing (over
+// TCP here, its writer busy with a write the peer does not read) has
+// nothing to send, and Close does not wait for its writer.
+func TestGiveBackWithoutLeases(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	e, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, TCPOnly: true, Heartbeat: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	p, _, rr := fakeTarget(t, e)
+	lr, _ := e.Register("l", make([]byte, 1<<20))
+	for range 32 { // more than the sockets hold: the writer stays busy
+		p.Write([]Op{{Local: lr, Remote: rr, Len: 1 << 20}})
+	}
+	eventually(t, "the writer to be busy", func() bool {
+		c := p.l.conns[0]
+		c.qmu.Lock()
+		defer c.qmu.Unlock()
+		return c.busy
+	})
+	t0 := time.Now()
+	p.l.giveBackLeases()
+	if d := time.Since(t0); d > 500*time.Millisecond {
+		t.Fatalf("giving back no leases took %v: it waited for the busy writer", d)
+	}
+}

@@ -204,6 +204,9 @@ type link struct {
 	grantPidfd int
 	stop       chan struct{}
 	wg         sync.WaitGroup
+	// leasesGone: this side's endpoint is closing and gave its leases
+	// back (giveBackLeases); no lease is asked any more.
+	leasesGone bool
 	// closedConns counts the connections whose peer closed them
 	// (ended): the link fails once all have, or closeGrace after the
 	// first.
@@ -1013,7 +1016,7 @@ func (c *conn) serveNow(id, total uint64) bool {
 func (c *conn) reader() {
 	for {
 		h, err := c.header()
-		if err != nil && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)) && c.l.connEnded(c.classify(err, "receiving")) {
+		if err != nil && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) && c.l.connEnded(c.classify(err, "receiving")) {
 			return // the other connections read on: connEnded fails the link
 		}
 		if err == nil {
@@ -1027,7 +1030,8 @@ func (c *conn) reader() {
 }
 
 // connEnded records that the peer closed one of the link's connections
-// (between frames), which fails with err: the link fails at once when
+// (its reader, reading a frame's header, met the connection's end or a
+// reset: a socket closed with bytes unread resets), which fails with err: the link fails at once when
 // every connection has ended, else closeGrace later (or at the others'
 // ends), so that what the peer sent on the others before it closed them
 // is read first. It reports false when the link fails now.
