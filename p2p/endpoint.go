@@ -508,9 +508,11 @@ func (e *Endpoint) infoKey(name string) string { return e.opts.Prefix + "/info/"
 // after registering regions that peers should find by name. A name is
 // the first publisher's: where another endpoint's Info holds it already
 // (two processes given one name, or an Info left by an earlier run under
-// the same Prefix), Publish fails with ErrInvalid naming that endpoint,
-// and the store keeps the other's Info; a fresh Prefix per run
-// (Options.Prefix from collective's Options.StoreKey) avoids the second.
+// the same Prefix, or by an endpoint of this process that was closed:
+// Close leaves its Info), Publish fails with ErrInvalid naming that
+// endpoint, and the store keeps the other's Info; a fresh Prefix per run
+// (Options.Prefix from collective's Options.StoreKey), or per endpoint,
+// avoids the last two.
 func (e *Endpoint) Publish(ctx context.Context) error {
 	if e.opts.Store == nil {
 		return opErr("publish", "", "", ErrInvalid, "no store in Options")
@@ -526,6 +528,10 @@ func (e *Endpoint) Publish(ctx context.Context) error {
 		}
 		if ok {
 			return nil
+		}
+		if len(cur) == 0 { // gone meanwhile (deleted): set it where absent
+			old = nil
+			continue
 		}
 		in, err := decodeInfo(cur)
 		if err != nil {
@@ -1027,9 +1033,12 @@ func (e *Endpoint) pushImm(v Imm) bool {
 
 // Close closes every link (their transfers fail with ErrClosed) and the
 // listener, and returns when every goroutine of the endpoint has ended and
-// no peer touches a region any more. Its regions are withdrawn first, as
-// by Deregister: peers' leases of them are revoked and the memory they
-// copy is waited for, up to a heartbeat, before the links close; memory
+// no peer touches a region any more. It gives this side's leases of the
+// peers' regions back, on every link at once (waiting up to half a
+// heartbeat or a second for leases still being granted or copied
+// through). Its regions are withdrawn then, as by Deregister: peers'
+// leases of them are revoked and the memory they copy is waited for, up
+// to a heartbeat, before the links close; memory
 // still lent then (a peer that did not answer) is waited for until the
 // peer's process has exited or another heartbeat has passed (ErrTimeout
 // if something still holds a region after that: its memory must not be

@@ -2376,3 +2376,35 @@ func TestWriteImmRides(t *testing.T) {
 		noImm(t, b)
 	})
 }
+
+// TestOneConnectionClosed: a peer that closes one of a link's
+// connections and keeps the other open (and silent) fails the link
+// within closeGrace, not at the heartbeat: the transfers fail with
+// ErrPeerLost.
+func TestOneConnectionClosed(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	e, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 2, TCPOnly: true, Heartbeat: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	addr, got := fakeAcceptorN(t, 2)
+	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 20}
+	p, c0 := fakeLink(t, ctx, e, info{name: "evil", addr: addr, regions: []RemoteRegion{rr}}, got)
+	c1, ok := <-got
+	if !ok {
+		t.Fatal("the fake target got one connection")
+	}
+	defer c1.Close()
+	lr, _ := e.Register("l", make([]byte, 64))
+	f := p.Read([]Op{{Local: lr, Remote: rr, Len: 64}})
+	c0.Close()
+	// The grace is 100 ms; the link also fails when a write on the
+	// closed connection does (a ping: seconds later), which must not be
+	// what ends it here.
+	short, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	if err := f.Wait(short); !errors.Is(err, ErrPeerLost) {
+		t.Fatalf("a read after the peer closed one of two connections: %v, want ErrPeerLost within the grace", err)
+	}
+}

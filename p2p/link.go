@@ -1029,12 +1029,12 @@ func (c *conn) reader() {
 	}
 }
 
-// connEnded records that the peer closed one of the link's connections
-// (its reader, reading a frame's header, met the connection's end or a
-// reset: a socket closed with bytes unread resets), which fails with err: the link fails at once when
-// every connection has ended, else closeGrace later (or at the others'
-// ends), so that what the peer sent on the others before it closed them
-// is read first. It reports false when the link fails now.
+// connEnded records that the peer closed one of the link's connections:
+// its reader, reading a frame's header, met the connection's end or a
+// reset (a socket closed with bytes unread resets). The link fails with
+// err at once when every connection has ended, else closeGrace later (or
+// at the others' ends), so that what the peer sent on the others before
+// it closed them is read first. It reports false when the link fails now.
 func (l *link) connEnded(err error) bool {
 	l.mu.Lock()
 	l.closedConns++
