@@ -208,7 +208,7 @@ type link struct {
 	// back (giveBackLeases); no lease is asked any more.
 	leasesGone bool
 	// closedConns counts the connections whose peer closed them
-	// (ended): the link fails once all have, or closeGrace after the
+	// (connEnded): the link fails once all have, or closeGrace after the
 	// first.
 	closedConns int
 }
