@@ -1218,6 +1218,35 @@ func fakeSameHostTargetN(t *testing.T, ctx context.Context, a *Endpoint, regions
 	return p, cs
 }
 
+// sameHostInitiator is an endpoint "a" of one connection, closed when
+// the test ends, linked to a fake same-host target (c, its end of the
+// connection) that lists a region "m" of size bytes, rr; ctx bounds the
+// test.
+func sameHostInitiator(t *testing.T, size uint64) (context.Context, *Endpoint, *Peer, net.Conn, RemoteRegion) {
+	t.Helper()
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: size}
+	p, c := fakeSameHostTarget(t, ctx, a, rr)
+	return ctx, a, p, c, rr
+}
+
+// grantIovec is a granted iovec (see rReadV) of the memory at b, whole:
+// in memory mem (0: plain memory) at off, its file at fd.
+func grantIovec(b []byte, mem, off uint64, fd uint32) []byte {
+	iov := make([]byte, IovSize)
+	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&b[0]))))
+	binary.LittleEndian.PutUint64(iov[8:], uint64(len(b)))
+	binary.LittleEndian.PutUint64(iov[16:], mem)
+	binary.LittleEndian.PutUint64(iov[24:], off)
+	binary.LittleEndian.PutUint32(iov[32:], fd)
+	return iov
+}
+
 // TestSharedGrantChecked: a same-host grant that names Shared memory is
 // mapped only if the file it names is a memory file sealed against
 // shrinking, or a regular file on the tmpfs at this process's /dev/shm, and
@@ -1319,22 +1348,10 @@ func TestSharedGrantChecked(t *testing.T) {
 		// whole, through which a second read then copies asking nothing.
 		for _, leased := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/leased=%v", tc.name, leased), func(t *testing.T) {
-				ctx := ctxT(t, 20*time.Second)
-				a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer a.Close()
-				rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
-				p, c := fakeSameHostTarget(t, ctx, a, rr)
+				ctx, a, p, c, rr := sameHostInitiator(t, n)
 				local := make([]byte, n)
 				lr, _ := a.Register("l", local)
-				iov := make([]byte, IovSize)
-				binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&tc.addr[0]))))
-				binary.LittleEndian.PutUint64(iov[8:], n)
-				binary.LittleEndian.PutUint64(iov[16:], tc.mem)
-				binary.LittleEndian.PutUint64(iov[24:], tc.off)
-				binary.LittleEndian.PutUint32(iov[32:], tc.fd)
+				iov := grantIovec(tc.addr, tc.mem, tc.off, tc.fd)
 				f := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
 				if leased && tc.bad {
 					if h, _ := nextFrame(t, c); h.kind != kReq || h.sub != rLease {
@@ -1432,14 +1449,7 @@ func TestSharedGrantManyMemories(t *testing.T) {
 	}
 	defer sh.Close()
 	fill(sh.Bytes(), 6)
-	ctx := ctxT(t, 20*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: k * piece}
-	p, c := fakeSameHostTarget(t, ctx, a, rr)
+	ctx, a, p, c, rr := sameHostInitiator(t, k*piece)
 	local := make([]byte, k*piece)
 	lr, _ := a.Register("l", local)
 	ops := make([]Op, k)
@@ -1777,14 +1787,7 @@ func ipcFakeTarget(t *testing.T, g *device.GPU, n int) (*Peer, net.Conn, RemoteR
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ld.Free() }) // after the endpoint's Close (cleanups run last first)
-	ctx := ctxT(t, 20*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: uint64(n)}
-	p, c := fakeSameHostTarget(t, ctx, a, rr)
+	ctx, a, p, c, rr := sameHostInitiator(t, uint64(n))
 	p.l.ipcOff.Store(false)
 	lr, err := a.Register("l", ld)
 	if err != nil {
@@ -1969,21 +1972,10 @@ func TestSharedFileShrunk(t *testing.T) {
 	}
 	defer sh.Close()
 	fill(sh.Bytes(), 8)
-	ctx := ctxT(t, 20*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
-	p, c := fakeSameHostTarget(t, ctx, a, rr)
+	ctx, a, p, c, rr := sameHostInitiator(t, n)
 	local := make([]byte, n)
 	lr, _ := a.Register("l", local)
-	iov := make([]byte, IovSize)
-	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&sh.Bytes()[0]))))
-	binary.LittleEndian.PutUint64(iov[8:], n)
-	binary.LittleEndian.PutUint64(iov[16:], sh.id)
-	binary.LittleEndian.PutUint32(iov[32:], uint32(sh.fd))
+	iov := grantIovec(sh.Bytes(), sh.id, 0, uint32(sh.fd))
 	fr := p.Read([]Op{{Local: lr, Remote: rr, Len: n}})
 	h := sameHostRequest(t, c, iov)
 	c.Write(append(hdr(header{kind: kResp, sub: rReadV, id: h.id, b: 1, payload: IovSize}), iov...))
@@ -2094,22 +2086,10 @@ func TestSharedFileUnmapped(t *testing.T) {
 	}
 	defer sh.Close()
 	fill(sh.Bytes(), 12)
-	iov := make([]byte, IovSize)
-	binary.LittleEndian.PutUint64(iov, uint64(uintptr(unsafe.Pointer(&sh.Bytes()[0]))))
-	binary.LittleEndian.PutUint64(iov[8:], n)
-	binary.LittleEndian.PutUint64(iov[16:], sh.id)
-	binary.LittleEndian.PutUint64(iov[24:], base)
-	binary.LittleEndian.PutUint32(iov[32:], uint32(sh.fd))
+	iov := grantIovec(sh.Bytes(), sh.id, base, uint32(sh.fd))
 	for _, leased := range []bool{false, true} {
 		t.Run(fmt.Sprintf("leased=%v", leased), func(t *testing.T) {
-			ctx := ctxT(t, 20*time.Second)
-			a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
-			rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: n}
-			p, c := fakeSameHostTarget(t, ctx, a, rr)
+			ctx, a, p, c, rr := sameHostInitiator(t, n)
 			local := make([]byte, n)
 			lr, _ := a.Register("l", local)
 			maps := func() int {
