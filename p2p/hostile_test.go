@@ -2203,9 +2203,9 @@ func TestWriteImmRides(t *testing.T) {
 		}
 		quiet(t, c) // no immediate of its own follows
 	})
-	// rawTarget is an endpoint with a region of 64 zero bytes and a raw
+	// rawTarget is an endpoint with a region of 64 zero bytes (r, rr) and a raw
 	// member's connection to it, past its hello.
-	rawTarget := func(t *testing.T) (*Endpoint, *Region, []byte, net.Conn) {
+	rawTarget := func(t *testing.T) (*Endpoint, *Region, RemoteRegion, []byte, net.Conn) {
 		b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
 		if err != nil {
 			t.Fatal(err)
@@ -2226,7 +2226,7 @@ func TestWriteImmRides(t *testing.T) {
 		if _, err := readFull(c, ack[:]); err != nil {
 			t.Fatal(err)
 		}
-		return b, r, mem, c
+		return b, r, r.Remote(), mem, c
 	}
 	// request is an rWriteImm of n bytes at off of rr with key, and
 	// first, the bytes of its first data frame.
@@ -2261,8 +2261,7 @@ func TestWriteImmRides(t *testing.T) {
 		}
 	}
 	t.Run("target", func(t *testing.T) {
-		b, r, mem, c := rawTarget(t)
-		rr := r.Remote()
+		b, _, rr, mem, c := rawTarget(t)
 		c.Write(request(1, rr, rr.Key+1, 8, 8, 5, "abcdefgh"))
 		answer(t, c, 1, stKey)
 		noImm(t, b)
@@ -2293,8 +2292,7 @@ func TestWriteImmRides(t *testing.T) {
 	// A write cut short by its initiator (an end frame) is not answered
 	// and queues no immediate; the stream stays in step.
 	t.Run("target/cut-short", func(t *testing.T) {
-		b, r, _, c := rawTarget(t)
-		rr := r.Remote()
+		b, _, rr, _, c := rawTarget(t)
 		c.Write(append(request(1, rr, rr.Key, 0, 16, 5, "abcdefgh"), hdr(header{kind: kEnd, id: 1, status: stCancelled})...))
 		c.Write(request(2, rr, rr.Key, 16, 8, 6, "ABCDEFGH"))
 		answer(t, c, 2, stOK)
@@ -2306,8 +2304,7 @@ func TestWriteImmRides(t *testing.T) {
 	// A region deregistered in the middle of the write: refused, no
 	// immediate.
 	t.Run("target/deregistered", func(t *testing.T) {
-		b, r, _, c := rawTarget(t)
-		rr := r.Remote()
+		b, r, rr, _, c := rawTarget(t)
 		c.Write(request(1, rr, rr.Key, 0, 16, 5, "abcdefgh"))
 		underWay(t, r)
 		done := make(chan error, 1)
@@ -2323,8 +2320,7 @@ func TestWriteImmRides(t *testing.T) {
 	})
 	// The connection closed in the middle of the write: no immediate.
 	t.Run("target/link-lost", func(t *testing.T) {
-		b, r, _, c := rawTarget(t)
-		rr := r.Remote()
+		b, r, rr, _, c := rawTarget(t)
 		c.Write(request(1, rr, rr.Key, 0, 16, 5, "abcdefgh"))
 		underWay(t, r)
 		c.Close()
@@ -2333,8 +2329,7 @@ func TestWriteImmRides(t *testing.T) {
 	// The peer's share of undelivered immediates full: the bytes land,
 	// the answer is busy, the immediate is not queued.
 	t.Run("target/busy", func(t *testing.T) {
-		b, r, mem, c := rawTarget(t)
-		rr := r.Remote()
+		b, r, rr, mem, c := rawTarget(t)
 		for i := range maxImmPeer {
 			if !b.pushImm(Imm{Peer: "raw", Value: uint32(i)}) {
 				t.Fatal("the queue is full early")
