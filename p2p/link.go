@@ -835,10 +835,7 @@ type reqJob struct{ p *part }
 // the connection's writer.
 func (l *link) request(p *part) {
 	c := l.conns[p.ch]
-	size := HeaderSize + stripeSize + len(p.descs)*DescSize
-	if p.withImm {
-		size += immSize
-	}
+	size := HeaderSize + int(p.reqHeader().payload)
 	if p.sub == rWrite {
 		size += HeaderSize + int(p.total)
 		for _, s := range p.local {
@@ -853,6 +850,17 @@ func (l *link) request(p *part) {
 	l.enqueue(p.ch, reqJob{p: p})
 }
 
+// reqHeader is the header of p's read or write request: its payload is
+// where the stripe starts and the batch's descriptors, and, for a write
+// that carries its immediate (rWriteImm), the immediate.
+func (p *part) reqHeader() header {
+	size, sub := stripeSize+len(p.descs)*DescSize, p.sub
+	if p.withImm {
+		size, sub = size+immSize, rWriteImm
+	}
+	return header{kind: kReq, sub: sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)}
+}
+
 // appendRequest appends p's request to b, and a write's bytes as one data
 // frame (its ranges are host memory), unless p has ended.
 func (p *part) appendRequest(b []byte) []byte {
@@ -864,11 +872,7 @@ func (p *part) appendRequest(b []byte) []byte {
 	if p.kind == rImm {
 		return appendHeader(b, header{kind: kReq, sub: rImm, id: p.id, a: uint64(p.imm)})
 	}
-	size, sub := stripeSize+len(p.descs)*DescSize, p.sub
-	if p.withImm {
-		size, sub = size+immSize, rWriteImm
-	}
-	b = appendHeader(b, header{kind: kReq, sub: sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)})
+	b = appendHeader(b, p.reqHeader())
 	b = binary.LittleEndian.AppendUint64(b, p.lo)
 	for i := range p.descs {
 		b = append(b, make([]byte, DescSize)...)
@@ -893,10 +897,8 @@ func (j reqJob) write(c *conn) error {
 		p.mu.Unlock()
 		return nil
 	}
-	size := stripeSize + len(p.descs)*DescSize
-	if p.withImm {
-		size += immSize
-	}
+	h := p.reqHeader()
+	size := int(h.payload)
 	if len(c.wdesc) < size {
 		c.wdesc = make([]byte, size)
 	}
@@ -904,14 +906,12 @@ func (j reqJob) write(c *conn) error {
 	for i := range p.descs {
 		p.descs[i].put(c.wdesc[stripeSize+i*DescSize:])
 	}
+	if p.withImm {
+		binary.LittleEndian.PutUint64(c.wdesc[size-immSize:], uint64(p.imm))
+	}
 	// The sub-kind as sent: the reader may switch the part to TCP
 	// (stNotHost) as soon as the request is out.
 	sub := p.sub
-	h := header{kind: kReq, sub: sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)}
-	if p.withImm {
-		binary.LittleEndian.PutUint64(c.wdesc[size-immSize:], uint64(p.imm))
-		h.sub = rWriteImm
-	}
 	if p.kind == rImm {
 		h = header{kind: kReq, sub: rImm, id: p.id, a: uint64(p.imm)}
 	}

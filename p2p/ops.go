@@ -131,7 +131,7 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 		parts = append(parts, pt)
 	}
 	var then *part
-	if imm != nil && len(parts) == 1 && parts[0].sub == rWrite && pins == nil {
+	if imm != nil && len(parts) == 1 && parts[0].sub == rWrite { // not a lease's copy (rLease) nor a grant
 		// One stripe over TCP: the immediate rides in its request, which
 		// the target answers once both are done (one round trip, not
 		// two).
