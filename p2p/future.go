@@ -2,8 +2,11 @@ package p2p
 
 import (
 	"context"
+	"errors"
+	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Future is the result of one call (a batched Read or Write, an
@@ -23,6 +26,10 @@ type Future struct {
 	// succeeded.
 	then       *part
 	writesLeft atomic.Int32
+	// fin is set once done is closed; ev is the waker a Wait parks on
+	// (park), which whoever closes done then wakes.
+	fin atomic.Bool
+	ev  atomic.Pointer[waker]
 }
 
 func newFuture(op, peer, transport string) *Future {
@@ -52,6 +59,10 @@ func (f *Future) partDone(err error) {
 	}
 	if f.left.Add(-1) == 0 {
 		close(f.done)
+		f.fin.Store(true)
+		if w := f.ev.Load(); w != nil {
+			w.wake()
+		}
 	}
 }
 
@@ -71,29 +82,86 @@ func (f *Future) Wait(ctx context.Context) error {
 		return f.result()
 	default:
 	}
-	var to <-chan struct{}
-	if len(f.parts) > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = f.parts[0].l.e.bound(ctx)
-		defer cancel()
-		to = ctx.Done()
-	} else {
-		to = ctx.Done()
+	if len(f.parts) == 0 {
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			f.end(ctx.Err())
+		}
+		return f.result()
 	}
+	l := f.parts[0].l
+	if ch := f.parts[0].ch; ch < len(l.conns) {
+		if w := l.conns[ch].waker; w != nil && w.busy.CompareAndSwap(false, true) {
+			ended, ok := f.park(ctx, w, l.e.opts.Timeout)
+			w.busy.Store(false)
+			if ok {
+				if ended != nil {
+					f.end(ended)
+				}
+				return f.result()
+			}
+			// The waker failed (its link ended): wait on the channel.
+		}
+	}
+	ctx, cancel := l.e.bound(ctx)
+	defer cancel()
 	select {
 	case <-f.done:
-	case <-to:
-		sentinel := ErrCancelled
-		if ctx.Err() == context.DeadlineExceeded {
-			sentinel = ErrTimeout
-		}
-		err := opErr(f.op, f.peer, "", sentinel, "the wait ended: %v", ctx.Err())
-		for _, p := range f.parts {
-			p.finish(err)
-		}
-		<-f.done // every part is finished: this does not block
+	case <-ctx.Done():
+		f.end(ctx.Err())
 	}
 	return f.result()
+}
+
+// park waits for f on w, which the caller holds, until f is done (nil,
+// true), or ctx ends or timeout passes first (when ctx has no deadline):
+// then it returns why (ctx's error; context.DeadlineExceeded for the
+// timeout), true. It returns false, f not done, if w fails (closed with
+// its link).
+func (f *Future) park(ctx context.Context, w *waker, timeout time.Duration) (error, bool) {
+	if err := ctx.Err(); err != nil {
+		return err, true
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(timeout)
+	}
+	if ctx.Done() != nil { // it can be cancelled
+		stop := context.AfterFunc(ctx, w.wake)
+		defer stop()
+	}
+	w.f.SetReadDeadline(dl)
+	w.parks.Add(1)
+	f.ev.Store(w)
+	defer f.ev.Store(nil)
+	for !f.fin.Load() {
+		err := w.wait()
+		switch {
+		case f.fin.Load():
+		case ctx.Err() != nil:
+			return ctx.Err(), true
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return context.DeadlineExceeded, true
+		case err != nil:
+			return nil, false
+		}
+	}
+	return nil, true
+}
+
+// end cancels f, whose wait ended with cause (ctx's error), and returns
+// once every part is finished.
+func (f *Future) end(cause error) {
+	sentinel := ErrCancelled
+	if cause == context.DeadlineExceeded {
+		sentinel = ErrTimeout
+	}
+	err := opErr(f.op, f.peer, "", sentinel, "the wait ended: %v", cause)
+	for _, p := range f.parts {
+		p.finish(err)
+	}
+	<-f.done // every part is finished: this does not block
 }
 
 func (f *Future) result() error {

@@ -2383,3 +2383,134 @@ func TestOneConnectionClosed(t *testing.T) {
 		t.Fatalf("a read after the peer closed one of two connections: %v, want ErrPeerLost within the grace", err)
 	}
 }
+
+// answerRead answers the read request h with its bytes, filled from seed.
+func answerRead(c net.Conn, h header, seed uint64) {
+	b := make([]byte, h.a)
+	fill(b, seed)
+	c.Write(append(hdr(header{kind: kResp, sub: rRead, id: h.id, a: h.a}),
+		append(hdr(header{kind: kData, id: h.id, payload: uint32(len(b))}), b...)...))
+}
+
+// TestWaitParked: a Wait parks on its connection's waker (the first in
+// the table for each connection; a second one at once waits on its
+// Future's channel) and ends when the answer comes, the context is
+// cancelled, its deadline or Options.Timeout passes, or the link ends;
+// never later.
+func TestWaitParked(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		timeout time.Duration // Options.Timeout
+		// wait returns the context the Wait is given.
+		wait func() (context.Context, context.CancelFunc)
+		// target acts as the fake target on the read request h.
+		target func(c net.Conn, h header)
+		want   error // nil: the read succeeds
+	}{
+		{"answered", time.Minute, func() (context.Context, context.CancelFunc) { return context.Background(), func() {} },
+			func(c net.Conn, h header) { time.Sleep(30 * time.Millisecond); answerRead(c, h, 9) }, nil},
+		{"answered-cancellable", time.Minute, func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
+			func(c net.Conn, h header) { time.Sleep(30 * time.Millisecond); answerRead(c, h, 9) }, nil},
+		{"cancelled", time.Minute, func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			time.AfterFunc(50*time.Millisecond, cancel)
+			return ctx, cancel
+		}, nil, ErrCancelled},
+		{"deadline", time.Minute, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 100*time.Millisecond)
+		}, nil, ErrTimeout},
+		{"options-timeout", 100 * time.Millisecond, func() (context.Context, context.CancelFunc) { return context.Background(), func() {} },
+			nil, ErrTimeout},
+		{"link-ends", time.Minute, func() (context.Context, context.CancelFunc) { return context.Background(), func() {} },
+			func(c net.Conn, h header) { time.Sleep(30 * time.Millisecond); c.Close() }, ErrPeerLost},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := New(ctxT(t, 10*time.Second), Options{Name: "a", Auth: testAuth(), Channels: 1, Timeout: tc.timeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			p, c, rr := fakeTarget(t, a)
+			w := p.l.conns[0].waker
+			if w == nil {
+				t.Fatal("the connection has no waker")
+			}
+			dst := make([]byte, 8)
+			lr, _ := a.Register("dst", dst)
+			f := p.Read([]Op{{Local: lr, Remote: rr, Len: len(dst)}})
+			h, _ := nextFrame(t, c)
+			if tc.target != nil {
+				go tc.target(c, h)
+			}
+			ctx, cancel := tc.wait()
+			defer cancel()
+			start, parks := time.Now(), w.parks.Load()
+			err = f.Wait(ctx)
+			took := time.Since(start)
+			if w.parks.Load() != parks+1 {
+				t.Errorf("the Wait parked %d times on the waker, want once", w.parks.Load()-parks)
+			}
+			if took > 5*time.Second {
+				t.Errorf("the Wait took %v", took)
+			}
+			if tc.want == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := make([]byte, 8)
+				fill(want, 9)
+				if !bytes.Equal(dst, want) {
+					t.Fatalf("read %x, want %x", dst, want)
+				}
+				return
+			}
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("%v, want %v", err, tc.want)
+			}
+			select {
+			case <-f.Done():
+			default:
+				t.Fatal("Wait returned before the Future was done")
+			}
+		})
+	}
+}
+
+// TestWaitersShareConnection: many reads on one connection waited at
+// once, from as many goroutines (one parks on the connection's waker,
+// the others on their channels), each get their own bytes.
+func TestWaitersShareConnection(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	_, b, ab, _ := pair(t, func(o *Options) { o.TCPOnly = true; o.Channels = 1 })
+	src := make([]byte, 64<<10)
+	fill(src, 3)
+	sr, _ := b.Register("src", src)
+	const n, rounds = 8, 200
+	dst := make([]byte, len(src))
+	dr, _ := ab.e.Register("dst", dst)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			errs <- func() error {
+				for r := range rounds {
+					off := (i*rounds + r) * 8 % len(src)
+					if err := ab.Read([]Op{{Local: dr, LocalOff: off, Remote: sr.Remote(), RemoteOff: off, Len: 8}}).Wait(ctx); err != nil {
+						return err
+					}
+					if !bytes.Equal(dst[off:off+8], src[off:off+8]) {
+						return fmt.Errorf("goroutine %d round %d: read %x, want %x", i, r, dst[off:off+8], src[off:off+8])
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if parks := ab.l.conns[0].waker.parks.Load(); parks == 0 {
+		t.Fatal("no Wait parked on the waker")
+	}
+}

@@ -262,6 +262,9 @@ type conn struct {
 	// after a large one it is read alone, so that a large payload is read
 	// whole into its buffer (with its low-water mark).
 	ahead bool
+	// waker is what a Wait for a Future whose first part goes on this
+	// connection parks on (nil without one: the Future's channel).
+	waker *waker
 }
 
 // job is what a connection's writer writes, whole, before the next.
@@ -277,6 +280,7 @@ func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, hb time.Duration) *link {
 		tc.SetWriteBuffer(inter.DefaultSockBuf)
 		c := &conn{l: l, idx: i, c: tc, rd: inter.NewReader(tc, inter.DefaultLowat), wake: make(chan struct{}, 1), ahead: true}
 		c.rc, _ = tc.SyscallConn()
+		c.waker = newWaker()
 		l.conns = append(l.conns, c)
 	}
 	return l
@@ -315,6 +319,11 @@ func (l *link) start() {
 		}
 		l.mu.Unlock()
 		l.closeIPC(doomed)
+		for _, c := range l.conns {
+			if c.waker != nil {
+				c.waker.close()
+			}
+		}
 	}()
 }
 
