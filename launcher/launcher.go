@@ -332,6 +332,9 @@ type job struct {
 	srv        *rendezvous.Server // node 0
 	client     *rendezvous.Client // the other nodes: aborts and blame reads
 	aborts     sync.WaitGroup
+	// lastAbort is closed when the latest abort sent through client has
+	// returned (nil: none yet); the next one waits for it (abort).
+	lastAbort chan struct{}
 	// cpuBase is where this node's local rank 0 starts in cfg.cpus: the
 	// ranks of earlier nodes bound to the same CPUs (see placement.go).
 	cpuBase int
@@ -532,6 +535,9 @@ func (j *job) joinNodes(ctx context.Context) error {
 // abort fails the attempt's store waits at once, naming the worker that
 // exited: through the server on node 0, through the connection to it
 // elsewhere (in the background, bounded, so that supervision goes on).
+// Aborts reach the store in the order of the calls (the store keeps the
+// first): a worker that did not start is named, not the workers stopped
+// because of it. Only the supervising goroutine calls it.
 func (j *job) abort(attempt, rank int, reason string) {
 	prefix := rendezvous.AttemptPrefix(j.cfg.RunID, attempt)
 	if j.srv != nil {
@@ -542,10 +548,20 @@ func (j *job) abort(attempt, rank int, reason string) {
 		return
 	}
 	j.aborts.Add(1)
+	prev, done := j.lastAbort, make(chan struct{})
+	j.lastAbort = done
+	// The bound counts from the call, the wait for the one before included.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	go func() {
 		defer j.aborts.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer close(done)
 		defer cancel()
+		if prev != nil {
+			select {
+			case <-prev:
+			case <-ctx.Done():
+			}
+		}
 		if err := j.client.Abort(ctx, prefix, rank, reason); err != nil {
 			j.cfg.Logf("node %d: could not tell the store that %s: %v", j.cfg.NodeRank, reason, err)
 		}
