@@ -2425,7 +2425,9 @@ func TestWaitParked(t *testing.T) {
 			func(c net.Conn, h header) { time.Sleep(30 * time.Millisecond); c.Close() }, ErrPeerLost},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := New(ctxT(t, 10*time.Second), Options{Name: "a", Auth: testAuth(), Channels: 1, Timeout: tc.timeout})
+			// A heartbeat far from every case's end, so that only the
+			// Wait's own wake, cancel or deadline can end it in time.
+			a, err := New(ctxT(t, 10*time.Second), Options{Name: "a", Auth: testAuth(), Channels: 1, Timeout: tc.timeout, Heartbeat: 20 * time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -2450,7 +2452,7 @@ func TestWaitParked(t *testing.T) {
 			if w.parks.Load() != parks+1 {
 				t.Errorf("the Wait parked %d times on the waker, want once", w.parks.Load()-parks)
 			}
-			if took > 5*time.Second {
+			if took > 2*time.Second {
 				t.Errorf("the Wait took %v", took)
 			}
 			if tc.want == nil {
@@ -2473,6 +2475,42 @@ func TestWaitParked(t *testing.T) {
 				t.Fatal("Wait returned before the Future was done")
 			}
 		})
+	}
+}
+
+// TestWaitWakerClosed: a link failed from a goroutine other than its
+// own (Close, a grace timer, a process watch) may close the waker a Wait
+// holds before fail has finished that Wait's part (here one of 20000
+// unanswered reads); the Wait then waits on its Future's channel and
+// returns the link's error, the Future done.
+func TestWaitWakerClosed(t *testing.T) {
+	for round := range 5 {
+		a, err := New(ctxT(t, 10*time.Second), Options{Name: "a", Auth: testAuth(), Channels: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _, rr := fakeTarget(t, a)
+		dst := make([]byte, 8)
+		lr, _ := a.Register("dst", dst)
+		fs := make([]*Future, 20000)
+		for j := range fs {
+			fs[j] = p.Read([]Op{{Local: lr, Remote: rr, Len: 8}})
+		}
+		f := fs[len(fs)/2]
+		res := make(chan error, 1)
+		go func() { res <- f.Wait(context.Background()) }()
+		eventually(t, "the Wait parked", func() bool { return f.ev.Load() != nil })
+		p.l.fail(opErr("test", "evil", "", ErrPeerLost, "failed by the test"))
+		err = <-res
+		select {
+		case <-f.Done():
+		default:
+			t.Fatalf("round %d: Wait returned %v before the Future was done", round, err)
+		}
+		if !errors.Is(err, ErrPeerLost) {
+			t.Fatalf("round %d: %v, want ErrPeerLost", round, err)
+		}
+		a.Close()
 	}
 }
 
