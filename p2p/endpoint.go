@@ -377,8 +377,9 @@ func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 // (ErrRefused on the peer's side), this side's transfers that use it fail
 // with ErrClosed, and requests being served on it stop at their next chunk
 // and fail on the peer's side. It returns when nothing touches r's memory
-// any more, or with ErrTimeout when ctx (or Options.Timeout) ends first,
-// in which case r's memory must not be reused.
+// any more, or with ErrTimeout when ctx's deadline (or Options.Timeout)
+// passes first, ErrCancelled when ctx is cancelled first, in which case
+// r's memory must not be reused.
 func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	if r == nil || r.e != e {
 		return opErr("deregister", "", "", ErrInvalid, "not a region of this endpoint")
@@ -390,7 +391,7 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	case <-r.drained:
 		return nil
 	case <-ctx.Done():
-		return opErr("deregister", "", r.label(), ErrTimeout, "a peer's request still uses it")
+		return opErr("deregister", "", r.label(), ended(ctx), "a peer's request still uses it")
 	}
 }
 
@@ -548,7 +549,8 @@ func (e *Endpoint) Publish(ctx context.Context) error {
 }
 
 // Connect returns the link to the endpoint named name, waiting in the
-// store for its Info (bounded by ctx, or Options.Timeout) and connecting
+// store for its Info (bounded by ctx, or Options.Timeout: ErrTimeout when
+// the deadline passes, ErrCancelled when ctx is cancelled) and connecting
 // when there is no link yet. Both ends may call it, at once or not: there
 // is one link per pair, and either side may start any operation on it.
 func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
@@ -563,7 +565,7 @@ func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
 	v, err := e.opts.Store.Get(ctx, e.infoKey(name))
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, opErr("connect", name, "", ErrTimeout, "it never published its info: %v", err)
+			return nil, opErr("connect", name, "", ended(ctx), "it never published its info: %v", err)
 		}
 		return nil, opErr("connect", name, "", ErrPeerLost, "the store: %v", err)
 	}
@@ -603,7 +605,7 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 			err := e.dial(ctx, p, in)
 			if err != nil && !errors.Is(err, errDup) {
 				if dup && ctx.Err() != nil { // a dial again, cut by the deadline
-					err = opErr("connect", in.name, "", ErrTimeout, "%s", dupWhy)
+					err = opErr("connect", in.name, "", ended(ctx), "%s", dupWhy)
 				}
 				e.dropPeer(p, err)
 				return nil, err
@@ -632,7 +634,7 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 			if dup {
 				why = dupWhy
 			}
-			err := opErr("connect", in.name, "", ErrTimeout, "%s", why)
+			err := opErr("connect", in.name, "", ended(ctx), "%s", why)
 			e.dropPeer(p, err)
 			return nil, err
 		}
@@ -711,7 +713,7 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 		}
 		if err != nil {
 			closeAll()
-			return opErr("connect", in.name, "", ErrTimeout, "dial %s: %v", addr, err)
+			return opErr("connect", in.name, "", ended(ctx), "dial %s: %v", addr, err)
 		}
 		tc := c.(*net.TCPConn)
 		conns = append(conns, tc)
@@ -990,7 +992,9 @@ func (e *Endpoint) Peer(name string) *Peer {
 }
 
 // Imm returns the next immediate a peer's WriteWithImm delivered (in the
-// order they arrived), waiting until ctx ends (or Options.Timeout).
+// order they arrived), waiting until ctx ends (or Options.Timeout):
+// ErrTimeout when the deadline passes, ErrCancelled when ctx is
+// cancelled.
 func (e *Endpoint) Imm(ctx context.Context) (Imm, error) {
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
@@ -1011,7 +1015,7 @@ func (e *Endpoint) Imm(ctx context.Context) (Imm, error) {
 		case <-e.done:
 			return Imm{}, opErr("imm", "", "", ErrClosed, "the endpoint is closed")
 		case <-ctx.Done():
-			return Imm{}, opErr("imm", "", "", ErrTimeout, "no immediate arrived")
+			return Imm{}, opErr("imm", "", "", ended(ctx), "no immediate arrived")
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"context"
 	"errors"
 	"fmt"
 )
@@ -22,10 +23,20 @@ var (
 	ErrInvalid = errors.New("p2p: invalid argument")
 	// ErrClosed: the endpoint was closed, or the region deregistered.
 	ErrClosed = errors.New("p2p: closed")
-	// ErrCancelled: the transfer was given up (its context ended, or the
-	// other side cancelled its half).
+	// ErrCancelled: the call was given up (its context was cancelled, or
+	// the other side cancelled its half of a transfer).
 	ErrCancelled = errors.New("p2p: cancelled")
 )
+
+// ended is the sentinel of a wait that ctx, which has ended, cut short:
+// ErrTimeout when its deadline passed, ErrCancelled when it was
+// cancelled.
+func ended(ctx context.Context) error {
+	if ctx.Err() == context.DeadlineExceeded {
+		return ErrTimeout
+	}
+	return ErrCancelled
+}
 
 // OpError is what a failed call returns: the operation, the peer and the
 // region it concerns (empty when none), and the cause, which wraps one of

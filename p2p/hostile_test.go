@@ -2552,3 +2552,68 @@ func TestWaitersShareConnection(t *testing.T) {
 		t.Fatal("no Wait parked on the waker")
 	}
 }
+
+// TestEndedByCancel: a context that is cancelled ends Imm, Connect and
+// Deregister with ErrCancelled, one whose deadline passed with ErrTimeout,
+// as it ends a Future's Wait: a caller that shuts down is not told that
+// something timed out.
+func TestEndedByCancel(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	_, st := storeFor(t)
+	a := published(t, ctx, st, "a", func(o *Options) { o.Heartbeat = 20 * time.Second })
+	// stalled registers a region and holds it with a write, from a peer
+	// of its own, whose chunk stalls half-way: Deregister waits for it.
+	stalled := func(t *testing.T, peer string) *Region {
+		mem := make([]byte, 2*ChunkMax)
+		r, _ := a.Register(peer, mem)
+		rr := r.Remote()
+		c, err := net.Dial("tcp", a.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		c.Write(helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), peer))
+		var ack [HeaderSize]byte
+		if _, err := readFull(c, ack[:]); err != nil {
+			t.Fatal(err)
+		}
+		p := make([]byte, stripeSize+DescSize)
+		(&desc{rr.ID, rr.Key, 0, uint64(len(mem))}).put(p[stripeSize:])
+		c.Write(append(hdr(header{kind: kReq, sub: rWrite, id: 1, a: uint64(len(mem)), b: 1, payload: uint32(len(p))}), p...))
+		c.Write(append(hdr(header{kind: kData, id: 1, payload: ChunkMax}), make([]byte, ChunkMax/2)...))
+		eventually(t, "the write to start", func() bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.refs > 0
+		})
+		return r
+	}
+	for _, tc := range []struct {
+		name string
+		ctx  func() context.Context
+		want error
+	}{
+		{"cancelled", func() context.Context { c, cancel := context.WithCancel(ctx); cancel(); return c }, ErrCancelled},
+		{"deadline", func() context.Context {
+			c, cancel := context.WithTimeout(ctx, time.Millisecond)
+			t.Cleanup(cancel)
+			<-c.Done()
+			return c
+		}, ErrTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := a.Imm(tc.ctx()); !errors.Is(err, tc.want) {
+				t.Errorf("Imm: %v, want %v", err, tc.want)
+			}
+			if _, err := a.Connect(tc.ctx(), "nobody"); !errors.Is(err, tc.want) {
+				t.Errorf("Connect: %v, want %v", err, tc.want)
+			}
+			if err := a.Deregister(tc.ctx(), stalled(t, "peer-"+tc.name)); !errors.Is(err, tc.want) {
+				t.Errorf("Deregister: %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
