@@ -134,10 +134,15 @@ type Endpoint struct {
 	// maxMappedBytes.
 	mapCount, mapBytes atomic.Int64
 
-	immMu   sync.Mutex
-	imms    []Imm
-	immPer  map[string]int // undelivered immediates by peer
-	immWake chan struct{}
+	immMu sync.Mutex
+	// imms are the undelivered immediates by peer, each peer's in the
+	// order they arrived; seq orders them across peers (Endpoint.Imm).
+	imms   map[string][]queuedImm
+	immN   int
+	immSeq uint64
+	// immGen is closed, and replaced, when an immediate is queued or a
+	// link fails: every Imm waiting then looks again.
+	immGen chan struct{}
 
 	refused atomic.Int64
 	// token, at an address its Info gives, proves to a peer on this host
@@ -196,7 +201,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	rand.Read(first[:])
 	e := &Endpoint{opts: o, key: auth.NewKey(o.Auth.Secret, o.Auth.Job), ln: ln.(*net.TCPListener), addr: ln.Addr().String(),
 		host: hostID(), done: make(chan struct{}), closed: make(chan struct{}), regs: map[uint64]*Region{}, peers: map[string]*Peer{},
-		immWake: make(chan struct{}, 1), immPer: make(map[string]int), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
+		immGen: make(chan struct{}), imms: make(map[string][]queuedImm), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
 	e.token = new(uint64)
 	rand.Read(first[:])
 	*e.token = binary.LittleEndian.Uint64(first[:]) | 1
@@ -994,28 +999,72 @@ func (e *Endpoint) Peer(name string) *Peer {
 // Imm returns the next immediate a peer's WriteWithImm delivered (in the
 // order they arrived), waiting until ctx ends (or Options.Timeout):
 // ErrTimeout when the deadline passes, ErrCancelled when ctx is
-// cancelled.
+// cancelled. It waits on however many peers are lost meanwhile; to wait
+// for one peer's immediates and learn at once that it is gone, use
+// Peer.Imm.
 func (e *Endpoint) Imm(ctx context.Context) (Imm, error) {
+	return e.takeImm(ctx, nil)
+}
+
+// Imm returns the next immediate this peer's WriteWithImm delivered (in
+// the order they arrived; Endpoint.Imm takes from the same queue),
+// waiting until ctx ends (or Options.Timeout): ErrTimeout when the
+// deadline passes, ErrCancelled when ctx is cancelled. Once the link has
+// failed and none of the peer's immediates is left, it fails with the
+// link's error (ErrPeerLost, say), naming the peer, at once.
+func (p *Peer) Imm(ctx context.Context) (Imm, error) {
+	return p.e.takeImm(ctx, p)
+}
+
+// queuedImm is an immediate waiting for Imm, and when it arrived.
+type queuedImm struct {
+	Imm
+	seq uint64
+}
+
+// takeImm is Imm of any peer's immediates (p nil) or of p's.
+func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
+	peer := ""
+	if p != nil {
+		peer = p.name
+	}
 	for {
 		e.immMu.Lock()
-		if len(e.imms) > 0 {
-			v := e.imms[0]
-			e.imms = e.imms[1:]
-			if e.immPer[v.Peer]--; e.immPer[v.Peer] == 0 {
-				delete(e.immPer, v.Peer)
+		from := peer
+		if p == nil { // the peer whose first immediate came first
+			first := uint64(0)
+			for name, q := range e.imms {
+				if from == "" || q[0].seq < first {
+					from, first = name, q[0].seq
+				}
 			}
-			e.immMu.Unlock()
-			return v, nil
 		}
+		if q := e.imms[from]; len(q) > 0 {
+			if len(q) == 1 {
+				delete(e.imms, from)
+			} else {
+				e.imms[from] = q[1:]
+			}
+			e.immN--
+			e.immMu.Unlock()
+			return q[0].Imm, nil
+		}
+		gen := e.immGen
 		e.immMu.Unlock()
+		// A link that fails after gen was taken closes it (wakeImms).
+		if p != nil && p.l != nil {
+			if err := p.l.failed(); err != nil {
+				return Imm{}, opErr("imm", peer, "", sentinelOf(err), "the link ended: %v", err)
+			}
+		}
 		select {
-		case <-e.immWake:
+		case <-gen:
 		case <-e.done:
-			return Imm{}, opErr("imm", "", "", ErrClosed, "the endpoint is closed")
+			return Imm{}, opErr("imm", peer, "", ErrClosed, "the endpoint is closed")
 		case <-ctx.Done():
-			return Imm{}, opErr("imm", "", "", ended(ctx), "no immediate arrived")
+			return Imm{}, opErr("imm", peer, "", ended(ctx), "no immediate arrived")
 		}
 	}
 }
@@ -1023,16 +1072,23 @@ func (e *Endpoint) Imm(ctx context.Context) (Imm, error) {
 func (e *Endpoint) pushImm(v Imm) bool {
 	e.immMu.Lock()
 	defer e.immMu.Unlock()
-	if len(e.imms) >= maxImm || e.immPer[v.Peer] >= maxImmPeer {
+	if e.immN >= maxImm || len(e.imms[v.Peer]) >= maxImmPeer {
 		return false
 	}
-	e.imms = append(e.imms, v)
-	e.immPer[v.Peer]++
-	select {
-	case e.immWake <- struct{}{}:
-	default:
-	}
+	e.immSeq++
+	e.imms[v.Peer] = append(e.imms[v.Peer], queuedImm{v, e.immSeq})
+	e.immN++
+	close(e.immGen)
+	e.immGen = make(chan struct{})
 	return true
+}
+
+// wakeImms makes every Imm waiting look again (a link failed).
+func (e *Endpoint) wakeImms() {
+	e.immMu.Lock()
+	close(e.immGen)
+	e.immGen = make(chan struct{})
+	e.immMu.Unlock()
 }
 
 // Close closes every link (their transfers fail with ErrClosed) and the

@@ -2617,3 +2617,76 @@ func TestEndedByCancel(t *testing.T) {
 		})
 	}
 }
+
+// TestPeerImm: Peer.Imm takes its peer's immediates alone, in order,
+// leaving the others' to Endpoint.Imm (which takes them in the order they
+// arrived, across peers); once a peer's link has failed, its queued
+// immediates are still delivered, and then its Imm fails at once with
+// ErrPeerLost naming it, also one already waiting.
+func TestPeerImm(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, Timeout: time.Minute, Heartbeat: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	p1, c1, _ := fakeTarget(t, a)
+	addr, got := fakeAcceptor(t)
+	p2, c2 := fakeLink(t, ctx, a, info{name: "evil2", addr: addr}, got)
+	imm := func(c net.Conn, id, v uint64) {
+		t.Helper()
+		c.Write(hdr(header{kind: kReq, sub: rImm, id: id, a: v}))
+		if h, _ := nextFrame(t, c); h.kind != kResp || h.sub != rImm || h.status != stOK {
+			t.Fatalf("the immediate was answered %+v", h)
+		}
+	}
+	imm(c1, 1, 1)
+	imm(c2, 1, 2)
+	imm(c1, 2, 3)
+	short := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		t.Cleanup(cancel)
+		return c
+	}
+	for _, step := range []struct {
+		name string
+		take func(context.Context) (Imm, error)
+		want Imm
+	}{
+		{"evil2's", p2.Imm, Imm{"evil2", 2}},
+		{"the first", a.Imm, Imm{"evil", 1}},
+		{"the next", a.Imm, Imm{"evil", 3}},
+	} {
+		if im, err := step.take(ctx); err != nil || im != step.want {
+			t.Fatalf("%s: %+v, %v; want %+v", step.name, im, err, step.want)
+		}
+	}
+	if im, err := p1.Imm(short()); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("evil's Imm with none queued: %+v, %v; want ErrTimeout", im, err)
+	}
+	// Lost with an immediate queued: that one first, then the error.
+	imm(c2, 2, 4)
+	c2.Close()
+	eventually(t, "evil2's link to fail", func() bool { return p2.l.failed() != nil })
+	if im, err := p2.Imm(ctx); err != nil || im != (Imm{"evil2", 4}) {
+		t.Fatalf("evil2's queued immediate after its loss: %+v, %v", im, err)
+	}
+	var oe *OpError
+	if _, err := p2.Imm(ctx); !errors.Is(err, ErrPeerLost) || !errors.As(err, &oe) || oe.Peer != "evil2" {
+		t.Fatalf("evil2's Imm after its loss: %v; want ErrPeerLost naming it", err)
+	}
+	// Lost while one waits.
+	res := make(chan error, 1)
+	start := time.Now()
+	go func() { _, err := p1.Imm(context.Background()); res <- err }()
+	time.Sleep(50 * time.Millisecond)
+	c1.Close()
+	select {
+	case err := <-res:
+		if !errors.Is(err, ErrPeerLost) {
+			t.Fatalf("a waiting Imm of a peer lost: %v after %v; want ErrPeerLost", err, time.Since(start))
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a waiting Imm of a peer lost still waits after 5 s")
+	}
+}

@@ -382,6 +382,7 @@ func (l *link) fail(err error) {
 	for _, p := range all {
 		p.finish(err)
 	}
+	e.wakeImms() // a Peer.Imm of this peer fails now
 }
 
 func (l *link) failed() error {
