@@ -136,10 +136,15 @@ var errWrong = errors.New("kvcache: wrong data")
 func name(rank int) string { return "rank" + strconv.Itoa(rank) }
 
 func run(o collective.Options, c config) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.rounds+1)*c.timeout)
+	// No deadline for the run: every wait is bounded by --timeout on its
+	// own (the store's and the endpoint's Timeout), so that a run of many
+	// rounds does not wait rounds times as long for a lost peer.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	auth := rendezvous.Auth{Secret: o.JobSecret, Job: o.JobID}
-	st, err := rendezvous.Dial(ctx, net.JoinHostPort(o.MasterAddr, strconv.Itoa(o.MasterPort)), auth)
+	dctx, dcancel := context.WithTimeout(ctx, c.timeout)
+	st, err := rendezvous.Dial(dctx, net.JoinHostPort(o.MasterAddr, strconv.Itoa(o.MasterPort)), auth)
+	dcancel()
 	if err != nil {
 		return fmt.Errorf("the store (run it under slimerun): %w", err)
 	}
@@ -321,6 +326,14 @@ func decodeRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o c
 	if err := barrier(ctx, st, o, "connected"); err != nil {
 		return err
 	}
+	// Each prefill rank's immediates are taken from its link (Peer.Imm),
+	// which fails at once when the rank is lost.
+	peers := make([]*p2p.Peer, c.prefill)
+	for p := range peers {
+		if peers[p], err = e.Connect(ctx, name(p)); err != nil {
+			return err
+		}
+	}
 	var checked, wrong int64
 	want := make([]byte, c.pageSize)
 	for r := range c.rounds {
@@ -333,19 +346,18 @@ func decodeRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o c
 			orders[p] = c.order(r, p, d)
 			expect += c.batches(p)
 		}
-		for range expect {
-			im, err := e.Imm(ctx)
-			if err != nil {
-				return fmt.Errorf("round %d, waiting for a batch (%d checked): %w", r, checked, err)
+		for i := range expect {
+			// The prefill ranks' batches in turn: p's i-th of this round.
+			p := 0
+			for left := i; left >= len(seen[p]); p++ {
+				left -= len(seen[p])
 			}
-			p := -1
-			for q := range c.prefill {
-				if im.Peer == name(q) {
-					p = q
-				}
+			im, err := peers[p].Imm(ctx)
+			if err != nil {
+				return fmt.Errorf("round %d, waiting for a batch of rank %d (%d pages checked): %w", r, p, checked, err)
 			}
 			v := int(im.Value)
-			if p < 0 || v >= len(seen[p]) || seen[p][v] {
+			if v >= len(seen[p]) || seen[p][v] {
 				return fmt.Errorf("%w: round %d: an unknown or repeated immediate %d from %q", errWrong, r, im.Value, im.Peer)
 			}
 			seen[p][v] = true

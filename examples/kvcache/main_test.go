@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -165,4 +166,55 @@ func TestKVCache(t *testing.T) {
 			t.Fatalf("exit %d, want a failure naming the wrong byte:\n%s", code, out)
 		}
 	})
+}
+
+// TestKVCachePrefillKilled: two nodes on this host (two slimeruns on
+// loopback), prefill rank 0 of node 0 is killed (SIGKILL) in the middle of
+// the rounds. The decode ranks of node 1, waiting for its pages'
+// immediates, must fail within seconds naming the lost peer, not wait for
+// --timeout (60 s a wait here).
+func TestKVCachePrefillKilled(t *testing.T) {
+	dir := build(t)
+	noWrap := func(int) []string { return nil }
+	go func() {
+		// Rank 0 is the kvcache process of this test's binary with
+		// RANK=0 in its environment, once it has run a while.
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if pid := rankPid(dir, 0); pid > 0 {
+				time.Sleep(time.Second)
+				syscall.Kill(pid, syscall.SIGKILL)
+				return
+			}
+		}
+	}()
+	start := time.Now()
+	outs, failed := nodes(t, dir, noWrap, "127.0.0.1", testbin.FreePort(t), 40*time.Second,
+		"--pages", "256", "--batch", "16", "--rounds", "100000", "--timeout", "60s")
+	if len(failed) != 2 || !strings.Contains(outs[1], `peer "rank0"`) || time.Since(start) > 30*time.Second {
+		t.Fatalf("want both nodes failed within 30 s, node 1 naming the lost prefill rank 0; failed %v after %v:\n%s\n%s", failed, time.Since(start), outs[0], outs[1])
+	}
+	t.Logf("after %v:\n%s\n%s", time.Since(start), outs[0], outs[1])
+}
+
+// rankPid is the pid of the process running dir's kvcache with RANK=rank
+// in its environment, or 0.
+func rankPid(dir string, rank int) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, _ := os.Readlink("/proc/" + e.Name() + "/exe")
+		if exe != filepath.Join(dir, "kvcache") {
+			continue
+		}
+		env, _ := os.ReadFile("/proc/" + e.Name() + "/environ")
+		for _, kv := range bytes.Split(env, []byte{0}) {
+			if string(kv) == "RANK="+strconv.Itoa(rank) {
+				return pid
+			}
+		}
+	}
+	return 0
 }
