@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -227,6 +228,18 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 	if cfg.Baselines && !cfg.GPU { // paired's batches (not measured on GPU memory)
 		for _, k := range cfg.pairs() {
 			need = max(need, k.bytes())
+		}
+	}
+	// The region and the expected bytes (host memory), and the paired
+	// baselines' two buffers: refused here, with what to lower, rather
+	// than by the runtime running out of memory.
+	if avail, total, ok := hostMemory(); ok {
+		if 4*need > avail {
+			return nil, fmt.Errorf("%w: rank %d: the grid's largest combination (size × batch × concurrency) is %s, which needs %.1f GiB of memory here, and %.1f GiB is available: lower --max-bytes or --max-in-flight",
+				ErrP2PBench, c.Rank(), bytesize.Format(need), gib(4*need), gib(avail))
+		}
+		if cfg.RegisterBytes > total {
+			return nil, fmt.Errorf("%w: rank %d: registering %.1f GiB, more than this machine's memory (%.1f GiB)", ErrP2PBench, c.Rank(), gib(cfg.RegisterBytes), gib(total))
 		}
 	}
 	var region []byte
@@ -886,6 +899,9 @@ func PlotP2P(rs []P2PResult, title, file string) error {
 			args = append(args, k, series[k])
 		}
 	}
+	if len(args) == 0 {
+		return fmt.Errorf("%w: nothing to plot in %s: no row of 1 KiB or more with a bandwidth", ErrP2PBench, file)
+	}
 	if err := plotutil.AddLinePoints(p, args...); err != nil {
 		return err
 	}
@@ -1088,4 +1104,33 @@ func (l *link) oneway(buf []byte, sender bool) error {
 		}
 	}
 	return l.fail("one-way transfer", first)
+}
+
+func gib(n int64) float64 { return float64(n) / (1 << 30) }
+
+// hostMemory is /proc/meminfo's MemAvailable and MemTotal, in bytes (ok
+// false where it cannot be read).
+func hostMemory() (avail, total int64, ok bool) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, 0, false
+	}
+	var seen int
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		kb, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch f[0] {
+		case "MemAvailable:":
+			avail, seen = kb<<10, seen|1
+		case "MemTotal:":
+			total, seen = kb<<10, seen|2
+		}
+	}
+	return avail, total, seen == 3
 }

@@ -50,7 +50,8 @@ type Options struct {
 	IfName     string
 	MasterAddr string
 	// Channels is the number of TCP connections of a link this endpoint
-	// dials (default DefaultChannels; a link has its dialer's); an
+	// dials (default DefaultChannels, at most MaxChannels; a link has its
+	// dialer's); an
 	// operation of n bytes is striped over inter.Stripes(n, Channels) of
 	// them.
 	Channels int
@@ -96,8 +97,9 @@ const (
 	// connection costs a socket on each side, its goroutines and a ping
 	// every Heartbeat/4. Lower it where a process links to many peers.
 	DefaultChannels = 8
-	// maxChannels bounds the connections of one link (and a hello's count).
-	maxChannels = 64
+	// MaxChannels bounds the connections of one link (Options.Channels,
+	// and a hello's count).
+	MaxChannels = 64
 	// maxImm bounds the immediates received and not yet taken by Imm,
 	// and maxImmPeer those of one peer: a peer that floods the queue
 	// (or whose immediates the program leaves there) takes at most a
@@ -172,7 +174,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	if o.Channels <= 0 {
 		o.Channels = DefaultChannels
 	}
-	o.Channels = min(o.Channels, maxChannels)
+	o.Channels = min(o.Channels, MaxChannels)
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
 	}

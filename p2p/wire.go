@@ -211,7 +211,7 @@ func decodeHeader(p []byte) (header, error) {
 	}
 	switch h.kind {
 	case kHello:
-		if h.sub != 0 || h.status != 0 || h.payload <= helloFixed || h.payload > helloFixed+MaxName || h.b == 0 || h.b > maxChannels || h.a >= uint64(h.b) {
+		if h.sub != 0 || h.status != 0 || h.payload <= helloFixed || h.payload > helloFixed+MaxName || h.b == 0 || h.b > MaxChannels || h.a >= uint64(h.b) {
 			return bad("hello fields")
 		}
 	case kHelloAck:

@@ -14,11 +14,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 
 	"github.com/slimego/slimego/bench"
 	"github.com/slimego/slimego/collective"
@@ -26,6 +29,7 @@ import (
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/bytesize"
 	"github.com/slimego/slimego/overlap"
+	"github.com/slimego/slimego/p2p"
 )
 
 func main() {
@@ -57,8 +61,12 @@ func main() {
 		usage()
 		return
 	default:
+		fmt.Fprintf(os.Stderr, "slimebench: unknown command %q\n", os.Args[1])
 		usage()
 		os.Exit(2)
+	}
+	if errors.Is(err, pflag.ErrHelp) { // the flags' usage is printed
+		return
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "slimebench:", err)
@@ -87,6 +95,9 @@ run 'slimebench COMMAND --help' for its flags
 type sweep struct {
 	fs               *pflag.FlagSet
 	min, max, factor *string
+	// grid: the sizes are min … max by factor even when no flag is given
+	// (else defaultSizes).
+	grid bool
 }
 
 func sweepFlags(fs *pflag.FlagSet) sweep {
@@ -98,26 +109,42 @@ func sweepFlags(fs *pflag.FlagSet) sweep {
 	}
 }
 
+// gridFlags are sweep flags whose defaults, min … max by factor, are the
+// sweep when none is given.
+func gridFlags(fs *pflag.FlagSet, min, max, factor, what string) sweep {
+	return sweep{
+		fs:     fs,
+		min:    fs.StringP("min-bytes", "b", min, "smallest "+what+" (suffixes K, M, G)"),
+		max:    fs.StringP("max-bytes", "e", max, "largest "+what),
+		factor: fs.StringP("step-factor", "f", factor, "multiply the size by this between steps"),
+		grid:   true,
+	}
+}
+
 // defaultSizes is ../shared/BENCH.md's sweep.
 var defaultSizes = []int64{8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}
 
 func (s sweep) sizes() ([]int64, error) {
-	if !s.fs.Changed("min-bytes") && !s.fs.Changed("max-bytes") && !s.fs.Changed("step-factor") {
+	if !s.grid && !s.fs.Changed("min-bytes") && !s.fs.Changed("max-bytes") && !s.fs.Changed("step-factor") {
 		return defaultSizes, nil
 	}
 	lo, err := bytesize.Parse(*s.min)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--min-bytes %q: %v", *s.min, err)
 	}
 	hi, err := bytesize.Parse(*s.max)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--max-bytes %q: %v", *s.max, err)
 	}
-	var f float64
-	if _, err := fmt.Sscanf(*s.factor, "%g", &f); err != nil {
-		return nil, fmt.Errorf("--step-factor %q: %v", *s.factor, err)
+	f, err := strconv.ParseFloat(*s.factor, 64)
+	if err != nil {
+		return nil, fmt.Errorf("--step-factor %q: not a number", *s.factor)
 	}
-	return bench.Sizes(lo, hi, f)
+	sizes, err := bench.Sizes(lo, hi, f)
+	if err != nil {
+		return nil, fmt.Errorf("--min-bytes %s, --max-bytes %s, --step-factor %s: %w", *s.min, *s.max, *s.factor, err)
+	}
+	return sizes, nil
 }
 
 func allgather(args []string) error {
@@ -423,9 +450,12 @@ func tcp(args []string) error {
 	return nil
 }
 
+// maxConcurrency bounds slimebench p2p's --concurrency.
+const maxConcurrency = 1024
+
 func p2pCmd(args []string) error {
 	fs := pflag.NewFlagSet("slimebench p2p", pflag.ContinueOnError)
-	sw := sweepFlags(fs)
+	sw := gridFlags(fs, "2K", "128M", "2", "bytes per operation (DLSlime's grid: 2K … 128M by ×2)")
 	batches := fs.IntSlice("batch", []int{1, 64}, "operations per batched call (one sweep each)")
 	conc := fs.IntSlice("concurrency", []int{1, 8}, "batches in flight at once (one sweep each)")
 	ops := fs.StringSlice("op", []string{"read", "write"}, "read, write, writeimm (WriteWithImm: each batch ends with an immediate the target takes in)")
@@ -433,19 +463,46 @@ func p2pCmd(args []string) error {
 	shared := fs.Bool("shared", false, "register each rank's region as p2p.Shared memory, which a peer on this host maps and copies itself (transport shm)")
 	symmetric := fs.Bool("symmetric", false, "register each rank's part of symmetric memory (collective Alloc, a file in /dev/shm) as p2p.Shared memory (MapShared), which a peer on this host maps and copies itself (transport shm)")
 	gpu := fs.Bool("gpu", false, "register each rank's region as GPU memory (device LOCAL_RANK mod the devices), copied device to device through CUDA IPC on one host (transport ipc), staged through host memory over TCP otherwise; no paired baselines")
-	channels := fs.Int("channels", 0, "TCP connections of the link, p2p's and the raw baseline's (default p2p.DefaultChannels)")
+	channels := fs.Int("channels", p2p.DefaultChannels, fmt.Sprintf("TCP connections of the link, p2p's and the raw baseline's (1 to %d)", p2p.MaxChannels))
 	inFlight := fs.String("max-in-flight", "256M", "skip combinations moving more bytes at once than this (size x batch x concurrency)")
 	register := fs.String("register", "1G", "memory whose registration is timed, as 4K pages and as one region (0: none)")
 	noBase := fs.Bool("no-baselines", false, "leave out raw TCP, the 8-byte read and memcpy")
-	minTime := fs.Duration("min-time", 200*time.Millisecond, "timed time per combination (at least 5 rounds)")
+	minTime := fs.Duration("min-time", 200*time.Millisecond, "timed time per combination (at least 5 rounds, at most 2000)")
 	asCSV := fs.Bool("csv", false, "print CSV ("+strings.Join(bench.P2PCSVHeader, ",")+") instead of the table")
 	plotFile := fs.String("plot", "", "write a PNG of GB/s against S")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("p2p: unexpected arguments %q", fs.Args())
+	}
 	if *gpu && *shared || *gpu && *symmetric || *shared && *symmetric {
 		return fmt.Errorf("p2p: one of --gpu, --shared and --symmetric: one kind of memory")
+	}
+	if *tcpOnly && (*shared || *symmetric) {
+		return fmt.Errorf("p2p: --shared and --symmetric measure the copies a peer on this host makes through its own mapping, which --tcp-only turns off")
+	}
+	for _, b := range *batches {
+		if b < 1 || b > p2p.MaxBatch {
+			return fmt.Errorf("p2p: --batch %d: want 1 to %d operations", b, p2p.MaxBatch)
+		}
+	}
+	for _, k := range *conc {
+		if k < 1 || k > maxConcurrency {
+			return fmt.Errorf("p2p: --concurrency %d: want 1 to %d batches in flight", k, maxConcurrency)
+		}
+	}
+	if *channels < 1 || *channels > p2p.MaxChannels {
+		return fmt.Errorf("p2p: --channels %d: want 1 to %d", *channels, p2p.MaxChannels)
+	}
+	if *minTime <= 0 {
+		return fmt.Errorf("p2p: --min-time %v: want a positive duration", *minTime)
+	}
+	if *plotFile != "" {
+		if err := unix.Access(filepath.Dir(*plotFile), unix.W_OK); err != nil {
+			return fmt.Errorf("p2p: --plot %s: its directory is not writable: %v", *plotFile, err)
+		}
 	}
 	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Shared: *shared, Symmetric: *symmetric, GPU: *gpu, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
 	for _, op := range *ops {
@@ -453,22 +510,14 @@ func p2pCmd(args []string) error {
 			return fmt.Errorf("p2p: --op %q: want read, write or writeimm", op)
 		}
 	}
-	if fs.Changed("min-bytes") || fs.Changed("max-bytes") || fs.Changed("step-factor") {
-		if !fs.Changed("step-factor") {
-			*sw.factor = "2"
-		}
-		if !fs.Changed("min-bytes") {
-			*sw.min = "2K"
-		}
-		if !fs.Changed("max-bytes") {
-			*sw.max = "128M"
-		}
-		var err error
-		if cfg.Sizes, err = sw.sizes(); err != nil {
-			return err
-		}
+	var err error
+	if cfg.Sizes, err = sw.sizes(); err != nil {
+		return fmt.Errorf("p2p: %w", err)
 	}
 	n, err := bytesize.Parse(*inFlight)
+	if err == nil && n <= 0 {
+		err = errors.New("want a positive size")
+	}
 	if err != nil {
 		return fmt.Errorf("p2p: --max-in-flight %q: %v", *inFlight, err)
 	}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// build compiles slimerun and slimebench into a temporary directory.
+func build(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/slimerun", "./cmd/slimebench")
+	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// run runs argv (bounded in time) and returns its output and exit code.
+func run(t *testing.T, argv ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "SLIME_JOB_SECRET=slimebench-test")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if ee, ok := err.(*exec.ExitError); ok {
+			return out.String(), ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), 0
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("%v hung:\n%s", argv, out.String())
+	}
+	return "", -1
+}
+
+// TestP2PBadFlags: slimebench p2p refuses nonsense flags with an error
+// that names the flag, before it measures anything, and never crashes
+// (a panic, or the runtime out of memory); --help succeeds and an unknown
+// command is named.
+func TestP2PBadFlags(t *testing.T) {
+	dir := build(t)
+	plotDir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--batch", "-1"}, "--batch -1: want 1 to 4096"},
+		{[]string{"--batch", "5000"}, "--batch 5000: want 1 to 4096"},
+		{[]string{"--concurrency", "0"}, "--concurrency 0: want 1 to 1024"},
+		{[]string{"--concurrency", "-1"}, "--concurrency -1: want 1 to 1024"},
+		{[]string{"--channels", "100"}, "--channels 100: want 1 to 64"},
+		{[]string{"--min-time", "0s"}, "--min-time 0s: want a positive duration"},
+		{[]string{"-f", "8abc"}, `--step-factor "8abc": not a number`},
+		{[]string{"-b", "2K", "-e", "1K"}, "--min-bytes 2K, --max-bytes 1K"},
+		{[]string{"--shared", "--tcp-only"}, "--tcp-only turns off"},
+		{[]string{"foo"}, `unexpected arguments ["foo"]`},
+		{[]string{"--max-in-flight", "0"}, `--max-in-flight "0": want a positive size`},
+		{[]string{"-b", "1024G", "-e", "1024G", "--max-in-flight", "1024G"}, "lower --max-bytes or --max-in-flight"},
+		{[]string{"--register", "1024G"}, "more than this machine's memory"},
+		{[]string{"--plot", "/proc/no-such-dir/p.png"}, "--plot /proc/no-such-dir/p.png: its directory is not writable"},
+		{[]string{"-e", "512", "--no-baselines", "--min-time", "10ms", "--plot", filepath.Join(plotDir, "p.png")}, "nothing to plot"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			argv := append([]string{filepath.Join(dir, "slimerun"), "-q", "--standalone", "--nproc-per-node", "2", filepath.Join(dir, "slimebench"),
+				"p2p", "-b", "8", "--op", "read", "--batch", "1", "--concurrency", "1", "--register", "0", "--quiet"}, tc.args...)
+			out, code := run(t, argv...)
+			if code == 0 || !strings.Contains(out, tc.want) || strings.Contains(out, "panic") || strings.Contains(out, "fatal error") {
+				t.Fatalf("exit %d, want a failure saying %q:\n%s", code, tc.want, out)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(plotDir, "p.png")); err == nil {
+		t.Error("a plot of nothing left its file behind")
+	}
+	if out, code := run(t, filepath.Join(dir, "slimebench"), "p2p", "--help"); code != 0 || !strings.Contains(out, "--concurrency") {
+		t.Errorf("p2p --help: exit %d:\n%s", code, out)
+	}
+	if out, code := run(t, filepath.Join(dir, "slimebench"), "p2pp"); code == 0 || !strings.Contains(out, `unknown command "p2pp"`) {
+		t.Errorf("an unknown command: exit %d:\n%s", code, out)
+	}
+}
