@@ -10,7 +10,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -28,6 +27,7 @@ import (
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/bytesize"
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/p2p"
 	"github.com/slimego/slimego/rendezvous"
 )
@@ -233,7 +233,7 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 	// The region and the expected bytes (host memory), and the paired
 	// baselines' two buffers: refused here, with what to lower, rather
 	// than by the runtime running out of memory.
-	if avail, total, ok := hostMemory(); ok {
+	if avail, total, ok := machine.Memory(); ok {
 		if 4*need > avail {
 			return nil, fmt.Errorf("%w: rank %d: the grid's largest combination (size × batch × concurrency) is %s, which needs %.1f GiB of memory here, and %.1f GiB is available: lower --max-bytes or --max-in-flight",
 				ErrP2PBench, c.Rank(), bytesize.Format(need), gib(4*need), gib(avail))
@@ -1107,30 +1107,3 @@ func (l *link) oneway(buf []byte, sender bool) error {
 }
 
 func gib(n int64) float64 { return float64(n) / (1 << 30) }
-
-// hostMemory is /proc/meminfo's MemAvailable and MemTotal, in bytes (ok
-// false where it cannot be read).
-func hostMemory() (avail, total int64, ok bool) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, 0, false
-	}
-	var seen int
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, err := strconv.ParseInt(f[1], 10, 64)
-		if err != nil {
-			continue
-		}
-		switch f[0] {
-		case "MemAvailable:":
-			avail, seen = kb<<10, seen|1
-		case "MemTotal:":
-			total, seen = kb<<10, seen|2
-		}
-	}
-	return avail, total, seen == 3
-}

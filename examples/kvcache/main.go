@@ -31,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/big"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -42,6 +43,7 @@ import (
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/bytesize"
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/pattern"
 	"github.com/slimego/slimego/p2p"
 	"github.com/slimego/slimego/rendezvous"
@@ -101,8 +103,19 @@ func main() {
 		fail("--page-size %q: want 1 byte to 1G", *pageSize)
 	}
 	c.pageSize = int(ps)
-	if c.batch < 1 || c.batch > p2p.MaxBatch || c.inflight < 1 || c.rounds < 1 || c.pages < 1 {
-		fail("--batch (1..%d), --inflight, --rounds and --pages must be positive", p2p.MaxBatch)
+	if c.batch < 1 || c.batch > p2p.MaxBatch {
+		fail("--batch %d: want 1 to %d pages", c.batch, p2p.MaxBatch)
+	}
+	for _, f := range []struct {
+		name string
+		n    int
+	}{{"inflight", c.inflight}, {"rounds", c.rounds}, {"pages", c.pages}} {
+		if f.n < 1 {
+			fail("--%s %d: want a positive count", f.name, f.n)
+		}
+	}
+	if c.timeout <= 0 {
+		fail("--timeout %v: want a positive duration", c.timeout)
 	}
 	o, err := collective.LoadEnv(os.Getenv)
 	if err != nil {
@@ -118,6 +131,27 @@ func main() {
 	}
 	if c.pages < c.prefill {
 		fail("--pages %d: fewer than the %d prefill ranks", c.pages, c.prefill)
+	}
+	if c.corrupt != -1 && (c.corrupt < 0 || c.corrupt >= c.pages || c.corrupt%c.prefill != 0) {
+		fail("--corrupt-page %d: not a page of prefill rank 0 (0, %d, %d, … below --pages %d)", c.corrupt, c.prefill, 2*c.prefill, c.pages)
+	}
+	// What a rank allocates (host memory, also with --gpu: staged), in
+	// bytes, counted without overflow: a prefill rank's staging area, a
+	// decode rank's cache.
+	stage := big.NewInt(int64(c.decode))
+	for _, f := range []int{c.inflight, c.batch, c.pageSize} {
+		stage.Mul(stage, big.NewInt(int64(f)))
+	}
+	cache := new(big.Int).Mul(big.NewInt(int64(c.pages)), big.NewInt(int64(c.pageSize)))
+	if avail, _, ok := machine.Memory(); ok {
+		for _, m := range []struct {
+			what string
+			n    *big.Int
+		}{{"a prefill rank's staging area (decode ranks × --inflight × --batch × --page-size)", stage}, {"a decode rank's cache (--pages × --page-size)", cache}} {
+			if m.n.Cmp(big.NewInt(avail)) > 0 {
+				fail("%s is %s bytes, more than the %d bytes of memory available", m.what, m.n, avail)
+			}
+		}
 	}
 	if err := run(o, c); err != nil {
 		fmt.Fprintf(os.Stderr, "kvcache: rank %d: %v\n", o.Rank, err)

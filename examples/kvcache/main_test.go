@@ -218,3 +218,30 @@ func rankPid(dir string, rank int) int {
 	}
 	return 0
 }
+
+// TestKVCacheBadFlags: nonsense flags are refused at once, naming the
+// flag, before anything is allocated (no panic, no runtime out of memory,
+// no run that passes without doing what was asked).
+func TestKVCacheBadFlags(t *testing.T) {
+	dir := build(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--timeout", "0s"}, "--timeout 0s: want a positive duration"},
+		{[]string{"--inflight", "0"}, "--inflight 0: want a positive count"},
+		{[]string{"--rounds", "-1"}, "--rounds -1: want a positive count"},
+		{[]string{"--batch", "0"}, "--batch 0: want 1 to 4096 pages"},
+		{[]string{"--corrupt-page", "99999"}, "--corrupt-page 99999: not a page of prefill rank 0"},
+		{[]string{"--page-size", "1G"}, "more than the"},
+		{[]string{"--pages", "8589934592", "--page-size", "1G", "--batch", "1", "--inflight", "1"}, "a decode rank's cache (--pages × --page-size) is 9223372036854775808 bytes"},
+		{[]string{"--inflight", "9223372036854775807"}, "a prefill rank's staging area"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			out, code := slimerun(t, dir, "2", tc.args...)
+			if code == 0 || !strings.Contains(out, tc.want) || strings.Contains(out, "panic") || strings.Contains(out, "fatal error") {
+				t.Fatalf("exit %d, want a failure saying %q:\n%s", code, tc.want, out)
+			}
+		})
+	}
+}

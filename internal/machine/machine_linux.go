@@ -1,7 +1,8 @@
 // Package machine names the machine a process runs on and counts its
-// processors, as every network namespace and container of the machine
-// sees them alike: so that processes that share one machine (nodes that
-// are namespaces or containers, peers on one host) can find each other.
+// processors and memory, as every network namespace and container of the
+// machine sees them alike: so that processes that share one machine
+// (nodes that are namespaces or containers, peers on one host) can find
+// each other, and a program can refuse a size it has no memory for.
 package machine
 
 import (
@@ -83,4 +84,32 @@ func CountCPUList(s string) int {
 		n += b - a + 1
 	}
 	return n
+}
+
+// Memory is the machine's memory available without swapping and its
+// total (/proc/meminfo's MemAvailable and MemTotal), in bytes; ok is false
+// where they cannot be read.
+func Memory() (avail, total int64, ok bool) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, 0, false
+	}
+	var seen int
+	for line := range strings.SplitSeq(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		kb, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil || kb < 0 || kb > 1<<50 {
+			continue
+		}
+		switch f[0] {
+		case "MemAvailable:":
+			avail, seen = kb<<10, seen|1
+		case "MemTotal:":
+			total, seen = kb<<10, seen|2
+		}
+	}
+	return avail, total, seen == 3
 }

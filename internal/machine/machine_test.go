@@ -21,3 +21,10 @@ func TestThisMachine(t *testing.T) {
 		t.Errorf("BootID() = %q, want a UUID", id)
 	}
 }
+
+func TestMemory(t *testing.T) {
+	avail, total, ok := Memory()
+	if !ok || avail <= 0 || total < avail {
+		t.Fatalf("Memory() = %d available of %d, %v", avail, total, ok)
+	}
+}
