@@ -97,7 +97,8 @@ type P2PConfig struct {
 	MinTime   time.Duration // timed time per combination (default 200 ms), at least 5 rounds
 	MaxRounds int           // at most this many timed rounds per combination (default 2000)
 	// RegisterBytes, if positive, is the memory whose registration is
-	// timed, as 4 KiB pages and as one region (issue 16 asks for 1 GiB).
+	// timed, as 4 KiB pages and as one region (issue 16 asks for 1 GiB):
+	// a multiple of 4 KiB, at least 8 KiB.
 	RegisterBytes int64
 	// Baselines adds raw TCP (8-byte ping-pong and one-way transfers of
 	// the sizes the targets compare with), an 8-byte read, and
@@ -205,7 +206,10 @@ const (
 func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PResult, error) {
 	cfg.defaults()
 	if c.Size() != 2 {
-		return nil, fmt.Errorf("%w: two ranks measure a link; this job has %d", ErrP2PBench, c.Size())
+		return nil, fmt.Errorf("%w: two ranks measure a link; this job has %d (run it under slimerun --nproc-per-node 2, or --nnodes 2 with one rank each)", ErrP2PBench, c.Size())
+	}
+	if r := cfg.RegisterBytes; r > 0 && (r%(4<<10) != 0 || r < 8<<10) {
+		return nil, fmt.Errorf("%w: registering %d bytes: want 0 (none) or a multiple of 4 KiB, at least 8 KiB (timed as 4 KiB pages and as one region)", ErrP2PBench, r)
 	}
 	// A seed both ranks agree on: the random data's, and the store prefix
 	// of this run's endpoints.

@@ -465,7 +465,7 @@ func p2pCmd(args []string) error {
 	gpu := fs.Bool("gpu", false, "register each rank's region as GPU memory (device LOCAL_RANK mod the devices), copied device to device through CUDA IPC on one host (transport ipc), staged through host memory over TCP otherwise; no paired baselines")
 	channels := fs.Int("channels", p2p.DefaultChannels, fmt.Sprintf("TCP connections of the link, p2p's and the raw baseline's (1 to %d)", p2p.MaxChannels))
 	inFlight := fs.String("max-in-flight", "256M", "skip combinations moving more bytes at once than this (size x batch x concurrency)")
-	register := fs.String("register", "1G", "memory whose registration is timed, as 4K pages and as one region (0: none)")
+	register := fs.String("register", "1G", "memory whose registration is timed, as 4K pages and as one region (0: none; else a multiple of 4K, 8K or more)")
 	noBase := fs.Bool("no-baselines", false, "leave out raw TCP, the 8-byte read and memcpy")
 	minTime := fs.Duration("min-time", 200*time.Millisecond, "timed time per combination (at least 5 rounds, at most 2000)")
 	asCSV := fs.Bool("csv", false, "print CSV ("+strings.Join(bench.P2PCSVHeader, ",")+") instead of the table")
