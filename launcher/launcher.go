@@ -740,10 +740,17 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	// stop signals every worker's process group, also of workers that have
 	// exited: their own children stay in the group and must not outlive
 	// the job. A group's id is not reused while any member lives.
+	// A stopped process (SIGSTOP: a debugger's, job control's) takes a
+	// signal only once continued: SIGCONT follows (the signals stop sends
+	// are SIGINT, SIGTERM, SIGHUP, SIGKILL), so that it ends now rather
+	// than at the grace's SIGKILL.
 	stop := func(sig syscall.Signal) {
 		for _, w := range workers {
 			if w != nil {
 				syscall.Kill(-w.cmd.Process.Pid, sig)
+				if sig != syscall.SIGKILL {
+					syscall.Kill(-w.cmd.Process.Pid, syscall.SIGCONT)
+				}
 			}
 		}
 	}

@@ -100,6 +100,24 @@ func TestStopEscalatesToKill(t *testing.T) {
 	assertGone(t, dir, 2)
 }
 
+// TestStopContinuesStopped: a worker stopped (SIGSTOP, a debugger's
+// or a job control's) when the job fails gets SIGCONT after SIGTERM, so
+// that it ends now, not at the grace's SIGKILL.
+func TestStopContinuesStopped(t *testing.T) {
+	dir := t.TempDir()
+	start := time.Now()
+	_, _, err := run(t, Config{NProcPerNode: 2, StopGrace: 30 * time.Second},
+		`echo $$ > `+dir+`/pid.$RANK; if [ $RANK = 0 ]; then kill -STOP $$; exec sleep 60; fi; sleep 0.3; exit 3`)
+	var we *WorkerError
+	if !errors.As(err, &we) || we.Rank != 1 || we.ExitCode != 3 {
+		t.Fatalf("err = %v; want rank 1 exit 3", err)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("stopping took %v: the stopped worker waited for the grace's SIGKILL", d)
+	}
+	assertGone(t, dir, 2)
+}
+
 func assertGone(t *testing.T, dir string, n int) {
 	t.Helper()
 	for r := range n {
