@@ -385,7 +385,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if cfg.NodeRank == 0 {
-		s, err := rendezvous.Listen(net.JoinHostPort(j.bindHost, strconv.Itoa(cfg.MasterPort)), rendezvous.ServerConfig{Auth: cfg.auth()})
+		s, err := rendezvous.Listen(net.JoinHostPort(j.bindHost, strconv.Itoa(cfg.MasterPort)), rendezvous.ServerConfig{Auth: cfg.auth(), OnRefused: refusedWarning(cfg.Warnf)})
 		if err != nil {
 			return fmt.Errorf("launcher: cannot host the rendezvous store on %s port %d: %w", j.bindHost, cfg.MasterPort, err)
 		}
@@ -1055,5 +1055,29 @@ func sweepOrphans(cfg *Config) {
 	}
 	if err != nil {
 		cfg.Logf("sweeping orphaned shared memory: %v", err)
+	}
+}
+
+// refusedWarning tells the user, through warnf, of a connection the job's
+// store refused (another job's, or one given another SLIME_JOB_SECRET: a
+// node started without the same secret waits for nothing otherwise), at
+// most once a second, counting the ones left unsaid.
+func refusedWarning(warnf func(string, ...any)) func(remote string, err error) {
+	var mu sync.Mutex
+	var last time.Time
+	var unsaid int
+	return func(remote string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(last) < time.Second {
+			unsaid++
+			return
+		}
+		more := ""
+		if unsaid > 0 {
+			more = fmt.Sprintf(" (and %d more since the last warning)", unsaid)
+		}
+		last, unsaid = time.Now(), 0
+		warnf("the rendezvous store refused a connection from %s%s: it does not hold this job's secret (is SLIME_JOB_SECRET the same on every node?), or belongs to another job: %v", remote, more, err)
 	}
 }

@@ -301,3 +301,59 @@ func TestRemoteWorkerExitAborts(t *testing.T) {
 		t.Fatal("the waiter still waits 10 s after rank 1 exited")
 	}
 }
+
+// TestRefusedConnectionWarned: the store refuses a client given another
+// secret, and the launcher warns its user at once (a node started without
+// the job's secret would otherwise leave the job waiting for nothing),
+// naming the client's address and the secret; five refused at once make
+// one warning.
+func TestRefusedConnectionWarned(t *testing.T) {
+	dir := t.TempDir()
+	port, run := testbin.FreePort(t), "refused"+strconv.Itoa(os.Getpid())
+	var warns logLines
+	ch := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	go func() {
+		var out syncBuffer
+		ch <- Run(ctx, Config{Standalone: true, NProcPerNode: 1, MasterPort: port, RunID: run, JobSecret: []byte("right-secret"),
+			Program: "sh", Args: []string{"-c", `while [ ! -e ` + dir + `/end ]; do sleep 0.01; done`}, Stdout: &out, Stderr: &out, Warnf: warns.logf})
+	}()
+	defer func() {
+		os.WriteFile(filepath.Join(dir, "end"), nil, 0o600)
+		if err := <-ch; err != nil {
+			t.Errorf("the job: %v", err)
+		}
+	}()
+	st, err := dialStore(t, port, "right-secret", run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	for range 5 {
+		if _, err := dialStore(t, port, "wrong-secret", run); !errors.Is(err, rendezvous.ErrDenied) {
+			t.Fatalf("a client with the wrong secret: %v, want ErrDenied", err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var got []string
+		warns.mu.Lock()
+		for _, l := range warns.lines {
+			if strings.Contains(l, "refused") {
+				got = append(got, l)
+			}
+		}
+		warns.mu.Unlock()
+		if len(got) > 0 {
+			if len(got) != 1 || !strings.Contains(got[0], "refused a connection from 127.0.0.1:") || !strings.Contains(got[0], "SLIME_JOB_SECRET") {
+				t.Fatalf("warnings %q; want one naming the client and the secret", got)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no warning 5 s after a client with the wrong secret was refused")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -403,5 +404,43 @@ func TestSilentConnsDoNotLockOut(t *testing.T) {
 	defer c.Close()
 	if err := c.Set(ctxT(t, 5*time.Second), "k", nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOnRefused: OnRefused is called for a client whose proof is refused
+// (another secret), naming its address, and not for a member, nor for a
+// connection that goes silent or closes mid-handshake.
+func TestOnRefused(t *testing.T) {
+	var mu sync.Mutex
+	var refused []string
+	cfg := ServerConfig{Auth: Auth{Secret: []byte("right"), Job: "j"}, HandshakeTimeout: 200 * time.Millisecond,
+		OnRefused: func(remote string, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			refused = append(refused, remote+": "+err.Error())
+		}}
+	s, dial := startCfg(t, cfg)
+	dial() // a member
+	if c, err := net.Dial("tcp", s.Addr().String()); err == nil {
+		c.Close() // closes mid-handshake
+	}
+	silent, err := net.Dial("tcp", s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	wrong, err := net.Dial("tcp", s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+	if err := auth.Connect(wrong, auth.NewKey([]byte("wrong"), "j"), purpose, time.Now().Add(5*time.Second)); err == nil {
+		t.Fatal("a client with another secret got in")
+	}
+	time.Sleep(400 * time.Millisecond) // past the silent one's handshake timeout
+	mu.Lock()
+	defer mu.Unlock()
+	if len(refused) != 1 || !strings.HasPrefix(refused[0], wrong.LocalAddr().String()+": ") {
+		t.Fatalf("refused %q; want the client of another secret alone (%s)", refused, wrong.LocalAddr())
 	}
 }

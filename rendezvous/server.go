@@ -81,6 +81,13 @@ type ServerConfig struct {
 	// read its answers, is dropped. A connection idle between frames is
 	// kept: ranks hold theirs for the whole job.
 	FrameTimeout time.Duration
+	// OnRefused, if set, is called (on the connection's goroutine) when a
+	// connection's proof of membership is refused: a client of another
+	// job, or with another secret, or one that does not speak the
+	// protocol; not for one that closes or goes silent mid-handshake. A
+	// launcher tells its user there, since the refused client's job
+	// otherwise just waits for the rank that never joins.
+	OnRefused func(remote string, err error)
 }
 
 // Defaults of [ServerConfig].
@@ -263,6 +270,9 @@ func (s *Server) serve(c net.Conn) {
 	}
 	s.mu.Unlock()
 	if err != nil {
+		if errors.Is(err, auth.ErrRefused) && s.cfg.OnRefused != nil {
+			s.cfg.OnRefused(c.RemoteAddr().String(), err)
+		}
 		return // not a member of this job, silent, or evicted
 	}
 	// A fixed-size reader: it never grows with the frames.
