@@ -137,9 +137,10 @@ type Endpoint struct {
 	mapCount, mapBytes atomic.Int64
 
 	immMu sync.Mutex
-	// imms are the undelivered immediates by peer, each peer's in the
-	// order they arrived; seq orders them across peers (Endpoint.Imm).
-	imms   map[string][]queuedImm
+	// imms are the undelivered immediates by link (its Peer: a peer
+	// linked again under the same name is another), each link's in the
+	// order they arrived; seq orders them across links (Endpoint.Imm).
+	imms   map[*Peer][]queuedImm
 	immN   int
 	immSeq uint64
 	// immGen is closed, and replaced, when an immediate is queued or a
@@ -203,7 +204,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	rand.Read(first[:])
 	e := &Endpoint{opts: o, key: auth.NewKey(o.Auth.Secret, o.Auth.Job), ln: ln.(*net.TCPListener), addr: ln.Addr().String(),
 		host: hostID(), done: make(chan struct{}), closed: make(chan struct{}), regs: map[uint64]*Region{}, peers: map[string]*Peer{},
-		immGen: make(chan struct{}), imms: make(map[string][]queuedImm), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
+		immGen: make(chan struct{}), imms: make(map[*Peer][]queuedImm), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
 	e.token = new(uint64)
 	rand.Read(first[:])
 	*e.token = binary.LittleEndian.Uint64(first[:]) | 1
@@ -1008,12 +1009,14 @@ func (e *Endpoint) Imm(ctx context.Context) (Imm, error) {
 	return e.takeImm(ctx, nil)
 }
 
-// Imm returns the next immediate this peer's WriteWithImm delivered (in
-// the order they arrived; Endpoint.Imm takes from the same queue),
-// waiting until ctx ends (or Options.Timeout): ErrTimeout when the
-// deadline passes, ErrCancelled when ctx is cancelled. Once the link has
-// failed and none of the peer's immediates is left, it fails with the
-// link's error (ErrPeerLost, say), naming the peer, at once.
+// Imm returns the next immediate this peer's WriteWithImm delivered over
+// this link (in the order they arrived; Endpoint.Imm takes from the same
+// queue), waiting until ctx ends (or Options.Timeout): ErrTimeout when
+// the deadline passes, ErrCancelled when ctx is cancelled. Once the link
+// has failed and none of its immediates is left, it fails at once with
+// ErrPeerLost naming the peer, and the link's error (a closed connection,
+// a heartbeat's silence) as the cause. A link made again to the same
+// peer is another Peer, with immediates of its own.
 func (p *Peer) Imm(ctx context.Context) (Imm, error) {
 	return p.e.takeImm(ctx, p)
 }
@@ -1034,12 +1037,12 @@ func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 	}
 	for {
 		e.immMu.Lock()
-		from := peer
-		if p == nil { // the peer whose first immediate came first
+		from := p
+		if p == nil { // the link whose first immediate came first
 			first := uint64(0)
-			for name, q := range e.imms {
-				if from == "" || q[0].seq < first {
-					from, first = name, q[0].seq
+			for k, q := range e.imms {
+				if from == nil || q[0].seq < first {
+					from, first = k, q[0].seq
 				}
 			}
 		}
@@ -1058,7 +1061,7 @@ func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 		// A link that fails after gen was taken closes it (wakeImms).
 		if p != nil && p.l != nil {
 			if err := p.l.failed(); err != nil {
-				return Imm{}, opErr("imm", peer, "", sentinelOf(err), "the link ended: %v", err)
+				return Imm{}, opErr("imm", peer, "", ErrPeerLost, "the link ended: %v", err)
 			}
 		}
 		select {
@@ -1071,14 +1074,16 @@ func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 	}
 }
 
-func (e *Endpoint) pushImm(v Imm) bool {
+// pushImm queues v, an immediate that p's link delivered, unless the
+// queue or p's share of it is full.
+func (e *Endpoint) pushImm(p *Peer, v uint32) bool {
 	e.immMu.Lock()
 	defer e.immMu.Unlock()
-	if e.immN >= maxImm || len(e.imms[v.Peer]) >= maxImmPeer {
+	if e.immN >= maxImm || len(e.imms[p]) >= maxImmPeer {
 		return false
 	}
 	e.immSeq++
-	e.imms[v.Peer] = append(e.imms[v.Peer], queuedImm{v, e.immSeq})
+	e.imms[p] = append(e.imms[p], queuedImm{Imm{Peer: p.name, Value: v}, e.immSeq})
 	e.immN++
 	close(e.immGen)
 	e.immGen = make(chan struct{})

@@ -28,16 +28,6 @@ var (
 	ErrCancelled = errors.New("p2p: cancelled")
 )
 
-// sentinelOf is the sentinel err wraps (ErrPeerLost if none of a link's).
-func sentinelOf(err error) error {
-	for _, s := range []error{ErrClosed, ErrTimeout, ErrCancelled, ErrRefused, ErrInvalid, ErrPeerLost} {
-		if errors.Is(err, s) {
-			return s
-		}
-	}
-	return ErrPeerLost
-}
-
 // ended is the sentinel of a wait that ctx, which has ended, cut short:
 // ErrTimeout when its deadline passed, ErrCancelled when it was
 // cancelled.

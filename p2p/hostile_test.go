@@ -2330,8 +2330,10 @@ func TestWriteImmRides(t *testing.T) {
 	// the answer is busy, the immediate is not queued.
 	t.Run("target/busy", func(t *testing.T) {
 		b, r, rr, mem, c := rawTarget(t)
+		eventually(t, "the raw peer's link", func() bool { return b.Peer("raw") != nil })
+		raw := b.Peer("raw")
 		for i := range maxImmPeer {
-			if !b.pushImm(Imm{Peer: "raw", Value: uint32(i)}) {
+			if !b.pushImm(raw, uint32(i)) {
 				t.Fatal("the queue is full early")
 			}
 		}
@@ -2618,11 +2620,12 @@ func TestEndedByCancel(t *testing.T) {
 	}
 }
 
-// TestPeerImm: Peer.Imm takes its peer's immediates alone, in order,
-// leaving the others' to Endpoint.Imm (which takes them in the order they
-// arrived, across peers); once a peer's link has failed, its queued
-// immediates are still delivered, and then its Imm fails at once with
-// ErrPeerLost naming it, also one already waiting.
+// TestPeerImm: Endpoint.Imm takes the immediates in the order they
+// arrived, across peers; Peer.Imm takes its link's alone, in order,
+// leaving the others'. Once a link has failed (its connection closed, or
+// its heartbeat), its queued immediates are still delivered, and then its
+// Imm fails at once with ErrPeerLost naming the peer, also one already
+// waiting; a link made again to the same name has immediates of its own.
 func TestPeerImm(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, Timeout: time.Minute, Heartbeat: 20 * time.Second})
@@ -2631,8 +2634,12 @@ func TestPeerImm(t *testing.T) {
 	}
 	defer a.Close()
 	p1, c1, _ := fakeTarget(t, a)
-	addr, got := fakeAcceptor(t)
-	p2, c2 := fakeLink(t, ctx, a, info{name: "evil2", addr: addr}, got)
+	link := func(name string) (*Peer, net.Conn) {
+		addr, got := fakeAcceptor(t)
+		return fakeLink(t, ctx, a, info{name: name, addr: addr}, got)
+	}
+	p2, c2 := link("evil2")
+	p3, c3 := link("evil3")
 	imm := func(c net.Conn, id, v uint64) {
 		t.Helper()
 		c.Write(hdr(header{kind: kReq, sub: rImm, id: id, a: v}))
@@ -2640,40 +2647,48 @@ func TestPeerImm(t *testing.T) {
 			t.Fatalf("the immediate was answered %+v", h)
 		}
 	}
-	imm(c1, 1, 1)
-	imm(c2, 1, 2)
-	imm(c1, 2, 3)
-	short := func() context.Context {
-		c, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		t.Cleanup(cancel)
-		return c
-	}
-	for _, step := range []struct {
-		name string
-		take func(context.Context) (Imm, error)
-		want Imm
-	}{
-		{"evil2's", p2.Imm, Imm{"evil2", 2}},
-		{"the first", a.Imm, Imm{"evil", 1}},
-		{"the next", a.Imm, Imm{"evil", 3}},
-	} {
-		if im, err := step.take(ctx); err != nil || im != step.want {
-			t.Fatalf("%s: %+v, %v; want %+v", step.name, im, err, step.want)
+	take := func(what string, from func(context.Context) (Imm, error), want Imm) {
+		t.Helper()
+		if im, err := from(ctx); err != nil || im != want {
+			t.Fatalf("%s: %+v, %v; want %+v", what, im, err, want)
 		}
 	}
-	if im, err := p1.Imm(short()); !errors.Is(err, ErrTimeout) {
+	// Across peers, in the order they arrived.
+	imm(c1, 1, 1)
+	imm(c2, 1, 2)
+	imm(c3, 1, 3)
+	imm(c1, 2, 4)
+	imm(c2, 2, 5)
+	for _, want := range []Imm{{"evil", 1}, {"evil2", 2}, {"evil3", 3}, {"evil", 4}, {"evil2", 5}} {
+		take("Endpoint.Imm", a.Imm, want)
+	}
+	// One peer's, past the others'.
+	imm(c1, 3, 6)
+	imm(c2, 3, 7)
+	take("evil2's", p2.Imm, Imm{"evil2", 7})
+	take("the one left", a.Imm, Imm{"evil", 6})
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if im, err := p1.Imm(short); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("evil's Imm with none queued: %+v, %v; want ErrTimeout", im, err)
 	}
-	// Lost with an immediate queued: that one first, then the error.
-	imm(c2, 2, 4)
+	// Lost with an immediate queued: that one first, then the error; a
+	// link made again under the name takes only its own.
+	imm(c2, 4, 8)
 	c2.Close()
 	eventually(t, "evil2's link to fail", func() bool { return p2.l.failed() != nil })
-	if im, err := p2.Imm(ctx); err != nil || im != (Imm{"evil2", 4}) {
-		t.Fatalf("evil2's queued immediate after its loss: %+v, %v", im, err)
-	}
+	p2b, c2b := link("evil2")
+	imm(c2b, 1, 9)
+	take("the new link's", p2b.Imm, Imm{"evil2", 9})
+	take("the old link's queued one", p2.Imm, Imm{"evil2", 8})
 	var oe *OpError
 	if _, err := p2.Imm(ctx); !errors.Is(err, ErrPeerLost) || !errors.As(err, &oe) || oe.Peer != "evil2" {
 		t.Fatalf("evil2's Imm after its loss: %v; want ErrPeerLost naming it", err)
+	}
+	// A heartbeat's silence is a lost peer too, not a wait to try again.
+	p3.l.fail(opErr("receiving", "evil3", "", ErrTimeout, "the link was silent for the heartbeat deadline"))
+	if _, err := p3.Imm(ctx); !errors.Is(err, ErrPeerLost) || errors.Is(err, ErrTimeout) {
+		t.Fatalf("evil3's Imm after its heartbeat failed: %v; want ErrPeerLost alone", err)
 	}
 	// Lost while one waits.
 	res := make(chan error, 1)

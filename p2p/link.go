@@ -1344,13 +1344,13 @@ func (c *conn) dispatch(h header) error {
 			return err
 		}
 		st = stOK
-		if withImm && !l.e.pushImm(Imm{Peer: l.p.name, Value: uint32(imm)}) {
+		if withImm && !l.e.pushImm(l.p, uint32(imm)) {
 			st = stBusy // the bytes are in place, the immediate refused
 		}
 		l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id, status: st})
 	case rImm:
 		st := stOK
-		if !l.e.pushImm(Imm{Peer: l.p.name, Value: uint32(h.a)}) {
+		if !l.e.pushImm(l.p, uint32(h.a)) {
 			st = stBusy
 		}
 		l.enqueue(c.idx, frame{kind: kResp, sub: rImm, id: h.id, status: st})
