@@ -35,7 +35,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -339,6 +341,7 @@ func prefillRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o 
 	for t := range transports {
 		ts = append(ts, t)
 	}
+	slices.Sort(ts)
 	fmt.Printf("PASS rank %d (prefill): %d rounds, %d pages of %s to %d decode ranks in batches of %d, %.3f GB/s (page data generated in the loop), over %v\n",
 		p, c.rounds, moved/int64(c.pageSize), bytesize.Format(int64(c.pageSize)), c.decode, c.batch, float64(moved)/busy.Seconds()/1e9, ts)
 	return nil
@@ -380,16 +383,8 @@ func decodeRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o c
 			orders[p] = c.order(r, p, d)
 			expect += c.batches(p)
 		}
-		for i := range expect {
-			// The prefill ranks' batches in turn: p's i-th of this round.
-			p := 0
-			for left := i; left >= len(seen[p]); p++ {
-				left -= len(seen[p])
-			}
-			im, err := peers[p].Imm(ctx)
-			if err != nil {
-				return fmt.Errorf("round %d, waiting for a batch of rank %d (%d pages checked): %w", r, p, checked, err)
-			}
+		// check checks the pages of batch im of prefill rank p.
+		check := func(r, p int, im p2p.Imm) error {
 			v := int(im.Value)
 			if v >= len(seen[p]) || seen[p][v] {
 				return fmt.Errorf("%w: round %d: an unknown or repeated immediate %d from %q", errWrong, r, im.Value, im.Peer)
@@ -417,6 +412,44 @@ func decodeRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o c
 				}
 				checked++
 			}
+			return nil
+		}
+		// One taker per prefill rank, of its round's batches: the batches
+		// are checked in the order they arrive, whichever rank's, so that
+		// no rank's immediates pile up unread while another's are awaited
+		// (the endpoint bounds how many wait), and a lost rank fails its
+		// taker at once.
+		rctx, stop := context.WithCancel(ctx)
+		arrived := make(chan taken, expect)
+		var takers sync.WaitGroup
+		for p := range c.prefill {
+			takers.Go(func() {
+				for range c.batches(p) {
+					im, err := peers[p].Imm(rctx)
+					arrived <- taken{p, im, err}
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+		err := func() error {
+			for range expect {
+				a := <-arrived
+				p, im := a.p, a.im
+				if a.err != nil {
+					return fmt.Errorf("round %d, waiting for a batch of rank %d (%d pages checked): %w", r, p, checked, a.err)
+				}
+				if err := check(r, p, im); err != nil {
+					return err
+				}
+			}
+			return nil
+		}()
+		stop()
+		takers.Wait()
+		if err != nil {
+			return err
 		}
 		if wrong != 0 {
 			return fmt.Errorf("%w: round %d: %d wrong bytes in %d pages", errWrong, r, wrong, checked)
@@ -428,4 +461,12 @@ func decodeRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o c
 	fmt.Printf("PASS rank %d (decode): %d rounds, %d pages of %s from %d prefill ranks checked byte for byte, 0 wrong\n",
 		o.Rank, c.rounds, checked, bytesize.Format(int64(c.pageSize)), c.prefill)
 	return nil
+}
+
+// taken is an immediate a decode rank's taker took from prefill rank p,
+// or why it could not.
+type taken struct {
+	p   int
+	im  p2p.Imm
+	err error
 }
