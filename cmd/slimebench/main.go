@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -137,8 +138,8 @@ func (s sweep) sizes() ([]int64, error) {
 		return nil, fmt.Errorf("--max-bytes %q: %v", *s.max, err)
 	}
 	f, err := strconv.ParseFloat(*s.factor, 64)
-	if err != nil {
-		return nil, fmt.Errorf("--step-factor %q: not a number", *s.factor)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return nil, fmt.Errorf("--step-factor %q: want a finite number", *s.factor)
 	}
 	sizes, err := bench.Sizes(lo, hi, f)
 	if err != nil {
@@ -499,7 +500,7 @@ func p2pCmd(args []string) error {
 	if *minTime <= 0 {
 		return fmt.Errorf("p2p: --min-time %v: want a positive duration", *minTime)
 	}
-	if *plotFile != "" {
+	if r := os.Getenv("RANK"); *plotFile != "" && (r == "" || r == "0") { // rank 0 plots
 		if err := unix.Access(filepath.Dir(*plotFile), unix.W_OK); err != nil {
 			return fmt.Errorf("p2p: --plot %s: its directory is not writable: %v", *plotFile, err)
 		}
