@@ -1,55 +1,25 @@
 package main
 
 import (
-	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/testbin"
 )
 
-// build compiles slimerun and slimebench into a temporary directory.
-func build(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	_, file, _, _ := runtime.Caller(0)
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/slimerun", "./cmd/slimebench")
-	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return dir
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
 }
 
-// run runs argv (bounded in time) and returns its output and exit code.
+// run runs argv, bounded in time, with a job secret.
 func run(t *testing.T, argv ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), "SLIME_JOB_SECRET=slimebench-test")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if ee, ok := err.(*exec.ExitError); ok {
-			return out.String(), ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return out.String(), 0
-	case <-time.After(time.Minute):
-		cmd.Process.Kill()
-		<-done
-		t.Fatalf("%v hung:\n%s", argv, out.String())
-	}
-	return "", -1
+	return testbin.Run(t, time.Minute, []string{"SLIME_JOB_SECRET=slimebench-test"}, argv...)
 }
 
 // TestP2PBadFlags: slimebench p2p refuses nonsense flags with an error
@@ -57,7 +27,10 @@ func run(t *testing.T, argv ...string) (string, int) {
 // (a panic, or the runtime out of memory); --help succeeds and an unknown
 // command is named.
 func TestP2PBadFlags(t *testing.T) {
-	dir := build(t)
+	dir, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
 	plotDir := t.TempDir()
 	for _, tc := range []struct {
 		args []string

@@ -34,29 +34,8 @@ func build(t *testing.T) string {
 // slimerun runs kvcache under slimerun on this host, bounded in time.
 func slimerun(t *testing.T, dir string, nproc string, args ...string) (string, int) {
 	t.Helper()
-	full := append([]string{"--standalone", "--nproc-per-node", nproc, filepath.Join(dir, "kvcache"), "--timeout", "20s"}, args...)
-	cmd := exec.Command(filepath.Join(dir, "slimerun"), full...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if ee, ok := err.(*exec.ExitError); ok {
-			return out.String(), ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return out.String(), 0
-	case <-time.After(2 * time.Minute):
-		cmd.Process.Kill()
-		<-done
-		t.Fatalf("slimerun kvcache %v hung:\n%s", args, out.String())
-	}
-	return "", -1
+	full := append([]string{filepath.Join(dir, "slimerun"), "--standalone", "--nproc-per-node", nproc, filepath.Join(dir, "kvcache"), "--timeout", "20s"}, args...)
+	return testbin.Run(t, 2*time.Minute, nil, full...)
 }
 
 // nodes runs kvcache as a job of two nodes, each one slimerun with 2 ranks

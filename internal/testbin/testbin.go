@@ -3,6 +3,7 @@
 package testbin
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 )
 
 var (
@@ -56,4 +58,34 @@ func FreePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Run runs argv with env added to this process's environment, and returns
+// its output (stdout and stderr together) and exit code; a run that takes
+// more than limit is killed and fails the test as hung.
+func Run(t testing.TB, limit time.Duration, env []string, argv ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if ee, ok := err.(*exec.ExitError); ok {
+			return out.String(), ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), 0
+	case <-time.After(limit):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("%v hung:\n%s", argv, out.String())
+	}
+	return "", -1
 }
