@@ -17,8 +17,10 @@ import (
 // path, and that thread then takes a CPU the peer may need for the next
 // request. A goroutine parked in the poller is instead found by the
 // completing goroutine's own thread when that parks (the connection's
-// reader, reading its next header), as the ping-pong's reader is: a small
-// read over TCP then costs a ping-pong and little more.
+// reader, reading its next header), as a plain socket's reader is. The
+// cost is two eventfd system calls per wake-up: where no processor is
+// idle, no spinning thread would start, and the channel is the cheaper
+// (docs/P2P.md).
 type waker struct {
 	f *os.File
 	// busy: a Wait holds the waker (one at a time; the others wait on
