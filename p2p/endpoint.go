@@ -137,10 +137,11 @@ type Endpoint struct {
 	mapCount, mapBytes atomic.Int64
 
 	immMu sync.Mutex
-	// imms are the undelivered immediates by link (its Peer: a peer
-	// linked again under the same name is another), each link's in the
-	// order they arrived; seq orders them across links (Endpoint.Imm).
-	imms   map[*Peer][]queuedImm
+	// imms are the links' queues that hold undelivered immediates (a
+	// peer linked again under the same name has another); seq orders
+	// them across links (Endpoint.Imm). A queue holds no link: one left
+	// here after its link's end keeps nothing else alive.
+	imms   map[*immQueue]struct{}
 	immN   int
 	immSeq uint64
 	// immGen is closed, and replaced, when an immediate is queued or a
@@ -204,7 +205,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	rand.Read(first[:])
 	e := &Endpoint{opts: o, key: auth.NewKey(o.Auth.Secret, o.Auth.Job), ln: ln.(*net.TCPListener), addr: ln.Addr().String(),
 		host: hostID(), done: make(chan struct{}), closed: make(chan struct{}), regs: map[uint64]*Region{}, peers: map[string]*Peer{},
-		immGen: make(chan struct{}), imms: make(map[*Peer][]queuedImm), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
+		immGen: make(chan struct{}), imms: make(map[*immQueue]struct{}), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
 	e.token = new(uint64)
 	rand.Read(first[:])
 	*e.token = binary.LittleEndian.Uint64(first[:]) | 1
@@ -1027,43 +1028,52 @@ type queuedImm struct {
 	seq uint64
 }
 
-// takeImm is Imm of any peer's immediates (p nil) or of p's.
+// immQueue is one link's immediates not yet taken, in the order they
+// arrived, and, once the link has failed, why (under Endpoint.immMu).
+type immQueue struct {
+	peer string
+	q    []queuedImm
+	err  error
+}
+
+// takeImm is Imm of any link's immediates (p nil) or of p's link's.
 func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
+	var mine *immQueue
 	peer := ""
 	if p != nil {
-		peer = p.name
+		mine, peer = p.l.imm, p.name
 	}
 	for {
 		e.immMu.Lock()
-		from := p
-		if p == nil { // the link whose first immediate came first
+		from := mine
+		if from == nil { // the link whose first immediate came first
 			first := uint64(0)
-			for k, q := range e.imms {
-				if from == nil || q[0].seq < first {
-					from, first = k, q[0].seq
+			for q := range e.imms {
+				if from == nil || q.q[0].seq < first {
+					from, first = q, q.q[0].seq
 				}
 			}
 		}
-		if q := e.imms[from]; len(q) > 0 {
-			if len(q) == 1 {
+		if from != nil && len(from.q) > 0 {
+			v := from.q[0].Imm
+			from.q = from.q[1:]
+			if len(from.q) == 0 {
+				from.q = nil
 				delete(e.imms, from)
-			} else {
-				e.imms[from] = q[1:]
 			}
 			e.immN--
 			e.immMu.Unlock()
-			return q[0].Imm, nil
+			return v, nil
+		}
+		if mine != nil && mine.err != nil {
+			err := mine.err
+			e.immMu.Unlock()
+			return Imm{}, opErr("imm", peer, "", ErrPeerLost, "the link ended: %v", err)
 		}
 		gen := e.immGen
 		e.immMu.Unlock()
-		// A link that fails after gen was taken closes it (wakeImms).
-		if p != nil && p.l != nil {
-			if err := p.l.failed(); err != nil {
-				return Imm{}, opErr("imm", peer, "", ErrPeerLost, "the link ended: %v", err)
-			}
-		}
 		select {
 		case <-gen:
 		case <-e.done:
@@ -1074,25 +1084,28 @@ func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 	}
 }
 
-// pushImm queues v, an immediate that p's link delivered, unless the
-// queue or p's share of it is full.
-func (e *Endpoint) pushImm(p *Peer, v uint32) bool {
+// pushImm queues v, an immediate that q's link delivered, unless the
+// endpoint's queue or the link's share of it is full.
+func (e *Endpoint) pushImm(q *immQueue, v uint32) bool {
 	e.immMu.Lock()
 	defer e.immMu.Unlock()
-	if e.immN >= maxImm || len(e.imms[p]) >= maxImmPeer {
+	if e.immN >= maxImm || len(q.q) >= maxImmPeer {
 		return false
 	}
 	e.immSeq++
-	e.imms[p] = append(e.imms[p], queuedImm{Imm{Peer: p.name, Value: v}, e.immSeq})
+	q.q = append(q.q, queuedImm{Imm{Peer: q.peer, Value: v}, e.immSeq})
+	e.imms[q] = struct{}{}
 	e.immN++
 	close(e.immGen)
 	e.immGen = make(chan struct{})
 	return true
 }
 
-// wakeImms makes every Imm waiting look again (a link failed).
-func (e *Endpoint) wakeImms() {
+// immsEnded records that q's link failed with err, and makes every Imm
+// waiting look again: its link's fail at once once q is empty.
+func (e *Endpoint) immsEnded(q *immQueue, err error) {
 	e.immMu.Lock()
+	q.err = err
 	close(e.immGen)
 	e.immGen = make(chan struct{})
 	e.immMu.Unlock()

@@ -2333,7 +2333,7 @@ func TestWriteImmRides(t *testing.T) {
 		eventually(t, "the raw peer's link", func() bool { return b.Peer("raw") != nil })
 		raw := b.Peer("raw")
 		for i := range maxImmPeer {
-			if !b.pushImm(raw, uint32(i)) {
+			if !b.pushImm(raw.l.imm, uint32(i)) {
 				t.Fatal("the queue is full early")
 			}
 		}
@@ -2703,5 +2703,11 @@ func TestPeerImm(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("a waiting Imm of a peer lost still waits after 5 s")
+	}
+	// Every queue taken is gone (none keeps its link alive).
+	a.immMu.Lock()
+	defer a.immMu.Unlock()
+	if len(a.imms) != 0 || a.immN != 0 {
+		t.Fatalf("%d queues of %d immediates left after all were taken", len(a.imms), a.immN)
 	}
 }

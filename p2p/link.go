@@ -211,6 +211,8 @@ type link struct {
 	// (connEnded): the link fails once all have, or closeGrace after the
 	// first.
 	closedConns int
+	// imm queues the immediates the peer delivers over this link.
+	imm *immQueue
 }
 
 // closeGrace is how long a link whose peer closed one of its connections
@@ -274,7 +276,7 @@ type job interface{ write(c *conn) error }
 // shorter of the two ends').
 func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, hb time.Duration) *link {
 	l := &link{e: e, p: p, hb: hb, parts: map[uint64]*part{}, sends: map[uint64]*part{},
-		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, leased: map[uint64]int{}, serving: map[uint64]*atomic.Bool{}, stop: make(chan struct{}), pidfd: -1, grantPidfd: -1}
+		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, leased: map[uint64]int{}, serving: map[uint64]*atomic.Bool{}, stop: make(chan struct{}), pidfd: -1, grantPidfd: -1, imm: &immQueue{peer: p.name}}
 	for i, tc := range tcs {
 		tc.SetNoDelay(true)
 		tc.SetWriteBuffer(inter.DefaultSockBuf)
@@ -382,7 +384,7 @@ func (l *link) fail(err error) {
 	for _, p := range all {
 		p.finish(err)
 	}
-	e.wakeImms() // a Peer.Imm of this peer fails now
+	e.immsEnded(l.imm, err) // a Peer.Imm of this link fails now
 }
 
 func (l *link) failed() error {
@@ -1344,13 +1346,13 @@ func (c *conn) dispatch(h header) error {
 			return err
 		}
 		st = stOK
-		if withImm && !l.e.pushImm(l.p, uint32(imm)) {
+		if withImm && !l.e.pushImm(l.imm, uint32(imm)) {
 			st = stBusy // the bytes are in place, the immediate refused
 		}
 		l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id, status: st})
 	case rImm:
 		st := stOK
-		if !l.e.pushImm(l.p, uint32(h.a)) {
+		if !l.e.pushImm(l.imm, uint32(h.a)) {
 			st = stBusy
 		}
 		l.enqueue(c.idx, frame{kind: kResp, sub: rImm, id: h.id, status: st})
