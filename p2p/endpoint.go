@@ -1070,7 +1070,11 @@ func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 		if mine != nil && mine.err != nil {
 			err := mine.err
 			e.immMu.Unlock()
-			return Imm{}, opErr("imm", peer, "", ErrPeerLost, "the link ended: %v", err)
+			sentinel := ErrPeerLost
+			if errors.Is(err, ErrClosed) { // this endpoint's Close
+				sentinel = ErrClosed
+			}
+			return Imm{}, opErr("imm", peer, "", sentinel, "the link ended: %v", err)
 		}
 		gen := e.immGen
 		e.immMu.Unlock()
@@ -1085,12 +1089,14 @@ func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 }
 
 // pushImm queues v, an immediate that q's link delivered, unless the
-// endpoint's queue or the link's share of it is full.
+// endpoint's queue or the link's share of it is full, or the link has
+// failed (a frame its reader had read ahead): Peer.Imm may have said so
+// already, and the sender got no answer for it.
 func (e *Endpoint) pushImm(q *immQueue, v uint32) bool {
 	e.immMu.Lock()
 	defer e.immMu.Unlock()
-	if e.immN >= maxImm || len(q.q) >= maxImmPeer {
-		return false
+	if e.immN >= maxImm || len(q.q) >= maxImmPeer || q.err != nil {
+		return false // full; or the link has failed, and its Peer.Imm said so
 	}
 	e.immSeq++
 	q.q = append(q.q, queuedImm{Imm{Peer: q.peer, Value: v}, e.immSeq})

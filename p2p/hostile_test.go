@@ -2704,6 +2704,11 @@ func TestPeerImm(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a waiting Imm of a peer lost still waits after 5 s")
 	}
+	// A frame read ahead of a failed link's end queues nothing: its
+	// Peer.Imm said ErrPeerLost already.
+	if a.pushImm(p1.l.imm, 10) {
+		t.Fatal("an immediate was queued after its link failed")
+	}
 	// Every queue taken is gone (none keeps its link alive).
 	a.immMu.Lock()
 	defer a.immMu.Unlock()

@@ -69,6 +69,7 @@ func Run(t testing.TB, limit time.Duration, env []string, argv ...string) (strin
 	cmd.Env = append(os.Environ(), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = 5 * time.Second // a child that keeps the output open does not hold Wait
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
