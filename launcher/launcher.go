@@ -1061,23 +1061,41 @@ func sweepOrphans(cfg *Config) {
 // refusedWarning tells the user, through warnf, of a connection the job's
 // store refused (another job's, or one given another SLIME_JOB_SECRET: a
 // node started without the same secret waits for nothing otherwise), at
-// most once a second, counting the ones left unsaid.
+// most once a second; those refused meanwhile are told at the second's
+// end, counted, with the last one's address.
 func refusedWarning(warnf func(string, ...any)) func(remote string, err error) {
 	var mu sync.Mutex
 	var last time.Time
 	var unsaid int
+	var lastAddr string
+	var flush *time.Timer
+	say := func(remote string, n int, err error) {
+		what := "a connection from " + remote
+		if n > 1 {
+			what = fmt.Sprintf("%d more connections, the last from %s,", n, remote)
+		}
+		warnf("the rendezvous store refused %s: not this job's (another SLIME_JOB_SECRET or run id? it must be the same on every node): %v", what, err)
+	}
+	var lastErr error
 	return func(remote string, err error) {
 		mu.Lock()
 		defer mu.Unlock()
-		if time.Since(last) < time.Second {
-			unsaid++
+		if wait := time.Second - time.Since(last); wait > 0 {
+			unsaid, lastAddr, lastErr = unsaid+1, remote, err
+			if flush == nil {
+				flush = time.AfterFunc(wait, func() {
+					mu.Lock()
+					defer mu.Unlock()
+					if unsaid > 0 {
+						say(lastAddr, unsaid, lastErr)
+						last, unsaid = time.Now(), 0
+					}
+					flush = nil
+				})
+			}
 			return
 		}
-		more := ""
-		if unsaid > 0 {
-			more = fmt.Sprintf(" (and %d more since the last warning)", unsaid)
-		}
-		last, unsaid = time.Now(), 0
-		warnf("the rendezvous store refused a connection from %s%s: it does not hold this job's secret (is SLIME_JOB_SECRET the same on every node?), or belongs to another job: %v", remote, more, err)
+		last = time.Now()
+		say(remote, 1, err)
 	}
 }
