@@ -93,7 +93,7 @@ func (f *Future) Wait(ctx context.Context) error {
 	l := f.parts[0].l
 	if ch := f.parts[0].ch; ch < len(l.conns) {
 		if w := l.conns[ch].waker; w != nil && w.busy.CompareAndSwap(false, true) {
-			ended, ok := f.park(ctx, w, l.e.opts.Timeout)
+			ok, ended := f.park(ctx, w, l.e.opts.Timeout)
 			w.busy.Store(false)
 			if ok {
 				if ended != nil {
@@ -114,14 +114,14 @@ func (f *Future) Wait(ctx context.Context) error {
 	return f.result()
 }
 
-// park waits for f on w, which the caller holds, until f is done (nil,
-// true), or ctx ends or timeout passes first (when ctx has no deadline):
-// then it returns why (ctx's error; context.DeadlineExceeded for the
-// timeout), true. It returns false, f not done, if w fails (closed with
-// its link).
-func (f *Future) park(ctx context.Context, w *waker, timeout time.Duration) (error, bool) {
+// park waits for f on w, which the caller holds, until f is done (true,
+// nil), or ctx ends or timeout passes first (when ctx has no deadline):
+// then it returns true and why (ctx's error; context.DeadlineExceeded for
+// the timeout). It returns false, f not done, if w fails (closed with its
+// link).
+func (f *Future) park(ctx context.Context, w *waker, timeout time.Duration) (bool, error) {
 	if err := ctx.Err(); err != nil {
-		return err, true
+		return true, err
 	}
 	dl, ok := ctx.Deadline()
 	if !ok {
@@ -140,14 +140,14 @@ func (f *Future) park(ctx context.Context, w *waker, timeout time.Duration) (err
 		switch {
 		case f.fin.Load():
 		case ctx.Err() != nil:
-			return ctx.Err(), true
+			return true, ctx.Err()
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			return context.DeadlineExceeded, true
+			return true, context.DeadlineExceeded
 		case err != nil:
-			return nil, false
+			return false, nil
 		}
 	}
-	return nil, true
+	return true, nil
 }
 
 // end cancels f, whose wait ended with cause (ctx's error), and returns

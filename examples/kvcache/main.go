@@ -384,7 +384,7 @@ func decodeRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o c
 			expect += c.batches(p)
 		}
 		// check checks the pages of batch im of prefill rank p.
-		check := func(r, p int, im p2p.Imm) error {
+		check := func(p int, im p2p.Imm) error {
 			v := int(im.Value)
 			if v >= len(seen[p]) || seen[p][v] {
 				return fmt.Errorf("%w: round %d: an unknown or repeated immediate %d from %q", errWrong, r, im.Value, im.Peer)
@@ -440,7 +440,7 @@ func decodeRank(ctx context.Context, st *rendezvous.Client, e *p2p.Endpoint, o c
 				if a.err != nil {
 					return fmt.Errorf("round %d, waiting for a batch of rank %d (%d pages checked): %w", r, p, checked, a.err)
 				}
-				if err := check(r, p, im); err != nil {
+				if err := check(p, im); err != nil {
 					return err
 				}
 			}
