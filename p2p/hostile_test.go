@@ -1953,6 +1953,82 @@ func TestImmPerPeer(t *testing.T) {
 	}
 }
 
+// TestImmTotal: the endpoint holds at most maxImm undelivered immediates
+// of all its peers together. Once peers within their own shares have
+// filled it, a further peer's WriteWithImm is refused as busy; once the
+// target takes one, it goes through, and Imm hands every accepted one
+// over once.
+func TestImmTotal(t *testing.T) {
+	_, st := storeFor(t)
+	ctx := ctxT(t, 2*time.Minute)
+	const fillers = maxImm / maxImmPeer
+	const inFlight = 256
+	target := published(t, ctx, st, "target", nil)
+	tr, _ := target.Register("kv", make([]byte, inFlight))
+	type sender struct {
+		p  *Peer
+		lr *Region
+	}
+	senders := make([]sender, fillers+1)
+	for i := range senders {
+		e := published(t, ctx, st, fmt.Sprintf("s%d", i), nil)
+		p, err := e.Connect(ctx, "target")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lr, _ := e.Register("src", []byte{1})
+		senders[i] = sender{p, lr}
+	}
+	at := func(s sender, off int) []Op { return []Op{{Local: s.lr, Remote: tr.Remote(), RemoteOff: off, Len: 1}} }
+	// Each filler sends its whole share, inFlight writes at a time.
+	for _, s := range senders[:fillers] {
+		for sent := 0; sent < maxImmPeer; {
+			var fs []*Future
+			for ; sent < maxImmPeer && len(fs) < inFlight; sent++ {
+				fs = append(fs, s.p.WriteWithImm(at(s, len(fs)), uint32(sent)))
+			}
+			for _, f := range fs {
+				if err := f.Wait(ctx); err != nil {
+					t.Fatalf("%s: immediate %d of %d: %v", s.p.Name(), sent, maxImmPeer, err)
+				}
+			}
+		}
+	}
+	last := senders[fillers]
+	err := last.p.WriteWithImm(at(last, 0), 0).Wait(ctx)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "undelivered immediates") {
+		t.Fatalf("an immediate past the endpoint's %d undelivered ones: %v, want a busy refusal", maxImm, err)
+	}
+	seen := make(map[Imm]bool)
+	take := func() {
+		im, err := target.Imm(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[im] {
+			t.Fatalf("immediate %+v taken twice", im)
+		}
+		seen[im] = true
+	}
+	take()
+	if err := last.p.WriteWithImm(at(last, 0), 1).Wait(ctx); err != nil {
+		t.Fatalf("after the target took one: %v", err)
+	}
+	for range maxImm {
+		take()
+	}
+	for i := range fillers {
+		for v := range uint32(maxImmPeer) {
+			if im := (Imm{Peer: fmt.Sprintf("s%d", i), Value: v}); !seen[im] {
+				t.Fatalf("immediate %+v never taken", im)
+			}
+		}
+	}
+	if im := (Imm{Peer: fmt.Sprintf("s%d", fillers), Value: 1}); !seen[im] || seen[Imm{Peer: im.Peer, Value: 0}] {
+		t.Fatalf("the last peer's accepted immediate not taken, or its refused one taken")
+	}
+}
+
 // TestSharedFileShrunk: a file in /dev/shm cannot be sealed, so its
 // owner may shrink it while a peer copies through a lease of it: the
 // copy then fails with the fault (the process goes on), and a copy of
