@@ -149,6 +149,34 @@ func sameHostRequest(t *testing.T, c net.Conn, lease []byte) header {
 	}
 }
 
+// member opens a raw link to e as a member of the test job: the
+// handshake, then hello, which e must accept. rcvbuf (0: the default)
+// sets the socket's receive buffer first. The socket closes when the test
+// ends.
+func member(t *testing.T, e *Endpoint, hello []byte, rcvbuf int) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", e.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if rcvbuf > 0 {
+		c.(*net.TCPConn).SetReadBuffer(rcvbuf)
+	}
+	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	c.Write(hello)
+	var ack [HeaderSize]byte
+	if _, err := readFull(c, ack[:]); err != nil {
+		t.Fatal(err)
+	}
+	if h, err := decodeHeader(ack[:]); err != nil || h.status != stOK {
+		t.Fatalf("hello refused: %+v %v", h, err)
+	}
+	return c
+}
+
 // quiet checks that the initiator sends the fake target c no request for
 // a while (a transfer copied through a lease asks nothing): only pings,
 // and the release of an earlier grant.
@@ -174,11 +202,7 @@ func quiet(t *testing.T, c net.Conn) {
 // the endpoint does not crash and goes on linking.
 func TestHelloChannelMismatch(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
-	b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth()})
 	k := auth.NewKey(testAuth().Secret, testAuth().Job)
 	hello := func(ch, n uint32) net.Conn {
 		c, err := net.Dial("tcp", b.Addr())
@@ -202,11 +226,7 @@ func TestHelloChannelMismatch(t *testing.T) {
 			break
 		}
 	}
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth()})
 	if _, err := a.ConnectInfo(ctx, b.Info()); err != nil {
 		t.Fatalf("an honest link after the hostile hellos: %v", err)
 	}
@@ -217,11 +237,7 @@ func TestHelloChannelMismatch(t *testing.T) {
 // the protocol: the link closes and the write's source is not written.
 func TestResponseOfAnotherKind(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
 	p, c, rr := fakeTarget(t, a)
 	src := make([]byte, 4096)
 	fill(src, 5)
@@ -235,7 +251,7 @@ func TestResponseOfAnotherKind(t *testing.T) {
 	nextFrame(t, c) // its bytes
 	c.Write(append(hdr(header{kind: kResp, sub: rRead, id: h.id, a: uint64(len(src))}),
 		append(hdr(header{kind: kData, id: h.id, payload: uint32(len(src))}), make([]byte, len(src))...)...))
-	err = f.Wait(ctx)
+	err := f.Wait(ctx)
 	if !bytes.Equal(src, orig) {
 		t.Fatal("the peer's answer wrote into the write's source")
 	}
@@ -249,11 +265,7 @@ func TestResponseOfAnotherKind(t *testing.T) {
 // posted receive fails instead of succeeding with nothing received.
 func TestSendWithoutClearToSend(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
 	p, c, _ := fakeTarget(t, a)
 	buf := make([]byte, 100)
 	f := p.Recv(buf)
@@ -299,16 +311,8 @@ func TestForgedSameHostInfo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	m, err := New(ctx, Options{Name: "m", Auth: testAuth()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth()})
+	m := endpoint(t, ctx, Options{Name: "m", Auth: testAuth()})
 	mem := make([]byte, 1<<16)
 	fill(mem, 4)
 	mr, _ := m.Register("mem", mem)
@@ -385,11 +389,7 @@ func dupTarget(t *testing.T, name string, dups int) []byte {
 // says what happened.
 func TestConnectPeerNeverDials(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
 	// Its own dial failed after it answered "dup" once: the link is made
 	// on a later try.
 	cctx, cancel := context.WithTimeout(ctx, 8*time.Second)
@@ -399,7 +399,7 @@ func TestConnectPeerNeverDials(t *testing.T) {
 	}
 	cctx, cancel = context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	_, err = a.ConnectInfo(cctx, dupTarget(t, "0lower", 1<<30))
+	_, err := a.ConnectInfo(cctx, dupTarget(t, "0lower", 1<<30))
 	var oe *OpError
 	if !errors.Is(err, ErrTimeout) || !errors.As(err, &oe) || oe.Peer != "0lower" || !strings.Contains(err.Error(), "never arrived") {
 		t.Errorf("a peer that never dials: %v, want ErrTimeout naming the peer and saying its link never arrived", err)
@@ -477,28 +477,11 @@ func TestLifecycleMisuse(t *testing.T) {
 // peer's bytes, which are read to nowhere; the peer is refused.
 func TestDeregisterDuringWrite(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
-	b, err := New(ctx, Options{Name: "b", Auth: testAuth(), Heartbeat: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth(), Heartbeat: 20 * time.Second})
 	mem := make([]byte, 3*ChunkMax)
 	r, _ := b.Register("m", mem)
 	rr := r.Remote()
-	k := auth.NewKey(testAuth().Secret, testAuth().Job)
-	c, err := net.Dial("tcp", b.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	c.Write(helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), "peer1"))
-	var ack [HeaderSize]byte
-	if _, err := readFull(c, ack[:]); err != nil {
-		t.Fatal(err)
-	}
+	c := member(t, b, helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), "peer1"), 0)
 	p := make([]byte, stripeSize+DescSize)
 	(&desc{rr.ID, rr.Key, 0, uint64(len(mem))}).put(p[stripeSize:])
 	chunk := bytes.Repeat([]byte{9}, ChunkMax)
@@ -614,20 +597,7 @@ func TestGrantsBounded(t *testing.T) {
 	defer b.Close()
 	r, _ := b.Register("m", make([]byte, 4096))
 	rr := r.Remote()
-	k := auth.NewKey(testAuth().Secret, testAuth().Job)
-	c, err := net.Dial("tcp", b.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	c.Write(helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), "peer1"))
-	var ack [HeaderSize]byte
-	if _, err := readFull(c, ack[:]); err != nil {
-		t.Fatal(err)
-	}
+	c := member(t, b, helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), "peer1"), 0)
 	n := maxGrants + 1000
 	go func() {
 		p := make([]byte, stripeSize+DescSize)
@@ -680,21 +650,7 @@ func TestAnswersBounded(t *testing.T) {
 	const size = 64 << 10
 	r, _ := b.Register("m", make([]byte, size))
 	rr := r.Remote()
-	k := auth.NewKey(testAuth().Secret, testAuth().Job)
-	c, err := net.Dial("tcp", b.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.(*net.TCPConn).SetReadBuffer(4096)
-	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	c.Write(helloFrame(5, 0, 1, 120000, 0, "peer1"))
-	var ack [HeaderSize]byte
-	if _, err := readFull(c, ack[:]); err != nil {
-		t.Fatal(err)
-	}
+	c := member(t, b, helloFrame(5, 0, 1, 120000, 0, "peer1"), 4096)
 	p := make([]byte, stripeSize+DescSize)
 	(&desc{rr.ID, rr.Key, 0, size}).put(p[stripeSize:])
 	eventually(t, "the link", func() bool { return b.Peer("peer1") != nil })
@@ -724,27 +680,10 @@ func TestAnswersBounded(t *testing.T) {
 // touched the region; the grant's hold ends a heartbeat after the link.
 func TestGrantOutlivesLink(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
-	b, err := New(ctx, Options{Name: "b", Auth: testAuth(), Heartbeat: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth(), Heartbeat: 20 * time.Second})
 	r, _ := b.Register("m", make([]byte, 4096))
 	rr := r.Remote()
-	k := auth.NewKey(testAuth().Secret, testAuth().Job)
-	c, err := net.Dial("tcp", b.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
-		t.Fatal(err)
-	}
-	c.Write(helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), "peer1"))
-	var ack [HeaderSize]byte
-	if _, err := readFull(c, ack[:]); err != nil {
-		t.Fatal(err)
-	}
+	c := member(t, b, helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), "peer1"), 0)
 	p := make([]byte, stripeSize+DescSize)
 	(&desc{rr.ID, rr.Key, 0, 4096}).put(p[stripeSize:])
 	c.Write(append(hdr(header{kind: kReq, sub: rWriteV, id: 1, a: 4096, b: 1, payload: uint32(len(p))}), p...))
@@ -773,11 +712,7 @@ func TestGrantOutlivesLink(t *testing.T) {
 // deadline).
 func TestRecvCancelledAfterClear(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
 	p, c, _ := fakeTarget(t, a)
 	buf := make([]byte, 100)
 	f := p.Recv(buf)
@@ -805,11 +740,7 @@ func TestRecvCancelledAfterClear(t *testing.T) {
 // being matched again to another length.
 func TestDuplicateAnnouncement(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
 	p, c, _ := fakeTarget(t, a)
 	f := p.Recv(make([]byte, 100))
 	c.Write(hdr(header{kind: kReq, sub: rRTS, id: 0, a: 100}))
@@ -1101,11 +1032,7 @@ type uffdTarget struct {
 func newUffdTarget(t *testing.T) uffdTarget {
 	t.Helper()
 	ctx := ctxT(t, 30*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
 	src, pages := uffdRegion(t, 1<<16)
 	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 16}
 	p, c := fakeSameHostTarget(t, ctx, a, rr)
@@ -1151,31 +1078,14 @@ func TestCopyDoesNotBlockReader(t *testing.T) {
 // truth is granted.
 func TestGrantNeedsHolder(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
-	b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth()})
 	r, _ := b.Register("m", make([]byte, 4096))
 	rr := r.Remote()
-	k := auth.NewKey(testAuth().Secret, testAuth().Job)
 	for _, tc := range []struct {
 		pid  uint32
 		want uint8
 	}{{1, stNotHost}, {uint32(os.Getpid()), stOK}} {
-		c, err := net.Dial("tcp", b.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		c.Write(helloFrame(uint64(tc.pid), 0, 1, 20000, tc.pid, fmt.Sprint("pid", tc.pid)))
-		var ack [HeaderSize]byte
-		if _, err := readFull(c, ack[:]); err != nil {
-			t.Fatal(err)
-		}
+		c := member(t, b, helloFrame(uint64(tc.pid), 0, 1, 20000, tc.pid, fmt.Sprint("pid", tc.pid)), 0)
 		p := make([]byte, stripeSize+DescSize)
 		(&desc{rr.ID, rr.Key, 0, 4096}).put(p[stripeSize:])
 		c.Write(append(hdr(header{kind: kReq, sub: rReadV, id: 1, a: 4096, b: 1, payload: uint32(len(p))}), p...))
@@ -1225,11 +1135,7 @@ func fakeSameHostTargetN(t *testing.T, ctx context.Context, a *Endpoint, regions
 func sameHostInitiator(t *testing.T, size uint64) (context.Context, *Endpoint, *Peer, net.Conn, RemoteRegion) {
 	t.Helper()
 	ctx := ctxT(t, 20*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
 	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: size}
 	p, c := fakeSameHostTarget(t, ctx, a, rr)
 	return ctx, a, p, c, rr
@@ -2248,11 +2154,7 @@ func TestSharedFileUnmapped(t *testing.T) {
 func TestWriteImmRides(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	t.Run("initiator", func(t *testing.T) {
-		e, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, TCPOnly: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
+		e := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, TCPOnly: true})
 		p, c, rr := fakeTarget(t, e)
 		src := []byte("12345678")
 		lr, _ := e.Register("l", src)
@@ -2282,26 +2184,10 @@ func TestWriteImmRides(t *testing.T) {
 	// rawTarget is an endpoint with a region of 64 zero bytes (r, rr) and a raw
 	// member's connection to it, past its hello.
 	rawTarget := func(t *testing.T) (*Endpoint, *Region, RemoteRegion, []byte, net.Conn) {
-		b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
+		b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth()})
 		mem := make([]byte, 64)
 		r, _ := b.Register("m", mem)
-		c, err := net.Dial("tcp", b.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		c.Write(helloFrame(7, 0, 1, 20000, 1, "raw"))
-		var ack [HeaderSize]byte
-		if _, err := readFull(c, ack[:]); err != nil {
-			t.Fatal(err)
-		}
+		c := member(t, b, helloFrame(7, 0, 1, 20000, 1, "raw"), 0)
 		return b, r, r.Remote(), mem, c
 	}
 	// request is an rWriteImm of n bytes at off of rr with key, and
@@ -2436,11 +2322,7 @@ func TestWriteImmRides(t *testing.T) {
 // ErrPeerLost.
 func TestOneConnectionClosed(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
-	e, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 2, TCPOnly: true, Heartbeat: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 2, TCPOnly: true, Heartbeat: 20 * time.Second})
 	addr, got := fakeAcceptorN(t, 2)
 	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 20}
 	p, c0 := fakeLink(t, ctx, e, info{name: "evil", addr: addr, regions: []RemoteRegion{rr}}, got)
@@ -2645,19 +2527,7 @@ func TestEndedByCancel(t *testing.T) {
 		mem := make([]byte, 2*ChunkMax)
 		r, _ := a.Register(peer, mem)
 		rr := r.Remote()
-		c, err := net.Dial("tcp", a.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		c.Write(helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), peer))
-		var ack [HeaderSize]byte
-		if _, err := readFull(c, ack[:]); err != nil {
-			t.Fatal(err)
-		}
+		c := member(t, a, helloFrame(5, 0, 1, 20000, uint32(os.Getpid()), peer), 0)
 		p := make([]byte, stripeSize+DescSize)
 		(&desc{rr.ID, rr.Key, 0, uint64(len(mem))}).put(p[stripeSize:])
 		c.Write(append(hdr(header{kind: kReq, sub: rWrite, id: 1, a: uint64(len(mem)), b: 1, payload: uint32(len(p))}), p...))
@@ -2704,11 +2574,7 @@ func TestEndedByCancel(t *testing.T) {
 // waiting; a link made again to the same name has immediates of its own.
 func TestPeerImm(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, Timeout: time.Minute, Heartbeat: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, Timeout: time.Minute, Heartbeat: 20 * time.Second})
 	p1, c1, _ := fakeTarget(t, a)
 	link := func(name string) (*Peer, net.Conn) {
 		addr, got := fakeAcceptor(t)

@@ -196,11 +196,7 @@ func deregisterSoon(t *testing.T, ctx context.Context, e *Endpoint, r *Region, w
 func TestDeregisterAfterPeerKilled(t *testing.T) {
 	addr, st := storeFor(t)
 	ctx := ctxT(t, 60*time.Second)
-	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth(), Heartbeat: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := endpoint(t, ctx, Options{Name: "parent", Store: st, Auth: testAuth(), Heartbeat: 10 * time.Second})
 	r, _ := e.Register("mem", make([]byte, 1<<20))
 	if err := e.Publish(ctx); err != nil {
 		t.Fatal(err)
@@ -227,11 +223,7 @@ func TestDeregisterAfterPeerKilled(t *testing.T) {
 // another until the link fails, so that the two answers race.
 func TestLeaseAnsweredTwice(t *testing.T) {
 	ctx := ctxT(t, 30*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 2})
 	const n = 1 << 16
 	sh, err := NewShared(n)
 	if err != nil {
@@ -379,11 +371,7 @@ func TestCloseBothLeased(t *testing.T) {
 // nothing to send, and Close does not wait for its writer.
 func TestGiveBackWithoutLeases(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
-	e, err := New(ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, TCPOnly: true, Heartbeat: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, TCPOnly: true, Heartbeat: 2 * time.Second})
 	p, _, rr := fakeTarget(t, e)
 	lr, _ := e.Register("l", make([]byte, 1<<20))
 	for range 32 { // more than the sockets hold: the writer stays busy

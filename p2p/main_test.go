@@ -299,7 +299,18 @@ func storeFor(t *testing.T) (string, *rendezvous.Client) {
 
 func testAuth() rendezvous.Auth { return rendezvous.Auth{Secret: []byte("s3cret"), Job: "p2p-test"} }
 
-// published is a new endpoint of the test's (closed when it ends) whose
+// endpoint is New(ctx, o), closed when the test ends.
+func endpoint(t *testing.T, ctx context.Context, o Options) *Endpoint {
+	t.Helper()
+	e, err := New(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// published is endpoint(t, ctx, o) (o the test's options tuned) whose
 // Info is in st.
 func published(t *testing.T, ctx context.Context, st *rendezvous.Client, name string, tune func(*Options)) *Endpoint {
 	t.Helper()
@@ -307,11 +318,7 @@ func published(t *testing.T, ctx context.Context, st *rendezvous.Client, name st
 	if tune != nil {
 		tune(&o)
 	}
-	e, err := New(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+	e := endpoint(t, ctx, o)
 	if err := e.Publish(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -77,11 +77,7 @@ func parentOf(t *testing.T, role string, size int, seed uint64, tcpOnly bool) (*
 	addr, st := storeFor(t)
 	startChild(t, role, addr, size, seed)
 	ctx := ctxT(t, 60*time.Second)
-	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth(), TCPOnly: tcpOnly})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+	e := endpoint(t, ctx, Options{Name: "parent", Store: st, Auth: testAuth(), TCPOnly: tcpOnly})
 	p, err := e.Connect(ctx, "child")
 	if err != nil {
 		t.Fatal(err)
@@ -200,11 +196,7 @@ func testProcessKilled(t *testing.T, tcpOnly bool, wantT string) {
 	addr, st := storeFor(t)
 	cmd := startChild(t, "echo", addr, 1<<20, 1)
 	ctx := ctxT(t, 30*time.Second)
-	e, err := New(ctx, Options{Name: "parent", Store: st, Auth: testAuth(), TCPOnly: tcpOnly})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := endpoint(t, ctx, Options{Name: "parent", Store: st, Auth: testAuth(), TCPOnly: tcpOnly})
 	if err := e.Publish(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -736,16 +728,8 @@ func TestSilentPeer(t *testing.T) {
 // link.
 func TestWrongSecret(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
-	a, err := New(ctx, Options{Name: "a", Auth: testAuth()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := New(ctx, Options{Name: "b", Auth: rendezvous_Auth("other")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth()})
+	b := endpoint(t, ctx, Options{Name: "b", Auth: rendezvous_Auth("other")})
 	if _, err := b.ConnectInfo(ctx, a.Info()); !errors.Is(err, ErrRefused) {
 		t.Fatalf("connect with another secret: %v", err)
 	}
@@ -1341,11 +1325,7 @@ func TestSharedLifecycle(t *testing.T) {
 			t.Errorf("NewShared(%d): %v, want ErrInvalid", n, err)
 		}
 	}
-	e, err := New(ctx, Options{Name: "a", Auth: testAuth()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := endpoint(t, ctx, Options{Name: "a", Auth: testAuth()})
 	sh, err := NewShared(1 << 20)
 	if err != nil {
 		t.Fatal(err)
@@ -1521,12 +1501,8 @@ func TestPublishNameTaken(t *testing.T) {
 			t.Fatalf("the holder publishing again: %v", err)
 		}
 	}
-	b, err := New(ctx, Options{Name: "x", Store: st, Auth: testAuth()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	err = b.Publish(ctx)
+	b := endpoint(t, ctx, Options{Name: "x", Store: st, Auth: testAuth()})
+	err := b.Publish(ctx)
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("taken by another endpoint (pid %d", os.Getpid())) {
 		t.Fatalf("a second endpoint named x: %v, want ErrInvalid naming the holder", err)
 	}
@@ -1547,11 +1523,7 @@ func TestPublishNameTaken(t *testing.T) {
 	if err := st.Set(ctx, a.infoKey("y"), []byte("not an info")); err != nil {
 		t.Fatal(err)
 	}
-	y, err := New(ctx, Options{Name: "y", Store: st, Auth: testAuth()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer y.Close()
+	y := endpoint(t, ctx, Options{Name: "y", Store: st, Auth: testAuth()})
 	if err := y.Publish(ctx); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "taken") {
 		t.Fatalf("a name whose key holds junk: %v, want ErrInvalid", err)
 	}

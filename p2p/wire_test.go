@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/kernels"
 )
 
@@ -295,26 +294,8 @@ func TestHostileFrames(t *testing.T) {
 	orig := append([]byte(nil), mem...)
 	r, _ := b.Register("m", mem)
 	rr := r.Remote()
-	k := auth.NewKey(testAuth().Secret, testAuth().Job)
 	// dial opens a raw link to b as "evil" with one channel.
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", b.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		c.Write(helloFrame(77, 0, 1, 1000, 0, "evil"))
-		var ack [HeaderSize]byte
-		if _, err := readFull(c, ack[:]); err != nil {
-			t.Fatal(err)
-		}
-		if h, err := decodeHeader(ack[:]); err != nil || h.status != stOK {
-			t.Fatalf("hello refused: %+v %v", h, err)
-		}
-		return c
-	}
+	dial := func() net.Conn { return member(t, b, helloFrame(77, 0, 1, 1000, 0, "evil"), 0) }
 	// The hostile link's requests: out of bounds with the right key, and
 	// a write whose data frames lie about their length.
 	req := func(sub uint8, id uint64, d desc) []byte {
