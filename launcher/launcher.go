@@ -562,11 +562,18 @@ func (j *job) abort(attempt, rank int, reason string) {
 			case <-ctx.Done():
 			}
 		}
+		if testHookAbort != nil {
+			testHookAbort(rank)
+		}
 		if err := j.client.Abort(ctx, prefix, rank, reason); err != nil {
 			j.cfg.Logf("node %d: could not tell the store that %s: %v", j.cfg.NodeRank, reason, err)
 		}
 	}()
 }
+
+// testHookAbort, when set (tests only), runs before an abort is sent
+// through the client, in the abort's goroutine.
+var testHookAbort func(rank int)
 
 // blames reads the rank each worker of the attempt blames (BlameKey):
 // from the server on node 0, through the connection elsewhere (bounded).

@@ -362,3 +362,39 @@ func TestRefusedConnectionWarned(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestAbortsInOrder: a node's aborts reach the store in the order they
+// were made, even when the first is the slower to send (the store keeps
+// the first it gets): the rank that caused the failure is named, not the
+// ranks stopped because of it.
+func TestAbortsInOrder(t *testing.T) {
+	run := "order" + strconv.Itoa(os.Getpid())
+	a := rendezvous.Auth{Secret: []byte("order-secret"), Job: run}
+	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{Auth: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl, err := rendezvous.Dial(ctx, srv.Addr().String(), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	testHookAbort = func(rank int) {
+		if rank == 3 {
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	defer func() { testHookAbort = nil }()
+	j := &job{cfg: &Config{RunID: run, NodeRank: 1, Logf: t.Logf}, client: cl}
+	j.abort(0, 3, "rank 3 did not start")
+	j.abort(0, 2, "rank 2 was killed by signal 15")
+	j.aborts.Wait()
+	_, err = cl.Get(ctx, rendezvous.AttemptPrefix(run, 0)+"never")
+	var ae *rendezvous.AbortError
+	if !errors.As(err, &ae) || ae.Rank != 3 || ae.Reason != "rank 3 did not start" {
+		t.Fatalf("a waiter got %v; want the first abort, rank 3's", err)
+	}
+}
