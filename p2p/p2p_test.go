@@ -1199,8 +1199,16 @@ func testConcurrent(t *testing.T, tcpOnly bool, wantT string) {
 		close(errs)
 		return <-errs
 	}
-	ra, _ := a.Register("region", make([]byte, workers*slot))
-	rb, _ := b.Register("region", make([]byte, workers*slot))
+	bothWays(t, a, b, ab, ba, workers*slot, run)
+}
+
+// bothWays registers a region of size bytes on a and on b, and runs run
+// from both ends at once, each toward the other's region (seeds 1 and 2);
+// t fails with the first error.
+func bothWays(t *testing.T, a, b *Endpoint, ab, ba *Peer, size int, run func(me *Endpoint, peer *Peer, target *Region, seed uint64) error) {
+	t.Helper()
+	ra, _ := a.Register("region", make([]byte, size))
+	rb, _ := b.Register("region", make([]byte, size))
 	done := make(chan error, 2)
 	go func() { done <- run(a, ab, rb, 1) }()
 	go func() { done <- run(b, ba, ra, 2) }()
@@ -1302,16 +1310,7 @@ func testSmallOps(t *testing.T, tcpOnly bool, wantT string) {
 		close(errs)
 		return <-errs
 	}
-	ra, _ := a.Register("region", make([]byte, workers*slot))
-	rb, _ := b.Register("region", make([]byte, workers*slot))
-	done := make(chan error, 2)
-	go func() { done <- run(a, ab, rb, 1) }()
-	go func() { done <- run(b, ba, ra, 2) }()
-	for range 2 {
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
+	bothWays(t, a, b, ab, ba, workers*slot, run)
 }
 
 // TestSharedLifecycle: Shared memory cannot be freed while a region on it
