@@ -79,7 +79,11 @@ func (p *Peer) Remote(name string) (RemoteRegion, bool) {
 }
 
 // Op is one range of a batched Read or Write: Len bytes at LocalOff of
-// Local and at RemoteOff of Remote.
+// Local and at RemoteOff of Remote. Len is 1 or more, and both ranges lie
+// within their regions (the remote one within the Size its RemoteRegion
+// gives): a call with an op that does not fails at once with ErrInvalid,
+// and nothing is sent. The peer checks every range again against the
+// region it holds (ErrRefused, on both sides).
 type Op struct {
 	Local     *Region
 	LocalOff  int

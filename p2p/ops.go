@@ -43,10 +43,13 @@ func (p *Peer) check(op string, ops []Op) (uint64, error) {
 		if o.Local == nil || o.Local.e != p.e {
 			return 0, opErr(op, p.name, "", ErrInvalid, "operation %d: its local region is not this endpoint's", i)
 		}
-		if o.Len <= 0 || o.LocalOff < 0 || o.RemoteOff < 0 || o.LocalOff > o.Local.size-o.Len {
+		if o.Len <= 0 {
+			return 0, opErr(op, p.name, "", ErrInvalid, "operation %d: a length of %d (1 byte or more)", i, o.Len)
+		}
+		if o.LocalOff < 0 || o.LocalOff > o.Local.size-o.Len {
 			return 0, opErr(op, p.name, o.Local.label(), ErrInvalid, "operation %d: %d bytes at %d of a local region of %d", i, o.Len, o.LocalOff, o.Local.size)
 		}
-		if uint64(o.RemoteOff) > o.Remote.Size || uint64(o.Len) > o.Remote.Size-uint64(o.RemoteOff) {
+		if o.RemoteOff < 0 || uint64(o.RemoteOff) > o.Remote.Size || uint64(o.Len) > o.Remote.Size-uint64(o.RemoteOff) {
 			return 0, opErr(op, p.name, fmt.Sprintf("%q", o.Remote.Name), ErrInvalid, "operation %d: %d bytes at %d of a remote region of %d", i, o.Len, o.RemoteOff, o.Remote.Size)
 		}
 		total += uint64(o.Len)

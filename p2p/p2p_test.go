@@ -348,18 +348,25 @@ func TestLocalChecks(t *testing.T) {
 	for i := range many {
 		many[i] = Op{Local: lr, Remote: tr.Remote(), Len: 1}
 	}
-	for name, ops := range map[string][]Op{
-		"empty":        nil,
-		"too many":     many,
-		"zero length":  {{Local: lr, Remote: tr.Remote()}},
-		"local past":   {{Local: lr, LocalOff: 50, Remote: tr.Remote(), Len: 51}},
-		"remote past":  {{Local: lr, Remote: tr.Remote(), RemoteOff: 99, Len: 2}},
-		"negative":     {{Local: lr, LocalOff: -1, Remote: tr.Remote(), Len: 2}},
-		"nil local":    {{Remote: tr.Remote(), Len: 2}},
-		"not my local": {{Local: other, Remote: tr.Remote(), Len: 2}},
+	for _, tc := range []struct {
+		name string
+		ops  []Op
+		want string // in the error: what is wrong, and where
+	}{
+		{"empty", nil, "a batch of 0 operations"},
+		{"too many", many, fmt.Sprintf("a batch of %d operations", MaxBatch+1)},
+		{"zero length", []Op{{Local: lr, Remote: tr.Remote()}}, "operation 0: a length of 0 (1 byte or more)"},
+		{"negative length", []Op{{Local: lr, Remote: tr.Remote(), Len: -1}}, "operation 0: a length of -1"},
+		{"local past", []Op{{Local: lr, LocalOff: 50, Remote: tr.Remote(), Len: 51}}, `region "l": p2p: invalid argument: operation 0: 51 bytes at 50 of a local region of 100`},
+		{"remote past", []Op{{Local: lr, Remote: tr.Remote(), RemoteOff: 99, Len: 2}}, `region "t": p2p: invalid argument: operation 0: 2 bytes at 99 of a remote region of 100`},
+		{"negative local", []Op{{Local: lr, LocalOff: -1, Remote: tr.Remote(), Len: 2}}, `region "l": p2p: invalid argument: operation 0: 2 bytes at -1 of a local region`},
+		{"negative remote", []Op{{Local: lr, Remote: tr.Remote(), RemoteOff: -1, Len: 2}}, `region "t": p2p: invalid argument: operation 0: 2 bytes at -1 of a remote region`},
+		{"nil local", []Op{{Remote: tr.Remote(), Len: 2}}, "operation 0: its local region is not this endpoint's"},
+		{"not my local", []Op{{Local: other, Remote: tr.Remote(), Len: 2}}, "operation 0: its local region is not this endpoint's"},
 	} {
-		if err := ab.Write(ops).Wait(ctx); !errors.Is(err, ErrInvalid) {
-			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		err := ab.Write(tc.ops).Wait(ctx)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrInvalid saying %q", tc.name, err, tc.want)
 		}
 	}
 	if b.Refused() != 0 {
