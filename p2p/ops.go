@@ -219,7 +219,7 @@ func (p *Peer) Send(buf []byte) *Future {
 		return failed("send", p.name, opErr("send", p.name, "", ErrInvalid, "%d bytes", len(buf)))
 	}
 	l := p.l
-	f := newFuture("send", p.name, l.name())
+	f := newFuture("send", p.name, "tcp") // a message always crosses the link's TCP connections
 	pt := &part{l: l, f: f, kind: rSend, total: uint64(len(buf)), local: []seg{host(buf)}, active: true}
 	f.parts = []*part{pt}
 	f.left.Store(1)
@@ -242,7 +242,7 @@ func (p *Peer) Send(buf []byte) *Future {
 // length. buf must not be touched until Wait returns.
 func (p *Peer) Recv(buf []byte) *Future {
 	l := p.l
-	f := newFuture("recv", p.name, l.name())
+	f := newFuture("recv", p.name, "tcp")
 	pt := &part{l: l, f: f, kind: rCTS, total: uint64(len(buf)), local: []seg{host(buf)}, active: true}
 	f.parts = []*part{pt}
 	f.left.Store(1)

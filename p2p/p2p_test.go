@@ -522,6 +522,8 @@ func TestSendRecvOrder(t *testing.T) {
 			for _, f := range fs {
 				if err := f.Wait(ctx); err != nil {
 					sendErr.Store(err)
+				} else if f.Transport() != "tcp" {
+					sendErr.Store(fmt.Errorf("a send reports transport %q, want tcp (a same-host link sends over TCP)", f.Transport()))
 				}
 			}
 		}()
@@ -540,6 +542,9 @@ func TestSendRecvOrder(t *testing.T) {
 			}
 			if f.Len() != len(msgs[i]) || !bytes.Equal(bufs[i][:f.Len()], msgs[i]) {
 				t.Errorf("message %d: %d bytes, want %d, or they differ", i, f.Len(), len(msgs[i]))
+			}
+			if f.Transport() != "tcp" {
+				t.Errorf("message %d: a receive reports transport %q, want tcp", i, f.Transport())
 			}
 		}
 		wg.Wait()
