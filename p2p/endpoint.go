@@ -527,6 +527,12 @@ func (e *Endpoint) Publish(ctx context.Context) error {
 	if e.opts.Store == nil {
 		return opErr("publish", "", "", ErrInvalid, "no store in Options")
 	}
+	e.mu.Lock()
+	shut := e.shut
+	e.mu.Unlock()
+	if shut {
+		return opErr("publish", "", "", ErrClosed, "the endpoint is closed")
+	}
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
 	mine, key := e.Info(), e.infoKey(e.opts.Name)

@@ -42,7 +42,7 @@ func ended(ctx context.Context) error {
 // region it concerns (empty when none), and the cause, which wraps one of
 // the sentinels.
 type OpError struct {
-	Op     string // "read", "write", "imm", "send", "recv", "connect", "deregister", "serve read"...
+	Op     string // the call's: "read", "write", "writeimm", "imm", "send", "recv", "connect", "deregister"...; "serve read"... for the target's side
 	Peer   string
 	Region string
 	Err    error
@@ -60,6 +60,22 @@ func (e *OpError) Error() string {
 }
 
 func (e *OpError) Unwrap() error { return e.Err }
+
+// asOp returns err as the failure of the caller's operation op with peer:
+// an *OpError of another operation (the link's own, such as "receiving",
+// "watch" or "close", which fails every transfer on it) is renamed op,
+// with its cause, which says what happened to the link (a connection
+// closed, the peer's process exited, the endpoint closed).
+func asOp(op, peer string, err error) error {
+	oe, ok := err.(*OpError)
+	if !ok || oe.Op == op {
+		return err
+	}
+	if oe.Peer != "" {
+		peer = oe.Peer
+	}
+	return &OpError{Op: op, Peer: peer, Region: oe.Region, Err: oe.Err}
+}
 
 func opErr(op, peer, region string, sentinel error, format string, args ...any) *OpError {
 	return &OpError{Op: op, Peer: peer, Region: region, Err: fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)}

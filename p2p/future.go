@@ -39,7 +39,7 @@ func newFuture(op, peer, transport string) *Future {
 // failed returns a Future that is already done with err.
 func failed(op, peer string, err error) *Future {
 	f := newFuture(op, peer, "")
-	f.err = err
+	f.err = asOp(op, peer, err)
 	close(f.done)
 	return f
 }
@@ -48,7 +48,7 @@ func (f *Future) partDone(err error) {
 	if err != nil {
 		f.mu.Lock()
 		if f.err == nil {
-			f.err = err
+			f.err = asOp(f.op, f.peer, err)
 		}
 		parts := f.parts
 		f.mu.Unlock()

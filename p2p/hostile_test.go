@@ -445,14 +445,17 @@ func TestLifecycleMisuse(t *testing.T) {
 		t.Fatalf("a receive pending at Close: %v", err)
 	}
 	for name, f := range map[string]*Future{
-		"read":  ab.Read([]Op{{Local: lr, Remote: tr.Remote(), Len: 8}}),
-		"write": ab.WriteWithImm([]Op{{Local: lr, Remote: tr.Remote(), Len: 8}}, 1),
-		"send":  ab.Send([]byte{1}),
-		"recv":  ab.Recv(make([]byte, 1)),
+		"read":     ab.Read([]Op{{Local: lr, Remote: tr.Remote(), Len: 8}}),
+		"writeimm": ab.WriteWithImm([]Op{{Local: lr, Remote: tr.Remote(), Len: 8}}, 1),
+		"send":     ab.Send([]byte{1}),
+		"recv":     ab.Recv(make([]byte, 1)),
 	} {
-		if err := f.Wait(ctx); err == nil {
-			t.Errorf("%s after Close succeeded", name)
+		if err := f.Wait(ctx); !errors.Is(err, ErrClosed) || !isOp(err, name, "b") {
+			t.Errorf("%s after Close: %v, want ErrClosed of op %s naming the peer", name, err, name)
 		}
+	}
+	if err := a.Publish(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Publish after Close: %v, want ErrClosed", err)
 	}
 	if _, err := a.Register("x", make([]byte, 8)); !errors.Is(err, ErrClosed) {
 		t.Errorf("Register after Close: %v", err)

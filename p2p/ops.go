@@ -24,7 +24,7 @@ func (p *Peer) Write(ops []Op) *Future { return p.oneSided("write", rWrite, ops,
 // stripe over TCP carries imm in its request), so a caller that retries
 // after ErrCancelled or ErrTimeout must expect the immediate twice.
 func (p *Peer) WriteWithImm(ops []Op, imm uint32) *Future {
-	return p.oneSided("write", rWrite, ops, &imm)
+	return p.oneSided("writeimm", rWrite, ops, &imm)
 }
 
 // cmaMin is the most a batch moves over TCP on a same-host link: a grant

@@ -220,16 +220,35 @@ func testProcessKilled(t *testing.T, tcpOnly bool, wantT string) {
 	// A receive the child will never answer, then the child dies.
 	f := p.Recv(got)
 	cmd.Process.Kill()
-	if err := f.Wait(ctx); !errors.Is(err, ErrPeerLost) {
-		t.Fatalf("a receive from a killed peer: %v, want ErrPeerLost", err)
+	if err := f.Wait(ctx); !errors.Is(err, ErrPeerLost) || !isOp(err, "recv", "child") {
+		t.Fatalf("a receive from a killed peer: %v, want ErrPeerLost of op recv naming the peer", err)
 	}
 	if ctx.Err() != nil {
 		t.Fatal("the failure came only at the test's deadline")
 	}
-	// Calls after the loss fail at once.
-	if err := p.Send(msg).Wait(ctx); !errors.Is(err, ErrPeerLost) {
-		t.Fatalf("a send after the loss: %v", err)
+	// Calls after the loss fail at once, each named after its operation.
+	lr, _ := e.Register("l", make([]byte, 8))
+	rr := RemoteRegion{Name: "r", Size: 8}
+	for op, f := range map[string]*Future{
+		"send":     p.Send(msg),
+		"recv":     p.Recv(got),
+		"read":     p.Read([]Op{{Local: lr, Remote: rr, Len: 8}}),
+		"write":    p.Write([]Op{{Local: lr, Remote: rr, Len: 8}}),
+		"writeimm": p.WriteWithImm([]Op{{Local: lr, Remote: rr, Len: 8}}, 1),
+	} {
+		if err := f.Wait(ctx); !errors.Is(err, ErrPeerLost) || !isOp(err, op, "child") {
+			t.Errorf("a %s after the loss: %v, want ErrPeerLost of op %s naming the peer", op, err, op)
+		}
 	}
+	if _, err := p.Imm(ctx); !errors.Is(err, ErrPeerLost) || !isOp(err, "imm", "child") {
+		t.Errorf("Peer.Imm after the loss: %v, want ErrPeerLost of op imm naming the peer", err)
+	}
+}
+
+// isOp reports whether err is an *OpError of operation op and peer.
+func isOp(err error, op, peer string) bool {
+	var oe *OpError
+	return errors.As(err, &oe) && oe.Op == op && oe.Peer == peer
 }
 
 // TestRefused: requests outside a region, with a wrong key, to a region
