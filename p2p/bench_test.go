@@ -163,3 +163,22 @@ func BenchmarkReadSmallBusy(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRegisterPages registers b.N pages of 4 KiB, each a region of
+// its own name, as a KV cache of many pages is (slimebench p2p's
+// --register times the same for 1 GiB).
+func BenchmarkRegisterPages(b *testing.B) {
+	e, err := New(context.Background(), Options{Name: "a", Auth: testAuth()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	mem := make([]byte, 4096*(b.N+1))
+	b.ResetTimer()
+	for i := range b.N {
+		if _, err := e.Register(fmt.Sprint("page", i), mem[i*4096:(i+1)*4096]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer() // not Close's withdrawal of them
+}

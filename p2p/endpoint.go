@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -125,7 +127,8 @@ type Endpoint struct {
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	regs  map[uint64]*Region
-	next  uint64 // the next region id
+	names map[string]struct{} // the registered regions' names
+	next  uint64              // the next region id
 	peers map[string]*Peer
 	shut  bool
 	// closed is closed when the first Close returns (a second Close
@@ -204,7 +207,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	var first [8]byte
 	rand.Read(first[:])
 	e := &Endpoint{opts: o, key: auth.NewKey(o.Auth.Secret, o.Auth.Job), ln: ln.(*net.TCPListener), addr: ln.Addr().String(),
-		host: hostID(), done: make(chan struct{}), closed: make(chan struct{}), regs: map[uint64]*Region{}, peers: map[string]*Peer{},
+		host: hostID(), done: make(chan struct{}), closed: make(chan struct{}), regs: map[uint64]*Region{}, names: map[string]struct{}{}, peers: map[string]*Peer{},
 		immGen: make(chan struct{}), imms: make(map[*immQueue]struct{}), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
 	e.token = new(uint64)
 	rand.Read(first[:])
@@ -327,8 +330,9 @@ func (r *Region) label() string { return fmt.Sprintf("%q", r.name) }
 // (*device.CUDABuffer), which a peer on the same host whose own memory is
 // GPU memory copies device to device through CUDA IPC, and transfers
 // elsewhere stage through host memory a chunk at a time, over TCP.
-// Registration costs a map
-// insert; it pins nothing (Go's heap does not move).
+// A name is one region's at a time: Register refuses (ErrInvalid) a name
+// registered and not yet deregistered at this endpoint. Registration
+// costs two map inserts; it pins nothing (Go's heap does not move).
 func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 	if err := validName(name); err != nil {
 		return nil, &OpError{Op: "register", Region: name, Err: err}
@@ -376,6 +380,14 @@ func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 		}
 		return nil, opErr("register", "", name, ErrClosed, "the endpoint is closed")
 	}
+	n := len(e.names)
+	e.names[name] = struct{}{} // one hash of the name: it is new if the map grew
+	if len(e.names) == n {
+		if sh != nil {
+			sh.detach(r)
+		}
+		return nil, opErr("register", "", r.label(), ErrInvalid, "a region of this name is registered (Deregister it first)")
+	}
 	r.id = e.next
 	e.next++
 	e.regs[r.id] = r
@@ -409,7 +421,10 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 // revoked; r.drained closes once nothing touches its memory.
 func (e *Endpoint) withdraw(r *Region) {
 	e.mu.Lock()
-	delete(e.regs, r.id)
+	if e.regs[r.id] == r { // not withdrawn before: the name is r's
+		delete(e.regs, r.id)
+		delete(e.names, r.name)
+	}
 	e.mu.Unlock()
 	r.mu.Lock()
 	first := !r.closed.Swap(true)
@@ -497,18 +512,20 @@ func (e *Endpoint) refuse(peer, op string, st uint8, detail string) {
 }
 
 // Info is the endpoint's description for out-of-band exchange: its name,
-// address, host and the regions registered now (up to MaxInfoRegions).
-// A peer passes it to ConnectInfo.
+// address, host and the regions registered now, the first MaxInfoRegions
+// registered where there are more (hand the others' Region.Remote to the
+// peer yourself). A peer passes it to ConnectInfo.
 func (e *Endpoint) Info() []byte {
 	in := info{name: e.opts.Name, addr: e.addr, host: e.host, pid: uint32(os.Getpid()),
 		token: *e.token, tokenAddr: uint64(uintptr(unsafe.Pointer(e.token)))}
 	e.mu.Lock()
 	for _, r := range e.regs {
-		if len(in.regions) < MaxInfoRegions {
-			in.regions = append(in.regions, r.Remote())
-		}
+		in.regions = append(in.regions, r.Remote())
 	}
 	e.mu.Unlock()
+	// The first registered, in order: the same list every time.
+	slices.SortFunc(in.regions, func(a, b RemoteRegion) int { return cmp.Compare(a.ID, b.ID) })
+	in.regions = in.regions[:min(len(in.regions), MaxInfoRegions)]
 	return in.encode()
 }
 

@@ -23,8 +23,8 @@ import (
 const (
 	infoMagic   = "SLP2"
 	infoVersion = 1
-	// MaxInfoRegions bounds the regions an Info lists (the rest are handed
-	// over with Region.Remote).
+	// MaxInfoRegions bounds the regions an Info lists: the first
+	// registered (the rest are handed over with Region.Remote).
 	MaxInfoRegions = 1024
 )
 

@@ -68,7 +68,9 @@ func (p *Peer) Name() string { return p.name }
 func (p *Peer) Transport() string { return p.l.name() }
 
 // Remote returns the peer's region named name as its Info listed it at
-// Connect (ok false when it did not).
+// the latest Connect (ok false when it did not). Regions the peer
+// registered later are found once it has published again (Publish) and
+// this side has called Connect again, which takes the new Info.
 func (p *Peer) Remote(name string) (RemoteRegion, bool) {
 	for _, r := range p.getInfo().regions {
 		if r.Name == name {

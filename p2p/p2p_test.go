@@ -1170,8 +1170,8 @@ func testConcurrent(t *testing.T, tcpOnly bool, wantT string) {
 				rng := rand.New(rand.NewPCG(seed, uint64(w)))
 				src := make([]byte, slot)
 				dst := make([]byte, slot)
-				sr, _ := me.Register("src", src)
-				dr, _ := me.Register("dst", dst)
+				sr, _ := me.Register(fmt.Sprint("src", w), src) // a name is one region's at a time
+				dr, _ := me.Register(fmt.Sprint("dst", w), dst)
 				defer me.Deregister(ctx, sr)
 				defer me.Deregister(ctx, dr)
 				for round := range 10 {
@@ -1294,8 +1294,8 @@ func testSmallOps(t *testing.T, tcpOnly bool, wantT string) {
 				rng := rand.New(rand.NewPCG(seed, uint64(w)))
 				src := make([]byte, slot)
 				dst := make([]byte, slot)
-				sr, _ := me.Register("src", src)
-				dr, _ := me.Register("dst", dst)
+				sr, _ := me.Register(fmt.Sprint("src", w), src)
+				dr, _ := me.Register(fmt.Sprint("dst", w), dst)
 				defer me.Deregister(ctx, sr)
 				defer me.Deregister(ctx, dr)
 				for round := range 300 {
@@ -1556,5 +1556,46 @@ func TestPublishNameTaken(t *testing.T) {
 	y := endpoint(t, ctx, Options{Name: "y", Store: st, Auth: testAuth()})
 	if err := y.Publish(ctx); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "taken") {
 		t.Fatalf("a name whose key holds junk: %v, want ErrInvalid", err)
+	}
+}
+
+// TestRegionNames: a name is one region's at a time (Register refuses a
+// name already registered, and takes it again once it is deregistered),
+// and an Info with more regions than MaxInfoRegions lists the first
+// registered, in order, every time.
+func TestRegionNames(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth()})
+	r, err := a.Register("kv", make([]byte, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Register("kv", make([]byte, 16)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `region "kv"`) {
+		t.Fatalf("a second region named kv: %v, want ErrInvalid naming it", err)
+	}
+	if err := a.Deregister(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Register("kv", make([]byte, 16)); err != nil {
+		t.Fatalf("kv again after its Deregister: %v", err)
+	}
+	for i := range MaxInfoRegions + 100 {
+		if _, err := a.Register(fmt.Sprint("r", i), make([]byte, 8)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 5 {
+		in, err := decodeInfo(a.Info())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(in.regions) != MaxInfoRegions || in.regions[0].Name != "kv" {
+			t.Fatalf("the Info lists %d regions, the first %q; want %d, kv first", len(in.regions), in.regions[0].Name, MaxInfoRegions)
+		}
+		for i, rr := range in.regions[1:] {
+			if want := fmt.Sprint("r", i); rr.Name != want {
+				t.Fatalf("the Info's region %d is %q, want %q (the first registered, in order)", i+1, rr.Name, want)
+			}
+		}
 	}
 }
