@@ -787,25 +787,37 @@ func (b *p2pBench) register(ctx context.Context, emit func(P2PResult)) error {
 	return b.c.Barrier(ctx)
 }
 
-// WriteP2PCSV writes rs with P2PCSVHeader.
+// WriteP2PCSV writes rs with P2PCSVHeader; a figure a row does not
+// measure (0: a baseline's p99 or CPU, a ping-pong's GB/s) is left empty.
 func WriteP2PCSV(w io.Writer, rs []P2PResult) error {
 	cw := csv.NewWriter(w)
 	cw.Write(P2PCSVHeader)
 	for _, r := range rs {
 		cw.Write([]string{r.Impl, r.Transport, r.Op, strconv.FormatInt(r.S, 10), strconv.Itoa(r.Batch), strconv.Itoa(r.Concurrency),
-			ff(r.P50, 2), ff(r.P99, 2), ff(r.GBps, 4), ff(r.CPUPerGB, 4), strconv.FormatInt(r.Wrong, 10)})
+			measured(r.P50, 2, ""), measured(r.P99, 2, ""), measured(r.GBps, 4, ""), measured(r.CPUPerGB, 4, ""), strconv.FormatInt(r.Wrong, 10)})
 	}
 	cw.Flush()
 	return cw.Error()
 }
 
-// WriteP2PTable writes rs as a table under title, then the issue's
-// targets as ratios of this run's rows (P2PTargets).
+// measured formats x with prec decimals, or none where x is 0 (the row
+// does not measure it).
+func measured(x float64, prec int, none string) string {
+	if x == 0 {
+		return none
+	}
+	return ff(x, prec)
+}
+
+// WriteP2PTable writes rs as a table under title ("-" for a figure a row
+// does not measure), then the targets as ratios of this run's
+// rows (P2PTargets).
 func WriteP2PTable(w io.Writer, rs []P2PResult, title string) {
 	fmt.Fprintf(w, "# %s\n", title)
 	fmt.Fprintf(w, "#%-7s %-9s %-15s %10s %6s %5s %11s %11s %9s %9s %6s\n", "impl", "transport", "op", "S", "batch", "conc", "p50 (us)", "p99 (us)", "GB/s", "cpu s/GB", "wrong")
 	for _, r := range rs {
-		fmt.Fprintf(w, " %-7s %-9s %-15s %10s %6d %5d %11.2f %11.2f %9.3f %9.3f %6d\n", r.Impl, r.Transport, r.Op, bytesize.Format(r.S), r.Batch, r.Concurrency, r.P50, r.P99, r.GBps, r.CPUPerGB, r.Wrong)
+		fmt.Fprintf(w, " %-7s %-9s %-15s %10s %6d %5d %11s %11s %9s %9s %6d\n", r.Impl, r.Transport, r.Op, bytesize.Format(r.S), r.Batch, r.Concurrency,
+			measured(r.P50, 2, "-"), measured(r.P99, 2, "-"), measured(r.GBps, 3, "-"), measured(r.CPUPerGB, 3, "-"), r.Wrong)
 	}
 	for _, l := range P2PTargets(rs) {
 		fmt.Fprintln(w, "# "+l)

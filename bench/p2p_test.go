@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/csv"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +49,9 @@ func TestP2PSweep(t *testing.T) {
 			var tbl strings.Builder
 			WriteP2PTable(&tbl, rows[0], "TestP2PSweep")
 			t.Log("\n" + tbl.String())
+			if !gpu && !regexp.MustCompile(`(?m)^ tcp +tcp-\d+ +oneway +\S+ +1 +1 +\S+ +- +\S+ +- +0$`).MatchString(tbl.String()) {
+				t.Errorf("the table's tcp oneway rows show a p99 or CPU they do not measure")
+			}
 			var buf bytes.Buffer
 			if err := WriteP2PCSV(&buf, rows[0]); err != nil {
 				t.Fatal(err)
@@ -68,6 +72,12 @@ func TestP2PSweep(t *testing.T) {
 					t.Errorf("row %v: wrong bytes", r)
 				}
 				count[r[0]+" "+r[2]]++
+				// A baseline measures no CPU, nor a p99 unless paired:
+				// left empty, not 0.
+				paired := strings.HasSuffix(r[2], "-paired")
+				if (r[0] == "tcp" || r[0] == "memcpy") && (r[7] != "" && !paired || r[9] != "") || r[0] == "p2p" && !paired && (r[7] == "" || r[9] == "") {
+					t.Errorf("row %v: a figure the row does not measure is not empty, or one it does is", r)
+				}
 				// On one host every batch, small ones too, is copied
 				// through the region's lease, which the warm-up took.
 				if r[0] == "p2p" && (r[2] == "read" || r[2] == "write" || r[2] == "read-paired") && r[1] != want {

@@ -571,7 +571,7 @@ func p2pCmd(args []string) error {
 			return err
 		}
 		for _, l := range bench.P2PTargets(rs) {
-			fmt.Fprintln(os.Stderr, "slimebench p2p: "+l)
+			fmt.Fprintln(os.Stderr, "# "+l) // as the table ends
 		}
 	} else {
 		bench.WriteP2PTable(os.Stdout, rs, title)
