@@ -34,8 +34,9 @@ const (
 	MaxBatch = 4096
 	// ChunkMax bounds one data frame's payload: a sender checks for
 	// cancellation between chunks, so it also bounds how long a
-	// cancelled transfer may still touch its buffer (a few milliseconds
-	// on a link of a few GB/s). Each frame costs its reader a wake-up for
+	// cancelled transfer may still touch its buffer: the chunk each of
+	// the link's connections is moving (a few milliseconds per chunk on
+	// a link of a few GB/s). Each frame costs its reader a wake-up for
 	// the header before it reads the payload with its low-water mark, so
 	// larger frames cost fewer.
 	ChunkMax = 4 << 20
