@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -585,6 +586,8 @@ func (e *Endpoint) Publish(ctx context.Context) error {
 // the deadline passes, ErrCancelled when ctx is cancelled) and connecting
 // when there is no link yet. Both ends may call it, at once or not: there
 // is one link per pair, and either side may start any operation on it.
+// An Info whose address refuses connections (its endpoint closed, or its
+// process exited) fails it at once with ErrPeerLost.
 func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
 	if e.opts.Store == nil {
 		return nil, opErr("connect", name, "", ErrInvalid, "no store in Options: use ConnectInfo")
@@ -673,6 +676,17 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 	}
 }
 
+// gone says why a peer's Info's address refuses connections: its process
+// has exited (where it is on this host and no process has its pid), or
+// its endpoint was closed (an Info left in the store by an earlier run or
+// a closed endpoint).
+func (e *Endpoint) gone(in info, addr string) string {
+	if in.host == e.host && in.pid != 0 && syscall.Kill(int(in.pid), 0) == syscall.ESRCH {
+		return fmt.Sprintf("its process (pid %d) has exited", in.pid)
+	}
+	return "nothing listens at " + addr + ": the endpoint was closed or its process exited (its Info may be an earlier run's)"
+}
+
 // dupRetry is how long Connect waits for a peer's link after the peer
 // answered that it makes the link itself, before it dials again.
 const dupRetry = time.Second
@@ -737,6 +751,12 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 			c, err = d.DialContext(ctx, "tcp", addr)
 			if err == nil || ctx.Err() != nil {
 				break
+			}
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				// The Info's listener existed before the Info did: it is
+				// gone, and dialing again will not bring it back.
+				closeAll()
+				return opErr("connect", in.name, "", ErrPeerLost, "dial %s: %s", addr, e.gone(in, addr))
 			}
 			select {
 			case <-ctx.Done():

@@ -1599,3 +1599,35 @@ func TestRegionNames(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectGone: Connect to a peer whose published Info names an
+// address where nothing listens any more (its endpoint closed, or its
+// process killed) fails at once with ErrPeerLost saying so, not at the
+// deadline with a dial timeout.
+func TestConnectGone(t *testing.T) {
+	addr, st := storeFor(t)
+	ctx := ctxT(t, 30*time.Second)
+	a := published(t, ctx, st, "a", nil)
+	b := published(t, ctx, st, "b", nil)
+	b.Close()
+	cmd := startChild(t, "echo", addr, 1<<10, 1)
+	// The child has published once a Connect to it works.
+	if _, err := a.Connect(ctx, "child"); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	a2 := published(t, ctx, st, "a2", nil)
+	for _, tc := range []struct{ peer, want string }{
+		{"b", "nothing listens at"},
+		{"child", fmt.Sprintf("its process (pid %d) has exited", cmd.Process.Pid)},
+	} {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		t0 := time.Now()
+		_, err := a2.Connect(cctx, tc.peer)
+		cancel()
+		if !errors.Is(err, ErrPeerLost) || !strings.Contains(err.Error(), tc.want) || time.Since(t0) > 5*time.Second {
+			t.Errorf("Connect to %s, gone: %v after %v, want ErrPeerLost at once saying %q", tc.peer, err, time.Since(t0).Round(time.Millisecond), tc.want)
+		}
+	}
+}
