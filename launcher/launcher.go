@@ -23,6 +23,16 @@
 // exits, the launcher aborts the attempt's store keys
 // (rendezvous.AttemptPrefix) so that the ranks still waiting on it fail at
 // once, naming it, instead of after their whole timeout.
+//
+// Each worker leads a process group of its own, which its children join.
+// Signals go to the groups, and no process of the job outlives it: once
+// the workers have exited, what is left in their groups (a child that
+// ignores SIGTERM, a script's background job) gets SIGKILL when the
+// --stop-grace after the first SIGTERM ends, and after a success it is
+// stopped the same way, with a warning. A process that leaves the group
+// (setsid) is not the launcher's to stop. The launcher reaps a worker
+// only after its group is dealt with, so that a group id it signals is
+// never a stranger's (see group_linux.go).
 package launcher
 
 import (
@@ -707,14 +717,20 @@ type worker struct {
 	cmd         *exec.Cmd
 	files       []*os.File
 	consoles    []*prefixWriter
-	exited      bool // set by runAttempt's loop when Wait returned
+	exited      bool // set by runAttempt's loop when waitExited returned
 	cleanExit   bool // exited 0 before the launcher stopped anyone
 }
 
+// exit is a worker's exit as waitExited saw it: the worker is not reaped
+// yet (see group_linux.go).
 type exit struct {
-	w   *worker
-	err error
+	w      *worker
+	status syscall.WaitStatus
+	err    error // waitid failed: the status is unknown
 }
+
+// failed says whether the exit is a failure: not code 0, or unknown.
+func (e exit) failed() bool { return e.err != nil || e.status != 0 }
 
 func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal) error {
 	cfg := j.cfg
@@ -732,7 +748,10 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		}
 		workers[local] = w
 		started++
-		go func() { exits <- exit{w, w.cmd.Wait()} }()
+		go func() {
+			st, err := waitExited(w.cmd.Process.Pid)
+			exits <- exit{w, st, err}
+		}()
 	}
 	var first error
 	var failures []error // worker failures before any stop, in report order
@@ -746,7 +765,8 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	var killAt <-chan time.Time
 	// stop signals every worker's process group, also of workers that have
 	// exited: their own children stay in the group and must not outlive
-	// the job. A group's id is not reused while any member lives.
+	// the job. The group ids are still the job's: no worker is reaped
+	// before the loop below ends (see group_linux.go).
 	// A stopped process (SIGSTOP: a debugger's, job control's) takes a
 	// signal only once continued: SIGCONT follows (the signals stop sends
 	// are SIGINT, SIGTERM, SIGHUP, SIGKILL), so that it ends now rather
@@ -774,24 +794,61 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		startStop(syscall.SIGTERM)
 	}
 	done := ctx.Done()
-	for running > 0 {
+	// The loop runs until every worker has exited and nothing is left in
+	// their process groups, or the grace's SIGKILL has been sent. What a
+	// worker leaves in its group (a child that ignores SIGTERM, a
+	// background job of a script) is the job's: once the launcher is
+	// stopping it gets the rest of the grace, then SIGKILL with the
+	// group; after a success it is stopped the same way, with a warning,
+	// so that no process of the job outlives it or runs into the next
+	// attempt.
+	killed := false
+	leftSaid := false
+	for {
+		if running == 0 {
+			if first != nil {
+				startStop(syscall.SIGTERM) // a failure that was the last exit
+			}
+			if killed {
+				break
+			}
+			left, err := groupMembers(workerPids(workers))
+			if err != nil {
+				// Nothing can be told: end every group now.
+				cfg.Logf("node %d: reading /proc for what the workers left: %v; killing their process groups", cfg.NodeRank, err)
+				startStop(syscall.SIGTERM)
+				break
+			}
+			if len(left) == 0 {
+				break
+			}
+			if !stopping {
+				for _, w := range workers {
+					if w == nil {
+						continue
+					}
+					if pids := left[w.cmd.Process.Pid]; len(pids) > 0 {
+						cfg.Warnf("rank %d's process group %d still has %d process(es) after the worker exited 0 (pids %v): stopping them as the job ends (SIGTERM, SIGKILL after %v); a process meant to outlive the job must leave the group (setsid)", w.rank, w.cmd.Process.Pid, len(pids), pids, cfg.StopGrace)
+					}
+				}
+				startStop(syscall.SIGTERM)
+				leftSaid = true
+			} else if !leftSaid {
+				cfg.Logf("node %d: the workers have exited; left in their process groups: %s; SIGKILL when the grace ends", cfg.NodeRank, leftText(workers, left))
+				leftSaid = true
+			}
+		}
 		select {
 		case ex := <-exits:
 			running--
 			ex.w.exited = true
 			// Whoever still waits on this attempt's keys waits in vain.
-			j.abort(attempt, ex.w.rank, exitReason(ex.w, ex.err))
-			for _, p := range ex.w.consoles {
-				p.flush()
-			}
-			for _, f := range ex.w.files {
-				f.Close()
-			}
-			if ex.err == nil && !stopping {
+			j.abort(attempt, ex.w.rank, exitReason(ex))
+			if !ex.failed() && !stopping {
 				ex.w.cleanExit = true
 			}
-			if ex.err != nil && !stopping {
-				failures = append(failures, workerError(ex.w, attempt, ex.err))
+			if ex.failed() && !stopping {
+				failures = append(failures, workerError(ex, attempt))
 				if first == nil {
 					first = failures[0]
 				}
@@ -817,8 +874,15 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 			startStop(syscall.SIGTERM)
 		case <-killAt:
 			stop(syscall.SIGKILL)
+			killed = true
 		}
 	}
+	if stopping {
+		// Whatever the grace left (or a member forked while /proc was
+		// read): the groups are still the job's, their leaders unreaped.
+		stop(syscall.SIGKILL)
+	}
+	j.reap(workers)
 	if len(failures) > 1 {
 		if _, interrupted := first.(*ErrInterrupted); !interrupted {
 			first = rootCause(failures)
@@ -844,19 +908,64 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 }
 
 // exitReason is what an abort tells the ranks still waiting.
-func exitReason(w *worker, err error) string {
+func exitReason(ex exit) string {
+	w, ws := ex.w, ex.status
 	pid := w.cmd.Process.Pid
-	var ee *exec.ExitError
 	switch {
-	case err == nil:
-		return fmt.Sprintf("rank %d (pid %d) exited with code 0", w.rank, pid)
-	case errors.As(err, &ee):
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return fmt.Sprintf("rank %d (pid %d) was killed by signal %d (%v)", w.rank, pid, int(ws.Signal()), ws.Signal())
-		}
-		return fmt.Sprintf("rank %d (pid %d) exited with code %d", w.rank, pid, ee.ExitCode())
+	case ex.err != nil:
+		return fmt.Sprintf("rank %d (pid %d) ended: %v", w.rank, pid, ex.err)
+	case ws.Signaled():
+		return fmt.Sprintf("rank %d (pid %d) was killed by signal %d (%v)", w.rank, pid, int(ws.Signal()), ws.Signal())
 	}
-	return fmt.Sprintf("rank %d (pid %d) ended: %v", w.rank, pid, err)
+	return fmt.Sprintf("rank %d (pid %d) exited with code %d", w.rank, pid, ws.ExitStatus())
+}
+
+// workerPids returns the pids of the workers started: their process
+// groups' ids.
+func workerPids(workers []*worker) []int {
+	var pids []int
+	for _, w := range workers {
+		if w != nil {
+			pids = append(pids, w.cmd.Process.Pid)
+		}
+	}
+	return pids
+}
+
+// leftText says what groupMembers found in the workers' groups:
+// "rank 0 (group 123): pids [125 126]; rank 1 ...".
+func leftText(workers []*worker, left map[int][]int) string {
+	var parts []string
+	for _, w := range workers {
+		if w == nil {
+			continue
+		}
+		if pids := left[w.cmd.Process.Pid]; len(pids) > 0 {
+			parts = append(parts, fmt.Sprintf("rank %d (group %d): pids %v", w.rank, w.cmd.Process.Pid, pids))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// reap collects the exited workers (whose process groups the launcher
+// has dealt with) and the rest of their output: Wait returns once the
+// worker's pipes are drained, or WaitDelay after.
+func (j *job) reap(workers []*worker) {
+	for _, w := range workers {
+		if w == nil {
+			continue
+		}
+		var ee *exec.ExitError
+		if err := w.cmd.Wait(); err != nil && !errors.As(err, &ee) {
+			j.cfg.Logf("node %d: rank %d (pid %d): %v", j.cfg.NodeRank, w.rank, w.cmd.Process.Pid, err)
+		}
+		for _, p := range w.consoles {
+			p.flush()
+		}
+		for _, f := range w.files {
+			f.Close()
+		}
+	}
 }
 
 // rootCause picks, among the failures seen before the launcher stopped
@@ -874,18 +983,18 @@ func rootCause(failures []error) error {
 	return failures[0]
 }
 
-func workerError(w *worker, attempt int, err error) error {
+func workerError(ex exit, attempt int) error {
+	w, ws := ex.w, ex.status
+	if ex.err != nil {
+		return fmt.Errorf("launcher: rank %d: %w", w.rank, ex.err)
+	}
 	we := &WorkerError{Rank: w.rank, LocalRank: w.local, Attempt: attempt, ExitCode: -1, Pid: w.cmd.Process.Pid}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			we.Signal = ws.Signal()
-			return we
-		}
-		we.ExitCode = ee.ExitCode()
+	if ws.Signaled() {
+		we.Signal = ws.Signal()
 		return we
 	}
-	return fmt.Errorf("launcher: rank %d: %w", w.rank, err)
+	we.ExitCode = ws.ExitStatus()
+	return we
 }
 
 func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, error) {

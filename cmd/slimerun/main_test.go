@@ -167,3 +167,83 @@ func TestProgramArgumentsPassThrough(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 }
+
+// TestSignalKillsGrandchildren: SIGTERM or SIGINT to slimerun stops the
+// workers, and a child of theirs that ignores both (and writes nowhere,
+// so that the workers' exits are seen at once) is killed with their
+// process groups before slimerun exits, not left to the init process.
+func TestSignalKillsGrandchildren(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			cmd := exec.Command(slimerun, "--standalone", "--nproc-per-node", "2", "--stop-grace", "500ms", "sh", "-c",
+				`(trap '' TERM INT; exec sleep 600) >/dev/null 2>&1 & echo $! > `+dir+`/g.tmp.$RANK; mv `+dir+`/g.tmp.$RANK `+dir+`/pid.$RANK; exec sleep 30`)
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var pids []int
+			deadline := time.Now().Add(10 * time.Second)
+			for r := range 2 {
+				for {
+					b, err := os.ReadFile(filepath.Join(dir, "pid."+strconv.Itoa(r)))
+					if err == nil {
+						pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+						pids = append(pids, pid)
+						break
+					}
+					if time.Now().After(deadline) {
+						cmd.Process.Kill()
+						cmd.Wait()
+						t.Fatalf("workers did not start:\n%s", out.String())
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			defer func() {
+				for _, pid := range pids {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}()
+			cmd.Process.Signal(sig)
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				cmd.Process.Kill()
+				t.Fatalf("slimerun did not exit within 10 s of %v:\n%s", sig, out.String())
+			}
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 128+int(sig) {
+				t.Errorf("slimerun exit %v, want %d\n%s", err, 128+int(sig), out.String())
+			}
+			// slimerun has exited: a SIGKILL it sent may still be on its way.
+			deadline = time.Now().Add(3 * time.Second)
+			for _, pid := range pids {
+				for alive(pid) && time.Now().Before(deadline) {
+					time.Sleep(10 * time.Millisecond)
+				}
+				if alive(pid) {
+					t.Errorf("a worker's child (pid %d), which ignores %v, outlived slimerun", pid, sig)
+				}
+			}
+		})
+	}
+}
+
+// alive says whether pid names a process that has not exited: a zombie
+// (exited, not yet reaped by whoever inherited it) counts as gone.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}

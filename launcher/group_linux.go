@@ -1,0 +1,106 @@
+package launcher
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// A worker is the leader of its own process group (Setpgid), whose id is
+// the worker's pid; its children, and theirs, stay in the group unless
+// they leave it (setsid, a shell's job control). The kernel does not give
+// a process id to a new process while a group of that id has members, but
+// once the last member is gone the id is free again, and a stranger that
+// gets it as its pid can lead a group of that id. The launcher therefore
+// does not reap a worker (which would free its pid once the rest of the
+// group is gone) until it has dealt with the worker's group: waitExited
+// learns of the exit without reaping, the zombie leader keeps the group's
+// id the job's, and signals to the group reach only the job's processes.
+
+// Codes of a SIGCHLD's siginfo (<signal.h>), which x/sys/unix does not name.
+const (
+	cldExited = 1
+	cldKilled = 2
+	cldDumped = 3
+)
+
+// chldInfo is the start of a siginfo_t as waitid fills it for a child:
+// signo, errno, code, then (in a union aligned for a pointer) the child's
+// pid, uid and status.
+type chldInfo struct {
+	signo, errno, code int32
+	_                  [0]uintptr
+	pid                int32
+	uid                uint32
+	status             int32
+}
+
+// waitExited blocks until child pid has exited and returns its wait
+// status, leaving it a zombie for cmd.Wait to reap (WNOWAIT): see above.
+func waitExited(pid int) (syscall.WaitStatus, error) {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("waitid %d: %w", pid, err)
+		}
+		break
+	}
+	c := (*chldInfo)(unsafe.Pointer(&info))
+	switch c.code {
+	case cldExited:
+		return syscall.WaitStatus((c.status & 0xff) << 8), nil
+	case cldKilled:
+		return syscall.WaitStatus(c.status & 0x7f), nil
+	case cldDumped:
+		return syscall.WaitStatus(c.status&0x7f | 0x80), nil
+	}
+	return 0, fmt.Errorf("waitid %d: unexpected si_code %d", pid, c.code)
+}
+
+// groupMembers returns, for each of the process groups pgids, the pids of
+// its members that are alive (not zombies), less the group's leader, by
+// reading /proc: what the workers left behind once they have exited.
+func groupMembers(pgids []int) (map[int][]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int][]int)
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid pgrp ...; comm may hold spaces and ')'.
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		pgrp, err := strconv.Atoi(f[2])
+		if err != nil || pgrp == pid || !slices.Contains(pgids, pgrp) {
+			continue
+		}
+		out[pgrp] = append(out[pgrp], pid)
+	}
+	return out, nil
+}
