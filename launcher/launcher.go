@@ -457,10 +457,98 @@ func freePort(host string) (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// nodesPrefix starts the store keys of the launchers' own rendezvous (the
+// node claims, MASTER_PORT, placements, the node barrier): a node that
+// gives up the rendezvous aborts it, so that the others fail at once.
+func nodesPrefix(runID string) string { return "slimerun/" + runID + "/" }
+
+// claimKey is where the launcher that takes node rank n records itself
+// (nodeInfo), once: a second launcher given the same rank finds it taken.
+func claimKey(runID string, n int) string { return nodesPrefix(runID) + "node/" + strconv.Itoa(n) }
+
+// nodeInfo is what a node's launcher publishes of itself when it claims
+// its node rank: what it was given, which every node must share, and who
+// it is, to name it.
+type nodeInfo struct {
+	NNodes, NProcPerNode int
+	Host, Addr           string
+	Pid                  int
+}
+
+func (n nodeInfo) encode() []byte {
+	return fmt.Appendf(nil, "nnodes=%d nproc=%d host=%s addr=%s pid=%d", n.NNodes, n.NProcPerNode, n.Host, n.Addr, n.Pid)
+}
+
+// parseNodeInfo reads what encode wrote; fields it does not know are
+// skipped, missing ones left zero.
+func parseNodeInfo(b []byte) (nodeInfo, error) {
+	var n nodeInfo
+	for f := range strings.FieldsSeq(string(b)) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			return n, fmt.Errorf("node record %q: %q is not key=value", b, f)
+		}
+		var err error
+		switch k {
+		case "nnodes":
+			n.NNodes, err = strconv.Atoi(v)
+		case "nproc":
+			n.NProcPerNode, err = strconv.Atoi(v)
+		case "host":
+			n.Host = v
+		case "addr":
+			n.Addr = v
+		case "pid":
+			n.Pid, err = strconv.Atoi(v)
+		}
+		if err != nil {
+			return n, fmt.Errorf("node record %q: %s: %v", b, k, err)
+		}
+	}
+	if n.NNodes < 1 || n.NProcPerNode < 1 {
+		return n, fmt.Errorf("node record %q: no node or worker count", b)
+	}
+	return n, nil
+}
+
+// who names a node's launcher: "host h, pid 123, address 10.0.0.2".
+func (n nodeInfo) who() string {
+	s := fmt.Sprintf("host %s, pid %d", n.Host, n.Pid)
+	if n.Addr != "" {
+		s += ", address " + n.Addr
+	}
+	return s
+}
+
+// given is what a node was given that every node must share.
+func (n nodeInfo) given() string {
+	return fmt.Sprintf("--nnodes %d --nproc-per-node %d", n.NNodes, n.NProcPerNode)
+}
+
+// localAddr is this host's address toward addr (host:port), as routing
+// picks it (a UDP socket's connect sends nothing); empty when unknown.
+func localAddr(addr string) string {
+	c, err := net.Dial("udp", addr)
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	return c.LocalAddr().(*net.UDPAddr).IP.String()
+}
+
 // joinNodes waits until every node's launcher has reached the store, so
-// that a node that never arrives is reported by rank. Node 0 publishes the
-// workers' MASTER_PORT (PortKey) before it joins the barrier; the others
-// read it before they join, and keep their connection for aborts.
+// that a node that never arrives is reported by rank. Each node first
+// claims its node rank (claimKey), publishing its node and worker counts:
+// a launcher that finds its rank taken gives up alone, naming the one
+// that holds it, and leaves that one's job be (it may be whole: the same
+// command started twice; if a node is missing instead, the others name
+// it at RdzvTimeout). Node 0 publishes the workers' MASTER_PORT (PortKey)
+// before it joins the barrier; the others read it and node 0's claim
+// before they join, refuse counts other than node 0's, and keep their
+// connection for aborts. A node that fails once it holds its rank aborts
+// the launchers' rendezvous (nodesPrefix) with its reason, so that the
+// other nodes fail at once, naming it, instead of at their timeout or, if
+// their counts let them pass, in their workers' Init.
 func (j *job) joinNodes(ctx context.Context) error {
 	cfg := j.cfg
 	if cfg.NNodes == 1 {
@@ -483,9 +571,34 @@ func (j *job) joinNodes(ctx context.Context) error {
 			st.Close()
 		}
 	}()
+	host, _ := os.Hostname()
+	self := nodeInfo{NNodes: cfg.NNodes, NProcPerNode: cfg.NProcPerNode, Host: host, Addr: localAddr(addr), Pid: os.Getpid()}
+	v, ok, err := st.CompareAndSet(ctx, claimKey(cfg.RunID, cfg.NodeRank), nil, self.encode())
+	if err != nil {
+		return fmt.Errorf("launcher: node %d: claim node rank %d: %w", cfg.NodeRank, cfg.NodeRank, err)
+	}
+	if !ok {
+		other := string(v)
+		if n, err := parseNodeInfo(v); err == nil {
+			other = n.who()
+		}
+		return fmt.Errorf("launcher: node %d: node rank %d is already taken by %s; this launcher (%s) gives up and leaves that one's job be: give every node its own --node-rank", cfg.NodeRank, cfg.NodeRank, other, self.who())
+	}
+	// From here on this node holds its rank: if it fails, the others are
+	// told at once.
+	fail := func(err error) error {
+		if _, aborted := errors.AsType[*rendezvous.AbortError](err); !aborted {
+			actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer acancel()
+			if aerr := st.Abort(actx, nodesPrefix(cfg.RunID), cfg.NodeRank, err.Error()); aerr != nil {
+				cfg.Logf("node %d: could not tell the store that this node gave up: %v", cfg.NodeRank, aerr)
+			}
+		}
+		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
+	}
 	if cfg.NodeRank == 0 {
 		if err := st.Set(ctx, PortKey(cfg.RunID), []byte(strconv.Itoa(j.torchPort))); err != nil {
-			return fmt.Errorf("launcher: node 0: publish MASTER_PORT: %w", err)
+			return fail(fmt.Errorf("publish MASTER_PORT: %w", err))
 		}
 	}
 	if cfg.NodeRank != 0 {
@@ -493,13 +606,25 @@ func (j *job) joinNodes(ctx context.Context) error {
 		// joining, while node 0 surely still serves.
 		v, err := st.Get(ctx, PortKey(cfg.RunID))
 		if err != nil {
-			return fmt.Errorf("launcher: node %d: read MASTER_PORT from node 0's store: %w", cfg.NodeRank, err)
+			return fail(fmt.Errorf("read MASTER_PORT from node 0's store: %w", err))
 		}
 		p, err := strconv.Atoi(string(v))
 		if err != nil || p <= 0 || p > 65535 {
-			return fmt.Errorf("launcher: node %d: node 0 published MASTER_PORT %q, not a port", cfg.NodeRank, v)
+			return fail(fmt.Errorf("node 0 published MASTER_PORT %q, not a port", v))
 		}
 		j.torchPort = p
+		// Node 0 claimed its rank before it published MASTER_PORT.
+		v, err = st.Get(ctx, claimKey(cfg.RunID, 0))
+		if err != nil {
+			return fail(fmt.Errorf("read node 0's counts: %w", err))
+		}
+		n0, err := parseNodeInfo(v)
+		if err != nil {
+			return fail(fmt.Errorf("node 0 published a bad %w", err))
+		}
+		if n0.NNodes != self.NNodes || n0.NProcPerNode != self.NProcPerNode {
+			return fail(fmt.Errorf("node %d (%s) was given %s, node 0 (%s) %s: every node must be given the same", cfg.NodeRank, self.who(), self.given(), n0.who(), n0.given()))
+		}
 	}
 	mine := cfg.cpus
 	if !cfg.BindToCore {
@@ -507,14 +632,17 @@ func (j *job) joinNodes(ctx context.Context) error {
 	}
 	me := placement(mine)
 	if err := st.Set(ctx, placeKey(cfg.RunID, cfg.NodeRank), []byte(me)); err != nil {
-		return fmt.Errorf("launcher: node %d: publish this node's machine and CPUs: %w", cfg.NodeRank, err)
+		return fail(fmt.Errorf("publish this node's machine and CPUs: %w", err))
 	}
-	if err := st.Barrier(ctx, "slimerun/"+cfg.RunID+"/nodes", cfg.NodeRank, cfg.NNodes); err != nil {
+	if err := st.Barrier(ctx, nodesPrefix(cfg.RunID)+"nodes", cfg.NodeRank, cfg.NNodes); err != nil {
+		if ae, ok := errors.AsType[*rendezvous.AbortError](err); ok {
+			return fmt.Errorf("launcher: node %d: the rendezvous was called off: %w", cfg.NodeRank, ae)
+		}
 		var me *rendezvous.MissingError
 		if errors.As(err, &me) {
-			return fmt.Errorf("launcher: node %d: node rank(s) %v did not join within %v: %w", cfg.NodeRank, me.Missing, cfg.RdzvTimeout, me.Err)
+			return fail(fmt.Errorf("node %d gave up: node rank(s) %v did not join within %v: %w", cfg.NodeRank, me.Missing, cfg.RdzvTimeout, me.Err))
 		}
-		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
+		return fail(err)
 	}
 	if cfg.BindToCore {
 		// Every node published before it joined the barrier.

@@ -1,0 +1,170 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/rendezvous"
+)
+
+// node is one launcher of a test job across nodes on loopback.
+type node struct {
+	NNodes, NodeRank, NProc int
+	Rdzv                    time.Duration
+}
+
+// startNode starts node n of job runID (store on port) in the background;
+// its workers run script. The channel yields Run's error.
+func startNode(ctx context.Context, port int, runID string, n node, script string, out *syncBuffer) chan error {
+	ch := make(chan error, 1)
+	go func() {
+		ch <- Run(ctx, Config{NNodes: n.NNodes, NodeRank: n.NodeRank, NProcPerNode: n.NProc, MasterAddr: "127.0.0.1", MasterPort: port,
+			RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: n.Rdzv, StopGrace: time.Second,
+			Program: "sh", Args: []string{"-c", script}, Stdout: out, Stderr: out})
+	}()
+	return ch
+}
+
+// result waits (bounded) for a node's Run to return.
+func result(ch chan error, what string) error {
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("%s did not end within 30 s", what)
+	}
+}
+
+// TestNodeMismatchRefused: nodes given different --nnodes or
+// --nproc-per-node fail at the node barrier, each naming what every side
+// was given, instead of the smaller count's nodes passing the barrier and
+// their workers waiting for ranks that never come (or the others waiting
+// out their rendezvous timeout). The node that sees the mismatch aborts
+// the store's rendezvous, so node 0 fails at once too: neither error is a
+// timeout ("did not join").
+func TestNodeMismatchRefused(t *testing.T) {
+	cases := []struct {
+		name   string
+		n0, n1 node
+		want   []string // in both errors
+	}{
+		{"more nodes", node{2, 0, 2, 0}, node{3, 1, 2, 0}, []string{"--nnodes 3", "--nnodes 2", "node 0", "node 1"}},
+		{"fewer nodes", node{3, 0, 2, 0}, node{2, 1, 2, 0}, []string{"--nnodes 2", "--nnodes 3", "node 0", "node 1"}},
+		{"nproc", node{2, 0, 2, 0}, node{2, 1, 1, 0}, []string{"--nproc-per-node 1", "--nproc-per-node 2", "node 0", "node 1"}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			port := freeTCPPort(t, "127.0.0.1")
+			runID := "mismatch" + strconv.Itoa(i) + "-" + strconv.Itoa(os.Getpid())
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			c.n0.Rdzv, c.n1.Rdzv = 6*time.Second, 6*time.Second
+			var outs [2]syncBuffer
+			ch0 := startNode(ctx, port, runID, c.n0, "true", &outs[0])
+			ch1 := startNode(ctx, port, runID, c.n1, "true", &outs[1])
+			for n, ch := range []chan error{ch0, ch1} {
+				err := result(ch, "node "+strconv.Itoa(n))
+				t.Logf("node %d: %v", n, err)
+				if err == nil {
+					t.Errorf("node %d: the job ran; want a refusal\n%s", n, outs[n].String())
+					continue
+				}
+				for _, w := range c.want {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("node %d: err = %v\nwant it to say %q", n, err, w)
+					}
+				}
+				if strings.Contains(err.Error(), "did not join") {
+					t.Errorf("node %d waited out its rendezvous timeout: %v", n, err)
+				}
+				if strings.Contains(outs[n].String(), "[") {
+					t.Errorf("node %d's workers ran:\n%s", n, outs[n].String())
+				}
+			}
+		})
+	}
+}
+
+// TestDuplicateNodeRank: a second launcher that claims a node rank
+// already taken fails at once, naming the rank and the host and pid of
+// the launcher that holds it; it does not abort the job of the first,
+// which runs to its end.
+func TestDuplicateNodeRank(t *testing.T) {
+	dir := t.TempDir()
+	port := freeTCPPort(t, "127.0.0.1")
+	runID := "dup" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	script := `while [ ! -e ` + dir + `/end ]; do sleep 0.01; done`
+	var outs [3]syncBuffer
+	ch0 := startNode(ctx, port, runID, node{2, 0, 1, 8 * time.Second}, script, &outs[0])
+	ch1 := startNode(ctx, port, runID, node{2, 1, 1, 8 * time.Second}, script, &outs[1])
+	ended := false
+	defer func() {
+		os.WriteFile(filepath.Join(dir, "end"), nil, 0o600)
+		if !ended {
+			result(ch0, "node 0")
+			result(ch1, "node 1")
+		}
+	}()
+	st, err := dialStore(t, port, "nodes-secret", runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	err = st.Wait(wctx, "slimerun/"+runID+"/nodes/0", "slimerun/"+runID+"/nodes/1")
+	wcancel()
+	if err != nil {
+		t.Fatalf("the nodes did not join: %v", err)
+	}
+	host, _ := os.Hostname()
+	err = result(startNode(ctx, port, runID, node{2, 1, 1, 8 * time.Second}, script, &outs[2]), "the second node 1")
+	want := fmt.Sprintf("node rank 1 is already taken by host %s, pid %d", host, os.Getpid())
+	if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "did not join") {
+		t.Errorf("the second node 1: err = %v; want it to say %q", err, want)
+	}
+	if strings.Contains(outs[2].String(), "[1]:") {
+		t.Errorf("the second node 1's worker ran:\n%s", outs[2].String())
+	}
+	t.Log(err)
+	st.Close() // node 0's store serves until its clients hang up
+	os.WriteFile(filepath.Join(dir, "end"), nil, 0o600)
+	for n, ch := range []chan error{ch0, ch1} {
+		if err := result(ch, "node "+strconv.Itoa(n)); err != nil {
+			t.Errorf("node %d of the first job: %v", n, err)
+		}
+	}
+	ended = true
+}
+
+// TestGivingUpNodeAbortsOthers: a node that gives up the rendezvous (its
+// own, shorter timeout ran out waiting for node 2) aborts the store's
+// rendezvous, so that node 0 fails at once, saying why, rather than at
+// its own timeout with no word of node 1.
+func TestGivingUpNodeAbortsOthers(t *testing.T) {
+	port := freeTCPPort(t, "127.0.0.1")
+	runID := "giveup" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var outs [2]syncBuffer
+	ch0 := startNode(ctx, port, runID, node{3, 0, 1, 8 * time.Second}, "true", &outs[0])
+	ch1 := startNode(ctx, port, runID, node{3, 1, 1, 500 * time.Millisecond}, "true", &outs[1])
+	err1 := result(ch1, "node 1")
+	if err1 == nil || !strings.Contains(err1.Error(), "node rank(s) [2] did not join") {
+		t.Errorf("node 1: err = %v; want node 2 named missing", err1)
+	}
+	err0 := result(ch0, "node 0")
+	t.Logf("node 0: %v\nnode 1: %v", err0, err1)
+	var ae *rendezvous.AbortError
+	if !errors.As(err0, &ae) || !strings.Contains(err0.Error(), "node 1 gave up") || !strings.Contains(err0.Error(), "node rank(s) [2] did not join") {
+		t.Errorf("node 0: err = %v; want node 1's abort, naming node 2", err0)
+	}
+}
