@@ -43,7 +43,8 @@ func TestConfigDefaults(t *testing.T) {
 		bad   string // a part of the ErrBadConfig message; "" when accepted
 		check func(t *testing.T, c Config)
 	}{
-		{name: "standalone fills one node on loopback", cfg: Config{Standalone: true, NNodes: 3, NodeRank: 2},
+		{name: "standalone refuses more nodes", cfg: Config{Standalone: true, NNodes: 3, NodeRank: 2}, bad: "--standalone runs one node; --nnodes 3 --node-rank 2"},
+		{name: "standalone fills one node on loopback", cfg: Config{Standalone: true},
 			check: func(t *testing.T, c Config) {
 				if c.NNodes != 1 || c.NodeRank != 0 || c.MasterAddr != "127.0.0.1" || c.MasterPort != 0 {
 					t.Errorf("nodes %d, node rank %d, master %s:%d; want 1, 0, 127.0.0.1:0 (a free port)", c.NNodes, c.NodeRank, c.MasterAddr, c.MasterPort)

@@ -82,7 +82,8 @@ type Config struct {
 	// port); 0 with Standalone: a free port. The workers' MASTER_PORT is
 	// another port, free for torch's own store (see the package doc).
 	MasterPort int
-	// Standalone: a single-node job on this host with a store on a free port.
+	// Standalone: a single-node job on this host with a store on a free
+	// port; NNodes above 1 or a NodeRank other than 0 is refused.
 	Standalone bool
 	// RunID names the job (store keys, shared-memory names); every node
 	// must use the same. Empty: derived from the master port, or random
@@ -221,6 +222,11 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrBadConfig}, a...)...)
 	}
 	if c.Standalone {
+		// As torchrun's --standalone: one node. Another count (or node
+		// rank) would otherwise be dropped without a word.
+		if c.NNodes > 1 || c.NodeRank != 0 {
+			return bad("--standalone runs one node; --nnodes %d --node-rank %d contradict it (leave them out, or leave --standalone out and give every node --master-addr)", c.NNodes, c.NodeRank)
+		}
 		c.NNodes, c.NodeRank = 1, 0
 		if c.MasterAddr == "" {
 			c.MasterAddr = "127.0.0.1"

@@ -185,6 +185,8 @@ func TestBadConfig(t *testing.T) {
 		{NNodes: 1, NProcPerNode: 0, Program: "true"},                               // no workers
 		{NNodes: 2, NProcPerNode: 1, NodeRank: 2, MasterAddr: "x", Program: "true"}, // node rank out of range
 		{NNodes: 1, NProcPerNode: 1, Program: "/no/such/program"},
+		{Standalone: true, NNodes: 2, NProcPerNode: 1, Program: "true"},   // one node, not two
+		{Standalone: true, NodeRank: 1, NProcPerNode: 1, Program: "true"}, // nor node rank 1
 	}
 	for _, cfg := range cases {
 		if err := Run(context.Background(), cfg); !errors.Is(err, ErrBadConfig) {

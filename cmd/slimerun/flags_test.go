@@ -31,6 +31,11 @@ func TestParseEndpoint(t *testing.T) {
 		{":29500", "", 0},
 		{"host:port", "", 0},
 		{"host:70000", "", 0},
+		{"[::1", "", 0},
+		{"a:1:2", "", 0},
+		{"::1", "", 0},
+		{"[nothost]:1", "", 0},
+		{"[::1]x", "", 0},
 	} {
 		h, p, err := parseEndpoint(tc.in)
 		if tc.host == "" {
@@ -85,6 +90,12 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--standalone", "--job-secret-file", open, "true"}, "chmod 600"},
 		{[]string{"--standalone", "--nproc-per-node", tooMany, "true"}, "--force"},
 		{[]string{"--bind-to", "socket", "true"}, "want core or none"},
+		{[]string{"--standalone", "--nnodes", "2", "true"}, "--standalone runs one node"},
+		{[]string{"--standalone", "--node-rank", "1", "true"}, "--standalone runs one node"},
+		{[]string{"--standalone", "--nproc-per-node", "2", "--redirects", "0:1,5:3", "true"}, "local rank 5"},
+		{[]string{"--standalone", "--nproc-per-node", "2", "--tee", "2:1", "true"}, "local rank 2"},
+		{[]string{"--rdzv-endpoint", "[::1", "true"}, "want host[:port]"},
+		{[]string{"--rdzv-endpoint", "a:1:2", "true"}, "want host[:port]"},
 	} {
 		out, err := exec.Command(slimerun, tc.args...).CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.msg) {

@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"strconv"
@@ -179,16 +180,33 @@ func run(args []string) int {
 	}
 }
 
-// parseEndpoint reads torchrun's --rdzv-endpoint: host, host:port or
-// [v6]:port; the port is torchrun's 29400 when left out.
+// parseEndpoint reads torchrun's --rdzv-endpoint: host, host:port,
+// [v6] or [v6]:port; the port is torchrun's 29400 when left out. Brackets
+// hold an IPv6 address and nothing else, and an IPv6 address needs them;
+// anything else is refused, even on one node, where the address is not
+// used: a typo should not wait to surface on the day a job spans nodes.
 func parseEndpoint(s string) (string, int, error) {
+	bad := fmt.Errorf("--rdzv-endpoint %q: want host[:port]", s)
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
-		host, port = strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"), "29400"
+		switch {
+		case strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]"):
+			host = s[1 : len(s)-1]
+		case strings.ContainsAny(s, ":[]"):
+			return "", 0, bad
+		default:
+			host = s
+		}
+		port = "29400"
+	}
+	if strings.HasPrefix(s, "[") || strings.Contains(host, ":") {
+		if a, err := netip.ParseAddr(host); err != nil || !a.Is6() {
+			return "", 0, bad
+		}
 	}
 	p, perr := strconv.Atoi(port)
 	if host == "" || strings.ContainsAny(host, "[]/ ") || perr != nil || p < 1 || p > 65535 {
-		return "", 0, fmt.Errorf("--rdzv-endpoint %q: want host[:port]", s)
+		return "", 0, bad
 	}
 	return host, p, nil
 }
@@ -295,8 +313,11 @@ func parseStd(s string, nproc int) ([]launcher.Std, error) {
 	for part := range strings.SplitSeq(s, ",") {
 		k, v, _ := strings.Cut(part, ":")
 		i, err := strconv.Atoi(strings.TrimSpace(k))
-		if err != nil || i < 0 || i > 4096 {
+		if err != nil || i < 0 {
 			return nil, fmt.Errorf("%q: bad local rank", part)
+		}
+		if i >= nproc {
+			return nil, fmt.Errorf("%q: local rank %d, but a node runs %d worker(s), local ranks 0 to %d", part, i, nproc, nproc-1)
 		}
 		c, err := code(v)
 		if err != nil {
