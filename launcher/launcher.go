@@ -937,7 +937,7 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	// so that no process of the job outlives it or runs into the next
 	// attempt.
 	killed := false
-	leftSaid := false
+	leftSaid, settled := false, false
 	for {
 		if running == 0 {
 			if first != nil {
@@ -956,7 +956,11 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 			if len(left) == 0 {
 				break
 			}
-			if !stopping {
+			if !stopping && !settled {
+				// Children that their worker told to end may still be on
+				// their way out: look again at the next tick.
+				settled = true
+			} else if !stopping {
 				for _, w := range workers {
 					if w == nil {
 						continue
