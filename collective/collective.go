@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 	"unsafe"
@@ -66,6 +67,9 @@ type Communicator struct {
 	oneShot planned[[]byte]
 	sizes   []int
 	offs    []int
+	// mismatches counts the calls whose ranks disagreed (explain): the
+	// same on every rank, it keys their exchange in the store.
+	mismatches int
 }
 
 // Init joins the job described by opts, filling what opts leaves zero from
@@ -485,7 +489,7 @@ func (c *Communicator) Barrier(ctx context.Context) error {
 		return c.closedErr("barrier")
 	}
 	if err := c.eng.Barrier(ctx); err != nil {
-		return c.failed(err)
+		return c.failed(c.explain(ctx, err, call{name: "barrier"}))
 	}
 	return nil
 }
@@ -549,7 +553,7 @@ func (c *Communicator) runOneShot(ctx context.Context, name string, dst, src []b
 		return err
 	}
 	if err := c.oneShot.Run(ctx); err != nil {
-		return c.failed(err)
+		return c.failed(c.explain(ctx, err, call{name, c.sizes}))
 	}
 	return nil
 }
@@ -564,6 +568,9 @@ func (c *Communicator) runOneShot(ctx context.Context, name string, dst, src []b
 type Plan struct {
 	c   *Communicator
 	eng planEngine
+	// call is what a host plan passes, to name the rank whose call
+	// differs on a mismatch (explain); zero for a GPU plan.
+	call call
 }
 
 // planEngine is what runs a Plan: the host all-gather of the
@@ -591,7 +598,7 @@ func (c *Communicator) hostPlan(name string, dst, src []byte) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Plan{c: c, eng: hostPlan{op}}, nil
+	return &Plan{c: c, eng: hostPlan{op}, call: call{name, slices.Clone(c.sizes)}}, nil
 }
 
 // Plan prepares AllGather(dst, src) for repeated runs.
@@ -625,7 +632,7 @@ func (c *Communicator) PlanV(dst, src []byte, counts []int) (*Plan, error) {
 // an *OpError naming it on every rank.
 func (p *Plan) Run(ctx context.Context) error {
 	if err := p.eng.launch(ctx); err != nil {
-		return p.c.failed(err)
+		return p.c.failed(p.c.explain(ctx, err, p.call))
 	}
 	if err := p.eng.wait(ctx); err != nil {
 		return p.c.failed(err)
@@ -641,7 +648,7 @@ func (p *Plan) Run(ctx context.Context) error {
 // pending on Stream()).
 func (p *Plan) Launch(ctx context.Context) error {
 	if err := p.eng.launch(ctx); err != nil {
-		return p.c.failed(err)
+		return p.c.failed(p.c.explain(ctx, err, p.call))
 	}
 	return nil
 }

@@ -183,6 +183,18 @@ type job struct {
 // differs from this rank's; the stream stays in step.
 var ErrMismatch = fault.ErrSizeMismatch
 
+// ErrCallsDiffer is the ErrMismatch (errors.Is) of a frame whose call
+// differs from the one the receiver expects: hier and the ring pass it
+// on, so that every rank of the job returns it from the same call.
+// Package collective then asks the ranks what each called, to name the
+// one that differs.
+var ErrCallsDiffer error = callsDiffer{}
+
+type callsDiffer struct{}
+
+func (callsDiffer) Error() string { return ErrMismatch.Error() }
+func (callsDiffer) Unwrap() error { return ErrMismatch }
+
 // New listens, publishes its address through the store, and connects to
 // every peer with cfg.Channels connections (the lower rank dials). Every
 // connection first proves, both ways, that its two ends hold cfg.Auth
@@ -1025,9 +1037,9 @@ func (c *conn) first(j job, h Header, match bool) error {
 			return err
 		}
 		if h.Total != uint64(len(j.buf)) {
-			return fmt.Errorf("%w: rank %d sent %d bytes, this rank expected %d", ErrMismatch, c.p.rank, h.Total, len(j.buf))
+			return fmt.Errorf("%w: rank %d sent %d bytes, this rank expected %d", ErrCallsDiffer, c.p.rank, h.Total, len(j.buf))
 		}
-		return fmt.Errorf("%w: rank %d's call differs from this rank's (the operation, or a size on some rank)", ErrMismatch, c.p.rank)
+		return fmt.Errorf("%w: rank %d's call differs from this rank's (the operation, or a size on some rank)", ErrCallsDiffer, c.p.rank)
 	}
 	_, hi := Stripe(len(j.buf), int(h.Stripes), 0)
 	if err := c.rd.ReadFull(j.buf[:hi]); err != nil {

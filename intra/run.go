@@ -2,6 +2,7 @@ package intra
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"unsafe"
@@ -33,6 +34,19 @@ type Op struct {
 	next         []int  // per-run: chunks read from each owner
 	staged       []bool
 }
+
+// ErrCallsDiffer is the ErrSizeMismatch (errors.Is) of a call whose
+// headers disagree: every rank of the group sees every header, so every
+// rank returns it from the same call, and no data has moved. (A
+// symmetric buffer that one rank has not allocated is a plain
+// ErrSizeMismatch of that rank alone.) Package collective then asks the
+// ranks what each called, to name the one that differs.
+var ErrCallsDiffer error = callsDiffer{}
+
+type callsDiffer struct{}
+
+func (callsDiffer) Error() string { return fault.ErrSizeMismatch.Error() }
+func (callsDiffer) Unwrap() error { return fault.ErrSizeMismatch }
 
 // Plan validates a call and prepares it. name names the operation in
 // errors ("allgather"). sizes[r] bytes of rank r's block land at offs[r] of
@@ -118,7 +132,7 @@ func (o *Op) Run(ctx context.Context) error {
 		return g.broken
 	}
 	if err := o.run(ctx); err != nil {
-		if oe, ok := err.(*fault.OpError); ok && oe.Err == fault.ErrSizeMismatch {
+		if oe, ok := err.(*fault.OpError); ok && errors.Is(oe.Err, fault.ErrSizeMismatch) {
 			return err
 		}
 		g.fail(err)
@@ -165,7 +179,7 @@ func (o *Op) run(ctx context.Context) error {
 	}
 	if mismatch >= 0 {
 		ph := g.hdrs[mismatch][par]
-		return fault.New(o.name, g.global(me), g.global(mismatch), fault.ErrSizeMismatch,
+		return fault.New(o.name, g.global(me), g.global(mismatch), ErrCallsDiffer,
 			"this rank expects %d bytes from rank %d, which contributes %d; the ranks' calls differ", o.sizes[mismatch], g.global(mismatch), ph.size)
 	}
 

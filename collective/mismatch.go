@@ -1,0 +1,226 @@
+package collective
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/slimego/slimego/inter"
+	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/intra"
+)
+
+// call is what a rank passed to a collective, as far as the ranks must
+// agree on it: the operation and every rank's block size (nil: all 0).
+// A Plan keeps its own; the one-shot calls use the communicator's sizes.
+type call struct {
+	name  string
+	sizes []int
+}
+
+// explain turns the ErrSizeMismatch of a call whose ranks disagree into
+// one that names the rank whose call differs and what differs in it, in
+// the same words on every rank. The engines only see that headers or
+// frames disagree (a hash of the call), so the ranks, which all return
+// the mismatch from the same call (intra.ErrCallsDiffer and
+// inter.ErrCallsDiffer say so), publish their calls in the store and read
+// each other's. It runs on the error path only; if the exchange fails (a
+// rank gone, the deadline), the engine's error stands.
+func (c *Communicator) explain(ctx context.Context, err error, cl call) error {
+	if err == nil || c.store == nil || cl.name == "" || !(errors.Is(err, intra.ErrCallsDiffer) || errors.Is(err, inter.ErrCallsDiffer)) {
+		return err
+	}
+	o := c.opts
+	seq := c.mismatches
+	c.mismatches++
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
+		defer cancel()
+	}
+	prefix := c.key("mismatch/" + strconv.Itoa(seq) + "/")
+	if c.store.Set(ctx, prefix+strconv.Itoa(o.Rank), encodeCall(cl, o.WorldSize)) != nil {
+		return err
+	}
+	calls := make([]call, o.WorldSize)
+	for r := range calls {
+		if r == o.Rank {
+			calls[r] = call{cl.name, sizesOf(cl, o.WorldSize)}
+			continue
+		}
+		if c.store.Wait(ctx, prefix+strconv.Itoa(r)) != nil {
+			return err
+		}
+		v, gerr := c.store.Get(ctx, prefix+strconv.Itoa(r))
+		if gerr != nil {
+			return err
+		}
+		if calls[r], gerr = decodeCall(v, o.WorldSize); gerr != nil {
+			return err
+		}
+	}
+	peer, detail := differs(calls, o.Rank)
+	if peer < 0 {
+		return err // the calls agree after all: the engine's word stands
+	}
+	var oe *fault.OpError
+	op := cl.name
+	if errors.As(err, &oe) {
+		op = oe.Op
+	}
+	return fault.New(op, o.Rank, peer, ErrSizeMismatch, "%s; the ranks' calls differ", detail)
+}
+
+func sizesOf(cl call, n int) []int {
+	if cl.sizes == nil {
+		return make([]int, n)
+	}
+	return cl.sizes
+}
+
+func encodeCall(cl call, n int) []byte {
+	b := []byte(cl.name)
+	for _, s := range sizesOf(cl, n) {
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, int64(s), 10)
+	}
+	return b
+}
+
+func decodeCall(v []byte, n int) (call, error) {
+	f := strings.Fields(string(v))
+	if len(f) != n+1 {
+		return call{}, fmt.Errorf("a call of %d fields", len(f))
+	}
+	cl := call{name: f[0], sizes: make([]int, n)}
+	for i := range n {
+		s, err := strconv.Atoi(f[i+1])
+		if err != nil {
+			return call{}, err
+		}
+		cl.sizes[i] = s
+	}
+	return cl, nil
+}
+
+// differs describes how the ranks' calls differ, the same on every rank:
+// the ranks are grouped by call; the group that holds more ranks than
+// any other is the reference (without one, rank 0's), and each other
+// group is described against it. peer is the first rank of the first
+// other group, or, on that rank, the reference's first rank; -1 when
+// every call agrees.
+func differs(calls []call, me int) (peer int, detail string) {
+	var groups [][]int // ranks with the same call, by first rank
+	for r, cl := range calls {
+		i := slices.IndexFunc(groups, func(g []int) bool { return sameCall(calls[g[0]], cl) })
+		if i < 0 {
+			groups = append(groups, []int{r})
+		} else {
+			groups[i] = append(groups[i], r)
+		}
+	}
+	if len(groups) < 2 {
+		return -1, ""
+	}
+	ref := 0
+	for i, g := range groups {
+		if len(g) > len(groups[ref]) {
+			ref = i
+		}
+	}
+	for i, g := range groups {
+		if i != ref && len(g) == len(groups[ref]) {
+			ref = 0 // a tie: no majority, rank 0's call is the reference
+			break
+		}
+	}
+	var parts []string
+	peer = -1
+	for i, g := range groups {
+		if i == ref {
+			continue
+		}
+		if peer < 0 {
+			peer = g[0]
+			if peer == me {
+				peer = groups[ref][0]
+			}
+		}
+		parts = append(parts, describeDiff(calls[g[0]], g, calls[groups[ref][0]], groups[ref]))
+	}
+	return peer, strings.Join(parts, "; ")
+}
+
+func sameCall(a, b call) bool { return a.name == b.name && slices.Equal(a.sizes, b.sizes) }
+
+// describeDiff says how call a of ranks ra differs from call b of ranks
+// rb: "rank 2 calls barrier, ranks 0 and 1 allgather", "rank 3
+// contributes 101 bytes, ranks 0-2 100", "rank 1's counts differ: it
+// passed [5 4 3], ranks 0 and 2 [4 4 4]".
+func describeDiff(a call, ra []int, b call, rb []int) string {
+	one := len(ra) == 1
+	verb := func(sing, plur string) string {
+		if one {
+			return sing
+		}
+		return plur
+	}
+	if a.name != b.name {
+		return fmt.Sprintf("%s %s %s, %s %s", rankList(ra), verb("calls", "call"), a.name, rankList(rb), b.name)
+	}
+	if ua, ok := uniform(a.sizes); ok {
+		if ub, ok := uniform(b.sizes); ok {
+			return fmt.Sprintf("%s %s %d bytes, %s %d", rankList(ra), verb("contributes", "contribute"), ua, rankList(rb), ub)
+		}
+	}
+	return fmt.Sprintf("%s's counts differ: %s passed %s, %s %s", rankList(ra), verb("it", "they"), countList(a.sizes), rankList(rb), countList(b.sizes))
+}
+
+// uniform reports whether every size is the same, and which.
+func uniform(s []int) (int, bool) {
+	for _, n := range s {
+		if n != s[0] {
+			return 0, false
+		}
+	}
+	return s[0], len(s) > 0
+}
+
+// countList is "[5 4 3]", cut after 16 counts.
+func countList(s []int) string {
+	const max = 16
+	if len(s) <= max {
+		return fmt.Sprint(s)
+	}
+	return strings.TrimSuffix(fmt.Sprint(s[:max]), "]") + " … (" + strconv.Itoa(len(s)) + " counts)]"
+}
+
+// rankList is "rank 3", "ranks 0 and 2", "ranks 0-2, 5 and 7": sorted
+// ranks, runs of three or more as ranges.
+func rankList(ranks []int) string {
+	var items []string
+	for i := 0; i < len(ranks); {
+		j := i
+		for j+1 < len(ranks) && ranks[j+1] == ranks[j]+1 {
+			j++
+		}
+		if j-i >= 2 {
+			items = append(items, fmt.Sprintf("%d-%d", ranks[i], ranks[j]))
+			i = j + 1
+			continue
+		}
+		items = append(items, strconv.Itoa(ranks[i]))
+		i++
+	}
+	word := "ranks "
+	if len(ranks) == 1 {
+		word = "rank "
+	}
+	if len(items) == 1 {
+		return word + items[0]
+	}
+	return word + strings.Join(items[:len(items)-1], ", ") + " and " + items[len(items)-1]
+}
