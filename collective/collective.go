@@ -119,7 +119,7 @@ func (c *Communicator) init(ctx context.Context, kind device.Kind) error {
 	if err := c.connect(ctx); err != nil {
 		return err
 	}
-	lay, err := c.exchangeLayout(ctx)
+	lay, err := c.exchangeLayout(ctx, kind)
 	if err != nil {
 		return err
 	}

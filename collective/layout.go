@@ -3,12 +3,13 @@ package collective
 import (
 	"context"
 	"fmt"
-	"github.com/slimego/slimego/internal/machine"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/machine"
 )
 
 // layout is where the ranks run, as they told each other at Init.
@@ -54,14 +55,19 @@ func parseWhere(v []byte) (where, error) {
 }
 
 // exchangeLayout publishes this rank's node, local rank, local size and
-// machine through the store and reads everyone's.
-func (c *Communicator) exchangeLayout(ctx context.Context) (layout, error) {
+// machine, and the knobs that must agree (checkKnobs; kind is the backend
+// Init resolved), through the store and reads everyone's.
+func (c *Communicator) exchangeLayout(ctx context.Context, kind device.Kind) (layout, error) {
 	o := c.opts
+	if err := c.store.Set(ctx, c.key("knobs/"+strconv.Itoa(o.Rank)), []byte(myKnobs(o, kind).String())); err != nil {
+		return layout{}, c.storeFault("init", err, -1, "publishing the knobs")
+	}
 	me := where{node: o.NodeRank, local: o.LocalRank, size: o.LocalWorldSize, host: machine.ID()}
 	if err := c.store.Set(ctx, c.key("layout/"+strconv.Itoa(o.Rank)), []byte(me.String())); err != nil {
 		return layout{}, c.storeFault("init", err, -1, "publishing the layout")
 	}
 	all := make([]where, o.WorldSize)
+	knobs := make([]knobs, o.WorldSize)
 	for r := range all {
 		v, err := c.store.Get(ctx, c.key("layout/"+strconv.Itoa(r)))
 		if err != nil {
@@ -69,6 +75,13 @@ func (c *Communicator) exchangeLayout(ctx context.Context) (layout, error) {
 		}
 		if all[r], err = parseWhere(v); err != nil {
 			return layout{}, fault.New("init", o.Rank, r, ErrInvalid, "rank %d published the layout %q: %v", r, v, err)
+		}
+		// Set before the layout: there already.
+		if v, err = c.store.Get(ctx, c.key("knobs/"+strconv.Itoa(r))); err != nil {
+			return layout{}, c.storeFault("init", err, r, fmt.Sprintf("rank %d never joined", r))
+		}
+		if knobs[r], err = parseKnobs(v); err != nil {
+			return layout{}, fault.New("init", o.Rank, r, ErrInvalid, "rank %d published the knobs %q: %v", r, v, err)
 		}
 	}
 	// Everyone has read everyone's before anyone acts on it: rank 0 may
@@ -79,6 +92,9 @@ func (c *Communicator) exchangeLayout(ctx context.Context) (layout, error) {
 	}
 	lay, err := buildLayout(o.Rank, func(r int) (int, int, int) { return all[r].node, all[r].local, all[r].size }, len(all))
 	if err != nil {
+		return layout{}, err
+	}
+	if err := checkKnobs(o.Rank, lay, knobs); err != nil {
 		return layout{}, err
 	}
 	lay.hostRanks = sameHost(all, o.Rank)

@@ -42,6 +42,15 @@ type GPUConfig struct {
 // block) stays within 256 MiB, and no smaller than 64 KiB.
 const DefaultGPUCap = 16 << 20
 
+// GPUScratch is the scratch of a node of ranks ranks given cap (GPUConfig.Cap;
+// <= 0: the default): what NewGPU allocates per block.
+func GPUScratch(cap, ranks int) int {
+	if cap <= 0 {
+		return defaultCap(ranks)
+	}
+	return cap
+}
+
 func defaultCap(ranks int) int {
 	return max(min(DefaultGPUCap, (256<<20)/(2*ranks)), 64<<10)
 }
