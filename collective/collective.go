@@ -67,6 +67,9 @@ type Communicator struct {
 	oneShot planned[[]byte]
 	sizes   []int
 	offs    []int
+	// id is the communicator's identity among the process's open ones
+	// (claim); "" once closed.
+	id string
 	// mismatches counts the calls whose ranks disagreed (explain): the
 	// same on every rank, it keys their exchange in the store.
 	mismatches int
@@ -89,12 +92,16 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 	if err != nil {
 		return nil, fault.New("init", o.Rank, -1, ErrInvalid, "%v", err)
 	}
+	id, err := claim(o)
+	if err != nil {
+		return nil, err
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
 		defer cancel()
 	}
-	c := &Communicator{opts: o}
+	c := &Communicator{opts: o, id: id}
 	if err := c.init(ctx, kind); err != nil {
 		err = c.failed(c.initFault(err))
 		c.Close()
@@ -476,6 +483,8 @@ func (c *Communicator) Close() error {
 		c.server.Shutdown(min(c.opts.Timeout, 10*time.Second))
 		c.server = nil
 	}
+	release(c.id)
+	c.id = ""
 	return nil
 }
 

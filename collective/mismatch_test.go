@@ -18,11 +18,11 @@ func checkGather(ctx context.Context, c *collective.Communicator, n, it int) err
 	src, dst := make([]byte, n), make([]byte, P*n)
 	pattern.Fill(src, pattern.Seed(me, it, 7))
 	if err := c.AllGather(ctx, dst, src); err != nil {
-		return fmt.Errorf("rank %d, after the mismatch: %v", me, err)
+		return fmt.Errorf("rank %d, afterwards: %v", me, err)
 	}
 	for r := range P {
 		if i := pattern.Check(dst[r*n:r*n+n], pattern.Seed(r, it, 7)); i >= 0 {
-			return fmt.Errorf("rank %d, after the mismatch: rank %d's block wrong at %d", me, r, i)
+			return fmt.Errorf("rank %d, afterwards: rank %d's block wrong at %d", me, r, i)
 		}
 	}
 	return nil

@@ -1,0 +1,66 @@
+package collective_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/collective"
+)
+
+// TestInitAgain: Init again, with the same options, while this rank's
+// communicator of the job is open is ErrInvalid at once on every rank that
+// does it (all of them, or one), touching neither the store nor the open
+// communicator, which goes on working. Ranks of one process (RunInProcess)
+// are not affected: each is its own rank.
+func TestInitAgain(t *testing.T) {
+	for _, again := range []string{"every", "one"} {
+		t.Run(again, func(t *testing.T) {
+			opts := make([]collective.Options, 3) // each rank's, as RunInProcess made them
+			tune := func(o *collective.Options) { opts[o.Rank] = *o }
+			inProcessNodes(t, 1, 3, tune, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				me := c.Rank()
+				if again == "every" || me == 1 {
+					start := time.Now()
+					c2, err := collective.Init(ctx, opts[me])
+					if err == nil {
+						c2.Close()
+						return fmt.Errorf("rank %d: a second Init succeeded", me)
+					}
+					var oe *collective.OpError
+					if !errors.Is(err, collective.ErrInvalid) || !errors.As(err, &oe) || oe.Rank != me || !strings.Contains(err.Error(), "a communicator of this job is already open in this process") || !strings.Contains(err.Error(), "Close it first") {
+						return fmt.Errorf("rank %d: second Init: %v, want ErrInvalid saying one is open", me, err)
+					}
+					if took := time.Since(start); took > c.Timeout()/2 {
+						return fmt.Errorf("rank %d: the second Init took %v to fail", me, took)
+					}
+				}
+				for it := range 2 {
+					if err := checkGather(ctx, c, 3000+it, 10+it); err != nil {
+						return err
+					}
+				}
+				if again != "every" {
+					return nil
+				}
+				// Under another name, a second communicator of the job is
+				// fine beside the first.
+				o := opts[me]
+				o.Name = "second"
+				c2, err := collective.Init(ctx, o)
+				if err != nil {
+					return fmt.Errorf("rank %d: Init under another name: %v", me, err)
+				}
+				defer c2.Close()
+				if err := checkGather(ctx, c2, 5000, 20); err != nil {
+					return err
+				}
+				return checkGather(ctx, c, 5000, 21)
+			})
+		})
+	}
+}
