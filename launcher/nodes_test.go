@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/slimego/slimego/rendezvous"
 )
@@ -167,4 +168,26 @@ func TestGivingUpNodeAbortsOthers(t *testing.T) {
 	if !errors.As(err0, &ae) || !strings.Contains(err0.Error(), "node 1 gave up") || !strings.Contains(err0.Error(), "node rank(s) [2] did not join") {
 		t.Errorf("node 0: err = %v; want node 1's abort, naming node 2", err0)
 	}
+}
+
+// FuzzParseNodeInfo: a node's claim read from the store decodes to
+// counts of at least 1 and fields without spaces, and encodes back to the
+// same.
+func FuzzParseNodeInfo(f *testing.F) {
+	f.Add([]byte("nnodes=2 nproc=4 host=vm addr=10.0.0.2 pid=123"))
+	f.Add([]byte("nnodes=2 nproc=4"))
+	f.Add([]byte("nnodes=2 nproc=4 host=a=b extra=1"))
+	f.Add([]byte("nnodes=x"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, err := parseNodeInfo(b)
+		if err != nil {
+			return
+		}
+		if n.NNodes < 1 || n.NProcPerNode < 1 || strings.ContainsFunc(n.Host+n.Addr, unicode.IsSpace) {
+			t.Fatalf("%q decoded to %+v", b, n)
+		}
+		if back, err := parseNodeInfo(n.encode()); err != nil || back != n {
+			t.Fatalf("%+v does not round-trip: %+v, %v", n, back, err)
+		}
+	})
 }
