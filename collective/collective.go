@@ -68,8 +68,9 @@ type Communicator struct {
 	sizes   []int
 	offs    []int
 	// id is the communicator's identity among the process's open ones
-	// (claim); "" once closed.
-	id string
+	// (claim); "" once closed. scope names its store keys and
+	// shared memory: Options.Name, and its generation after the first.
+	id, scope string
 	// mismatches counts the calls whose ranks disagreed (explain): the
 	// same on every rank, it keys their exchange in the store.
 	mismatches int
@@ -92,7 +93,7 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 	if err != nil {
 		return nil, fault.New("init", o.Rank, -1, ErrInvalid, "%v", err)
 	}
-	id, err := claim(o)
+	id, gen, err := claim(o)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +102,7 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
 		defer cancel()
 	}
-	c := &Communicator{opts: o, id: id}
+	c := &Communicator{opts: o, id: id, scope: scope(o.Name, gen)}
 	if err := c.init(ctx, kind); err != nil {
 		err = c.failed(c.initFault(err))
 		c.Close()
@@ -139,7 +140,7 @@ func (c *Communicator) init(ctx context.Context, kind device.Kind) error {
 	node, err := intra.New(ctx, intra.Config{
 		Store:       c.store,
 		Key:         c.key("node" + strconv.Itoa(lay.myNode)),
-		ShmPrefix:   shm.JobPrefix(o.attemptID()) + o.Name + "-",
+		ShmPrefix:   shm.JobPrefix(o.attemptID()) + c.scope + "-",
 		Rank:        o.LocalRank,
 		Size:        o.LocalWorldSize,
 		Ranks:       lay.members[lay.myNode],
@@ -371,7 +372,7 @@ func (c *Communicator) storeAddr() string {
 }
 
 func (c *Communicator) key(s string) string {
-	return c.opts.StoreKey(c.opts.Name + "/" + s)
+	return c.opts.StoreKey(c.scope + "/" + s)
 }
 
 // StoreKey is store key s of this attempt of the job: under the

@@ -64,3 +64,31 @@ func TestInitAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestInitAfterClose: Close, then Init again with the same options, as a
+// framework that tears its process group down and makes it again does,
+// gives a working communicator on every rank, round after round.
+func TestInitAfterClose(t *testing.T) {
+	opts := make([]collective.Options, 3)
+	tune := func(o *collective.Options) { opts[o.Rank] = *o }
+	inProcessNodes(t, 1, 3, tune, func(c *collective.Communicator) error {
+		ctx := context.Background()
+		me := c.Rank()
+		if err := checkGather(ctx, c, 3000, 30); err != nil {
+			return err
+		}
+		c.Close()
+		for round := range 2 {
+			c2, err := collective.Init(ctx, opts[me])
+			if err != nil {
+				return fmt.Errorf("rank %d: Init after Close, round %d: %v", me, round, err)
+			}
+			err = checkGather(ctx, c2, 3000+round, 31+round)
+			c2.Close()
+			if err != nil {
+				return fmt.Errorf("round %d: %w", round, err)
+			}
+		}
+		return nil
+	})
+}
