@@ -3,6 +3,7 @@ package p2p
 import (
 	"bytes"
 	"cmp"
+	"container/heap"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -387,7 +388,7 @@ func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 		if sh != nil {
 			sh.detach(r)
 		}
-		return nil, opErr("register", "", r.label(), ErrInvalid, "a region of this name is registered (Deregister it first)")
+		return nil, opErr("register", "", name, ErrInvalid, "a region of this name is registered (Deregister it first)")
 	}
 	r.id = e.next
 	e.next++
@@ -512,6 +513,15 @@ func (e *Endpoint) refuse(peer, op string, st uint8, detail string) {
 	}
 }
 
+// idHeap is a max-heap of regions by id (container/heap).
+type idHeap []*Region
+
+func (h idHeap) Len() int           { return len(h) }
+func (h idHeap) Less(i, j int) bool { return h[i].id > h[j].id }
+func (h idHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *idHeap) Push(x any)        { *h = append(*h, x.(*Region)) }
+func (h *idHeap) Pop() any          { old := *h; r := old[len(old)-1]; *h = old[:len(old)-1]; return r }
+
 // Info is the endpoint's description for out-of-band exchange: its name,
 // address, host and the regions registered now, the first MaxInfoRegions
 // registered where there are more (hand the others' Region.Remote to the
@@ -519,14 +529,24 @@ func (e *Endpoint) refuse(peer, op string, st uint8, detail string) {
 func (e *Endpoint) Info() []byte {
 	in := info{name: e.opts.Name, addr: e.addr, host: e.host, pid: uint32(os.Getpid()),
 		token: *e.token, tokenAddr: uint64(uintptr(unsafe.Pointer(e.token)))}
+	// The first registered (the lowest ids), in order: the same list
+	// every time. A max-heap of ids keeps the lowest MaxInfoRegions seen,
+	// so that the walk under e.mu allocates nothing beyond them.
+	h := make(idHeap, 0, MaxInfoRegions)
 	e.mu.Lock()
-	for _, r := range e.regs {
+	for id, r := range e.regs { // the key is r.id: compared without touching r
+		if len(h) < MaxInfoRegions {
+			heap.Push(&h, r)
+		} else if id < h[0].id {
+			h[0] = r
+			heap.Fix(&h, 0)
+		}
+	}
+	for _, r := range h {
 		in.regions = append(in.regions, r.Remote())
 	}
 	e.mu.Unlock()
-	// The first registered, in order: the same list every time.
 	slices.SortFunc(in.regions, func(a, b RemoteRegion) int { return cmp.Compare(a.ID, b.ID) })
-	in.regions = in.regions[:min(len(in.regions), MaxInfoRegions)]
 	return in.encode()
 }
 
@@ -586,8 +606,9 @@ func (e *Endpoint) Publish(ctx context.Context) error {
 // the deadline passes, ErrCancelled when ctx is cancelled) and connecting
 // when there is no link yet. Both ends may call it, at once or not: there
 // is one link per pair, and either side may start any operation on it.
-// An Info whose address refuses connections (its endpoint closed, or its
-// process exited) fails it at once with ErrPeerLost.
+// An Info whose address refuses connections fails it at once: with
+// ErrPeerLost where the peer was on this host and its process has exited,
+// else with ErrRefused.
 func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
 	if e.opts.Store == nil {
 		return nil, opErr("connect", name, "", ErrInvalid, "no store in Options: use ConnectInfo")
@@ -676,15 +697,19 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 	}
 }
 
-// gone says why a peer's Info's address refuses connections: its process
-// has exited (where it is on this host and no process has its pid), or
-// its endpoint was closed (an Info left in the store by an earlier run or
-// a closed endpoint).
-func (e *Endpoint) gone(in info, addr string) string {
-	if in.host == e.host && in.pid != 0 && syscall.Kill(int(in.pid), 0) == syscall.ESRCH {
-		return fmt.Sprintf("its process (pid %d) has exited", in.pid)
+// refusedDial is Connect's error where the peer's Info's address refuses
+// connections: ErrPeerLost where the peer is on this host and its process
+// has exited; else ErrRefused, with what may cause it (its endpoint
+// closed, an Info left by an earlier run, another network namespace, a
+// firewall).
+func (e *Endpoint) refusedDial(in info, addr string) error {
+	if in.host == e.host && in.pid != 0 {
+		if syscall.Kill(int(in.pid), 0) == syscall.ESRCH {
+			return opErr("connect", in.name, "", ErrPeerLost, "dial %s: its process (pid %d) has exited", addr, in.pid)
+		}
+		return opErr("connect", in.name, "", ErrRefused, "dial %s: connection refused, though its process (pid %d) runs: its endpoint was closed, or the address is out of reach from here (another network namespace, a firewall)", addr, in.pid)
 	}
-	return "nothing listens at " + addr + ": the endpoint was closed or its process exited (its Info may be an earlier run's)"
+	return opErr("connect", in.name, "", ErrRefused, "dial %s: connection refused: its endpoint was closed or its process exited (the Info may be an earlier run's), or a firewall refuses it", addr)
 }
 
 // dupRetry is how long Connect waits for a peer's link after the peer
@@ -754,9 +779,10 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 			}
 			if errors.Is(err, syscall.ECONNREFUSED) {
 				// The Info's listener existed before the Info did: it is
-				// gone, and dialing again will not bring it back.
+				// gone (or out of reach from here), and dialing again
+				// will not bring it back.
 				closeAll()
-				return opErr("connect", in.name, "", ErrPeerLost, "dial %s: %s", addr, e.gone(in, addr))
+				return e.refusedDial(in, addr)
 			}
 			select {
 			case <-ctx.Done():

@@ -186,9 +186,9 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // host, copied through a mapping of the peer's Shared memory, for all or
 // part of the transfer) or "ipc" (same host, GPU memory on both sides,
 // copied device to device through CUDA IPC), or "" for a call that failed
-// before it started; Send and Recv are always "tcp". It is final once
-// the Future is done (a same-host request for memory the grant cannot
-// carry goes over TCP after all).
+// before it started; a Send or Recv that started is always "tcp". It is
+// final once the Future is done (a same-host request for memory the grant
+// cannot carry goes over TCP after all).
 func (f *Future) Transport() string {
 	if f == nil {
 		return ""

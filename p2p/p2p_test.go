@@ -1570,7 +1570,7 @@ func TestRegionNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Register("kv", make([]byte, 16)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `region "kv"`) {
+	if _, err := a.Register("kv", make([]byte, 16)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `region kv`) {
 		t.Fatalf("a second region named kv: %v, want ErrInvalid naming it", err)
 	}
 	if err := a.Deregister(ctx, r); err != nil {
@@ -1601,9 +1601,9 @@ func TestRegionNames(t *testing.T) {
 }
 
 // TestConnectGone: Connect to a peer whose published Info names an
-// address where nothing listens any more (its endpoint closed, or its
-// process killed) fails at once with ErrPeerLost saying so, not at the
-// deadline with a dial timeout.
+// address where nothing listens any more fails at once, not at the
+// deadline with a dial timeout: ErrPeerLost where its process was killed,
+// ErrRefused where it runs (its endpoint closed).
 func TestConnectGone(t *testing.T) {
 	addr, st := storeFor(t)
 	ctx := ctxT(t, 30*time.Second)
@@ -1618,16 +1618,20 @@ func TestConnectGone(t *testing.T) {
 	cmd.Process.Kill()
 	cmd.Wait()
 	a2 := published(t, ctx, st, "a2", nil)
-	for _, tc := range []struct{ peer, want string }{
-		{"b", "nothing listens at"},
-		{"child", fmt.Sprintf("its process (pid %d) has exited", cmd.Process.Pid)},
+	for _, tc := range []struct {
+		peer     string
+		sentinel error
+		want     string
+	}{
+		{"b", ErrRefused, fmt.Sprintf("connection refused, though its process (pid %d) runs", os.Getpid())},
+		{"child", ErrPeerLost, fmt.Sprintf("its process (pid %d) has exited", cmd.Process.Pid)},
 	} {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		t0 := time.Now()
 		_, err := a2.Connect(cctx, tc.peer)
 		cancel()
-		if !errors.Is(err, ErrPeerLost) || !strings.Contains(err.Error(), tc.want) || time.Since(t0) > 5*time.Second {
-			t.Errorf("Connect to %s, gone: %v after %v, want ErrPeerLost at once saying %q", tc.peer, err, time.Since(t0).Round(time.Millisecond), tc.want)
+		if !errors.Is(err, tc.sentinel) || !strings.Contains(err.Error(), tc.want) || time.Since(t0) > 5*time.Second {
+			t.Errorf("Connect to %s, gone: %v after %v, want %v at once saying %q", tc.peer, err, time.Since(t0).Round(time.Millisecond), tc.sentinel, tc.want)
 		}
 	}
 }
