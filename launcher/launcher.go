@@ -42,6 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -450,18 +451,67 @@ func storeGrace(cfg *Config) time.Duration {
 	return 10 * time.Second
 }
 
-// freePort returns a TCP port free on host a moment ago: the workers'
-// MASTER_PORT, which rank 0's torch binds for its own store. Like torchrun
-// it binds port 0, reads the port and closes, so another process could
-// take the port in between; the window is the workers' start-up.
-func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+// ephemeralRange reads the kernel's range of ports for outgoing
+// connections (ip_local_port_range); ok false where it cannot.
+func ephemeralRange() (lo, hi int, ok bool) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
-		return 0, fmt.Errorf("launcher: no free port on %s for MASTER_PORT: %w", host, err)
+		return 0, 0, false
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0, 0, false
+	}
+	lo, err1 := strconv.Atoi(f[0])
+	hi, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil || lo < 1 || hi < lo || hi > 65535 {
+		return 0, 0, false
+	}
+	return lo, hi, true
 }
+
+// freePort returns a TCP port free a moment ago on every address (torch's
+// store binds the wildcard, not host alone): the workers' MASTER_PORT,
+// which rank 0's torch binds for its own store. It probes a random port
+// below the kernel's ephemeral range (ephemeralRange) by binding it and
+// closing: there no outgoing connection of any process can take it
+// before torch binds it, as one could a port the kernel handed out for
+// port 0 (another process may still bind it in between: the window is
+// the workers' start-up). Where the range is unknown, or 64 probes find
+// nothing free, it takes port 0's. host, the address the launcher binds,
+// is probed too.
+func freePort(host string) (int, error) {
+	probe := func(p int) (int, bool) {
+		l, err := net.Listen("tcp", ":"+strconv.Itoa(p))
+		if err != nil {
+			return 0, false
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if h, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port))); err == nil {
+			h.Close()
+			return port, true
+		}
+		return 0, false
+	}
+	if lo, _, ok := ephemeralRange(); ok && lo > freePortMin+1024 {
+		for range 64 {
+			if p, ok := probe(freePortMin + mrand.IntN(lo-freePortMin)); ok {
+				return p, nil
+			}
+		}
+	}
+	for range 8 {
+		if p, ok := probe(0); ok {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("launcher: no port free on every address (and on %s) for MASTER_PORT", host)
+}
+
+// freePortMin is the lowest port freePort probes: below it lie the
+// well-known and commonly configured services' ports.
+const freePortMin = 10000
 
 // nodesPrefix starts the store keys of the launchers' own rendezvous (the
 // node claims, MASTER_PORT, placements, the node barrier): a node that

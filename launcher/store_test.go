@@ -398,3 +398,28 @@ func TestAbortsInOrder(t *testing.T) {
 		t.Fatalf("a waiter got %v; want the first abort, rank 3's", err)
 	}
 }
+
+// TestFreePortOutsideEphemeral: the workers' MASTER_PORT is free on every
+// address (torch's store binds the wildcard) and lies outside the
+// kernel's ephemeral range, where any process's outgoing connection could
+// take it before torch binds it.
+func TestFreePortOutsideEphemeral(t *testing.T) {
+	lo, _, ok := ephemeralRange()
+	if !ok {
+		t.Skip("no /proc/sys/net/ipv4/ip_local_port_range")
+	}
+	for range 20 {
+		p, err := freePort("127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p >= lo {
+			t.Fatalf("port %d is in the ephemeral range (from %d)", p, lo)
+		}
+		l, err := net.Listen("tcp", ":"+strconv.Itoa(p))
+		if err != nil {
+			t.Fatalf("port %d is not free on every address: %v", p, err)
+		}
+		l.Close()
+	}
+}
