@@ -97,11 +97,11 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
-		defer cancel()
-	}
+	// Options.Timeout bounds Init's waits, or the context's deadline where
+	// that comes first (WithTimeout keeps the earlier), as it bounds every
+	// operation's.
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
 	c := &Communicator{opts: o, id: id, scope: scope(o.Name, gen)}
 	if err := c.init(ctx, kind); err != nil {
 		err = c.failed(c.initFault(err))

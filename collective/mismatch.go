@@ -36,11 +36,9 @@ func (c *Communicator) explain(ctx context.Context, err error, cl call) error {
 	o := c.opts
 	seq := c.mismatches
 	c.mismatches++
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, o.Timeout)
-		defer cancel()
-	}
+	// Within Options.Timeout, or the context's deadline if earlier.
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
 	prefix := c.key("mismatch/" + strconv.Itoa(seq) + "/")
 	if c.store.Set(ctx, prefix+strconv.Itoa(o.Rank), encodeCall(cl, o.WorldSize)) != nil {
 		return err

@@ -92,3 +92,22 @@ func TestInitAfterClose(t *testing.T) {
 		return nil
 	})
 }
+
+// TestInitTimeoutWithDeadline: Options.Timeout bounds Init's waits also
+// when the context has a later deadline (as it bounds every operation's):
+// a rank that never joins fails Init at the Timeout, naming it.
+func TestInitTimeoutWithDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	o := collective.Options{Job: collective.Job{Rank: 0, WorldSize: 2, LocalWorldSize: 2, MasterAddr: "127.0.0.1",
+		MasterPort: freePort(t), RunID: "tmo", JobSecret: []byte("s")}, Timeout: time.Second}
+	t0 := time.Now()
+	c, err := collective.Init(ctx, o)
+	if err == nil {
+		c.Close()
+		t.Fatal("Init of a world of 2 succeeded with one rank")
+	}
+	if took := time.Since(t0); !errors.Is(err, collective.ErrTimeout) || took > 10*time.Second || !strings.Contains(err.Error(), "1") {
+		t.Fatalf("Init with rank 1 missing: %v after %v, want ErrTimeout naming rank 1 at the 1 s Timeout", err, took.Round(time.Millisecond))
+	}
+}
