@@ -12,25 +12,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-// alive says whether pid names a process that has not exited: a zombie
-// (exited, not yet reaped by whoever inherited it) counts as gone.
-func alive(pid int) bool {
-	if syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// The state follows the command name, which is in parentheses.
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] != 'Z'
-	}
-	return true
-}
+	"github.com/slimego/slimego/internal/testbin"
+)
 
 // TestWorkersChildrenStopped: workers that have children of their own (a
 // shell with a background sleep) are stopped as process groups when a
@@ -63,19 +47,7 @@ func TestWorkersChildrenStopped(t *testing.T) {
 			deadline := time.Now().Add(5 * time.Second)
 			for r := range 3 {
 				for _, who := range []string{"pid", "grand"} {
-					b, err := os.ReadFile(filepath.Join(dir, who+"."+strconv.Itoa(r)))
-					if err != nil {
-						t.Fatal(err)
-					}
-					pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-					if err != nil {
-						t.Fatal(err)
-					}
-					for alive(pid) && time.Now().Before(deadline) {
-						time.Sleep(10 * time.Millisecond)
-					}
-					if alive(pid) {
-						syscall.Kill(pid, syscall.SIGKILL)
+					if pid, outlived := testbin.Outlived(t, filepath.Join(dir, who+"."+strconv.Itoa(r)), deadline); outlived {
 						t.Errorf("rank %d's %s (pid %d) outlived the job by 5 s", r, map[string]string{"pid": "worker", "grand": "child"}[who], pid)
 					}
 				}
@@ -157,19 +129,7 @@ func TestGrandchildIgnoringTermKilled(t *testing.T) {
 			// take the delivery of a SIGKILL already sent.
 			deadline := time.Now().Add(3 * time.Second)
 			for r := range 2 {
-				b, err := os.ReadFile(filepath.Join(dir, "grand."+strconv.Itoa(r)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-				if err != nil {
-					t.Fatal(err)
-				}
-				for alive(pid) && time.Now().Before(deadline) {
-					time.Sleep(10 * time.Millisecond)
-				}
-				if alive(pid) {
-					syscall.Kill(pid, syscall.SIGKILL)
+				if pid, outlived := testbin.Outlived(t, filepath.Join(dir, "grand."+strconv.Itoa(r)), deadline); outlived {
 					t.Errorf("rank %d's child (pid %d), which ignores SIGTERM, outlived the job", r, pid)
 				}
 			}

@@ -221,29 +221,11 @@ func TestSignalKillsGrandchildren(t *testing.T) {
 			}
 			// slimerun has exited: a SIGKILL it sent may still be on its way.
 			deadline = time.Now().Add(3 * time.Second)
-			for _, pid := range pids {
-				for alive(pid) && time.Now().Before(deadline) {
-					time.Sleep(10 * time.Millisecond)
-				}
-				if alive(pid) {
+			for r := range 2 {
+				if pid, outlived := testbin.Outlived(t, filepath.Join(dir, "pid."+strconv.Itoa(r)), deadline); outlived {
 					t.Errorf("a worker's child (pid %d), which ignores %v, outlived slimerun", pid, sig)
 				}
 			}
 		})
 	}
-}
-
-// alive says whether pid names a process that has not exited: a zombie
-// (exited, not yet reaped by whoever inherited it) counts as gone.
-func alive(pid int) bool {
-	if syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }

@@ -10,7 +10,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -89,4 +92,44 @@ func Run(t testing.TB, limit time.Duration, env []string, argv ...string) (strin
 		t.Fatalf("%v hung:\n%s", argv, out.String())
 	}
 	return "", -1
+}
+
+// Outlived reads the pid a test's process wrote to pidFile and waits
+// until that process is gone or until passes. If it is still alive then,
+// Outlived kills it (the test leaves nothing behind) and reports true.
+// A zombie (exited, not yet reaped by whoever inherited it) counts as
+// gone.
+func Outlived(t testing.TB, pidFile string, until time.Time) (pid int, outlived bool) {
+	t.Helper()
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for alive(pid) && time.Now().Before(until) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !alive(pid) {
+		return pid, false
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	return pid, true
+}
+
+// alive says whether pid names a process that has not exited.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
