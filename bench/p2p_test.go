@@ -75,6 +75,9 @@ func TestP2PSweep(t *testing.T) {
 				// A baseline measures no CPU, nor a p99 unless paired:
 				// left empty, not 0.
 				paired := strings.HasSuffix(r[2], "-paired")
+				if strings.HasPrefix(r[2], "pingpong") && r[8] != "" {
+					t.Errorf("row %v: a ping-pong's GB/s is not a measurement, want it empty", r)
+				}
 				if (r[0] == "tcp" || r[0] == "memcpy") && (r[7] != "" && !paired || r[9] != "") || r[0] == "p2p" && !paired && (r[7] == "" || r[9] == "") {
 					t.Errorf("row %v: a figure the row does not measure is not empty, or one it does is", r)
 				}
