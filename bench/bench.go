@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/slimego/slimego/collective"
@@ -31,6 +32,9 @@ type Result struct {
 	Wrong   int64   `json:"wrong"`
 	InPlace bool    `json:"-"`
 	Iters   int     `json:"-"`
+	// Timed is how long the timed iterations took, barriers included
+	// (the slowest rank's).
+	Timed time.Duration `json:"-"`
 }
 
 // Bandwidths fills AlgBW and BusBW from P, S and Median, as nccl-tests
@@ -43,19 +47,31 @@ func (r *Result) Bandwidths() {
 	r.BusBW = r.AlgBW * float64(r.P-1) / float64(r.P)
 }
 
-// Sizes is the sweep min, min·factor, … up to max (inclusive).
+// MaxSizes bounds the sizes of one sweep.
+const MaxSizes = 1000
+
+// Sizes is the sweep min, min·factor, … up to max (inclusive), each size
+// at least a byte larger than the one before (a factor near 1 would
+// otherwise round back to the same size), at most MaxSizes of them.
 func Sizes(min, max int64, factor float64) ([]int64, error) {
-	if min < 0 || max < min || factor <= 1 && min != max {
+	if min < 0 || max < min || factor <= 1 && min != max || math.IsNaN(factor) || math.IsInf(factor, 0) {
 		return nil, fmt.Errorf("bench: bad sweep %d..%d by ×%g", min, max, factor)
 	}
 	var s []int64
 	for n := min; n <= max; {
-		s = append(s, n)
-		next := int64(math.Round(float64(n) * factor))
-		if n == 0 {
-			next = 1
+		if len(s) == MaxSizes {
+			return nil, fmt.Errorf("bench: the sweep %d..%d by ×%g has more than %d sizes", min, max, factor, MaxSizes)
 		}
+		s = append(s, n)
+		f := float64(n) * factor
+		if f >= math.MaxInt64 {
+			break
+		}
+		next := int64(math.Round(f))
 		if next <= n {
+			next = n + 1
+		}
+		if next <= n { // n+1 overflowed
 			break
 		}
 		n = next
@@ -405,17 +421,19 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 		}
 		spent += took
 	}
-	iters := cfg.Iters
-	if iters <= 0 {
+	// The timed iterations: a first batch counted from the warm-up's pace,
+	// then, under the time rule, more batches until they have taken
+	// MinTime (the calls may run faster than the warm-up's, and the
+	// barrier's cost is not known beforehand). After each batch the ranks
+	// agree on the time it took (the slowest rank's), so that every rank
+	// runs as many iterations.
+	const maxIters = 200_000
+	n := cfg.Iters
+	if n <= 0 {
 		per += 2e-6 // the barrier is not free
-		iters = max(cfg.MinIters, int(math.Ceil(cfg.MinTime.Seconds()/per)))
-		iters = min(iters, 200_000)
+		n = min(max(cfg.MinIters, int(math.Ceil(cfg.MinTime.Seconds()/per))), maxIters)
 	}
-	times := make([]float64, iters)
-	var altTimes []float64
-	if alt != nil {
-		altTimes = make([]float64, iters)
-	}
+	var times, altTimes []float64
 	timed := func(f func(context.Context) error) (float64, error) {
 		if err := c.Barrier(ctx); err != nil {
 			return 0, err
@@ -426,24 +444,41 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 		}
 		return float64(time.Since(t0).Nanoseconds()) / 1e3, nil
 	}
-	for i := range times {
-		if times[i], err = timed(run); err != nil {
+	var took float64 // seconds, the slowest rank's
+	for n > 0 {
+		start := time.Now()
+		for range n {
+			d, err := timed(run)
+			if err != nil {
+				return err
+			}
+			times = append(times, d)
+			if alt == nil {
+				continue
+			}
+			if d, err = timed(alt); err != nil {
+				return err
+			}
+			altTimes = append(altTimes, d)
+		}
+		if err := collective.AllGatherOf(ctx, c, pace[:P], []float64{time.Since(start).Seconds()}); err != nil {
 			return err
 		}
-		if alt == nil {
-			continue
-		}
-		if altTimes[i], err = timed(alt); err != nil {
-			return err
+		took += slices.Max(pace[:P])
+		n = 0
+		if cfg.Iters <= 0 && took < cfg.MinTime.Seconds() && len(times) < maxIters {
+			pace := took / float64(len(times)) // per iteration, barriers included
+			n = min(int(math.Ceil((cfg.MinTime.Seconds()-took)/pace)), maxIters-len(times))
 		}
 	}
+	iters := len(times)
 	// The slowest rank's time of each iteration, then the median.
 	everyone := make([]float64, P*iters)
 	if alt != nil {
 		if err := collective.AllGatherOf(ctx, c, everyone, altTimes); err != nil {
 			return err
 		}
-		altRes.Median, altRes.Iters = slowestMedian(everyone, altTimes, P), iters
+		altRes.Median, altRes.Iters, altRes.Timed = slowestMedian(everyone, altTimes, P), iters, time.Duration(took*1e9)
 		altRes.Bandwidths()
 	}
 	if err := collective.AllGatherOf(ctx, c, everyone, times); err != nil {
@@ -457,7 +492,7 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 	for _, w := range wrongs {
 		res.Wrong += w
 	}
-	res.Iters = iters
+	res.Iters, res.Timed = iters, time.Duration(took*1e9)
 	res.Bandwidths()
 	return nil
 }

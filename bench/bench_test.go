@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -208,4 +209,67 @@ func sweep(t *testing.T, P int, opts func(*collective.Options), cfg func(*collec
 		return err
 	})
 	return rows
+}
+
+// TestTimeRule: without fixed counts the timed iterations last MinTime at
+// least (BENCH.md: at least 5 and 0.2 s per size), also where the calls
+// turn out faster than the warm-up's (here 2 ms warm, 20 µs timed), on
+// every rank alike.
+func TestTimeRule(t *testing.T) {
+	const minTime = 100 * time.Millisecond
+	var mu sync.Mutex
+	var got []Result
+	testranks.Run(t, 1, 2, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(c *collective.Communicator) error {
+		cfg := Config{Warmup: 5, MinTime: minTime}
+		cfg.defaults()
+		var res Result
+		res.P, res.S = 2, 1000
+		calls := 0
+		err := timeRuns(context.Background(), c, cfg, &res, 0, func(context.Context) error {
+			if calls++; calls <= 5 {
+				time.Sleep(2 * time.Millisecond)
+			} else {
+				time.Sleep(20 * time.Microsecond)
+			}
+			return nil
+		}, nil, nil)
+		mu.Lock()
+		got = append(got, res)
+		mu.Unlock()
+		return err
+	})
+	for _, r := range got {
+		if r.Timed < minTime || r.Iters < 5 || r.Iters != got[0].Iters {
+			t.Errorf("timed %v in %d iterations (rank 0: %d), want at least %v and 5, the same on every rank", r.Timed, r.Iters, got[0].Iters, minTime)
+		}
+	}
+}
+
+// TestSizes: the sweep goes from min to max by factor, each size larger
+// than the one before (a factor near 1 advances by a byte at least rather
+// than stopping at min), and refuses a sweep of more than MaxSizes sizes
+// (a factor near 1 over a wide range) before building it.
+func TestSizes(t *testing.T) {
+	for _, tc := range []struct {
+		min, max int64
+		f        float64
+		want     string // the sizes, or the error's text
+	}{
+		{8, 64 << 20, 8, "[8 64 512 4096 32768 262144 2097152 16777216]"},
+		{8, 12, 1.05, "[8 9 10 11 12]"},
+		{0, 8, 2, "[0 1 2 4 8]"},
+		{5, 5, 1, "[5]"},
+		{8, 4, 2, "bad sweep"},
+		{8, 16, 1, "bad sweep"},
+		{1000000, 1 << 62, 1.000001, fmt.Sprintf("more than %d sizes", MaxSizes)},
+	} {
+		s, err := Sizes(tc.min, tc.max, tc.f)
+		got := fmt.Sprint(s)
+		if err != nil {
+			got = err.Error()
+		}
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("Sizes(%d, %d, %g) = %s, want %s", tc.min, tc.max, tc.f, got, tc.want)
+		}
+	}
 }
