@@ -273,3 +273,19 @@ func TestSizes(t *testing.T) {
 		}
 	}
 }
+
+// TestOverlapTableNoisy: a shape whose shorter part (t_comm or t_gemm) is
+// a small share of t_seq has its efficiency marked as noise, with the
+// mark explained; the others are not marked.
+func TestOverlapTableNoisy(t *testing.T) {
+	var b strings.Builder
+	WriteOverlapTable(&b, []OverlapResult{
+		{M: 64, N: 256, K: 256, Dtype: "float32", Pieces: 4, Comm: 200, GEMM: 9216, Seq: 9110, Overlap: 9400, Efficiency: -1.45},
+		{M: 256, N: 256, K: 256, Dtype: "float32", Pieces: 4, Comm: 3000, GEMM: 9000, Seq: 12000, Overlap: 10000, Efficiency: 0.667},
+	}, "test")
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if !strings.Contains(b.String(), "# *: min(t_comm, t_gemm) is under 10% of t_seq") ||
+		!strings.HasSuffix(lines[len(lines)-2], " *") || strings.HasSuffix(lines[len(lines)-1], "*") {
+		t.Errorf("want the first shape marked noisy, the second not:\n%s", b.String())
+	}
+}

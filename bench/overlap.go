@@ -27,6 +27,16 @@ type OverlapResult struct {
 	CommCPU, GEMMCPU float64
 }
 
+// noisyShare is the share of t_seq below which min(t_comm, t_gemm), the
+// most overlap can hide, makes the efficiency mostly noise: the
+// difference of two medians of t_seq's size, divided by it.
+const noisyShare = 0.1
+
+// noisy says whether r's efficiency is mostly noise (noisyShare).
+func (r OverlapResult) noisy() bool {
+	return r.Seq > 0 && min(r.Comm, r.GEMM) < noisyShare*r.Seq
+}
+
 // OverlapCSVHeader is ../shared/BENCH.md's column list.
 var OverlapCSVHeader = []string{"impl", "backend", "mode", "P", "m", "n", "k", "dtype", "t_comm_us", "t_gemm_us", "t_seq_us", "t_overlap_us", "efficiency"}
 
@@ -49,6 +59,13 @@ func WriteOverlapTable(w io.Writer, rs []OverlapResult, title string) {
 		cpu = cpu || r.CommCPU > 0 || r.GEMMCPU > 0
 	}
 	fmt.Fprintf(w, "# %s\n# times: median over iterations of the slowest rank, µs; efficiency = (t_seq − t_overlap) / min(t_comm, t_gemm)\n", title)
+	noisy := false
+	for _, r := range rs {
+		noisy = noisy || r.noisy()
+	}
+	if noisy {
+		fmt.Fprintf(w, "# *: min(t_comm, t_gemm) is under %.0f%% of t_seq: a 1%% change in t_seq or t_overlap moves the efficiency by more than 0.1 (noise, not overlap)\n", 100*noisyShare)
+	}
 	if cpu {
 		fmt.Fprintf(w, "# cpu_comm, cpu_gemm: the fraction of the machine's processor time busy while the gather, or the GEMMs, ran alone\n"+
 			"# (spinning waits count as busy)\n")
@@ -62,6 +79,9 @@ func WriteOverlapTable(w io.Writer, rs []OverlapResult, title string) {
 		fmt.Fprintf(w, " %6d %6d %6d %8s %6d %12.1f %12.1f %12.1f %12.1f %10.3f", r.M, r.N, r.K, r.Dtype, r.Pieces, r.Comm, r.GEMM, r.Seq, r.Overlap, r.Efficiency)
 		if cpu {
 			fmt.Fprintf(w, " %9.2f %9.2f", r.CommCPU, r.GEMMCPU)
+		}
+		if r.noisy() {
+			fmt.Fprint(w, " *")
 		}
 		fmt.Fprintln(w)
 	}
