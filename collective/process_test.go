@@ -339,7 +339,7 @@ func TestOverlapExampleAndBenchmark(t *testing.T) {
 	}
 	// The table adds how busy the gather and the GEMMs keep the machine.
 	j = slimerun(t, nil, "--nproc-per-node", "2", "slimebench", "overlap", "--m-min", "32", "--m-max", "32", "--nk", "64", "--iters", "2", "--cpu-window", "100ms")
-	row := regexp.MustCompile(`(?m)^\[0\]:\s+32\s+64\s+64\s+float32\s+4(\s+-?[0-9.]+){5}\s+(0\.\d\d|1\.00)\s+(0\.\d\d|1\.00)$`)
+	row := regexp.MustCompile(`(?m)^\[0\]:\s+32\s+64\s+64\s+float32\s+4(\s+-?[0-9.]+){5}\s+(0\.\d\d|1\.00)\s+(0\.\d\d|1\.00)( \*)?$`) // * : the efficiency is mostly noise
 	if j.code != 0 || !strings.Contains(j.out, "cpu_comm") || !row.MatchString(j.out) {
 		t.Fatalf("slimebench overlap table: exit %d\n%s\n%s", j.code, j.out, j.stderr)
 	}
