@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/bytesize"
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/overlap"
 	"github.com/slimego/slimego/p2p"
 )
@@ -71,8 +73,85 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "slimebench:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			os.Exit(2)
+		}
 		os.Exit(1)
 	}
+}
+
+// usageError is a mistake in the command line (a flag, its value, an
+// argument): slimebench exits 2 for it, before it measures anything, and
+// 1 for a failure of the work itself.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// usagef makes a usageError; its message starts with the command's name
+// and names the flag and its value.
+func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
+
+// parseFlags parses a command's flags (fs is named "slimebench CMD"): a
+// flag the parser refuses, and with args false any argument left over,
+// is a usage error that names the command.
+func parseFlags(fs *pflag.FlagSet, args []string, positional bool) error {
+	cmd := strings.TrimPrefix(fs.Name(), "slimebench ")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return err
+		}
+		return usagef("%s: %v", cmd, err)
+	}
+	if !positional && fs.NArg() > 0 {
+		return usagef("%s: unexpected arguments %q", cmd, fs.Args())
+	}
+	return nil
+}
+
+// maxChannels bounds every --channels: p2p.MaxChannels, which the
+// transport's links share.
+const maxChannels = p2p.MaxChannels
+
+// checkChannels refuses a --channels value out of 1 … maxChannels (0 the
+// default where orDefault).
+func checkChannels(cmd string, ch int, orDefault bool) error {
+	if orDefault && (ch < 0 || ch > maxChannels) {
+		return usagef("%s: --channels %d: want 1 to %d (0: the default)", cmd, ch, maxChannels)
+	}
+	if !orDefault && (ch < 1 || ch > maxChannels) {
+		return usagef("%s: --channels %d: want 1 to %d", cmd, ch, maxChannels)
+	}
+	return nil
+}
+
+// maxInProcess bounds --in-process: every rank is a goroutine of this
+// process with its own connections and buffers.
+const maxInProcess = 1024
+
+func checkInProcess(cmd string, n int) error {
+	if n < 0 || n > maxInProcess {
+		return usagef("%s: --in-process %d: want 1 to %d ranks (0: the launcher's ranks)", cmd, n, maxInProcess)
+	}
+	return nil
+}
+
+// fitSweep refuses, before anything runs, a sweep whose largest size S
+// needs more than an int holds or more memory than is available: a run
+// allocates perS·S bytes at once (what names them).
+func fitSweep(cmd string, sw sweep, sizes []int64, perS int64, what string) error {
+	if len(sizes) == 0 {
+		return nil
+	}
+	s := slices.Max(sizes)
+	need := float64(perS) * float64(s)
+	if need >= math.MaxInt64 || perS > 0 && s > math.MaxInt64/perS {
+		return usagef("%s: --max-bytes %s: %s need %d × %d bytes, more than an int holds: lower --max-bytes", cmd, *sw.max, what, perS, s)
+	}
+	if avail, _, ok := machine.Memory(); ok && int64(need) > avail {
+		return usagef("%s: --max-bytes %s: %s need %.1f GiB of memory at once, and %.1f GiB is available: lower --max-bytes", cmd, *sw.max, what, need/(1<<30), float64(avail)/(1<<30))
+	}
+	return nil
 }
 
 func usage() {
@@ -129,21 +208,22 @@ func (s sweep) sizes() ([]int64, error) {
 	if !s.grid && !s.fs.Changed("min-bytes") && !s.fs.Changed("max-bytes") && !s.fs.Changed("step-factor") {
 		return defaultSizes, nil
 	}
+	cmd := strings.TrimPrefix(s.fs.Name(), "slimebench ")
 	lo, err := bytesize.Parse(*s.min)
 	if err != nil {
-		return nil, fmt.Errorf("--min-bytes %q: %v", *s.min, err)
+		return nil, usagef("%s: --min-bytes %q: %v", cmd, *s.min, err)
 	}
 	hi, err := bytesize.Parse(*s.max)
 	if err != nil {
-		return nil, fmt.Errorf("--max-bytes %q: %v", *s.max, err)
+		return nil, usagef("%s: --max-bytes %q: %v", cmd, *s.max, err)
 	}
 	f, err := strconv.ParseFloat(*s.factor, 64)
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return nil, fmt.Errorf("--step-factor %q: want a finite number", *s.factor)
+		return nil, usagef("%s: --step-factor %q: want a finite number", cmd, *s.factor)
 	}
 	sizes, err := bench.Sizes(lo, hi, f)
 	if err != nil {
-		return nil, fmt.Errorf("--min-bytes %s, --max-bytes %s, --step-factor %s: %w", *s.min, *s.max, *s.factor, err)
+		return nil, usagef("%s: --min-bytes %s, --max-bytes %s, --step-factor %s: %w", cmd, *s.min, *s.max, *s.factor, err)
 	}
 	return sizes, nil
 }
@@ -166,7 +246,25 @@ func allgather(args []string) error {
 	ceiling := fs.Bool("ceiling", false, "after every timed out-of-place call, each rank also copies its source into each block of its "+
 		"destination, timed alike (rows named ceiling): with a rank per core, the copy bound of the all-gather, taken beside it "+
 		"(host memory on one node; elsewhere no rows)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
+		return err
+	}
+	if err := checkInProcess("allgather", *inProcess); err != nil {
+		return err
+	}
+	if *iters < 0 {
+		return usagef("allgather: --iters %d: want 1 or more (0: at least 5 and 0.2 s)", *iters)
+	}
+	if *warmup < 0 {
+		return usagef("allgather: --warmup %d: want 1 or more (0: at least 5 and 0.1 s)", *warmup)
+	}
+	if err := checkChannels("allgather", *channels, true); err != nil {
+		return err
+	}
+	if *asCSV && *asJSON {
+		return usagef("allgather: --csv and --json: choose one")
+	}
+	if err := checkMode("allgather", *mode); err != nil {
 		return err
 	}
 	sizes, err := sw.sizes()
@@ -175,10 +273,23 @@ func allgather(args []string) error {
 	}
 	kind, err := resolveBackend(*backend)
 	if err != nil {
-		return err
+		return usagef("allgather: --backend %q: %v", *backend, err)
 	}
 	if *buffers != "symmetric" && *buffers != "plain" {
-		return fmt.Errorf("--buffers %q: want symmetric or plain", *buffers)
+		return usagef("allgather: --buffers %q: want symmetric or plain", *buffers)
+	}
+	// Each rank holds its destination and source (P·S and S bytes) and
+	// their copies in host memory to fill and check: 2·(P+1)·S, times the
+	// ranks of this node (the goroutines of this process with --in-process).
+	P, local := int64(*inProcess), int64(*inProcess)
+	if *inProcess == 0 {
+		P, local = 1, 1
+		if o, err := collective.LoadEnv(os.Getenv); err == nil { // else Init says what is wrong
+			P, local = int64(o.WorldSize), int64(max(o.LocalWorldSize, 1))
+		}
+	}
+	if err := fitSweep("allgather", sw, sizes, 2*(P+1)*local, fmt.Sprintf("%d rank(s) of %d here", local, P)); err != nil {
+		return err
 	}
 	ctx := context.Background()
 	opts := collective.Options{Backend: kind, TCP: collective.TCP{Channels: *channels, Algo: *algo}, CUDA: collective.CUDA{Eager: *eager}}
@@ -287,14 +398,23 @@ func memcpy(args []string) error {
 	gather := fs.Bool("gather", false, "the all-gather's copies instead: each of --threads threads gathers --threads blocks of the size "+
 		"(in place, the others' blocks only), rows named memcpy-gather with the all-gather's P, S and bandwidths, "+
 		"to set beside its rows in slimebench compare (the ratio is then the share of this bound reached)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
-	if *threads < 1 {
-		return fmt.Errorf("memcpy: --threads %d: want 1 or more", *threads)
+	// Each thread polls for the others: with more threads than CPUs the
+	// time is the scheduler's, not the copy's (40 ms for 8 bytes).
+	if cpus := machine.OnlineCPUs(); *threads < 1 || *threads > cpus {
+		return usagef("memcpy: --threads %d: want 1 to %d, this machine's online CPUs (the threads poll for one another: with more threads than CPUs the time is the scheduler's, not the copy's)", *threads, cpus)
 	}
 	sizes, err := sw.sizes()
 	if err != nil {
+		return err
+	}
+	perS, what := int64(2), "a source and a destination"
+	if *gather {
+		perS, what = int64(*threads)*int64(*threads+1), fmt.Sprintf("%d sources and %d destinations of %d blocks", *threads, *threads, *threads)
+	}
+	if err := fitSweep("memcpy", sw, sizes, perS, what); err != nil {
 		return err
 	}
 	if *gather {
@@ -337,7 +457,7 @@ func d2d(args []string) error {
 	sw := sweepFlags(fs)
 	ordinal := fs.Int("device", 0, "GPU ordinal")
 	asCSV := fs.Bool("csv", false, "print CSV (impl d2d, busbw = GB/s copied) instead of the table")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
 	sizes, err := sw.sizes()
@@ -378,14 +498,19 @@ func tcp(args []string) error {
 	channels := fs.IntSlice("channels", []int{1, 2, 4}, "connections to stripe each transfer over (one sweep each)")
 	asCSV := fs.Bool("csv", false, "print CSV (impl tcp-N[-duplex][-lowatB], busbw = link GB/s) instead of the table")
 	lowats := fs.StringSlice("lowat", []string{"0", "4M"}, "receive low-water mark bounds to measure (0: plain reads; see inter.Reader)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
 		return err
+	}
+	for _, ch := range *channels {
+		if err := checkChannels("tcp", ch, false); err != nil {
+			return err
+		}
 	}
 	var lws []int
 	for _, v := range *lowats {
 		n, err := bytesize.Parse(v)
 		if err != nil {
-			return fmt.Errorf("--lowat %q: %v", v, err)
+			return usagef("tcp: --lowat %q: %v", v, err)
 		}
 		lws = append(lws, int(n))
 	}
@@ -472,59 +597,59 @@ func p2pCmd(args []string) error {
 	asCSV := fs.Bool("csv", false, "print CSV ("+strings.Join(bench.P2PCSVHeader, ",")+") instead of the table")
 	plotFile := fs.String("plot", "", "write a PNG of GB/s against S")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("p2p: unexpected arguments %q", fs.Args())
+		return usagef("p2p: unexpected arguments %q", fs.Args())
 	}
 	if *gpu && *shared || *gpu && *symmetric || *shared && *symmetric {
-		return fmt.Errorf("p2p: one of --gpu, --shared and --symmetric: one kind of memory")
+		return usagef("p2p: one of --gpu, --shared and --symmetric: one kind of memory")
 	}
 	if *tcpOnly && (*shared || *symmetric) {
-		return fmt.Errorf("p2p: --shared and --symmetric measure the copies a peer on this host makes through its own mapping, which --tcp-only turns off")
+		return usagef("p2p: --shared and --symmetric measure the copies a peer on this host makes through its own mapping, which --tcp-only turns off")
 	}
 	for _, b := range *batches {
 		if b < 1 || b > p2p.MaxBatch {
-			return fmt.Errorf("p2p: --batch %d: want 1 to %d operations", b, p2p.MaxBatch)
+			return usagef("p2p: --batch %d: want 1 to %d operations", b, p2p.MaxBatch)
 		}
 	}
 	for _, k := range *conc {
 		if k < 1 || k > maxConcurrency {
-			return fmt.Errorf("p2p: --concurrency %d: want 1 to %d batches in flight", k, maxConcurrency)
+			return usagef("p2p: --concurrency %d: want 1 to %d batches in flight", k, maxConcurrency)
 		}
 	}
 	if *channels < 1 || *channels > p2p.MaxChannels {
-		return fmt.Errorf("p2p: --channels %d: want 1 to %d", *channels, p2p.MaxChannels)
+		return usagef("p2p: --channels %d: want 1 to %d", *channels, p2p.MaxChannels)
 	}
 	if *minTime <= 0 {
-		return fmt.Errorf("p2p: --min-time %v: want a positive duration", *minTime)
+		return usagef("p2p: --min-time %v: want a positive duration", *minTime)
 	}
 	if r := os.Getenv("RANK"); *plotFile != "" && (r == "" || r == "0") { // rank 0 plots
 		if err := unix.Access(filepath.Dir(*plotFile), unix.W_OK); err != nil {
-			return fmt.Errorf("p2p: --plot %s: its directory is not writable: %v", *plotFile, err)
+			return usagef("p2p: --plot %s: its directory is not writable: %v", *plotFile, err)
 		}
 	}
 	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Shared: *shared, Symmetric: *symmetric, GPU: *gpu, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
 	for _, op := range *ops {
 		if op != "read" && op != "write" && op != "writeimm" {
-			return fmt.Errorf("p2p: --op %q: want read, write or writeimm", op)
+			return usagef("p2p: --op %q: want read, write or writeimm", op)
 		}
 	}
 	var err error
 	if cfg.Sizes, err = sw.sizes(); err != nil {
-		return fmt.Errorf("p2p: %w", err)
+		return err
 	}
 	n, err := bytesize.Parse(*inFlight)
 	if err == nil && n <= 0 {
 		err = errors.New("want a positive size")
 	}
 	if err != nil {
-		return fmt.Errorf("p2p: --max-in-flight %q: %v", *inFlight, err)
+		return usagef("p2p: --max-in-flight %q: %v", *inFlight, err)
 	}
 	cfg.MaxInFlight = n
 	if cfg.RegisterBytes, err = bytesize.Parse(*register); err != nil {
-		return fmt.Errorf("p2p: --register %q: %v", *register, err)
+		return usagef("p2p: --register %q: %v", *register, err)
 	}
 	ctx := context.Background()
 	c, err := collective.Init(ctx, collective.Options{})
@@ -600,8 +725,17 @@ func linkCmd(args []string) error {
 	minTime := fs.Duration("min-time", time.Second, "time each way fills per size, at least")
 	asCSV := fs.Bool("csv", false, "print CSV rows of ../shared/BENCH.md (impl tcp-N-duplex[-lowatB], slimego, slimego/in-place) instead of the table")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
 		return err
+	}
+	if err := checkChannels("link", *channels, true); err != nil {
+		return err
+	}
+	if *minIters < 1 {
+		return usagef("link: --iters %d: want 1 or more", *minIters)
+	}
+	if *minTime < 0 {
+		return usagef("link: --min-time %v: want 0 or more", *minTime)
 	}
 	sizes := []int64{1 << 20, 4 << 20, 16 << 20, 64 << 20}
 	if fs.Changed("min-bytes") || fs.Changed("max-bytes") || fs.Changed("step-factor") {
@@ -614,7 +748,7 @@ func linkCmd(args []string) error {
 	if *lowat != "" {
 		n, err := bytesize.Parse(strings.TrimPrefix(*lowat, "-"))
 		if err != nil {
-			return fmt.Errorf("--lowat %q: %v", *lowat, err)
+			return usagef("link: --lowat %q: %v", *lowat, err)
 		}
 		if opts.RcvLowat = int(n); strings.HasPrefix(*lowat, "-") || n == 0 {
 			opts.RcvLowat = -1
@@ -707,18 +841,63 @@ func overlapCmd(args []string) error {
 	eager := fs.Bool("eager-mode", false, "launch without CUDA graphs (the CPU backend always does)")
 	inProcess := fs.Int("in-process", 0, "run this many ranks of one node as goroutines of this process, without a launcher")
 	cpuWindow := fs.Duration("cpu-window", 500*time.Millisecond, "CPU backend: run the gather and the GEMMs alone this long each to measure how busy they keep the machine (0: skip)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
 		return err
+	}
+	if err := checkInProcess("overlap", *inProcess); err != nil {
+		return err
+	}
+	if *mMin < 1 {
+		return usagef("overlap: --m-min %d: want 1 or more", *mMin)
+	}
+	if *mMax < *mMin {
+		return usagef("overlap: --m-min %d and --m-max %d: want --m-min at most --m-max", *mMin, *mMax)
+	}
+	if len(*nks) == 0 {
+		return usagef("overlap: --nk: want at least one k")
+	}
+	for _, k := range *nks {
+		if k < 1 {
+			return usagef("overlap: --nk %d: want 1 or more", k)
+		}
+	}
+	if *nFixed < 0 {
+		return usagef("overlap: --n %d: want 1 or more (0: n = k)", *nFixed)
+	}
+	if len(*dtypes) == 0 {
+		return usagef(`overlap: --dtype "": want float32 or float64`)
+	}
+	for _, dt := range *dtypes {
+		if dt != "float32" && dt != "float64" {
+			return usagef("overlap: --dtype %q: want float32 or float64", dt)
+		}
+	}
+	if *pieces < 1 {
+		return usagef("overlap: --pieces %d: want 1 or more", *pieces)
+	}
+	if err := checkMode("overlap", *mode); err != nil {
+		return err
+	}
+	if *iters < 1 {
+		return usagef("overlap: --iters %d: want 1 or more", *iters)
+	}
+	if *cpuWindow < 0 {
+		return usagef("overlap: --cpu-window %v: want 0 (skip) or more", *cpuWindow)
+	}
+	if r := os.Getenv("RANK"); *plotFile != "" && (r == "" || r == "0" || *inProcess > 0) { // rank 0 plots
+		if err := unix.Access(filepath.Dir(*plotFile), unix.W_OK); err != nil {
+			return usagef("overlap: --plot %s: its directory is not writable: %v", *plotFile, err)
+		}
 	}
 	kind, err := resolveBackend(*backend)
 	if err != nil {
-		return err
+		return usagef("overlap: --backend %q: %v", *backend, err)
 	}
-	piecing := overlap.Options{Pieces: max(*pieces, 1)}
+	piecing := overlap.Options{Pieces: *pieces}
 	if *minPiece != "" {
 		v, err := bytesize.Parse(*minPiece)
 		if err != nil {
-			return fmt.Errorf("--min-piece: %w", err)
+			return usagef("overlap: --min-piece %q: %v", *minPiece, err)
 		}
 		piecing.MinPieceBytes = int(v)
 		if v == 0 {
@@ -815,8 +994,24 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 func gemmCmd(args []string) error {
 	fs := pflag.NewFlagSet("slimebench gemm", pflag.ContinueOnError)
 	sizes := fs.IntSlice("size", []int{256, 512, 1024, 2048}, "square sizes m = n = k")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
 		return err
+	}
+	if len(*sizes) == 0 {
+		return usagef("gemm: --size: want at least one size")
+	}
+	for _, n := range *sizes {
+		if n < 1 {
+			return usagef("gemm: --size %d: want a positive size", n)
+		}
+		// a, b and the product, n×n float64 each, at once.
+		need := 3 * 8 * float64(n) * float64(n)
+		if need >= math.MaxInt64 {
+			return usagef("gemm: --size %d: its three float64 matrices need %.0f bytes, more than an int holds", n, need)
+		}
+		if avail, _, ok := machine.Memory(); ok && int64(need) > avail {
+			return usagef("gemm: --size %d: its three float64 matrices need %.1f GiB of memory at once, and %.1f GiB is available", n, need/(1<<30), float64(avail)/(1<<30))
+		}
 	}
 	fmt.Printf("# GEMM GFLOP/s, BLAS %s, GOMAXPROCS %d\n#%7s %10s %10s\n", device.BLAS, runtime.GOMAXPROCS(0), "size", "float32", "float64")
 	for _, n := range *sizes {
@@ -863,6 +1058,15 @@ func resolveBackend(name string) (device.Kind, error) {
 		return device.CPU, nil
 	}
 	return device.Resolve(kind)
+}
+
+// checkMode refuses a --mode that is none of auto, intra and inter,
+// before anything starts; resolveMode checks it against the ranks.
+func checkMode(cmd, mode string) error {
+	if mode != "auto" && mode != "intra" && mode != "inter" {
+		return usagef("%s: --mode %q: want intra, inter or auto", cmd, mode)
+	}
+	return nil
 }
 
 // resolveMode checks --mode against where the ranks run; auto picks intra
@@ -915,11 +1119,11 @@ func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communic
 
 func compare(args []string) error {
 	fs := pflag.NewFlagSet("slimebench compare", pflag.ContinueOnError)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, true); err != nil {
 		return err
 	}
 	if fs.NArg() < 1 {
-		return fmt.Errorf("compare: want CSV files of at least two implementations")
+		return usagef("compare: want CSV files of at least two implementations")
 	}
 	// Files of the same implementation are repeated runs: merged by median.
 	// A file may hold further implementations' rows after its first one's
