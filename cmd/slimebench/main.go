@@ -976,18 +976,23 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 	if c.Backend() == device.CUDA {
 		title += map[bool]string{false: " launch=graph", true: " launch=eager"}[eager || c.Options().Eager]
 	}
-	if plotFile != "" {
-		if err := bench.PlotOverlap(rs, title, plotFile); err != nil {
+	// The results first: a plot that cannot be written loses nothing.
+	if asCSV {
+		if err := bench.WriteOverlapCSV(os.Stdout, rs); err != nil {
 			return err
 		}
+	} else {
+		tableTitle := title
+		if bench.BackendName(c) == bench.EmulatedBackend {
+			tableTitle += "\n# " + bench.EmulatedNote // the table's second title line
+		}
+		bench.WriteOverlapTable(os.Stdout, rs, tableTitle)
 	}
-	if asCSV {
-		return bench.WriteOverlapCSV(os.Stdout, rs)
+	if plotFile != "" {
+		if err := bench.PlotOverlap(rs, title, plotFile); err != nil {
+			return fmt.Errorf("overlap: --plot %s: %w", plotFile, err)
+		}
 	}
-	if bench.BackendName(c) == bench.EmulatedBackend {
-		title += "\n# " + bench.EmulatedNote // the table's second title line
-	}
-	bench.WriteOverlapTable(os.Stdout, rs, title)
 	return nil
 }
 
