@@ -1124,6 +1124,22 @@ func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communic
 
 func compare(args []string) error {
 	fs := pflag.NewFlagSet("slimebench compare", pflag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(os.Stderr, `usage: slimebench compare BASE.csv OTHER.csv ...
+
+Prints the CSV files' rows side by side (BENCH.md's columns, as
+slimebench allgather --csv writes them), the first file's implementation
+as the base, with each other's time over the base's. Rows match by P,
+size and placement; a row with no match shows '-'. Files of the same
+implementation are repeated runs, merged by median.
+
+A row whose median_us is not a positive finite number (NaN, Inf, 0 or
+less), or whose algbw or busbw is not a finite number of 0 or more, is
+no measurement: compare refuses the file, naming it and the line. Rows of
+size 0 (nothing is timed) are left out. When no row of any other file
+matches a row of the base, compare says so and exits 1.
+`)
+	}
 	if err := parseFlags(fs, args, true); err != nil {
 		return err
 	}
@@ -1148,6 +1164,12 @@ func compare(args []string) error {
 		}
 		if len(rs) == 0 {
 			return fmt.Errorf("%s: no rows", name)
+		}
+		if rs, err = measured(name, rs); err != nil {
+			return err
+		}
+		if len(rs) == 0 {
+			return fmt.Errorf("%s: no rows of a size above 0", name)
 		}
 		files = append(files, bench.ByImpl(rs))
 	}
@@ -1186,8 +1208,69 @@ func compare(args []string) error {
 			sets = append(sets, bench.Merge(runs[impl]...))
 		}
 	}
+	// Rows match as bench.Compare matches them: P, size and placement.
+	matched := 0
+	for i, set := range sets[1:] {
+		n := 0
+		for _, b := range sets[0] {
+			for _, o := range set {
+				if o.S == b.S && o.InPlace == b.InPlace && o.P == b.P {
+					n++
+					break
+				}
+			}
+		}
+		if n == 0 {
+			fmt.Fprintf(os.Stderr, "slimebench compare: no row of %s matches a row of %s (P, size and placement)\n", order[i+1], order[0])
+		}
+		matched += n
+	}
+	if matched == 0 {
+		return fmt.Errorf("compare: no rows matched: no row of %s has the P, size and placement of a row of %s (P %v, sizes %s … %s)",
+			strings.Join(order[1:], ", "), order[0], rowPs(sets[0]), bytesize.Format(sets[0][0].S), bytesize.Format(sets[0][len(sets[0])-1].S))
+	}
 	fmt.Printf("# %s vs %s: median of %d interleaved run(s) each; ratio = other's time / %s's time (above 1: %s is faster); busbw in GB/s\n",
 		order[0], strings.Join(order[1:], ", "), len(runs[order[0]]), order[0], order[0])
 	bench.Compare(os.Stdout, sets[0], sets[1:]...)
 	return nil
+}
+
+// measured checks the rows ReadCSV read from the file name (row i is
+// line i+2, after the header): a time that is not a positive finite
+// number, or a bandwidth that is not a finite number of 0 or more, is no
+// measurement and is refused, naming the file and the line, rather than
+// shown as a ratio of NaN or Inf. Rows of size 0, where nothing is timed,
+// are left out.
+func measured(name string, rs []bench.Result) ([]bench.Result, error) {
+	out := rs[:0:0]
+	for i, r := range rs {
+		line := i + 2
+		if r.S == 0 {
+			continue
+		}
+		if math.IsNaN(r.Median) || math.IsInf(r.Median, 0) || r.Median <= 0 {
+			return nil, fmt.Errorf("compare: %s line %d: median_us %s: not a measured time (want a positive finite number)", name, line, strconv.FormatFloat(r.Median, 'g', -1, 64))
+		}
+		for _, bw := range []struct {
+			col string
+			v   float64
+		}{{"algbw_GBps", r.AlgBW}, {"busbw_GBps", r.BusBW}} {
+			if math.IsNaN(bw.v) || math.IsInf(bw.v, 0) || bw.v < 0 {
+				return nil, fmt.Errorf("compare: %s line %d: %s %s: not a measured bandwidth (want a finite number of 0 or more)", name, line, bw.col, strconv.FormatFloat(bw.v, 'g', -1, 64))
+			}
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// rowPs lists the P values of rows, each once.
+func rowPs(rs []bench.Result) []int {
+	var ps []int
+	for _, r := range rs {
+		if !slices.Contains(ps, r.P) {
+			ps = append(ps, r.P)
+		}
+	}
+	return ps
 }
