@@ -298,12 +298,26 @@ func allgather(args []string) error {
 			return allgatherRank(ctx, c, *mode, *buffers, *eager, *asCSV, *asJSON, *quiet, bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup, Ceiling: *ceiling})
 		})
 	}
+	noteWorldOfOne("allgather")
 	c, err := collective.Init(ctx, opts)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	return allgatherRank(ctx, c, *mode, *buffers, *eager, *asCSV, *asJSON, *quiet, bench.Config{Sizes: sizes, Iters: *iters, Warmup: *warmup, Ceiling: *ceiling})
+}
+
+// noteWorldOfOne says on stderr that cmd runs a world of one rank where
+// no launcher set the world's size (the variables collective.LoadEnv
+// reads it from): a figure of one rank, which gathers nothing, is no
+// all-gather's.
+func noteWorldOfOne(cmd string) {
+	for _, v := range []string{"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"} {
+		if os.Getenv(v) != "" {
+			return
+		}
+	}
+	fmt.Fprintf(os.Stderr, "slimebench %s: no launcher (WORLD_SIZE unset): a world of 1 rank, which gathers nothing; run it under slimerun (slimerun --standalone --nproc-per-node 2 slimebench %s ...) or with --in-process N\n", cmd, cmd)
 }
 
 // allgatherRank runs the sweep on one rank; rank 0 prints.
@@ -912,6 +926,7 @@ func overlapCmd(args []string) error {
 	if *inProcess > 0 {
 		return inProcessRanks(ctx, *inProcess, opts, sweepRank)
 	}
+	noteWorldOfOne("overlap")
 	c, err := collective.Init(ctx, opts)
 	if err != nil {
 		return err
