@@ -279,8 +279,10 @@ func allgather(args []string) error {
 		return usagef("allgather: --buffers %q: want symmetric or plain", *buffers)
 	}
 	// Each rank holds its destination and source (P·S and S bytes) and
-	// their copies in host memory to fill and check: 2·(P+1)·S, times the
-	// ranks of this node (the goroutines of this process with --in-process).
+	// their copies in host memory to fill and check: 2·(P+1)·S of host
+	// memory on the CPU, (P+1)·S on CUDA (the buffers are the GPU's), times
+	// the ranks of this node (the goroutines of this process with
+	// --in-process).
 	P, local := int64(*inProcess), int64(*inProcess)
 	if *inProcess == 0 {
 		P, local = 1, 1
@@ -288,7 +290,11 @@ func allgather(args []string) error {
 			P, local = int64(o.WorldSize), int64(max(o.LocalWorldSize, 1))
 		}
 	}
-	if err := fitSweep("allgather", sw, sizes, 2*(P+1)*local, fmt.Sprintf("%d rank(s) of %d here", local, P)); err != nil {
+	copies := int64(2)
+	if kind == device.CUDA {
+		copies = 1
+	}
+	if err := fitSweep("allgather", sw, sizes, copies*(P+1)*local, fmt.Sprintf("%d rank(s) of %d here", local, P)); err != nil {
 		return err
 	}
 	ctx := context.Background()
