@@ -191,8 +191,9 @@ bench: build
 	      $(MPIRUN) --map-by core --bind-to core:overload-allowed -np $$p $(BIN)/allgather_mpi $(BENCH_ARGS) 2>/dev/null \
 	        | sed 's/^openmpi/openmpi-bound/' > $(OUT)/bench/openmpi-bound.P$$p.$$i.csv || exit 1; fi; fi; \
 	done; done
-	$(BIN)/slimebench memcpy --threads 2 --csv $(BENCH_ARGS) > $(OUT)/bench/memcpy.csv
-	$(BIN)/slimebench memcpy --threads 2 --csv -b 256M -e 256M | tail -n +2 >> $(OUT)/bench/memcpy.csv
+	@t=$$([ $$(nproc) -ge 2 ] && echo 2 || echo 1); \
+	  $(BIN)/slimebench memcpy --threads $$t --csv $(BENCH_ARGS) > $(OUT)/bench/memcpy.csv && \
+	  $(BIN)/slimebench memcpy --threads $$t --csv -b 256M -e 256M | tail -n +2 >> $(OUT)/bench/memcpy.csv
 	@for p in $(PS); do [ $$p -le $$(nproc) ] || continue; \
 	  $(BIN)/slimebench memcpy --threads $$p --gather --csv $(BENCH_ARGS) > $(OUT)/bench/memcpy-gather.P$$p.csv; done
 	@for p in $(PS); do \
