@@ -90,23 +90,26 @@ func checkKnobs(me int, lay layout, all []knobs) error {
 			nodeOf[r] = n
 		}
 	}
-	algo := func(r int) string {
+	// The algorithm and the backend compare as resolved (what the rank
+	// will run): auto and the setting it resolves to agree. The message
+	// shows the setting beside what it resolved to.
+	algo := func(r int) (resolved, shown string) {
 		var o Options
 		o.Algo = all[r][knobAlgo]
 		a, err := chooseAlgo(o, lay)
 		if err != nil || a == all[r][knobAlgo] {
-			return all[r][knobAlgo]
+			return all[r][knobAlgo], all[r][knobAlgo]
 		}
-		return a + " (" + all[r][knobAlgo] + ")"
+		return a, a + " (" + all[r][knobAlgo] + ")"
 	}
-	backend := func(r int) string {
+	backend := func(r int) (resolved, shown string) {
 		b, auto := strings.CutSuffix(all[r][knobBackend], "/auto")
 		if auto && len(lay.members[nodeOf[r]]) > kernels.MaxLocal {
-			return device.CPU.String() + " (auto)"
+			return device.CPU.String(), device.CPU.String() + " (auto)"
 		}
-		return b
+		return b, b
 	}
-	value := func(i, r int) string {
+	value := func(i, r int) (resolved, shown string) {
 		switch i {
 		case knobAlgo:
 			return algo(r)
@@ -115,14 +118,17 @@ func checkKnobs(me int, lay layout, all []knobs) error {
 		case knobGPUScratch:
 			n, err := strconv.Atoi(all[r][i])
 			if err != nil {
-				return all[r][i]
+				return all[r][i], all[r][i]
 			}
-			return strconv.Itoa(intra.GPUScratch(n, len(lay.members[nodeOf[r]])))
+			v := strconv.Itoa(intra.GPUScratch(n, len(lay.members[nodeOf[r]])))
+			return v, v
 		}
-		return all[r][i]
+		return all[r][i], all[r][i]
 	}
-	tcp := strings.HasPrefix(algo(0), "ring") || len(lay.members) > 1
-	cuda := backend(0) == device.CUDA.String()
+	a0, _ := algo(0)
+	b0, _ := backend(0)
+	tcp := a0 == "ring" || len(lay.members) > 1
+	cuda := b0 == device.CUDA.String()
 	for i := range nKnobs {
 		perNode := i == knobSlotBytes || i == knobSlots || i == knobGPUScratch
 		if i == knobChannels && !tcp || i == knobGPUScratch && !cuda {
@@ -133,17 +139,20 @@ func checkKnobs(me int, lay layout, all []knobs) error {
 			if perNode {
 				ref = lay.members[nodeOf[r]][0]
 			}
-			if a, b := value(i, ref), value(i, r); a != b {
-				where := ""
-				if perNode {
-					where = " on node " + strconv.Itoa(nodeOf[r])
-				}
-				peer := r
-				if me == r {
-					peer = ref
-				}
-				return fault.New("init", me, peer, ErrInvalid, "%s differs%s: rank %d has %s, rank %d has %s (every rank needs the same)", knobNames[i], where, ref, a, r, b)
+			a, as := value(i, ref)
+			b, bs := value(i, r)
+			if a == b {
+				continue
 			}
+			where := ""
+			if perNode {
+				where = " on node " + strconv.Itoa(nodeOf[r])
+			}
+			peer := r
+			if me == r {
+				peer = ref
+			}
+			return fault.New("init", me, peer, ErrInvalid, "%s differs%s: rank %d has %s, rank %d has %s (every rank needs the same)", knobNames[i], where, ref, as, r, bs)
 		}
 	}
 	return nil

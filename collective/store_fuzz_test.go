@@ -50,3 +50,46 @@ func FuzzDecodeCall(f *testing.F) {
 		}
 	})
 }
+
+// TestCheckKnobsResolved: ranks whose settings resolve alike agree (auto
+// against the algorithm auto picks; an explicit backend against auto
+// where auto picks it), and ranks whose resolved values differ do not.
+func TestCheckKnobsResolved(t *testing.T) {
+	one := layout{members: [][]int{{0, 1}}, uniform: true}
+	two := layout{members: [][]int{{0, 1}, {2, 3}}, uniform: true}
+	uneven := layout{members: [][]int{{0, 1}, {2}}}
+	k := func(algo, backend string) knobs {
+		return knobs{knobWorldSize: "4", knobAlgo: algo, knobBackend: backend, knobChannels: "4", knobSlotBytes: "262144", knobSlots: "4", knobGPUScratch: "0"}
+	}
+	for _, tc := range []struct {
+		name string
+		lay  layout
+		a, b knobs
+		want string // "" where they agree
+	}{
+		{"one node, hier and auto", one, k("hier", "cpu"), k("auto", "cpu"), ""},
+		{"two nodes, hier and auto", two, k("hier", "cpu"), k("auto", "cpu"), ""},
+		{"uneven, ring and auto", uneven, k("ring", "cpu"), k("auto", "cpu"), ""},
+		{"two nodes, ring and auto", two, k("ring", "cpu"), k("auto", "cpu"), "SLIME_ALGO differs: rank 0 has ring, rank 1 has hier (auto)"},
+		{"cuda and cuda/auto", one, k("auto", "cuda"), k("auto", "cuda/auto"), ""},
+		{"cpu and cuda", one, k("auto", "cpu"), k("auto", "cuda"), "SLIME_BACKEND differs"},
+	} {
+		all := []knobs{tc.a, tc.b, tc.b, tc.b}
+		if len(tc.lay.members) == 1 {
+			all = all[:2]
+			for i := range all {
+				all[i][knobWorldSize] = "2"
+			}
+		}
+		if tc.lay.members[len(tc.lay.members)-1][0] == 2 && len(tc.lay.members[len(tc.lay.members)-1]) == 1 {
+			all = all[:3]
+			for i := range all {
+				all[i][knobWorldSize] = "3"
+			}
+		}
+		err := checkKnobs(0, tc.lay, all)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
