@@ -86,16 +86,21 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 		return nil, err
 	}
 	o := merge(opts, env)
+	// The claim comes first: an Init that fails on a bad option here
+	// counts as a generation as one that fails later does (on the ranks
+	// that waited for this one), so that all meet at the next Init.
+	id, gen, err := claim(o)
+	if err != nil {
+		return nil, err
+	}
 	if err := o.validate(); err != nil {
+		release(id)
 		return nil, err
 	}
 	kind, err := device.Resolve(o.Backend)
 	if err != nil {
+		release(id)
 		return nil, fault.New("init", o.Rank, -1, ErrInvalid, "%v", err)
-	}
-	id, gen, err := claim(o)
-	if err != nil {
-		return nil, err
 	}
 	// Options.Timeout bounds Init's waits, or the context's deadline where
 	// that comes first (WithTimeout keeps the earlier), as it bounds every

@@ -14,11 +14,14 @@ import (
 // keys and shared-memory names, and meet the ranks' first communicators
 // instead of their second (a rank gone, a hang until the timeout), so it
 // is refused at once, before it touches the store; the open one goes on.
-// An Init after Close is the identity's next generation (gens counts the
-// closed ones): its store keys and shared-memory names are its own, so
-// that ranks which all close and make their communicator again (a
-// framework that tears its process group down and makes it again) meet
-// each other's new ones, not what the old ones left in the store.
+// An Init after Close, or after a failed Init, is the identity's next
+// generation (gens counts the ended ones, a failed Init's too, however it
+// failed): its store keys and shared-memory names are its own, so that
+// ranks which all close and make their communicator again (a framework
+// that tears its process group down and makes it again), or all retry a
+// failed Init, meet each other's new ones, not what the old ones left in
+// the store. Ranks that retry must do so in step: one that retries
+// several times while another waits runs ahead of it.
 var open struct {
 	sync.Mutex
 	ids  map[string]bool

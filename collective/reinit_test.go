@@ -111,3 +111,38 @@ func TestInitTimeoutWithDeadline(t *testing.T) {
 		t.Fatalf("Init with rank 1 missing: %v after %v, want ErrTimeout naming rank 1 at the 1 s Timeout", err, took.Round(time.Millisecond))
 	}
 }
+
+// TestInitAfterFailedInit: after a Close, one rank's Init fails on a bad
+// option (before it reaches the store) and the other's fails waiting for
+// it; then both Init again and meet: a failed Init counts as a
+// generation on every rank alike, however it failed.
+func TestInitAfterFailedInit(t *testing.T) {
+	opts := make([]collective.Options, 2)
+	tune := func(o *collective.Options) { opts[o.Rank] = *o }
+	failed := make(chan struct{}) // rank 0's Init has failed
+	inProcessNodes(t, 1, 2, tune, func(c *collective.Communicator) error {
+		ctx := context.Background()
+		me := c.Rank()
+		c.Close()
+		o := opts[me]
+		o.Timeout = time.Second
+		if me == 1 {
+			o.Algo = "bogus"
+		}
+		if c2, err := collective.Init(ctx, o); err == nil {
+			c2.Close()
+			return fmt.Errorf("rank %d: Init with rank 1's bad option succeeded", me)
+		}
+		if me == 0 {
+			close(failed)
+		} else {
+			<-failed
+		}
+		c2, err := collective.Init(ctx, opts[me])
+		if err != nil {
+			return fmt.Errorf("rank %d: Init again after the failed one: %v", me, err)
+		}
+		defer c2.Close()
+		return checkGather(ctx, c2, 700, 40)
+	})
+}
