@@ -69,7 +69,8 @@ func waitExited(pid int) (syscall.WaitStatus, error) {
 }
 
 // groupMembers returns, for each of the process groups pgids, the pids of
-// its members that are alive (not zombies), less the group's leader, by
+// its members that are alive (not zombies: a zombie whose threads still
+// run, its main thread gone, is alive), less the group's leader, by
 // reading /proc: what the workers left behind once they have exited.
 func groupMembers(pgids []int) (map[int][]int, error) {
 	ents, err := os.ReadDir("/proc")
@@ -93,7 +94,7 @@ func groupMembers(pgids []int) (map[int][]int, error) {
 			continue
 		}
 		f := strings.Fields(s[i+1:])
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+		if len(f) < 3 || f[0] == "X" || f[0] == "Z" && !liveThreads(pid) {
 			continue
 		}
 		pgrp, err := strconv.Atoi(f[2])
@@ -103,4 +104,22 @@ func groupMembers(pgids []int) (map[int][]int, error) {
 		out[pgrp] = append(out[pgrp], pid)
 	}
 	return out, nil
+}
+
+// liveThreads says whether the process pid, whose state reads zombie,
+// still has threads running: its main thread exited alone (the leader of
+// a thread group stays a zombie until the last thread ends), and the
+// process lives on.
+func liveThreads(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			return err == nil && n > 1
+		}
+	}
+	return false
 }

@@ -167,3 +167,45 @@ func zombie(pid int) bool {
 	i := strings.LastIndexByte(s, ')')
 	return err == nil && i >= 0 && i+2 < len(s) && s[i+2] == 'Z'
 }
+
+// TestLeftoverWithExitedMainThread: a process left in a worker's group
+// whose main thread has exited while another thread runs (its /proc stat
+// reads "Z") is still alive: after a success it is stopped with the
+// others, not taken for a zombie and left.
+func TestLeftoverWithExitedMainThread(t *testing.T) {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("no C compiler")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "mainexit.c")
+	prog := filepath.Join(dir, "mainexit")
+	os.WriteFile(src, []byte(`#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+static void *sleeper(void *a) { for (;;) pause(); return a; }
+int main(void) {
+	pthread_t t;
+	signal(SIGTERM, SIG_IGN);
+	pthread_create(&t, 0, sleeper, 0);
+	pthread_exit(0);
+}
+`), 0o600)
+	if out, err := exec.Command(cc, "-pthread", "-o", prog, src).CombinedOutput(); err != nil {
+		t.Skipf("cc: %v\n%s", err, out)
+	}
+	// The worker exits 0 once its child's main thread has exited.
+	script := prog + ` >/dev/null 2>&1 & echo $! > ` + dir + `/grand.$RANK; ` +
+		`while ! grep -q '^State:.Z' /proc/$!/status 2>/dev/null; do sleep 0.01; done; exit 0`
+	var outb, errb syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = Run(ctx, Config{Standalone: true, NProcPerNode: 1, StopGrace: 500 * time.Millisecond,
+		Program: "sh", Args: []string{"-c", script}, Stdout: &outb, Stderr: &errb})
+	if err != nil || !strings.Contains(errb.String(), "WARNING: rank 0's process group") {
+		t.Errorf("err = %v, want nil and a warning naming what rank 0 left:\n%s", err, errb.String())
+	}
+	if pid, outlived := testbin.Outlived(t, filepath.Join(dir, "grand.0"), time.Now().Add(3*time.Second)); outlived {
+		t.Errorf("rank 0's child (pid %d), its main thread exited, outlived the job", pid)
+	}
+}

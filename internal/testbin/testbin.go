@@ -119,17 +119,25 @@ func Outlived(t testing.TB, pidFile string, until time.Time) (pid int, outlived 
 	return pid, true
 }
 
-// alive says whether pid names a process that has not exited.
+// alive says whether pid names a process that has not exited: a zombie
+// counts as gone, unless threads of it still run (its main thread exited
+// alone: the process lives on).
 func alive(pid int) bool {
 	if syscall.Kill(pid, 0) != nil {
 		return false
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return false
 	}
-	// The state follows the command name, which is in parentheses.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+	zombie, threads := false, 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "State:"); ok {
+			zombie = strings.HasPrefix(strings.TrimSpace(v), "Z")
+		}
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			threads, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return !zombie || threads > 1
 }
