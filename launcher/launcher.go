@@ -57,6 +57,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/internal/auth"
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/netaddr"
 	"github.com/slimego/slimego/internal/shm"
 	"github.com/slimego/slimego/rendezvous"
@@ -529,10 +530,26 @@ type nodeInfo struct {
 	NNodes, NProcPerNode int
 	Host, Addr           string
 	Pid                  int
+	// Machine is thisMachine() of the launcher: where it equals this
+	// launcher's, Pid is a process this one can see.
+	Machine string
 }
 
 func (n nodeInfo) encode() []byte {
-	return fmt.Appendf(nil, "nnodes=%d nproc=%d host=%s addr=%s pid=%d", n.NNodes, n.NProcPerNode, n.Host, n.Addr, n.Pid)
+	return fmt.Appendf(nil, "nnodes=%d nproc=%d host=%s addr=%s pid=%d machine=%s", n.NNodes, n.NProcPerNode, n.Host, n.Addr, n.Pid, n.Machine)
+}
+
+// thisMachine names this machine and pid namespace (its boot id and the
+// namespace's inode): launchers that share it see each other's pids.
+func thisMachine() string {
+	ns, _ := os.Readlink("/proc/self/ns/pid")
+	return machine.BootID() + "/" + ns
+}
+
+// dead says whether n is a launcher of this machine and pid namespace
+// whose process has exited.
+func (n nodeInfo) dead() bool {
+	return n.Machine != "" && n.Machine == thisMachine() && n.Pid > 0 && syscall.Kill(n.Pid, 0) == syscall.ESRCH
 }
 
 // parseNodeInfo reads what encode wrote; fields it does not know are
@@ -556,6 +573,8 @@ func parseNodeInfo(b []byte) (nodeInfo, error) {
 			n.Addr = v
 		case "pid":
 			n.Pid, err = strconv.Atoi(v)
+		case "machine":
+			n.Machine = v
 		}
 		if err != nil {
 			return n, fmt.Errorf("node record %q: %s: %v", b, k, err)
@@ -628,10 +647,19 @@ func (j *job) joinNodes(ctx context.Context) error {
 		}
 	}()
 	host, _ := os.Hostname()
-	self := nodeInfo{NNodes: cfg.NNodes, NProcPerNode: cfg.NProcPerNode, Host: host, Addr: localAddr(addr), Pid: os.Getpid()}
+	self := nodeInfo{NNodes: cfg.NNodes, NProcPerNode: cfg.NProcPerNode, Host: host, Addr: localAddr(addr), Pid: os.Getpid(), Machine: thisMachine()}
 	v, ok, err := st.CompareAndSet(ctx, claimKey(cfg.RunID, cfg.NodeRank), nil, self.encode())
 	if err != nil {
 		return fmt.Errorf("launcher: node %d: claim node rank %d: %w", cfg.NodeRank, cfg.NodeRank, err)
+	}
+	if n, perr := parseNodeInfo(v); !ok && perr == nil && n.dead() {
+		// A launcher of this machine that held the rank has exited
+		// (killed during the rendezvous, and started again): take over
+		// its claim, unless another took it meanwhile.
+		cfg.Logf("node %d: node rank %d was claimed by %s, which has exited: taking it over", cfg.NodeRank, cfg.NodeRank, n.who())
+		if v, ok, err = st.CompareAndSet(ctx, claimKey(cfg.RunID, cfg.NodeRank), v, self.encode()); err != nil {
+			return fmt.Errorf("launcher: node %d: claim node rank %d: %w", cfg.NodeRank, cfg.NodeRank, err)
+		}
 	}
 	if !ok {
 		other := string(v)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -183,11 +184,44 @@ func FuzzParseNodeInfo(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if n.NNodes < 1 || n.NProcPerNode < 1 || strings.ContainsFunc(n.Host+n.Addr, unicode.IsSpace) {
+		if n.NNodes < 1 || n.NProcPerNode < 1 || strings.ContainsFunc(n.Host+n.Addr+n.Machine, unicode.IsSpace) {
 			t.Fatalf("%q decoded to %+v", b, n)
 		}
 		if back, err := parseNodeInfo(n.encode()); err != nil || back != n {
 			t.Fatalf("%+v does not round-trip: %+v, %v", n, back, err)
 		}
 	})
+}
+
+// TestDeadClaimTakenOver: a node rank claimed by a launcher of this
+// machine whose process has exited (killed during the rendezvous, then
+// started again) is taken over, and the job runs; a live holder's claim
+// is refused (TestDuplicateNodeRank).
+func TestDeadClaimTakenOver(t *testing.T) {
+	port := freeTCPPort(t, "127.0.0.1")
+	runID := "dead" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var outs [2]syncBuffer
+	ch0 := startNode(ctx, port, runID, node{2, 0, 1, 8 * time.Second}, "true", &outs[0])
+	st, err := dialStore(t, port, "nodes-secret", runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	gone := nodeInfo{NNodes: 2, NProcPerNode: 1, Host: host, Addr: "127.0.0.1", Pid: dead.Process.Pid, Machine: thisMachine()}
+	if _, ok, err := st.CompareAndSet(ctx, claimKey(runID, 1), nil, gone.encode()); err != nil || !ok {
+		t.Fatalf("planting the dead launcher's claim: %v %v", ok, err)
+	}
+	st.Close()
+	if err := result(startNode(ctx, port, runID, node{2, 1, 1, 8 * time.Second}, "true", &outs[1]), "node 1"); err != nil {
+		t.Errorf("node 1, its rank's holder dead: %v\n%s", err, outs[1].String())
+	}
+	if err := result(ch0, "node 0"); err != nil {
+		t.Errorf("node 0: %v", err)
+	}
 }
