@@ -181,7 +181,7 @@ bench: build
 	@for p in $(PS); do for i in $$(seq $(REPS)); do \
 	  echo "== P=$$p: run $$i of $(REPS)" >&2; \
 	  bind=$$([ -z "$(MPIBIND)" ] && echo --bind-to core); \
-	  ceil=$$([ $$p -le $$(nproc) ] && echo --ceiling); \
+	  ceil=$$([ $$p -le $$(getconf _NPROCESSORS_ONLN) ] && echo --ceiling); \
 	  $(BIN)/slimerun -q --standalone --nproc-per-node $$p $$bind $(BIN)/slimebench allgather --buffers symmetric --csv --quiet $$ceil $(BENCH_ARGS) \
 	    | sed 's/^\[0\]: //' > $(OUT)/bench/slimego.P$$p.$$i.csv || exit 1; \
 	  $(BIN)/slimerun -q --standalone --nproc-per-node $$p $$bind $(BIN)/slimebench allgather --buffers plain --csv --quiet $(BENCH_ARGS) \
@@ -191,13 +191,13 @@ bench: build
 	      $(MPIRUN) --map-by core --bind-to core:overload-allowed -np $$p $(BIN)/allgather_mpi $(BENCH_ARGS) 2>/dev/null \
 	        | sed 's/^openmpi/openmpi-bound/' > $(OUT)/bench/openmpi-bound.P$$p.$$i.csv || exit 1; fi; fi; \
 	done; done
-	@t=$$([ $$(nproc) -ge 2 ] && echo 2 || echo 1); \
+	@t=$$([ $$(getconf _NPROCESSORS_ONLN) -ge 2 ] && echo 2 || echo 1); \
 	  $(BIN)/slimebench memcpy --threads $$t --csv $(BENCH_ARGS) > $(OUT)/bench/memcpy.csv && \
 	  $(BIN)/slimebench memcpy --threads $$t --csv -b 256M -e 256M | tail -n +2 >> $(OUT)/bench/memcpy.csv
-	@for p in $(PS); do [ $$p -le $$(nproc) ] || continue; \
+	@for p in $(PS); do [ $$p -le $$(getconf _NPROCESSORS_ONLN) ] || continue; \
 	  $(BIN)/slimebench memcpy --threads $$p --gather --csv $(BENCH_ARGS) > $(OUT)/bench/memcpy-gather.P$$p.csv; done
 	@for p in $(PS); do \
-	  echo; echo "== P=$$p, one node: slimego (symmetric buffers) vs slimego (plain buffers), OpenMPI (vader)$$([ -f $(OUT)/bench/memcpy-gather.P$$p.csv ] && echo ' and the bound (memcpy-gather: the all-gather'"'"'s copies alone; its ratio is the share of the bound slimego reaches)')$$([ $$p -le $$(nproc) ] && echo '; ceiling: the all-gather'"'"'s copies alone, each rank copying its source into every block of its destination between slimego'"'"'s timed calls (its ratio is the share of that bound reached)') =="; \
+	  echo; echo "== P=$$p, one node: slimego (symmetric buffers) vs slimego (plain buffers), OpenMPI (vader)$$([ -f $(OUT)/bench/memcpy-gather.P$$p.csv ] && echo ' and the bound (memcpy-gather: the all-gather'"'"'s copies alone; its ratio is the share of the bound slimego reaches)')$$([ $$p -le $$(getconf _NPROCESSORS_ONLN) ] && echo '; ceiling: the all-gather'"'"'s copies alone, each rank copying its source into every block of its destination between slimego'"'"'s timed calls (its ratio is the share of that bound reached)') =="; \
 	  $(BIN)/slimebench compare $(OUT)/bench/slimego.P$$p.*.csv $(OUT)/bench/slimego-plain.P$$p.*.csv \
 	    $$(ls $(OUT)/bench/openmpi.P$$p.*.csv $(OUT)/bench/openmpi-bound.P$$p.*.csv $(OUT)/bench/memcpy-gather.P$$p.csv 2>/dev/null) \
 	    | tee $(OUT)/bench/compare-P$$p.txt; done

@@ -446,6 +446,10 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 	}
 	var took float64 // seconds, the slowest rank's
 	for n > 0 {
+		times = slices.Grow(times, n) // no allocation between the timed calls
+		if alt != nil {
+			altTimes = slices.Grow(altTimes, n)
+		}
 		start := time.Now()
 		for range n {
 			d, err := timed(run)

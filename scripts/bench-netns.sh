@@ -62,12 +62,12 @@ fi
 # hold the cores for whole scheduler slices: milliseconds per call).
 mpi_netns() { # ranks-per-node csv-name [bound]
   local yield=0 place=(--bind-to none) name=openmpi r
-  [ $((2 * $1)) -gt "$(nproc)" ] && yield=1
+  [ $((2 * $1)) -gt "$(getconf _NPROCESSORS_ONLN)" ] && yield=1
   if [ "${3:-}" = bound ]; then
     name=openmpi-bound
     : > "$OUT/rankfile"
     for ((r = 0; r < 2 * $1; r++)); do
-      echo "rank $r=$(netns_addr $((r / $1))) slot=$((r % $(nproc)))" >> "$OUT/rankfile"
+      echo "rank $r=$(netns_addr $((r / $1))) slot=$((r % $(getconf _NPROCESSORS_ONLN)))" >> "$OUT/rankfile"
     done
     place=(--rankfile "$OUT/rankfile")
   fi
