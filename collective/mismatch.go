@@ -39,6 +39,15 @@ func (c *Communicator) explain(ctx context.Context, err error, cl call) error {
 	// Within Options.Timeout, or the context's deadline if earlier.
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
+	if seq > 1 {
+		// Every rank has read this rank's call of the mismatch before the
+		// last: this rank read every rank's call of the last one, which a
+		// rank publishes only once it has read all of the one before. (A
+		// rank may still be reading the last one's: across nodes a rank
+		// learns of a mismatch from its neighbour alone.) So two
+		// mismatches' keys at a time stay in the store.
+		c.store.Delete(ctx, c.key("mismatch/"+strconv.Itoa(seq-2)+"/"+strconv.Itoa(o.Rank)))
+	}
 	prefix := c.key("mismatch/" + strconv.Itoa(seq) + "/")
 	if c.store.Set(ctx, prefix+strconv.Itoa(o.Rank), encodeCall(cl, o.WorldSize)) != nil {
 		return err

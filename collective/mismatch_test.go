@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/internal/pattern"
+	"github.com/slimego/slimego/rendezvous"
 )
 
 // checkGather runs one agreeing AllGather of n random bytes per rank and
@@ -106,5 +110,58 @@ func TestMismatchNamesTheRank(t *testing.T) {
 				return checkGather(ctx, c, 300_001, 3)
 			})
 		})
+	}
+}
+
+// TestMismatchKeysBounded: the store keys a mismatch's explanation leaves
+// do not pile up: a communicator whose calls mismatch again and again
+// holds two mismatches' keys at a time.
+func TestMismatchKeysBounded(t *testing.T) {
+	ctx := context.Background()
+	var o collective.Options
+	var once sync.Once
+	counts := make(chan int64, 8)
+	inProcessNodes(t, 1, 2, func(opts *collective.Options) { once.Do(func() { o = *opts }) }, func(c *collective.Communicator) error {
+		me := c.Rank()
+		var st *rendezvous.Client
+		if me == 0 {
+			job := o.JobID
+			if job == "" {
+				job = o.RunID
+			}
+			var err error
+			if st, err = rendezvous.Dial(ctx, net.JoinHostPort(o.MasterAddr, strconv.Itoa(o.MasterPort)), rendezvous.Auth{Secret: o.JobSecret, Job: job}); err != nil {
+				return err
+			}
+			defer st.Close()
+		}
+		for round := range 4 {
+			n := 8
+			if me == 1 {
+				n = 9
+			}
+			if err := c.AllGather(ctx, make([]byte, 2*n), make([]byte, n)); !errors.Is(err, collective.ErrSizeMismatch) {
+				return fmt.Errorf("rank %d round %d: %v, want ErrSizeMismatch", me, round, err)
+			}
+			if err := checkGather(ctx, c, 100, round); err != nil {
+				return err
+			}
+			if me == 0 {
+				k, err := st.NumKeys(ctx)
+				if err != nil {
+					return err
+				}
+				counts <- k
+			}
+		}
+		return nil
+	})
+	close(counts)
+	var got []int64
+	for k := range counts {
+		got = append(got, k)
+	}
+	if len(got) != 4 || got[1] != got[0]+2 || got[2] != got[1] || got[3] != got[1] {
+		t.Errorf("the store's keys after each of 4 mismatches: %v, want two more after the second, then the same", got)
 	}
 }
