@@ -316,12 +316,12 @@ func parseStd(s string, nproc int) ([]launcher.Std, error) {
 		if err != nil || i < 0 {
 			return nil, fmt.Errorf("%q: bad local rank", part)
 		}
-		if i >= nproc {
-			return nil, fmt.Errorf("%q: local rank %d, but a node runs %d worker(s), local ranks 0 to %d", part, i, nproc, nproc-1)
-		}
 		c, err := code(v)
 		if err != nil {
 			return nil, err
+		}
+		if i >= nproc {
+			continue // a local rank this node does not run: torchrun ignores it too
 		}
 		for len(out) <= i {
 			out = append(out, 0)
