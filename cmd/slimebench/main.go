@@ -422,7 +422,7 @@ func memcpy(args []string) error {
 		return err
 	}
 	// Each thread polls for the others: with more threads than CPUs the
-	// time is the scheduler's, not the copy's, far above the copy's.
+	// time measured is the scheduler's, far above the copy's.
 	if cpus := machine.OnlineCPUs(); *threads < 1 || *threads > cpus {
 		return usagef("memcpy: --threads %d: want 1 to %d, this machine's online CPUs (the threads poll for one another: with more threads than CPUs the time is the scheduler's, not the copy's)", *threads, cpus)
 	}
