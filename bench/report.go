@@ -234,6 +234,10 @@ func Merge(runs ...[]Result) []Result {
 // place) with its time and busbw, and beside it each other set's matching
 // row (same P, S and placement) with the ratio of times: other / base,
 // above 1 when base is faster.
+// Comparable says whether rows a and b measure the same thing, the rows
+// Compare sets side by side: the same P, size and placement.
+func Comparable(a, b Result) bool { return a.S == b.S && a.InPlace == b.InPlace && a.P == b.P }
+
 func Compare(w io.Writer, base []Result, others ...[]Result) {
 	name := func(rs []Result) string {
 		if len(rs) == 0 {
@@ -259,7 +263,7 @@ func Compare(w io.Writer, base []Result, others ...[]Result) {
 		for _, os := range others {
 			found := false
 			for _, o := range os {
-				if o.S == b.S && o.InPlace == b.InPlace && o.P == b.P {
+				if Comparable(o, b) {
 					fmt.Fprintf(w, " | %11.2f %10.3f %6.2fx", o.Median, o.BusBW, o.Median/b.Median)
 					found = true
 					break

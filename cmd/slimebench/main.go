@@ -93,8 +93,8 @@ func (e usageError) Unwrap() error { return e.error }
 func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
 
 // parseFlags parses a command's flags (fs is named "slimebench CMD"): a
-// flag the parser refuses, and with args false any argument left over,
-// is a usage error that names the command.
+// flag the parser refuses, and with positional false any argument left
+// over, is a usage error that names the command.
 func parseFlags(fs *pflag.FlagSet, args []string, positional bool) error {
 	cmd := strings.TrimPrefix(fs.Name(), "slimebench ")
 	if err := fs.Parse(args); err != nil {
@@ -121,6 +121,20 @@ func checkChannels(cmd string, ch int, orDefault bool) error {
 	}
 	if !orDefault && (ch < 1 || ch > maxChannels) {
 		return usagef("%s: --channels %d: want 1 to %d", cmd, ch, maxChannels)
+	}
+	return nil
+}
+
+// checkPlot refuses, before anything runs, a --plot file (empty: none)
+// whose directory this process cannot write. Only the rank that plots
+// checks: rank 0 of a launcher's ranks (RANK unset or 0), or this process
+// with in-process ranks.
+func checkPlot(cmd, file string, inProcess bool) error {
+	if r := os.Getenv("RANK"); file == "" || !inProcess && r != "" && r != "0" {
+		return nil
+	}
+	if err := unix.Access(filepath.Dir(file), unix.W_OK); err != nil {
+		return usagef("%s: --plot %s: its directory is not writable: %v", cmd, file, err)
 	}
 	return nil
 }
@@ -620,9 +634,6 @@ func p2pCmd(args []string) error {
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usagef("p2p: unexpected arguments %q", fs.Args())
-	}
 	if *gpu && *shared || *gpu && *symmetric || *shared && *symmetric {
 		return usagef("p2p: one of --gpu, --shared and --symmetric: one kind of memory")
 	}
@@ -639,16 +650,14 @@ func p2pCmd(args []string) error {
 			return usagef("p2p: --concurrency %d: want 1 to %d batches in flight", k, maxConcurrency)
 		}
 	}
-	if *channels < 1 || *channels > p2p.MaxChannels {
-		return usagef("p2p: --channels %d: want 1 to %d", *channels, p2p.MaxChannels)
+	if err := checkChannels("p2p", *channels, false); err != nil {
+		return err
 	}
 	if *minTime <= 0 {
 		return usagef("p2p: --min-time %v: want a positive duration", *minTime)
 	}
-	if r := os.Getenv("RANK"); *plotFile != "" && (r == "" || r == "0") { // rank 0 plots
-		if err := unix.Access(filepath.Dir(*plotFile), unix.W_OK); err != nil {
-			return usagef("p2p: --plot %s: its directory is not writable: %v", *plotFile, err)
-		}
+	if err := checkPlot("p2p", *plotFile, false); err != nil {
+		return err
 	}
 	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Shared: *shared, Symmetric: *symmetric, GPU: *gpu, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
 	for _, op := range *ops {
@@ -904,10 +913,8 @@ func overlapCmd(args []string) error {
 	if *cpuWindow < 0 {
 		return usagef("overlap: --cpu-window %v: want 0 (skip) or more", *cpuWindow)
 	}
-	if r := os.Getenv("RANK"); *plotFile != "" && (r == "" || r == "0" || *inProcess > 0) { // rank 0 plots
-		if err := unix.Access(filepath.Dir(*plotFile), unix.W_OK); err != nil {
-			return usagef("overlap: --plot %s: its directory is not writable: %v", *plotFile, err)
-		}
+	if err := checkPlot("overlap", *plotFile, *inProcess > 0); err != nil {
+		return err
 	}
 	kind, err := resolveBackend(*backend)
 	if err != nil {
@@ -1229,16 +1236,13 @@ matches a row of the base, compare says so and exits 1.
 			sets = append(sets, bench.Merge(runs[impl]...))
 		}
 	}
-	// Rows match as bench.Compare matches them: P, size and placement.
+	// Rows match as bench.Compare matches them (bench.Comparable).
 	matched := 0
 	for i, set := range sets[1:] {
 		n := 0
 		for _, b := range sets[0] {
-			for _, o := range set {
-				if o.S == b.S && o.InPlace == b.InPlace && o.P == b.P {
-					n++
-					break
-				}
+			if slices.ContainsFunc(set, func(o bench.Result) bool { return bench.Comparable(o, b) }) {
+				n++
 			}
 		}
 		if n == 0 {
