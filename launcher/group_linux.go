@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slimego/slimego/internal/machine"
 )
 
 // A worker is the leader of its own process group (Setpgid), whose id is
@@ -94,7 +96,7 @@ func groupMembers(pgids []int) (map[int][]int, error) {
 			continue
 		}
 		f := strings.Fields(s[i+1:])
-		if len(f) < 3 || f[0] == "X" || f[0] == "Z" && !liveThreads(pid) {
+		if len(f) < 3 || f[0] == "X" || f[0] == "Z" && !machine.Alive(pid) {
 			continue
 		}
 		pgrp, err := strconv.Atoi(f[2])
@@ -104,22 +106,4 @@ func groupMembers(pgids []int) (map[int][]int, error) {
 		out[pgrp] = append(out[pgrp], pid)
 	}
 	return out, nil
-}
-
-// liveThreads says whether the process pid, whose state reads zombie,
-// still has threads running: its main thread exited alone (the leader of
-// a thread group stays a zombie until the last thread ends), and the
-// process lives on.
-func liveThreads(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return false
-	}
-	for l := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			return err == nil && n > 1
-		}
-	}
-	return false
 }

@@ -530,7 +530,7 @@ type nodeInfo struct {
 	NNodes, NProcPerNode int
 	Host, Addr           string
 	Pid                  int
-	// Machine is thisMachine() of the launcher: where it equals this
+	// Machine is machine.PIDSpace() of the launcher: where it equals this
 	// launcher's, Pid is a process this one can see.
 	Machine string
 }
@@ -539,17 +539,10 @@ func (n nodeInfo) encode() []byte {
 	return fmt.Appendf(nil, "nnodes=%d nproc=%d host=%s addr=%s pid=%d machine=%s", n.NNodes, n.NProcPerNode, n.Host, n.Addr, n.Pid, n.Machine)
 }
 
-// thisMachine names this machine and pid namespace (its boot id and the
-// namespace's inode): launchers that share it see each other's pids.
-func thisMachine() string {
-	ns, _ := os.Readlink("/proc/self/ns/pid")
-	return machine.BootID() + "/" + ns
-}
-
 // dead says whether n is a launcher of this machine and pid namespace
 // whose process has exited.
 func (n nodeInfo) dead() bool {
-	return n.Machine != "" && n.Machine == thisMachine() && n.Pid > 0 && syscall.Kill(n.Pid, 0) == syscall.ESRCH
+	return n.Machine != "" && n.Machine == machine.PIDSpace() && !machine.Alive(n.Pid)
 }
 
 // parseNodeInfo reads what encode wrote; fields it does not know are
@@ -647,7 +640,7 @@ func (j *job) joinNodes(ctx context.Context) error {
 		}
 	}()
 	host, _ := os.Hostname()
-	self := nodeInfo{NNodes: cfg.NNodes, NProcPerNode: cfg.NProcPerNode, Host: host, Addr: localAddr(addr), Pid: os.Getpid(), Machine: thisMachine()}
+	self := nodeInfo{NNodes: cfg.NNodes, NProcPerNode: cfg.NProcPerNode, Host: host, Addr: localAddr(addr), Pid: os.Getpid(), Machine: machine.PIDSpace()}
 	v, ok, err := st.CompareAndSet(ctx, claimKey(cfg.RunID, cfg.NodeRank), nil, self.encode())
 	if err != nil {
 		return fmt.Errorf("launcher: node %d: claim node rank %d: %w", cfg.NodeRank, cfg.NodeRank, err)

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/rendezvous"
 )
 
@@ -213,7 +214,7 @@ func TestDeadClaimTakenOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	host, _ := os.Hostname()
-	gone := nodeInfo{NNodes: 2, NProcPerNode: 1, Host: host, Addr: "127.0.0.1", Pid: dead.Process.Pid, Machine: thisMachine()}
+	gone := nodeInfo{NNodes: 2, NProcPerNode: 1, Host: host, Addr: "127.0.0.1", Pid: dead.Process.Pid, Machine: machine.PIDSpace()}
 	if _, ok, err := st.CompareAndSet(ctx, claimKey(runID, 1), nil, gone.encode()); err != nil || !ok {
 		t.Fatalf("planting the dead launcher's claim: %v %v", ok, err)
 	}

@@ -209,7 +209,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	var first [8]byte
 	rand.Read(first[:])
 	e := &Endpoint{opts: o, key: auth.NewKey(o.Auth.Secret, o.Auth.Job), ln: ln.(*net.TCPListener), addr: ln.Addr().String(),
-		host: hostID(), done: make(chan struct{}), closed: make(chan struct{}), regs: map[uint64]*Region{}, names: map[string]struct{}{}, peers: map[string]*Peer{},
+		host: machine.PIDSpace(), done: make(chan struct{}), closed: make(chan struct{}), regs: map[uint64]*Region{}, names: map[string]struct{}{}, peers: map[string]*Peer{},
 		immGen: make(chan struct{}), imms: make(map[*immQueue]struct{}), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
 	e.token = new(uint64)
 	rand.Read(first[:])
@@ -217,13 +217,6 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	e.wg.Add(1)
 	go e.acceptLoop()
 	return e, nil
-}
-
-// hostID names this host and pid namespace: two endpoints with the same
-// one can see each other's processes.
-func hostID() string {
-	ns, _ := os.Readlink("/proc/self/ns/pid")
-	return machine.BootID() + "/" + ns
 }
 
 // Name is the endpoint's name.
@@ -704,7 +697,7 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 // firewall).
 func (e *Endpoint) refusedDial(in info, addr string) error {
 	if in.host == e.host && in.pid != 0 {
-		if syscall.Kill(int(in.pid), 0) == syscall.ESRCH {
+		if !machine.Alive(int(in.pid)) {
 			return opErr("connect", in.name, "", ErrPeerLost, "dial %s: its process (pid %d) has exited", addr, in.pid)
 		}
 		return opErr("connect", in.name, "", ErrRefused, "dial %s: connection refused, though its process (pid %d) runs: its endpoint was closed, or the address is out of reach from here (another network namespace, a firewall)", addr, in.pid)

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // BootID is the kernel's boot id (a UUID, the same in every namespace of
@@ -112,4 +113,35 @@ func Memory() (avail, total int64, ok bool) {
 		}
 	}
 	return avail, total, seen == 3
+}
+
+// Alive says whether process pid of this pid namespace runs: it exists
+// and is not a zombie, or is a zombie whose threads still run (its main
+// thread exited alone; the process lives until its last thread ends).
+func Alive(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) == syscall.ESRCH {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	zombie, threads := false, 0
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "State:"); ok {
+			zombie = strings.HasPrefix(strings.TrimSpace(v), "Z") || strings.HasPrefix(strings.TrimSpace(v), "X")
+		}
+		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
+			threads, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return !zombie || threads > 1
+}
+
+// PIDSpace names this machine and pid namespace (the boot id and the
+// namespace's link): processes that share it see each other's pids, so
+// that a pid one of them publishes means the same process to the other.
+func PIDSpace() string {
+	ns, _ := os.Readlink("/proc/self/ns/pid")
+	return BootID() + "/" + ns
 }

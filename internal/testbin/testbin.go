@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/machine"
 )
 
 var (
@@ -98,7 +100,7 @@ func Run(t testing.TB, limit time.Duration, env []string, argv ...string) (strin
 // until that process is gone or until passes. If it is still alive then,
 // Outlived kills it (the test leaves nothing behind) and reports true.
 // A zombie (exited, not yet reaped by whoever inherited it) counts as
-// gone.
+// gone (machine.Alive).
 func Outlived(t testing.TB, pidFile string, until time.Time) (pid int, outlived bool) {
 	t.Helper()
 	b, err := os.ReadFile(pidFile)
@@ -109,35 +111,12 @@ func Outlived(t testing.TB, pidFile string, until time.Time) (pid int, outlived 
 	if err != nil {
 		t.Fatal(err)
 	}
-	for alive(pid) && time.Now().Before(until) {
+	for machine.Alive(pid) && time.Now().Before(until) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if !alive(pid) {
+	if !machine.Alive(pid) {
 		return pid, false
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
 	return pid, true
-}
-
-// alive says whether pid names a process that has not exited: a zombie
-// counts as gone, unless threads of it still run (its main thread exited
-// alone: the process lives on).
-func alive(pid int) bool {
-	if syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return false
-	}
-	zombie, threads := false, 0
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "State:"); ok {
-			zombie = strings.HasPrefix(strings.TrimSpace(v), "Z")
-		}
-		if v, ok := strings.CutPrefix(l, "Threads:"); ok {
-			threads, _ = strconv.Atoi(strings.TrimSpace(v))
-		}
-	}
-	return !zombie || threads > 1
 }
