@@ -593,17 +593,6 @@ func (n nodeInfo) given() string {
 	return fmt.Sprintf("--nnodes %d --nproc-per-node %d", n.NNodes, n.NProcPerNode)
 }
 
-// localAddr is this host's address toward addr (host:port), as routing
-// picks it (a UDP socket's connect sends nothing); empty when unknown.
-func localAddr(addr string) string {
-	c, err := net.Dial("udp", addr)
-	if err != nil {
-		return ""
-	}
-	defer c.Close()
-	return c.LocalAddr().(*net.UDPAddr).IP.String()
-}
-
 // joinNodes waits until every node's launcher has reached the store, so
 // that a node that never arrives is reported by rank. Each node first
 // claims its node rank (claimKey), publishing its node and worker counts:
@@ -640,7 +629,8 @@ func (j *job) joinNodes(ctx context.Context) error {
 		}
 	}()
 	host, _ := os.Hostname()
-	self := nodeInfo{NNodes: cfg.NNodes, NProcPerNode: cfg.NProcPerNode, Host: host, Addr: localAddr(addr), Pid: os.Getpid(), Machine: machine.PIDSpace()}
+	ip, _ := netaddr.LocalIP("", cfg.MasterAddr) // "" where there is no route: the record names the host and pid still
+	self := nodeInfo{NNodes: cfg.NNodes, NProcPerNode: cfg.NProcPerNode, Host: host, Addr: ip, Pid: os.Getpid(), Machine: machine.PIDSpace()}
 	v, ok, err := st.CompareAndSet(ctx, claimKey(cfg.RunID, cfg.NodeRank), nil, self.encode())
 	if err != nil {
 		return fmt.Errorf("launcher: node %d: claim node rank %d: %w", cfg.NodeRank, cfg.NodeRank, err)
