@@ -6,7 +6,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"unsafe"
 
@@ -89,13 +88,10 @@ func groupMembers(pgids []int) (map[int][]int, error) {
 		if err != nil {
 			continue // gone meanwhile
 		}
-		// pid (comm) state ppid pgrp ...; comm may hold spaces and ')'.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
+		f, ok := machine.StatFields(b) // state ppid pgrp ...
+		if !ok {
 			continue
 		}
-		f := strings.Fields(s[i+1:])
 		if len(f) < 3 || f[0] == "X" || f[0] == "Z" && !machine.Alive(pid) {
 			continue
 		}

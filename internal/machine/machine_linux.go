@@ -145,3 +145,15 @@ func PIDSpace() string {
 	ns, _ := os.Readlink("/proc/self/ns/pid")
 	return BootID() + "/" + ns
 }
+
+// StatFields returns the fields of a /proc/PID/stat text from the third
+// on (state, ppid, pgrp, …: field n is at n-3), counted after the last
+// ')' because the command name (the second) may hold spaces and
+// parentheses; ok false where there is none.
+func StatFields(b []byte) (fields []string, ok bool) {
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return nil, false
+	}
+	return strings.Fields(string(b[i+1:])), true
+}

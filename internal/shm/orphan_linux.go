@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"regexp"
@@ -11,6 +10,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slimego/slimego/internal/machine"
 )
 
 var (
@@ -44,11 +45,10 @@ func startTime(pid string) (uint64, error) {
 
 // parseStartTime reads field 22 of the text of /proc/<pid>/stat.
 func parseStartTime(pid string, b []byte) (uint64, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
+	f, ok := machine.StatFields(b)
+	if !ok {
 		return 0, fmt.Errorf("shm: /proc/%s/stat: no command name", pid)
 	}
-	f := strings.Fields(string(b[i+1:]))
 	// f[0] is field 3 (state), so field 22 is f[19].
 	if len(f) < 20 {
 		return 0, fmt.Errorf("shm: /proc/%s/stat: %d fields", pid, len(f)+2)
