@@ -85,6 +85,15 @@ type P2PConfig struct {
 	// (MapShared), which a peer on the same host maps and copies itself
 	// ("shm").
 	Symmetric bool
+	// Huge registers each rank's region as plain memory (copied by
+	// process_vm_readv/writev on one host, "cma") from an anonymous
+	// mapping advised to use transparent huge pages, which the kernel
+	// pins a huge page at a time instead of 4 KiB at a time.
+	Huge bool
+	// OnRegion, if set, is called on each rank with its region's host
+	// memory once it is allocated and touched, before any transfer (where
+	// the memory is GPU memory: with its host copy).
+	OnRegion func(region []byte)
 	// GPU registers each rank's region as GPU memory (a CUDABuffer on
 	// device LocalRank mod the devices there are), which a peer on the
 	// same host copies device to device through CUDA IPC ("ipc") and
@@ -279,6 +288,16 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 		}
 		defer sh.Close() // after the endpoint's Close (deferred below)
 		region, mem = sh.Bytes(), sh
+	} else if cfg.Huge {
+		b, free, err := machine.AllocHuge(int(need))
+		if err != nil {
+			return nil, fmt.Errorf("%w: rank %d: %w", ErrP2PBench, c.Rank(), err)
+		}
+		defer free() // after the endpoint's Close (deferred below)
+		for i := 0; i < len(b); i += machine.HugePageSize {
+			b[i] = 1 // a fault per huge page, here rather than in a timed call
+		}
+		region, mem = b, b
 	} else {
 		region = make([]byte, need)
 		mem = region
@@ -292,6 +311,9 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 	}
 	defer e.Close()
 	expect := make([]byte, need)
+	if cfg.OnRegion != nil {
+		cfg.OnRegion(region)
+	}
 	reg, err := e.Register("bench", mem)
 	if err != nil {
 		return nil, err

@@ -17,7 +17,8 @@ import (
 
 // TestP2PSweep runs a tiny slimebench p2p sweep between two in-process
 // ranks (each its own endpoint, linked through the job's store), over the
-// same-host transport (plain, Shared and symmetric memory) and over TCP,
+// same-host transport (plain memory, in 4 KiB or huge pages, Shared and
+// symmetric memory) and over TCP,
 // and checks the CSV: its exact header,
 // a row for every combination with the transport the transfers reported,
 // the raw TCP, memcpy and registration rows beside them, and no wrong
@@ -26,13 +27,17 @@ import (
 // the data goes up and comes back for checking, and the paired rows are
 // left out.
 func TestP2PSweep(t *testing.T) {
-	for _, want := range []string{"cma", "tcp", "shm", "symmetric", "gpu"} {
+	for _, want := range []string{"cma", "tcp", "shm", "symmetric", "huge", "gpu"} {
 		tcpOnly := want == "tcp"
 		gpu := want == "gpu"
 		symmetric := want == "symmetric"
+		huge := want == "huge"
 		t.Run(want, func(t *testing.T) {
 			if symmetric {
 				want = "shm"
+			}
+			if huge {
+				want = "cma"
 			}
 			if gpu {
 				if _, err := device.CUDADeviceCount(); err != nil {
@@ -41,7 +46,7 @@ func TestP2PSweep(t *testing.T) {
 				want = "tcp"
 			}
 			cfg := P2PConfig{Sizes: []int64{2 << 10, 64 << 10}, Batches: []int{1, 4}, Concurrency: []int{1, 3},
-				TCPOnly: tcpOnly, Shared: want == "shm" && !symmetric, Symmetric: symmetric, GPU: gpu, MinTime: time.Millisecond, MaxRounds: 6, Baselines: true, RegisterBytes: 4 << 20}
+				TCPOnly: tcpOnly, Shared: want == "shm" && !symmetric, Symmetric: symmetric, Huge: huge, GPU: gpu, MinTime: time.Millisecond, MaxRounds: 6, Baselines: true, RegisterBytes: 4 << 20}
 			rows := p2pRanks(t, cfg)
 			if t.Failed() {
 				return

@@ -622,6 +622,7 @@ func p2pCmd(args []string) error {
 	tcpOnly := fs.Bool("tcp-only", false, "carry every transfer over TCP, even to a peer on this host")
 	shared := fs.Bool("shared", false, "register each rank's region as p2p.Shared memory, which a peer on this host maps and copies itself (transport shm)")
 	symmetric := fs.Bool("symmetric", false, "register each rank's part of symmetric memory (collective Alloc, a file in /dev/shm) as p2p.Shared memory (MapShared), which a peer on this host maps and copies itself (transport shm)")
+	huge := fs.Bool("huge", false, "register each rank's region as plain memory from a mapping advised to use transparent huge pages (MADV_HUGEPAGE; transport cma on one host)")
 	gpu := fs.Bool("gpu", false, "register each rank's region as GPU memory (device LOCAL_RANK mod the devices), copied device to device through CUDA IPC on one host (transport ipc), staged through host memory over TCP otherwise; no paired baselines")
 	channels := fs.Int("channels", p2p.DefaultChannels, fmt.Sprintf("TCP connections of the link, p2p's and the raw baseline's (1 to %d)", p2p.MaxChannels))
 	inFlight := fs.String("max-in-flight", "256M", "skip combinations moving more bytes at once than this (size x batch x concurrency)")
@@ -634,8 +635,8 @@ func p2pCmd(args []string) error {
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
-	if *gpu && *shared || *gpu && *symmetric || *shared && *symmetric {
-		return usagef("p2p: one of --gpu, --shared and --symmetric: one kind of memory")
+	if kinds := btoi(*gpu) + btoi(*shared) + btoi(*symmetric) + btoi(*huge); kinds > 1 {
+		return usagef("p2p: one of --gpu, --shared, --symmetric and --huge: one kind of memory")
 	}
 	if *tcpOnly && (*shared || *symmetric) {
 		return usagef("p2p: --shared and --symmetric measure the copies a peer on this host makes through its own mapping, which --tcp-only turns off")
@@ -659,7 +660,7 @@ func p2pCmd(args []string) error {
 	if err := checkPlot("p2p", *plotFile, false); err != nil {
 		return err
 	}
-	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Shared: *shared, Symmetric: *symmetric, GPU: *gpu, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
+	cfg := bench.P2PConfig{Batches: *batches, Concurrency: *conc, Ops: *ops, TCPOnly: *tcpOnly, Shared: *shared, Symmetric: *symmetric, Huge: *huge, GPU: *gpu, Channels: *channels, MinTime: *minTime, Baselines: !*noBase}
 	for _, op := range *ops {
 		if op != "read" && op != "write" && op != "writeimm" {
 			return usagef("p2p: --op %q: want read, write or writeimm", op)
@@ -679,6 +680,17 @@ func p2pCmd(args []string) error {
 	cfg.MaxInFlight = n
 	if cfg.RegisterBytes, err = bytesize.Parse(*register); err != nil {
 		return usagef("p2p: --register %q: %v", *register, err)
+	}
+	hugeNote := ""
+	if *huge {
+		cfg.OnRegion = func(region []byte) {
+			got := "an unknown part"
+			if n := machine.HugeBytes(region); n >= 0 {
+				got = bytesize.Format(n)
+			}
+			hugeNote = fmt.Sprintf(" (huge pages: %s of %s on rank 0, transparent huge pages %q)",
+				got, bytesize.Format(int64(len(region))), machine.THP())
+		}
 	}
 	ctx := context.Background()
 	c, err := collective.Init(ctx, collective.Options{})
@@ -713,6 +725,8 @@ func p2pCmd(args []string) error {
 		memory = "shared"
 	case *symmetric:
 		memory = "symmetric"
+	case *huge:
+		memory = "host" + hugeNote
 	case *gpu:
 		memory = "gpu"
 		if device.CUDAEmulated() {
@@ -1298,4 +1312,12 @@ func rowPs(rs []bench.Result) []int {
 		}
 	}
 	return ps
+}
+
+// btoi is 1 for true, 0 for false.
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

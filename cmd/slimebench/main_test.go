@@ -47,6 +47,7 @@ func TestP2PBadFlags(t *testing.T) {
 		{[]string{"-f", "Inf"}, `--step-factor "Inf": want a finite number`},
 		{[]string{"-b", "2K", "-e", "1K"}, "--min-bytes 2K, --max-bytes 1K"},
 		{[]string{"--shared", "--tcp-only"}, "--tcp-only turns off"},
+		{[]string{"--huge", "--shared"}, "one of --gpu, --shared, --symmetric and --huge: one kind of memory"},
 		{[]string{"foo"}, `unexpected arguments ["foo"]`},
 		{[]string{"--max-in-flight", "0"}, `--max-in-flight "0": want a positive size`},
 		{[]string{"-b", "1024G", "-e", "1024G", "--max-in-flight", "1024G"}, "lower --max-bytes or --max-in-flight"},

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 func TestCountCPUList(t *testing.T) {
@@ -55,5 +56,44 @@ func TestAlive(t *testing.T) {
 	cmd.Wait()
 	if Alive(pid) || Alive(0) || Alive(-1) {
 		t.Errorf("a reaped child, or pid 0 or -1, is alive")
+	}
+}
+
+// TestAllocHuge maps memory for huge pages, writes every byte of it, and
+// checks that it starts on a huge page boundary, reads back, and (where
+// the kernel gives huge pages to memory advised so) is backed by them.
+func TestAllocHuge(t *testing.T) {
+	const size = 3 * HugePageSize
+	b, free, err := AllocHuge(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer free()
+	if len(b) != size || uintptr(unsafe.Pointer(&b[0]))%HugePageSize != 0 {
+		t.Fatalf("%d bytes at %p, want %d on a %d boundary", len(b), &b[0], size, HugePageSize)
+	}
+	for i := range b {
+		b[i] = byte(i * 7)
+	}
+	for i := range b {
+		if b[i] != byte(i*7) {
+			t.Fatalf("byte %d reads %d", i, b[i])
+		}
+	}
+	got := HugeBytes(b)
+	t.Logf("transparent huge pages %q: %d of %d bytes in huge pages", THP(), got, size)
+	if got < 0 {
+		t.Fatal("HugeBytes could not read /proc/self/smaps")
+	}
+	if mode := THP(); (mode == "always" || mode == "madvise") && got == 0 {
+		// The kernel may have no whole huge page to give; say so, as
+		// the benchmark's title does, rather than fail on a full machine.
+		t.Logf("no huge page given (mode %s): the machine may have no free huge page", mode)
+	}
+	if _, _, err := AllocHuge(0); err == nil {
+		t.Fatal("AllocHuge(0) succeeded")
+	}
+	if HugeBytes(make([]byte, 1<<20)) < 0 {
+		t.Fatal("HugeBytes of heap memory: -1")
 	}
 }
