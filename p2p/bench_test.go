@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slimego/slimego/internal/machine"
 )
 
 // BenchmarkRead and BenchmarkWrite move one region's bytes between two
@@ -47,35 +49,51 @@ func benchOneSided(b *testing.B, write bool) {
 // BenchmarkSameHostCeiling measures what bounds the same-host transport
 // of plain memory: process_vm_readv between two buffers of this process,
 // a cmaChunk per call as grantCopy makes them, beside a memcpy (Go's
-// copy) of the same bytes.
+// copy) of the same bytes; with the buffers in 4 KiB pages (Go's heap)
+// and in transparent huge pages where the kernel gives them
+// (machine.AllocHuge), which the kernel pins a huge page at a time.
 func BenchmarkSameHostCeiling(b *testing.B) {
 	for _, size := range []int{1 << 20, 4 << 20, 16 << 20, 64 << 20} {
-		src, dst := make([]byte, size), make([]byte, size)
-		for i := range src {
-			src[i] = byte(i)
-		}
-		copy(dst, src)
-		b.Run(fmt.Sprintf("memcpy/%d", size), func(b *testing.B) {
-			b.SetBytes(int64(size))
-			for range b.N {
-				copy(dst, src)
+		for _, pages := range []string{"4K", "huge"} {
+			src, dst := make([]byte, size), make([]byte, size)
+			if pages == "huge" {
+				var free1, free2 func() error
+				var err error
+				if src, free1, err = machine.AllocHuge(size); err != nil {
+					b.Fatal(err)
+				}
+				defer free1()
+				if dst, free2, err = machine.AllocHuge(size); err != nil {
+					b.Fatal(err)
+				}
+				defer free2()
 			}
-		})
-		b.Run(fmt.Sprintf("process_vm/%d", size), func(b *testing.B) {
-			b.SetBytes(int64(size))
-			pid := unix.Getpid()
-			for range b.N {
-				for off := 0; off < size; off += cmaChunk {
-					n := min(cmaChunk, size-off)
-					l := []unix.Iovec{{Base: &dst[off]}}
-					l[0].SetLen(n)
-					r := []unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&src[off])), Len: n}}
-					if m, err := unix.ProcessVMReadv(pid, l, r, 0); err != nil || m != n {
-						b.Fatalf("process_vm_readv: %d of %d bytes, %v", m, n, err)
+			for i := range src {
+				src[i] = byte(i)
+			}
+			copy(dst, src)
+			b.Run(fmt.Sprintf("memcpy/%s/%d", pages, size), func(b *testing.B) {
+				b.SetBytes(int64(size))
+				for range b.N {
+					copy(dst, src)
+				}
+			})
+			b.Run(fmt.Sprintf("process_vm/%s/%d", pages, size), func(b *testing.B) {
+				b.SetBytes(int64(size))
+				pid := unix.Getpid()
+				for range b.N {
+					for off := 0; off < size; off += cmaChunk {
+						n := min(cmaChunk, size-off)
+						l := []unix.Iovec{{Base: &dst[off]}}
+						l[0].SetLen(n)
+						r := []unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&src[off])), Len: n}}
+						if m, err := unix.ProcessVMReadv(pid, l, r, 0); err != nil || m != n {
+							b.Fatalf("process_vm_readv: %d of %d bytes, %v", m, n, err)
+						}
 					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 

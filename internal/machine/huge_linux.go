@@ -32,7 +32,8 @@ func THP() string {
 }
 
 // AllocHuge maps size bytes of anonymous private memory, starting on a
-// huge page boundary and advised MADV_HUGEPAGE, so that the kernel backs
+// huge page boundary and advised MADV_HUGEPAGE up to the next boundary
+// after its end, so that the kernel backs
 // it with transparent huge pages as it is first touched where its mode
 // is "always" or "madvise" (and it has whole huge pages to give). The
 // memory is zeroed and outside Go's heap: free calls munmap, after which
@@ -41,14 +42,18 @@ func AllocHuge(size int) (b []byte, free func() error, err error) {
 	if size <= 0 {
 		return nil, nil, fmt.Errorf("machine: huge page memory of %d bytes", size)
 	}
-	m, err := unix.Mmap(-1, 0, size+HugePageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	// Whole huge pages, advised as one range, so that the last part of
+	// b (all of it, if it is smaller than one) is in a huge page too; and
+	// one huge page more, to start on a boundary.
+	whole := (size + HugePageSize - 1) / HugePageSize * HugePageSize
+	m, err := unix.Mmap(-1, 0, whole+HugePageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, nil, fmt.Errorf("machine: mapping %d bytes: %w", size, err)
 	}
 	at := uintptr(unsafe.Pointer(unsafe.SliceData(m)))
 	skip := int((HugePageSize - at%HugePageSize) % HugePageSize)
 	b = m[skip : skip+size : skip+size]
-	if err := unix.Madvise(b, unix.MADV_HUGEPAGE); err != nil {
+	if err := unix.Madvise(m[skip:skip+whole], unix.MADV_HUGEPAGE); err != nil {
 		unix.Munmap(m)
 		return nil, nil, fmt.Errorf("machine: madvise(MADV_HUGEPAGE) of %d bytes: %w", size, err)
 	}

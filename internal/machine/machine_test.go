@@ -63,7 +63,7 @@ func TestAlive(t *testing.T) {
 // checks that it starts on a huge page boundary, reads back, and (where
 // the kernel gives huge pages to memory advised so) is backed by them.
 func TestAllocHuge(t *testing.T) {
-	const size = 3 * HugePageSize
+	const size = 3*HugePageSize - 12345 // the last huge page part used
 	b, free, err := AllocHuge(size)
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +85,7 @@ func TestAllocHuge(t *testing.T) {
 	if got < 0 {
 		t.Fatal("HugeBytes could not read /proc/self/smaps")
 	}
-	if mode := THP(); (mode == "always" || mode == "madvise") && got == 0 {
+	if mode := THP(); (mode == "always" || mode == "madvise") && got < 3*HugePageSize {
 		// The kernel may have no whole huge page to give; say so, as
 		// the benchmark's title does, rather than fail on a full machine.
 		t.Logf("no huge page given (mode %s): the machine may have no free huge page", mode)
