@@ -39,6 +39,19 @@ func TestKnobsDiffer(t *testing.T) {
 				o.SlotBytes = 512 << 10
 			}
 		}, "SLIME_SLOT_BYTES differs on node 0: rank 0 has 262144, rank 1 has 524288", 1},
+		// A world size that differs changes which ranks a rank waits
+		// for: the rank that expects one more would wait for it until
+		// the timeout, and the others for that rank.
+		{"world-size-0", 1, 2, func(o *collective.Options) {
+			if o.Rank == 0 {
+				o.WorldSize = 3
+			}
+		}, "WORLD_SIZE differs: rank 0 has 3, rank 1 has 2", 1},
+		{"world-size-1", 2, 1, func(o *collective.Options) {
+			if o.Rank == 1 {
+				o.WorldSize = 3
+			}
+		}, "WORLD_SIZE differs: rank 0 has 2, rank 1 has 3", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const timeout = 20 * time.Second

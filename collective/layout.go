@@ -66,6 +66,11 @@ func (c *Communicator) exchangeLayout(ctx context.Context, kind device.Kind) (la
 	if err := c.store.Set(ctx, c.key("layout/"+strconv.Itoa(o.Rank)), []byte(me.String())); err != nil {
 		return layout{}, c.storeFault("init", err, -1, "publishing the layout")
 	}
+	if o.Rank != 0 {
+		if err := c.sameWorld(ctx); err != nil {
+			return layout{}, err
+		}
+	}
 	all := make([]where, o.WorldSize)
 	knobs := make([]knobs, o.WorldSize)
 	for r := range all {
@@ -99,6 +104,33 @@ func (c *Communicator) exchangeLayout(ctx context.Context, kind device.Kind) (la
 	}
 	lay.hostRanks = sameHost(all, o.Rank)
 	return lay, nil
+}
+
+// sameWorld compares this rank's WORLD_SIZE with rank 0's before it waits
+// for the others: a rank that counts another world waits for other ranks
+// than its peers do (one that is never launched, or past a barrier that
+// others leave without it), and everyone would wait out the timeout. On
+// a difference it aborts this Init's keys in the store, so that the ranks
+// waiting there fail at once with the same words (storeFault), and fails
+// with ErrInvalid.
+func (c *Communicator) sameWorld(ctx context.Context) error {
+	o := c.opts
+	v, err := c.store.Get(ctx, c.key("knobs/0"))
+	if err != nil {
+		return c.storeFault("init", err, 0, "rank 0 never joined")
+	}
+	k0, err := parseKnobs(v)
+	if err != nil {
+		return fault.New("init", o.Rank, 0, ErrInvalid, "rank 0 published the knobs %q: %v", v, err)
+	}
+	if mine := strconv.Itoa(o.WorldSize); k0[knobWorldSize] != mine {
+		why := fmt.Sprintf("%s differs: rank 0 has %s, rank %d has %s", knobNames[knobWorldSize], k0[knobWorldSize], o.Rank, mine)
+		// Best effort: where the abort fails, the others still meet
+		// their timeouts.
+		_ = c.store.Abort(ctx, c.key(""), o.Rank, abortInvalid+why)
+		return fault.New("init", o.Rank, 0, ErrInvalid, "%s", why)
+	}
+	return nil
 }
 
 // sameHost counts the ranks in all that run on rank me's machine (me

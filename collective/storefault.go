@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,8 +16,15 @@ import (
 	"github.com/slimego/slimego/rendezvous"
 )
 
+// abortInvalid starts the reason of a store abort by a rank that found
+// the ranks set up apart (sameWorld), as opposed to a launcher's that saw
+// a rank exit.
+const abortInvalid = "invalid: "
+
 // storeFault turns an error of the store into the error a rank reports for
 // op. The store's own failures name who caused them:
+//   - an abort by a rank that found the ranks set up apart is ErrInvalid
+//     naming that rank, with its reason;
 //   - an abort (the launcher saw a rank exit) is ErrPeerLost naming that rank;
 //   - a lost connection is ErrPeerLost naming the store's host (rank 0 when
 //     it hosts the store, none when a launcher does);
@@ -27,6 +35,10 @@ func (c *Communicator) storeFault(op string, err error, peer int, what string) e
 	o := c.opts
 	var ae *rendezvous.AbortError
 	switch {
+	case errors.As(err, &ae) && strings.HasPrefix(ae.Reason, abortInvalid):
+		// A rank found the job's ranks set up apart (sameWorld): what
+		// this rank waited for will never come, and the reason says why.
+		return fault.New(op, o.Rank, ae.Rank, ErrInvalid, "%s (found by rank %d, while this rank waited: %s)", ae.Reason[len(abortInvalid):], ae.Rank, what)
 	case errors.As(err, &ae):
 		return fault.New(op, o.Rank, ae.Rank, ErrPeerLost, "%s: %s", what, ae.Reason)
 	case errors.Is(err, rendezvous.ErrConnLost):
