@@ -555,6 +555,10 @@ func tcp(args []string) error {
 			return err
 		}
 	}
+	// Each rank sends from one buffer and receives into another.
+	if err := fitSweep("tcp", sw, sizes, 2*localRanks(), "a send and a receive buffer per rank here"); err != nil {
+		return err
+	}
 	ctx := context.Background()
 	c, err := collective.Init(ctx, collective.Options{})
 	if err != nil {
@@ -786,6 +790,9 @@ func linkCmd(args []string) error {
 		if sizes, err = sw.sizes(); err != nil {
 			return err
 		}
+	}
+	if err := fitSweep("link", sw, sizes, 2*localRanks(), "a send and a receive buffer per rank here"); err != nil {
+		return err
 	}
 	opts := collective.Options{TCP: collective.TCP{Channels: *channels}}
 	if *lowat != "" {
@@ -1312,6 +1319,15 @@ func rowPs(rs []bench.Result) []int {
 		}
 	}
 	return ps
+}
+
+// localRanks is the number of ranks the launcher's environment puts on
+// this node (1 where it says nothing: Init will say what is wrong).
+func localRanks() int64 {
+	if o, err := collective.LoadEnv(os.Getenv); err == nil {
+		return int64(max(o.LocalWorldSize, 1))
+	}
+	return 1
 }
 
 // btoi is 1 for true, 0 for false.
