@@ -701,7 +701,8 @@ func (p *Plan) Close() error { return p.eng.close() }
 // place.
 type Buffer struct{ b *intra.Buffer }
 
-// Bytes is this rank's part of the buffer (nil once freed).
+// Bytes is this rank's part of the buffer (nil once freed, or once the
+// communicator is closed: Close unmaps it).
 func (b *Buffer) Bytes() []byte { return b.b.Bytes() }
 
 // File is the shared-memory file that holds the buffer and where this

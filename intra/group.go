@@ -458,6 +458,8 @@ func (g *Group) release() {
 	}
 	for _, b := range g.bufs {
 		if b != nil {
+			// Unmapped below: Bytes is nil from now on, as after Free.
+			b.bytes = nil
 			b.seg.Close()
 		}
 	}
