@@ -64,9 +64,10 @@ type Communicator struct {
 	stream *device.CPUStream
 
 	// scratch for the one-shot calls, so that they allocate nothing
-	oneShot planned[[]byte]
-	sizes   []int
-	offs    []int
+	oneShot  planned[[]byte] // AllGather's
+	oneShotV planned[[]byte] // AllGatherV's
+	sizes    []int
+	offs     []int
 	// id is the communicator's identity among the process's open ones
 	// (claim); "" once closed. scope names its store keys and
 	// shared memory: Options.Name, and its generation after the first.
@@ -558,16 +559,22 @@ func (c *Communicator) layoutV(counts []int, dstLen int) error {
 }
 
 func (c *Communicator) runOneShot(ctx context.Context, name string, dst, src []byte) error {
-	if c.oneShot == nil {
+	// One op per operation: an op names its errors (and hashes its calls)
+	// with the name it was planned under.
+	slot := &c.oneShot
+	if name == "allgatherv" {
+		slot = &c.oneShotV
+	}
+	if *slot == nil {
 		op, err := c.plan(name, dst, src)
 		if err != nil {
 			return err
 		}
-		c.oneShot = op
-	} else if err := c.oneShot.Set(dst, src, c.sizes, c.offs); err != nil {
+		*slot = op
+	} else if err := (*slot).Set(dst, src, c.sizes, c.offs); err != nil {
 		return err
 	}
-	if err := c.oneShot.Run(ctx); err != nil {
+	if err := (*slot).Run(ctx); err != nil {
 		return c.failed(c.explain(ctx, err, call{name, c.sizes}))
 	}
 	return nil
