@@ -209,7 +209,20 @@ func (s *Server) accept() {
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
-			return
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of descriptors (EMFILE, ENFILE: a flood of connections,
+			// anyone's), or another transient failure: the members still
+			// to join must find the store serving once it passes.
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+			continue
 		}
 		s.mu.Lock()
 		if s.closed {
