@@ -743,6 +743,11 @@ var maxQueued = 1 << 18
 // most this many descriptors and goroutines, each for HandshakeTimeout.
 var maxHandshakes = 4096
 
+// evictAfter is how long a connection must have been in its handshake
+// before a full accept loop closes it to make room (inter.EvictAfter, the
+// store's evictAge): far longer than a member's round trip.
+var evictAfter = inter.EvictAfter
+
 // dial makes the link's connections to in.addr: each dialed, proven
 // (internal/auth) and introduced by a hello naming this endpoint, the
 // channel and a session id.
@@ -893,11 +898,36 @@ func (e *Endpoint) acceptLoop() {
 		pendMu.Unlock()
 	}()
 	slots := make(chan struct{}, maxHandshakes)
+	// Connections in their handshake, since when: with every slot taken,
+	// those that have lasted evictAfter are closed to make room, so
+	// that connections that never prove anything (anyone who reaches the
+	// port can open them) cannot hold the members out for as long as
+	// they keep coming; a member's handshake takes a round trip.
+	var shakeMu sync.Mutex
+	shaking := map[*net.TCPConn]time.Time{}
+	evict := func() {
+		shakeMu.Lock()
+		defer shakeMu.Unlock()
+		for c, at := range shaking {
+			if time.Since(at) >= evictAfter {
+				c.Close() // its greet fails and gives its slot back
+				delete(shaking, c)
+			}
+		}
+	}
+	tick := time.NewTicker(evictAfter / 5)
+	defer tick.Stop()
 	for {
-		select {
-		case slots <- struct{}{}:
-		case <-e.done:
-			return
+	wait:
+		for {
+			select {
+			case slots <- struct{}{}:
+				break wait
+			case <-e.done:
+				return
+			case <-tick.C:
+				evict()
+			}
 		}
 		c, err := e.ln.AcceptTCP()
 		if err != nil {
@@ -913,11 +943,20 @@ func (e *Endpoint) acceptLoop() {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
+		shakeMu.Lock()
+		shaking[c] = time.Now()
+		shakeMu.Unlock()
+		proven := func() {
+			shakeMu.Lock()
+			delete(shaking, c)
+			shakeMu.Unlock()
+		}
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
 			defer func() { <-slots }()
-			e.greet(c, &pendMu, pending)
+			defer proven()
+			e.greet(c, &pendMu, pending, proven)
 		}()
 	}
 }
@@ -942,7 +981,9 @@ type pendingLink struct {
 
 // greet runs the acceptor's side of one connection: the handshake, the
 // hello, and, when the hello's session has all its channels, the link.
-func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pendingLink) {
+// proven is called once the connection has passed the handshake and sent
+// its hello: from then on it is a member's, and never evicted.
+func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pendingLink, proven func()) {
 	dl := time.Now().Add(e.opts.HandshakeTimeout)
 	if err := auth.Accept(c, e.key, purpose, dl); err != nil {
 		c.Close()
@@ -963,6 +1004,7 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 		c.Close()
 		return
 	}
+	proven()
 	peerHB := uint64(binary.LittleEndian.Uint32(b[HeaderSize:]))
 	peerPid := binary.LittleEndian.Uint32(b[HeaderSize+4:])
 	name := string(b[HeaderSize+helloFixed : HeaderSize+int(h.payload)])
