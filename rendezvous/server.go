@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/slimego/slimego/internal/auth"
@@ -212,11 +213,18 @@ func (s *Server) accept() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			// Out of descriptors (EMFILE, ENFILE: a flood of connections,
-			// anyone's), or another transient failure: the members still
-			// to join must find the store serving once it passes.
+			// Out of descriptors (EMFILE, ENFILE: the process's limit is
+			// below MaxConns, and a flood of connections, anyone's, reached
+			// it), or another transient failure: the members still to join
+			// must find the store serving. Out of descriptors, the
+			// connections that have been silent in their handshake for
+			// evictAge make room, as at MaxConns (a flood that goes on
+			// would otherwise keep the store at its limit, evicting no one).
 			s.mu.Lock()
 			closed := s.closed
+			if !closed && (errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)) {
+				s.evictAged()
+			}
 			s.mu.Unlock()
 			if closed {
 				return
@@ -250,6 +258,22 @@ func (s *Server) accept() {
 		}
 		go s.serve(c)
 	}
+}
+
+// evictAged closes, under s.mu, the connections that have been in their
+// handshake for evictAge (their serve goroutines then end).
+func (s *Server) evictAged() {
+	keep := s.pending[:0]
+	for _, p := range s.pending {
+		if time.Since(p.since) >= s.evictAge() {
+			delete(s.conns, p.c)
+			p.c.Close()
+			continue
+		}
+		keep = append(keep, p)
+	}
+	clear(s.pending[len(keep):])
+	s.pending = keep
 }
 
 // pendingConn is a connection in its handshake, since when.
