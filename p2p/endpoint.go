@@ -940,6 +940,9 @@ func (e *Endpoint) acceptLoop() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			// Out of descriptors (the process's limit is below what a
+			// flood of connections holds): the silent ones make room.
+			evict()
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
