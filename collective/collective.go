@@ -66,6 +66,7 @@ type Communicator struct {
 	// scratch for the one-shot calls, so that they allocate nothing
 	oneShot  planned[[]byte] // AllGather's
 	oneShotV planned[[]byte] // AllGatherV's
+	refusal  planned[[]byte] // a call this rank refused (refuse)
 	sizes    []int
 	offs     []int
 	// id is the communicator's identity among the process's open ones
@@ -519,7 +520,7 @@ func (c *Communicator) AllGather(ctx context.Context, dst, src []byte) error {
 	}
 	n := len(src)
 	if len(dst) < c.Size()*n {
-		return fault.New("allgather", c.Rank(), -1, ErrInvalid, "destination holds %d bytes, %d ranks × %d bytes need %d", len(dst), c.Size(), n, c.Size()*n)
+		return c.refuse(ctx, "allgather", fault.New("allgather", c.Rank(), -1, ErrInvalid, "destination holds %d bytes, %d ranks × %d bytes need %d", len(dst), c.Size(), n, c.Size()*n))
 	}
 	for r := range c.sizes {
 		c.sizes[r], c.offs[r] = n, r*n
@@ -535,7 +536,7 @@ func (c *Communicator) AllGatherV(ctx context.Context, dst, src []byte, counts [
 		return c.closedErr("allgatherv")
 	}
 	if err := c.layoutV(counts, len(dst)); err != nil {
-		return err
+		return c.refuse(ctx, "allgatherv", err)
 	}
 	return c.runOneShot(ctx, "allgatherv", dst, src)
 }
@@ -568,16 +569,66 @@ func (c *Communicator) runOneShot(ctx context.Context, name string, dst, src []b
 	if *slot == nil {
 		op, err := c.plan(name, dst, src)
 		if err != nil {
-			return err
+			return c.refuse(ctx, name, err)
 		}
 		*slot = op
 	} else if err := (*slot).Set(dst, src, c.sizes, c.offs); err != nil {
-		return err
+		return c.refuse(ctx, name, err)
 	}
 	if err := (*slot).Run(ctx); err != nil {
-		return c.failed(c.explain(ctx, err, call{name, c.sizes}))
+		return c.failed(c.explain(ctx, err, call{name: name, sizes: c.sizes}))
 	}
 	return nil
+}
+
+// refuse takes part in a one-shot call that this rank refuses with lerr
+// (a bad argument), so that the ranks stay in step: left out, the others'
+// call would pair with this rank's next one, and both would move the
+// wrong data without an error. It runs an all-gather of nothing under an
+// operation name of its own, which agrees with the other ranks' only
+// where they refuse their call too (and then nothing moves, and each
+// returns its own error); otherwise every rank's call differs, and the
+// explanation (explain) names this rank and its reason on every other
+// rank, as ErrInvalid. It returns lerr, or the engine's error where the
+// engine failed otherwise (the communicator is then broken).
+func (c *Communicator) refuse(ctx context.Context, name string, lerr error) error {
+	if !errors.Is(lerr, ErrInvalid) {
+		return lerr // the engine is broken or closed: nothing to take part in
+	}
+	for r := range c.sizes {
+		c.sizes[r], c.offs[r] = 0, 0
+	}
+	if c.refusal == nil {
+		op, err := c.plan(refusedOp, nil, nil)
+		if err != nil {
+			return lerr
+		}
+		c.refusal = op
+	} else if err := c.refusal.Set(nil, nil, c.sizes, c.offs); err != nil {
+		return lerr
+	}
+	err := c.refusal.Run(ctx)
+	if err != nil && (errors.Is(err, intra.ErrCallsDiffer) || errors.Is(err, inter.ErrCallsDiffer)) {
+		c.explain(ctx, err, call{name: name, refused: reasonOf(lerr)})
+		return lerr
+	}
+	if err != nil {
+		return c.failed(err)
+	}
+	return lerr
+}
+
+// refusedOp names the all-gather of nothing that a refused call runs: a
+// name no call of the API has, so that its hash differs from theirs.
+const refusedOp = "refused"
+
+// reasonOf is what a refused call's error says, for the other ranks.
+func reasonOf(err error) string {
+	var oe *fault.OpError
+	if errors.As(err, &oe) {
+		return oe.Detail
+	}
+	return err.Error()
 }
 
 // Plan is an all-gather prepared once for fixed buffers, whatever the
@@ -620,7 +671,7 @@ func (c *Communicator) hostPlan(name string, dst, src []byte) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Plan{c: c, eng: hostPlan{op}, call: call{name, slices.Clone(c.sizes)}}, nil
+	return &Plan{c: c, eng: hostPlan{op}, call: call{name: name, sizes: slices.Clone(c.sizes)}}, nil
 }
 
 // Plan prepares AllGather(dst, src) for repeated runs.

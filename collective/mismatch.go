@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/fault"
@@ -19,7 +21,14 @@ import (
 type call struct {
 	name  string
 	sizes []int
+	// refused is why this rank refused its call (a bad argument), or "":
+	// it took part with a call of nothing (Communicator.refuse).
+	refused string
 }
+
+// maxReason bounds a refused call's reason as published (and as read
+// from the store, which is not trusted).
+const maxReason = 256
 
 // explain turns the ErrSizeMismatch of a call whose ranks disagree into
 // one that names the rank whose call differs and what differs in it, in
@@ -55,7 +64,7 @@ func (c *Communicator) explain(ctx context.Context, err error, cl call) error {
 	calls := make([]call, o.WorldSize)
 	for r := range calls {
 		if r == o.Rank {
-			calls[r] = call{cl.name, sizesOf(cl, o.WorldSize)}
+			calls[r] = call{name: cl.name, sizes: sizesOf(cl, o.WorldSize), refused: cl.refused}
 			continue
 		}
 		if c.store.Wait(ctx, prefix+strconv.Itoa(r)) != nil {
@@ -78,7 +87,11 @@ func (c *Communicator) explain(ctx context.Context, err error, cl call) error {
 	if errors.As(err, &oe) {
 		op = oe.Op
 	}
-	return fault.New(op, o.Rank, peer, ErrSizeMismatch, "%s; the ranks' calls differ", detail)
+	kind := ErrSizeMismatch
+	if slices.ContainsFunc(calls, func(cl call) bool { return cl.refused != "" }) {
+		kind = ErrInvalid
+	}
+	return fault.New(op, o.Rank, peer, kind, "%s; the ranks' calls differ", detail)
 }
 
 func sizesOf(cl call, n int) []int {
@@ -88,21 +101,47 @@ func sizesOf(cl call, n int) []int {
 	return cl.sizes
 }
 
+// encodeCall is "NAME SIZE…" (one size per rank), or for a refused call
+// "!NAME SIZE… REASON", the reason query-escaped (no spaces).
 func encodeCall(cl call, n int) []byte {
-	b := []byte(cl.name)
+	var b []byte
+	if cl.refused != "" {
+		b = append(b, '!')
+	}
+	b = append(b, cl.name...)
 	for _, s := range sizesOf(cl, n) {
 		b = append(b, ' ')
 		b = strconv.AppendInt(b, int64(s), 10)
 	}
+	if cl.refused != "" {
+		r := cl.refused
+		if len(r) > maxReason {
+			r = r[:maxReason]
+		}
+		b = append(b, ' ')
+		b = append(b, url.QueryEscape(r)...)
+	}
 	return b
 }
 
+// decodeCall decodes a call of n ranks read from the store.
 func decodeCall(v []byte, n int) (call, error) {
 	f := strings.Fields(string(v))
-	if len(f) != n+1 {
+	var cl call
+	if len(f) > 0 && strings.HasPrefix(f[0], "!") {
+		if len(f) != n+2 {
+			return call{}, fmt.Errorf("a refused call of %d fields", len(f))
+		}
+		r, err := url.QueryUnescape(f[n+1])
+		if err != nil || r == "" || len(r) > maxReason || !utf8.ValidString(r) {
+			return call{}, fmt.Errorf("a refused call's reason %q", f[n+1])
+		}
+		cl.refused, f[0], f = r, f[0][1:], f[:n+1]
+	}
+	if len(f) != n+1 || f[0] == "" {
 		return call{}, fmt.Errorf("a call of %d fields", len(f))
 	}
-	cl := call{name: f[0], sizes: make([]int, n)}
+	cl.name, cl.sizes = f[0], make([]int, n)
 	for i := range n {
 		s, err := strconv.Atoi(f[i+1])
 		if err != nil {
@@ -161,7 +200,9 @@ func differs(calls []call, me int) (peer int, detail string) {
 	return peer, strings.Join(parts, "; ")
 }
 
-func sameCall(a, b call) bool { return a.name == b.name && slices.Equal(a.sizes, b.sizes) }
+func sameCall(a, b call) bool {
+	return a.name == b.name && slices.Equal(a.sizes, b.sizes) && a.refused == b.refused
+}
 
 // describeDiff says how call a of ranks ra differs from call b of ranks
 // rb: "rank 2 calls barrier, ranks 0 and 1 allgather", "rank 3
@@ -174,6 +215,25 @@ func describeDiff(a call, ra []int, b call, rb []int) string {
 			return sing
 		}
 		return plur
+	}
+	if a.refused != "" || b.refused != "" {
+		// A refusal first, with its reason: the sizes of a refused call
+		// are nothing the rank passed.
+		side := func(cl call, rs []int) string {
+			one := len(rs) == 1
+			if cl.refused == "" {
+				return fmt.Sprintf("%s called %s", rankList(rs), cl.name)
+			}
+			whose := "their"
+			if one {
+				whose = "its"
+			}
+			return fmt.Sprintf("%s refused %s %s call as invalid: %s", rankList(rs), whose, cl.name, cl.refused)
+		}
+		if a.refused == "" {
+			return side(b, rb) + "; " + side(a, ra)
+		}
+		return side(a, ra) + "; " + side(b, rb)
 	}
 	if a.name != b.name {
 		return fmt.Sprintf("%s %s %s, %s %s", rankList(ra), verb("calls", "call"), a.name, rankList(rb), b.name)

@@ -29,19 +29,22 @@ func FuzzParseKnobs(f *testing.F) {
 }
 
 // FuzzDecodeCall: a rank's call read from the store decodes to the
-// operation and one size per rank, and encodes back to the same.
+// operation, one size per rank and, for a refused call, a bounded reason,
+// and encodes back to the same.
 func FuzzDecodeCall(f *testing.F) {
 	f.Add([]byte("allgatherv 5 4 3"))
 	f.Add([]byte("barrier 0 0 0"))
 	f.Add([]byte("allgather 1 2"))
 	f.Add([]byte("x -1 99999999999999999999 3"))
+	f.Add([]byte("!allgather 0 0 0 destination+holds+8+bytes"))
+	f.Add([]byte("!allgatherv 0 0 0 %ZZ"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		const n = 3
 		cl, err := decodeCall(b, n)
 		if err != nil {
 			return
 		}
-		if len(cl.sizes) != n || cl.name == "" {
+		if len(cl.sizes) != n || cl.name == "" || len(cl.refused) > maxReason {
 			t.Fatalf("%q decoded to %+v", b, cl)
 		}
 		back, err := decodeCall(encodeCall(cl, n), n)
