@@ -776,7 +776,10 @@ func (b *Buffer) Free() error { return b.b.Free() }
 
 // Alloc returns n bytes of symmetric memory: every rank calls it with the
 // same n, and an AllGather whose source lies in such a buffer is read by
-// the peers in place. Free it with Buffer.Free on every rank.
+// the peers in place. Free it with Buffer.Free on every rank. The ranks of
+// a node share one segment: where one asks for another n, every rank of
+// the node fails with ErrSizeMismatch naming it, and nothing is left
+// allocated.
 func (c *Communicator) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	if c.eng == nil {
 		return nil, c.closedErr("alloc")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -185,7 +186,7 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 		// ReadDir, and a look at /proc for each tagged name.
 		shm.SweepOrphans()
 	}
-	seg, err := g.shareSegment(ctx, "init", "seg", lay.total, lay.identity(g.job))
+	seg, err := g.shareSegment(ctx, "init", "seg", lay.total, lay.identity(g.job), -1)
 	if err != nil {
 		return g, err
 	}
@@ -283,7 +284,7 @@ func (g *Group) bind() {
 // in place of the name, and where the store refuses even that (it is
 // full), it aborts the waits on key, so that no rank waits out its
 // timeout. A ctx without a deadline gets the group's Timeout.
-func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id identity) (*shm.Segment, error) {
+func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id identity, asked int) (*shm.Segment, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, g.cfg.Timeout)
@@ -294,6 +295,9 @@ func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id i
 	me, root := g.global(g.rank), g.global(0)
 	var seg *shm.Segment
 	var failed error // this rank's error, once it has read the name
+	// orphan is the segment's name where this rank could not map it for
+	// its size: if this rank counts last, it unlinks it all the same.
+	var orphan string
 	if g.rank == 0 {
 		name, err := shm.NewName(prefix)
 		if err == nil {
@@ -336,10 +340,18 @@ func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id i
 			switch {
 			case errors.Is(err, shm.ErrWrongSize) && id.kind == kindBuffer:
 				err = fmt.Errorf("%w: %w", fault.ErrSizeMismatch, err)
+				orphan = name
 			case errors.Is(err, shm.ErrBadName) || errors.Is(err, shm.ErrForeign) || errors.Is(err, shm.ErrWrongSize):
 				err = fmt.Errorf("%w: %w", fault.ErrInvalid, err)
 			}
 			failed = fault.New(op, me, root, err, "segment published for local rank 0")
+		}
+	}
+	if asked >= 0 {
+		// Before this rank counts itself: the last to count deletes
+		// every rank's size.
+		if err := g.sameSize(ctx, op, base, asked); err != nil {
+			failed = err
 		}
 	}
 	n, err := st.Add(ctx, base+"/mapped", 1)
@@ -353,11 +365,18 @@ func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id i
 	if int(n) == g.size {
 		if seg != nil {
 			shm.Unlink(seg.Name)
+		} else if orphan != "" {
+			shm.Unlink(orphan)
 		}
 		// Every rank has read base and counted itself: nobody reads
 		// either key again.
 		st.Delete(ctx, base)
 		st.Delete(ctx, base+"/mapped")
+		if asked >= 0 {
+			for p := range g.size {
+				st.Delete(ctx, base+"/n/"+strconv.Itoa(p))
+			}
+		}
 	}
 	if failed != nil {
 		seg.Close()
@@ -378,6 +397,75 @@ func (g *Group) storeBarrier(ctx context.Context, name string) error {
 		return waitErr(me.Err, fmt.Sprintf("ranks %v to join", missing))
 	}
 	return err
+}
+
+// sameSize publishes the size this rank asked of a collective allocation
+// under base and compares everyone's: where they differ, every rank fails
+// with ErrSizeMismatch naming the first rank whose size differs from the
+// most common one (local rank 0's on a tie) and both sizes, in the same
+// words, rather than leaving the ranks that asked for the segment's size
+// with a buffer and the others with an error.
+func (g *Group) sameSize(ctx context.Context, op, base string, asked int) error {
+	st, me := g.cfg.Store, g.global(g.rank)
+	if err := st.Set(ctx, base+"/n/"+strconv.Itoa(g.rank), []byte(strconv.Itoa(asked))); err != nil {
+		return fault.New(op, me, -1, err, "publishing the size asked for")
+	}
+	sizes := make([]int, g.size)
+	for p := range g.size {
+		v, err := st.Get(ctx, base+"/n/"+strconv.Itoa(p))
+		if err != nil {
+			var ae *rendezvous.AbortError
+			if errors.As(err, &ae) {
+				return fault.New(op, me, ae.Rank, fault.ErrPeerLost, "waiting for local rank %d's size: %s", p, ae.Reason)
+			}
+			return fault.New(op, me, g.global(p), waitErr(err, fmt.Sprintf("the size local rank %d asked for", p)), "")
+		}
+		n, err := strconv.Atoi(string(v))
+		if err != nil || n < 0 {
+			return fault.New(op, me, g.global(p), fault.ErrInvalid, "local rank %d published the size %q", p, v)
+		}
+		sizes[p] = n
+	}
+	ref := 0 // the most common size's first rank
+	for p := range g.size {
+		if c := count(sizes, sizes[p]); c > count(sizes, sizes[ref]) {
+			ref = p
+		}
+	}
+	for p := range g.size {
+		if c := count(sizes, sizes[p]); p != ref && c == count(sizes, sizes[ref]) && sizes[p] != sizes[ref] {
+			ref = 0 // a tie: local rank 0's is the reference
+			break
+		}
+	}
+	for p := range g.size {
+		if sizes[p] == sizes[ref] {
+			continue
+		}
+		var same []string
+		for q := range g.size {
+			if sizes[q] == sizes[ref] {
+				same = append(same, strconv.Itoa(g.global(q)))
+			}
+		}
+		peer := g.global(p)
+		if p == g.rank {
+			peer = g.global(ref)
+		}
+		return fault.New(op, me, peer, fault.ErrSizeMismatch, "the ranks of the node asked for different sizes: rank %d asked for %d bytes, rank(s) %s for %d",
+			g.global(p), sizes[p], strings.Join(same, ", "), sizes[ref])
+	}
+	return nil
+}
+
+func count(s []int, v int) int {
+	n := 0
+	for _, x := range s {
+		if x == v {
+			n++
+		}
+	}
+	return n
 }
 
 func waitErr(err error, what string) error {

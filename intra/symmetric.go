@@ -60,7 +60,7 @@ func (g *Group) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	seq := g.allocs
 	g.allocs++
 	ident := identity{kind: kindBuffer, a: uint32(g.size), b: uint32(seq), c: uint32(stride / pageBytes), job: g.job, total: uint64(total)}
-	seg, err := g.shareSegment(ctx, "alloc", "buf"+strconv.FormatUint(seq, 10)+".", total, ident)
+	seg, err := g.shareSegment(ctx, "alloc", "buf"+strconv.FormatUint(seq, 10)+".", total, ident, n)
 	if err != nil {
 		return nil, err
 	}
