@@ -8,6 +8,10 @@ import "github.com/slimego/slimego/internal/fault"
 // business). It is what an operator needs when the gathered blocks are not
 // contiguous — rows of a matrix gathered piece by piece, for instance.
 func (c *Communicator) PlanBlocks(dst, src []byte, sizes, offs []int) (*Plan, error) {
+	if err := c.enter("allgather"); err != nil {
+		return nil, err
+	}
+	defer c.leave()
 	if c.eng == nil {
 		return nil, c.closedErr("plan")
 	}

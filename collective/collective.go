@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -41,8 +42,12 @@ type OpError = fault.OpError
 const DefaultTimeout = 5 * time.Minute
 
 // Communicator is one rank's membership in a job. Its methods are not safe
-// for concurrent use: like a stream, one goroutine drives it.
+// for concurrent use: like a stream, one goroutine drives it. A call made
+// while another goroutine's is in progress is refused (ErrInvalid), and
+// Close waits for the call in progress to return.
 type Communicator struct {
+	// busy is idle (0), in a call (1) or closed (2): enter and leave.
+	busy   atomic.Int32
 	opts   Options
 	store  *rendezvous.Client
 	server *rendezvous.Server
@@ -468,6 +473,18 @@ func (c *Communicator) Timeout() time.Duration { return c.opts.Timeout }
 // It unmaps all shared memory (whose names were already unlinked) and,
 // on the rank that hosts it, stops the store.
 func (c *Communicator) Close() error {
+	// A call of another goroutine is waited for (it ends by its own
+	// deadline); pulling the memory from under it would crash it.
+	limit := time.Now().Add(c.opts.Timeout + time.Second)
+	for !c.busy.CompareAndSwap(idle, closed) {
+		if c.busy.Load() == closed {
+			return nil
+		}
+		if time.Now().After(limit) {
+			return fault.New("close", c.opts.Rank, -1, ErrTimeout, "a call of another goroutine did not return within %v", c.opts.Timeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	c.closeGPU()
 	if c.stream != nil {
 		c.stream.Close()
@@ -496,12 +513,40 @@ func (c *Communicator) Close() error {
 	return nil
 }
 
+// The states of Communicator.busy.
+const (
+	idle int32 = iota
+	inCall
+	closed
+)
+
+// enter marks the start of a call of op: ErrInvalid where another
+// goroutine's call is in progress (the two would pair with the peers'
+// calls in any order, or one would free what the other uses), ErrClosed
+// once closed. One compare-and-swap: no lock, no allocation.
+func (c *Communicator) enter(op string) error {
+	if c.busy.CompareAndSwap(idle, inCall) {
+		return nil
+	}
+	if c.busy.Load() == closed {
+		return c.closedErr(op)
+	}
+	return fault.New(op, c.opts.Rank, -1, ErrInvalid, "another goroutine is in a call on this communicator: one goroutine drives it at a time")
+}
+
+// leave ends a call that enter started.
+func (c *Communicator) leave() { c.busy.CompareAndSwap(inCall, idle) }
+
 func (c *Communicator) closedErr(op string) error {
 	return fault.New(op, c.opts.Rank, -1, ErrClosed, "")
 }
 
 // Barrier returns once every rank has entered it.
 func (c *Communicator) Barrier(ctx context.Context) error {
+	if err := c.enter("barrier"); err != nil {
+		return err
+	}
+	defer c.leave()
 	if c.eng == nil {
 		return c.closedErr("barrier")
 	}
@@ -515,6 +560,10 @@ func (c *Communicator) Barrier(ctx context.Context) error {
 // dst[r*len(src):]: dst must hold Size()*len(src) bytes. Every rank passes
 // the same len(src). src may be this rank's own block of dst (in place).
 func (c *Communicator) AllGather(ctx context.Context, dst, src []byte) error {
+	if err := c.enter("allgather"); err != nil {
+		return err
+	}
+	defer c.leave()
 	if c.eng == nil {
 		return c.closedErr("allgather")
 	}
@@ -532,6 +581,10 @@ func (c *Communicator) AllGather(ctx context.Context, dst, src []byte) error {
 // counts[r] bytes, and they land one after another in dst. Every rank
 // passes the same counts, and its own src of counts[Rank()] bytes.
 func (c *Communicator) AllGatherV(ctx context.Context, dst, src []byte, counts []int) error {
+	if err := c.enter("allgatherv"); err != nil {
+		return err
+	}
+	defer c.leave()
 	if c.eng == nil {
 		return c.closedErr("allgatherv")
 	}
@@ -676,6 +729,10 @@ func (c *Communicator) hostPlan(name string, dst, src []byte) (*Plan, error) {
 
 // Plan prepares AllGather(dst, src) for repeated runs.
 func (c *Communicator) Plan(dst, src []byte) (*Plan, error) {
+	if err := c.enter("allgather"); err != nil {
+		return nil, err
+	}
+	defer c.leave()
 	if c.eng == nil {
 		return nil, c.closedErr("plan")
 	}
@@ -691,6 +748,10 @@ func (c *Communicator) Plan(dst, src []byte) (*Plan, error) {
 
 // PlanV prepares AllGatherV(dst, src, counts) for repeated runs.
 func (c *Communicator) PlanV(dst, src []byte, counts []int) (*Plan, error) {
+	if err := c.enter("allgatherv"); err != nil {
+		return nil, err
+	}
+	defer c.leave()
 	if c.eng == nil {
 		return nil, c.closedErr("plan")
 	}
@@ -704,6 +765,10 @@ func (c *Communicator) PlanV(dst, src []byte, counts []int) (*Plan, error) {
 // timeout: a peer that does not arrive, or that announces another size, is
 // an *OpError naming it on every rank.
 func (p *Plan) Run(ctx context.Context) error {
+	if err := p.c.enter("allgather"); err != nil {
+		return err
+	}
+	defer p.c.leave()
 	if err := p.eng.launch(ctx); err != nil {
 		return p.c.failed(p.c.explain(ctx, err, p.call))
 	}
@@ -720,6 +785,10 @@ func (p *Plan) Run(ctx context.Context) error {
 // completion here (one of device.HostBuffer values after the work
 // pending on Stream()).
 func (p *Plan) Launch(ctx context.Context) error {
+	if err := p.c.enter("allgather"); err != nil {
+		return err
+	}
+	defer p.c.leave()
 	if err := p.eng.launch(ctx); err != nil {
 		return p.c.failed(p.c.explain(ctx, err, p.call))
 	}
@@ -729,6 +798,10 @@ func (p *Plan) Launch(ctx context.Context) error {
 // Check waits for what Launch started and reports what the kernels saw;
 // on host memory there is nothing to wait for.
 func (p *Plan) Check(ctx context.Context) error {
+	if err := p.c.enter("allgather"); err != nil {
+		return err
+	}
+	defer p.c.leave()
 	if err := p.eng.wait(ctx); err != nil {
 		return p.c.failed(err)
 	}
@@ -781,6 +854,10 @@ func (b *Buffer) Free() error { return b.b.Free() }
 // the node fails with ErrSizeMismatch naming it, and nothing is left
 // allocated.
 func (c *Communicator) Alloc(ctx context.Context, n int) (*Buffer, error) {
+	if err := c.enter("alloc"); err != nil {
+		return nil, err
+	}
+	defer c.leave()
 	if c.eng == nil {
 		return nil, c.closedErr("alloc")
 	}
