@@ -11,6 +11,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/slimego/slimego/overlap"
 )
 
 // OverlapResult is one shape of the AllGather+GEMM sweep.
@@ -27,14 +29,12 @@ type OverlapResult struct {
 	CommCPU, GEMMCPU float64
 }
 
-// noisyShare is the share of t_seq below which min(t_comm, t_gemm), the
-// most overlap can hide, makes the efficiency mostly noise: the
-// difference of two medians of t_seq's size, divided by it.
-const noisyShare = 0.1
+// noisyShare is overlap.NoisyShare, the rule the table's mark follows.
+const noisyShare = overlap.NoisyShare
 
-// noisy says whether r's efficiency is mostly noise (noisyShare).
+// noisy says whether r's efficiency is mostly noise (overlap.Times.Noisy).
 func (r OverlapResult) noisy() bool {
-	return r.Seq > 0 && min(r.Comm, r.GEMM) < noisyShare*r.Seq
+	return overlap.Times{Comm: r.Comm, GEMM: r.GEMM, Seq: r.Seq}.Noisy()
 }
 
 // OverlapCSVHeader is ../shared/BENCH.md's column list.

@@ -22,6 +22,15 @@ type Times struct {
 	CommCPU, GEMMCPU float64
 }
 
+// NoisyShare is the share of t_seq below which min(t_comm, t_gemm), the
+// most overlap can hide, makes the efficiency mostly noise: a 1% change in
+// t_seq or t_overlap then moves it by more than 0.1.
+const NoisyShare = 0.1
+
+// Noisy says whether t's efficiency is mostly noise (NoisyShare): a
+// report marks it so rather than print 3.2 or −2.3 as overlap.
+func (t Times) Noisy() bool { return t.Seq > 0 && min(t.Comm, t.GEMM) < NoisyShare*t.Seq }
+
 // Efficiency is (t_seq − t_overlap) / min(t_comm, t_gemm): 1 when the
 // shorter of the two is hidden entirely.
 func (t Times) Efficiency() float64 {

@@ -48,9 +48,12 @@ type Options struct {
 }
 
 // New plans an Op for m × k blocks of A on each rank of c, B of k × n, and
-// the gather cut into the given number of pieces (at least 1; across nodes
-// fewer where a piece would carry less than MinPieceBytes(c) per rank).
-// It is a collective call: every rank plans the same shape.
+// the gather cut into the given number of pieces (a number below 1 counts
+// as 1, where NewWith's zero Pieces is DefaultPieces; across nodes fewer
+// where a piece would carry less than MinPieceBytes(c) per rank).
+// It is a collective call: every rank plans the same shape. Planning
+// compares nothing between ranks: an m or k that differs on one rank
+// makes every rank's Run fail with ErrSizeMismatch naming it.
 func New[T Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces int) (*Op[T], error) {
 	return NewWith[T](ctx, c, m, n, k, Options{Pieces: max(pieces, 1)})
 }

@@ -109,8 +109,12 @@ func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n,
 	}
 	if c.Rank() == 0 {
 		fmt.Printf("all_gather_gemm check passed: %d ranks, A %d×%d per rank, B %d×%d, %T on %s, pieces=%d, relative error %.2g\n", P, m, k, k, n, T(0), where, o.Pieces(), rel)
-		fmt.Printf("t_comm %.0f µs  t_gemm %.0f µs  t_seq %.0f µs  t_overlap %.0f µs  efficiency %.2f\n",
-			t.Comm, t.GEMM, t.Seq, t.Overlap, t.Efficiency())
+		mark := ""
+		if t.Noisy() {
+			mark = fmt.Sprintf(" (noise: min(t_comm, t_gemm) is under %.0f%% of t_seq, so a 1%% change in t_seq or t_overlap moves it by more than 0.1)", 100*overlap.NoisyShare)
+		}
+		fmt.Printf("t_comm %.0f µs  t_gemm %.0f µs  t_seq %.0f µs  t_overlap %.0f µs  efficiency %.2f%s\n",
+			t.Comm, t.GEMM, t.Seq, t.Overlap, t.Efficiency(), mark)
 	}
 	return c.Barrier(ctx)
 }
