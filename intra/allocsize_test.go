@@ -13,21 +13,30 @@ import (
 // TestAllocSizesDiffer: an Alloc that one rank calls with another size
 // fails on every rank of the node with ErrSizeMismatch, naming that rank
 // and both sizes in the same words, and leaves the group usable: the next
-// Alloc, of one size everywhere, works.
+// Alloc, of one size everywhere, works. A size the rank refuses itself
+// (negative) is ErrInvalid there, and the same mismatch elsewhere: the
+// call still counts, so that the next pairs with the next.
 func TestAllocSizesDiffer(t *testing.T) {
-	for _, odd := range []int{0, 1, 2} {
-		t.Run(fmt.Sprintf("rank%d", odd), func(t *testing.T) {
-			want := fmt.Sprintf("rank %d asked for 8192 bytes", odd)
+	for _, tc := range []struct {
+		odd, n int
+		mine   string // what the odd rank's error says
+	}{{0, 8192, "rank 0 asked for 8192 bytes"}, {1, 8192, "rank 1 asked for 8192 bytes"}, {2, 8192, "rank 2 asked for 8192 bytes"},
+		{1, -1, "negative size -1"}} {
+		t.Run(fmt.Sprintf("rank%d/%d", tc.odd, tc.n), func(t *testing.T) {
+			theirs := fmt.Sprintf("rank %d asked for %d bytes", tc.odd, tc.n)
 			errs := group(t, 3, Config{}, func(g *Group) error {
 				ctx := context.Background()
-				n := 4096
-				if g.rank == odd {
-					n = 8192
+				n, want, kind := 4096, theirs, fault.ErrSizeMismatch
+				if g.rank == tc.odd {
+					n, want = tc.n, tc.mine
+					if tc.n < 0 {
+						kind = fault.ErrInvalid
+					}
 				}
 				b, err := g.Alloc(ctx, n)
 				var oe *fault.OpError
-				if !errors.Is(err, fault.ErrSizeMismatch) || !errors.As(err, &oe) || !strings.Contains(oe.Detail, want) {
-					return fmt.Errorf("Alloc(%d) with rank %d's size differing: buffer %t, %v; want ErrSizeMismatch saying %q", n, odd, b != nil, err, want)
+				if !errors.Is(err, kind) || !errors.As(err, &oe) || !strings.Contains(oe.Detail, want) {
+					return fmt.Errorf("Alloc(%d) with rank %d's size differing: buffer %t, %v; want %v saying %q", n, tc.odd, b != nil, err, kind, want)
 				}
 				b, err = g.Alloc(ctx, 4096)
 				if err != nil {

@@ -186,7 +186,7 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 		// ReadDir, and a look at /proc for each tagged name.
 		shm.SweepOrphans()
 	}
-	seg, err := g.shareSegment(ctx, "init", "seg", lay.total, lay.identity(g.job), -1)
+	seg, err := g.shareSegment(ctx, "init", "seg", lay.total, lay.identity(g.job))
 	if err != nil {
 		return g, err
 	}
@@ -284,7 +284,7 @@ func (g *Group) bind() {
 // in place of the name, and where the store refuses even that (it is
 // full), it aborts the waits on key, so that no rank waits out its
 // timeout. A ctx without a deadline gets the group's Timeout.
-func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id identity, asked int) (*shm.Segment, error) {
+func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id identity) (*shm.Segment, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, g.cfg.Timeout)
@@ -347,13 +347,6 @@ func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id i
 			failed = fault.New(op, me, root, err, "segment published for local rank 0")
 		}
 	}
-	if asked >= 0 {
-		// Before this rank counts itself: the last to count deletes
-		// every rank's size.
-		if err := g.sameSize(ctx, op, base, asked); err != nil {
-			failed = err
-		}
-	}
 	n, err := st.Add(ctx, base+"/mapped", 1)
 	if err != nil {
 		seg.Close()
@@ -372,11 +365,6 @@ func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id i
 		// either key again.
 		st.Delete(ctx, base)
 		st.Delete(ctx, base+"/mapped")
-		if asked >= 0 {
-			for p := range g.size {
-				st.Delete(ctx, base+"/n/"+strconv.Itoa(p))
-			}
-		}
 	}
 	if failed != nil {
 		seg.Close()
@@ -400,7 +388,8 @@ func (g *Group) storeBarrier(ctx context.Context, name string) error {
 }
 
 // sameSize publishes the size this rank asked of a collective allocation
-// under base and compares everyone's: where they differ, every rank fails
+// (as asked: a refused one too) under base and compares everyone's, before
+// anything is allocated: where they differ, every rank fails
 // with ErrSizeMismatch naming the first rank whose size differs from the
 // most common one (local rank 0's on a tie) and both sizes, in the same
 // words, rather than leaving the ranks that asked for the segment's size
@@ -408,9 +397,21 @@ func (g *Group) storeBarrier(ctx context.Context, name string) error {
 func (g *Group) sameSize(ctx context.Context, op, base string, asked int) error {
 	st, me := g.cfg.Store, g.global(g.rank)
 	if err := st.Set(ctx, base+"/n/"+strconv.Itoa(g.rank), []byte(strconv.Itoa(asked))); err != nil {
+		// Tell the others at once rather than letting them time out.
+		st.Abort(ctx, base, me, fmt.Sprintf("rank %d could not publish its size: %v", me, err))
 		return fault.New(op, me, -1, err, "publishing the size asked for")
 	}
 	sizes := make([]int, g.size)
+	defer func() {
+		// The last rank to have read every size deletes them: nobody
+		// reads them again.
+		if n, err := st.Add(ctx, base+"/n/read", 1); err == nil && int(n) == g.size {
+			for p := range g.size {
+				st.Delete(ctx, base+"/n/"+strconv.Itoa(p))
+			}
+			st.Delete(ctx, base+"/n/read")
+		}
+	}()
 	for p := range g.size {
 		v, err := st.Get(ctx, base+"/n/"+strconv.Itoa(p))
 		if err != nil {
@@ -421,7 +422,7 @@ func (g *Group) sameSize(ctx context.Context, op, base string, asked int) error 
 			return fault.New(op, me, g.global(p), waitErr(err, fmt.Sprintf("the size local rank %d asked for", p)), "")
 		}
 		n, err := strconv.Atoi(string(v))
-		if err != nil || n < 0 {
+		if err != nil {
 			return fault.New(op, me, g.global(p), fault.ErrInvalid, "local rank %d published the size %q", p, v)
 		}
 		sizes[p] = n

@@ -43,24 +43,42 @@ func (g *Group) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	if g.broken != nil {
 		return nil, g.broken
 	}
-	if n < 0 {
-		return nil, fault.New("alloc", g.global(g.rank), -1, fault.ErrInvalid, "negative size %d", n)
+	// Every Alloc call, failed or not, has keys of its own (every rank
+	// counts the calls alike, a refused one too, so that the ranks stay
+	// in step): a failed one's value never answers a later one. The '.'
+	// ends the number, so that no call's key starts another's (an abort
+	// of "buf1." spares "buf10.").
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.cfg.Timeout)
+		defer cancel()
 	}
-	if n > (math.MaxInt-2*pageBytes)/g.size {
-		return nil, fault.New("alloc", g.global(g.rank), -1, fault.ErrInvalid, "%d bytes on each of %d ranks do not fit in memory", n, g.size)
+	seq := g.allocs
+	g.allocs++
+	key := "buf" + strconv.FormatUint(seq, 10) + "."
+	var bad error
+	if n < 0 {
+		bad = fault.New("alloc", g.global(g.rank), -1, fault.ErrInvalid, "negative size %d", n)
+	} else if n > (math.MaxInt-2*pageBytes)/g.size {
+		bad = fault.New("alloc", g.global(g.rank), -1, fault.ErrInvalid, "%d bytes on each of %d ranks do not fit in memory", n, g.size)
+	}
+	// The sizes first, before any memory: where they differ (or one is
+	// refused above), every rank fails and nothing is allocated.
+	if err := g.sameSize(ctx, "alloc", g.cfg.Key+"/"+key, n); err != nil {
+		if bad != nil {
+			return nil, bad // this rank's own mistake, in its own words
+		}
+		return nil, err
+	}
+	if bad != nil {
+		return nil, bad // every rank refused alike
 	}
 	id := len(g.bufs)
 	stride := roundUp(max(n, 1), pageBytes)
 	// One page of identity, then each rank's part.
 	total := pageBytes + g.size*stride
-	// Every Alloc call, failed or not, has keys of its own (every rank
-	// counts the calls alike): a failed one's value never answers a later
-	// one. The '.' ends the number, so that no call's key starts another's
-	// (an abort of "buf1." spares "buf10.").
-	seq := g.allocs
-	g.allocs++
 	ident := identity{kind: kindBuffer, a: uint32(g.size), b: uint32(seq), c: uint32(stride / pageBytes), job: g.job, total: uint64(total)}
-	seg, err := g.shareSegment(ctx, "alloc", "buf"+strconv.FormatUint(seq, 10)+".", total, ident, n)
+	seg, err := g.shareSegment(ctx, "alloc", key, total, ident)
 	if err != nil {
 		return nil, err
 	}
