@@ -475,7 +475,9 @@ func (c *Communicator) Timeout() time.Duration { return c.opts.Timeout }
 func (c *Communicator) Close() error {
 	// A call of another goroutine is waited for (it ends by its own
 	// deadline); pulling the memory from under it would crash it.
-	limit := time.Now().Add(c.opts.Timeout + time.Second)
+	// A call lasts at most about three timeouts: its own wait, the
+	// explanation of a mismatch, a refusal's before both.
+	limit := time.Now().Add(3*c.opts.Timeout + 10*time.Second)
 	for !c.busy.CompareAndSwap(idle, closed) {
 		if c.busy.Load() == closed {
 			return nil
@@ -666,7 +668,15 @@ func (c *Communicator) refuse(ctx context.Context, name string, lerr error) erro
 		return lerr
 	}
 	if err != nil {
-		return c.failed(err)
+		// The peers never made the call, or failed in it: the engine's
+		// error (the communicator is now broken), named after the call
+		// this rank made, with the reason it refused it.
+		var oe *fault.OpError
+		peer := -1
+		if errors.As(err, &oe) {
+			peer = oe.Peer
+		}
+		return c.failed(fault.New(name, c.opts.Rank, peer, err, "this rank refused its call (%s), and while it took part the others did not join", reasonOf(lerr)))
 	}
 	return lerr
 }
@@ -675,13 +685,19 @@ func (c *Communicator) refuse(ctx context.Context, name string, lerr error) erro
 // name no call of the API has, so that its hash differs from theirs.
 const refusedOp = "refused"
 
-// reasonOf is what a refused call's error says, for the other ranks.
+// reasonOf is what a refused call's error says, for the other ranks: at
+// most maxReason bytes, cut at a character's start, as every rank reads
+// it from the store.
 func reasonOf(err error) string {
 	var oe *fault.OpError
+	r := err.Error()
 	if errors.As(err, &oe) {
-		return oe.Detail
+		r = oe.Detail
 	}
-	return err.Error()
+	if r == "" {
+		r = "a bad argument"
+	}
+	return cutReason(r)
 }
 
 // Plan is an all-gather prepared once for fixed buffers, whatever the
@@ -765,7 +781,7 @@ func (c *Communicator) PlanV(dst, src []byte, counts []int) (*Plan, error) {
 // timeout: a peer that does not arrive, or that announces another size, is
 // an *OpError naming it on every rank.
 func (p *Plan) Run(ctx context.Context) error {
-	if err := p.c.enter("allgather"); err != nil {
+	if err := p.c.enter(p.opName()); err != nil {
 		return err
 	}
 	defer p.c.leave()
@@ -778,6 +794,15 @@ func (p *Plan) Run(ctx context.Context) error {
 	return nil
 }
 
+// opName is the operation a plan's errors name: its call's, or allgather
+// for a plan of device memory.
+func (p *Plan) opName() string {
+	if p.call.name != "" {
+		return p.call.name
+	}
+	return "allgather"
+}
+
 // Launch starts one all-gather without waiting for it where the backend
 // can: a plan of GPU memory enqueues its kernels on Stream(), and a
 // later Check (or Run) collects the outcome; work ordered after them on
@@ -785,7 +810,7 @@ func (p *Plan) Run(ctx context.Context) error {
 // completion here (one of device.HostBuffer values after the work
 // pending on Stream()).
 func (p *Plan) Launch(ctx context.Context) error {
-	if err := p.c.enter("allgather"); err != nil {
+	if err := p.c.enter(p.opName()); err != nil {
 		return err
 	}
 	defer p.c.leave()
@@ -798,7 +823,7 @@ func (p *Plan) Launch(ctx context.Context) error {
 // Check waits for what Launch started and reports what the kernels saw;
 // on host memory there is nothing to wait for.
 func (p *Plan) Check(ctx context.Context) error {
-	if err := p.c.enter("allgather"); err != nil {
+	if err := p.c.enter(p.opName()); err != nil {
 		return err
 	}
 	defer p.c.leave()

@@ -114,14 +114,24 @@ func encodeCall(cl call, n int) []byte {
 		b = strconv.AppendInt(b, int64(s), 10)
 	}
 	if cl.refused != "" {
-		r := cl.refused
-		if len(r) > maxReason {
-			r = r[:maxReason]
-		}
 		b = append(b, ' ')
-		b = append(b, url.QueryEscape(r)...)
+		b = append(b, url.QueryEscape(cutReason(cl.refused))...)
 	}
 	return b
+}
+
+// cutReason is r, as valid UTF-8, cut to at most maxReason bytes at a
+// character's start: what every rank reads back from the store.
+func cutReason(r string) string {
+	r = strings.ToValidUTF8(r, "?")
+	if len(r) <= maxReason {
+		return r
+	}
+	n := maxReason
+	for n > 0 && !utf8.RuneStart(r[n]) {
+		n--
+	}
+	return r[:n]
 }
 
 // decodeCall decodes a call of n ranks read from the store.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/internal/pattern"
@@ -18,7 +19,7 @@ import (
 // next call pairs with the next call on every rank, its data checked
 // byte for byte. Passed on every rank, the bad argument fails on every
 // rank and moves nothing. Within a node (shared memory), across nodes
-// (the ring, and the hierarchical all-gather).
+// (the hierarchical all-gather, and the ring).
 func TestRefusedOnOneRank(t *testing.T) {
 	const n = 8
 	bad := map[string]func(c *collective.Communicator, ctx context.Context) error{
@@ -36,15 +37,19 @@ func TestRefusedOnOneRank(t *testing.T) {
 			return c.AllGatherV(ctx, make([]byte, n*c.Size()), make([]byte, n-1), counts)
 		},
 	}
-	for _, layout := range [][2]int{{1, 3}, {3, 1}, {2, 2}} {
+	for _, layout := range []struct {
+		nodes, perNode int
+		algo           string
+	}{{1, 3, ""}, {3, 1, ""}, {2, 2, ""}, {3, 1, "ring"}, {2, 2, "ring"}} {
+		tune := func(o *collective.Options) { o.Algo = layout.algo }
 		for what, call := range bad {
 			for _, all := range []bool{false, true} {
-				name := fmt.Sprintf("%dx%d/%s/one", layout[0], layout[1], what)
+				name := fmt.Sprintf("%dx%d%s/%s/one", layout.nodes, layout.perNode, layout.algo, what)
 				if all {
-					name = fmt.Sprintf("%dx%d/%s/all", layout[0], layout[1], what)
+					name = fmt.Sprintf("%dx%d%s/%s/all", layout.nodes, layout.perNode, layout.algo, what)
 				}
 				t.Run(name, func(t *testing.T) {
-					inProcessNodes(t, layout[0], layout[1], nil, func(c *collective.Communicator) error {
+					inProcessNodes(t, layout.nodes, layout.perNode, tune, func(c *collective.Communicator) error {
 						ctx := context.Background()
 						me, P := c.Rank(), c.Size()
 						src, dst := make([]byte, n), make([]byte, n*P)
@@ -81,4 +86,25 @@ func TestRefusedOnOneRank(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestRefusedAlone: a refused call that no other rank makes waits, as any
+// collective call does, for the communicator's timeout; the error then
+// names the call this rank made (not the refusal's own name) and the
+// reason it refused it.
+func TestRefusedAlone(t *testing.T) {
+	done := make(chan struct{})
+	inProcessNodes(t, 1, 2, func(o *collective.Options) { o.Timeout = 2 * time.Second }, func(c *collective.Communicator) error {
+		if c.Rank() == 0 {
+			<-done // makes no call
+			return nil
+		}
+		defer close(done)
+		err := c.AllGather(context.Background(), make([]byte, 8), make([]byte, 8))
+		var oe *collective.OpError
+		if !errors.Is(err, collective.ErrTimeout) || !errors.As(err, &oe) || oe.Op != "allgather" || !strings.Contains(oe.Detail, "refused its call (destination holds 8 bytes") {
+			return fmt.Errorf("a refused AllGather that rank 0 never makes: %v; want ErrTimeout from allgather with the reason", err)
+		}
+		return nil
+	})
 }

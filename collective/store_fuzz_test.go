@@ -96,3 +96,18 @@ func TestCheckKnobsResolved(t *testing.T) {
 		}
 	}
 }
+
+// TestLongReason: a refused call's reason longer than maxReason, cut in
+// the middle of a character, is published cut at that character's start
+// and reads back the same on every rank.
+func TestLongReason(t *testing.T) {
+	long := strings.Repeat("a", maxReason-1) + "×" + strings.Repeat("b", 40)
+	cl := call{name: "allgather", refused: long}
+	got, err := decodeCall(encodeCall(cl, 3), 3)
+	if err != nil {
+		t.Fatalf("a long reason does not read back: %v", err)
+	}
+	if want := cutReason(long); got.refused != want || len(want) > maxReason || want != strings.Repeat("a", maxReason-1) {
+		t.Fatalf("read back %d bytes %q, want %d bytes", len(got.refused), got.refused, len(want))
+	}
+}
