@@ -67,7 +67,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"allgather", "--in-process", "2", "-b", huge, "-e", huge}, "allgather: --max-bytes " + huge + ":"},
 		{[]string{"allgather", "-b", "1048576G", "-e", "1048576G"}, "allgather: --max-bytes 1048576G:"},
 		{[]string{"tcp", "-b", "1048576G", "-e", "1048576G"}, "tcp: --max-bytes 1048576G: a send and a receive buffer per rank here need"},
-		{[]string{"link", "-b", "1048576G", "-e", "1048576G"}, "link: --max-bytes 1048576G: a send and a receive buffer per rank here need"},
+		{[]string{"link", "-b", "1048576G", "-e", "1048576G"}, "link: --max-bytes 1048576G: a gather's buffers and a send and a receive buffer per rank here need"},
 		// 3: --in-process out of range.
 		{[]string{"allgather", "--in-process", "99999999999"}, "allgather: --in-process 99999999999: want 1 to 1024"},
 		{[]string{"allgather", "--in-process", "100000"}, "allgather: --in-process 100000: want 1 to 1024"},

@@ -791,7 +791,9 @@ func linkCmd(args []string) error {
 			return err
 		}
 	}
-	if err := fitSweep("link", sw, sizes, 2*localRanks(), "a send and a receive buffer per rank here"); err != nil {
+	// Each rank holds a gather's destination (2 blocks) and source in
+	// symmetric memory, and the raw transfer's send and receive buffers.
+	if err := fitSweep("link", sw, sizes, 5*localRanks(), "a gather's buffers and a send and a receive buffer per rank here"); err != nil {
 		return err
 	}
 	opts := collective.Options{TCP: collective.TCP{Channels: *channels}}
