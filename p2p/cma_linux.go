@@ -435,7 +435,7 @@ func (c *conn) granted(h header, p *part) error {
 		err := l.grantCopy(p, rem, write)
 		l.enqueue(idx, frame{kind: kRelease, id: h.id})
 		if err != nil {
-			p.finish(opErr(p.f.op, l.p.name, "", ErrPeerLost, "copying through the grant: %v", err))
+			p.finish(opErr(p.f.op, l.p.name, p.f.region, ErrPeerLost, "copying through the grant: %v", err))
 			return
 		}
 		p.finish(nil)
@@ -505,6 +505,9 @@ func (l *link) grantCopy(p *part, rem []grantIov, write bool) error {
 			}
 			if g.m != nil {
 				at := g.off + done
+				if at+uint64(len(s)) > uint64(len(g.m.b)) { // checked where the range was granted: never
+					return fmt.Errorf("a range of %d bytes at %d past the peer's %d-byte mapping", len(s), at, len(g.m.b))
+				}
 				if err := shmCopy(&p.mu, &p.active, s, g.m.b[at:at+uint64(len(s))], write); err != nil {
 					return err
 				}

@@ -14,6 +14,7 @@ import (
 // several connections.
 type Future struct {
 	op, peer  string
+	region    string // the remote region a one-sided batch names, if one, for errors
 	transport string
 	shm       atomic.Bool // a part copied through a mapping of the peer's Shared memory
 	done      chan struct{}

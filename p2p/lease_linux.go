@@ -381,36 +381,53 @@ func (l *link) endLeases() []*ipcMap {
 	return doomed
 }
 
-// leaseCopy copies a batch through its pinned leases (one per op) as part
-// p: the ranges of the ops, in order, at their offsets in the leased
-// regions.
-func (l *link) leaseCopy(p *part, ops []Op, pins []*lease, write bool) {
-	if pins[0].ipc != nil { // GPU memory (pinLeases: all alike)
-		recs := make([]ipcRec, len(ops))
-		maps := make([]*ipcMap, len(ops))
+// leaseJob is a batch's ranges in its leased regions (leaseRanges).
+type leaseJob struct {
+	rem  []grantIov // host memory
+	recs []ipcRec   // GPU memory (pinLeases: all alike)
+	maps []*ipcMap
+}
+
+// leaseRanges takes a batch's ranges in its pinned leases (one per op)
+// from ops, in the calling goroutine, as the call checked them: the
+// caller may reuse ops once its call has returned, and a copy that read
+// them later would go wherever they then said, unchecked.
+func leaseRanges(ops []Op, pins []*lease) leaseJob {
+	if pins[0].ipc != nil {
+		j := leaseJob{recs: make([]ipcRec, len(ops)), maps: make([]*ipcMap, len(ops))}
 		for i, o := range ops {
-			recs[i] = ipcRec{off: pins[i].ipcOff + uint64(o.RemoteOff), n: uint64(o.Len)}
-			maps[i] = pins[i].ipc
+			j.recs[i] = ipcRec{off: pins[i].ipcOff + uint64(o.RemoteOff), n: uint64(o.Len)}
+			j.maps[i] = pins[i].ipc
 		}
-		err := ipcCopy(p, recs, maps, write)
+		return j
+	}
+	j := leaseJob{rem: make([]grantIov, len(ops))}
+	for i, o := range ops {
+		g := pins[i].g
+		at := uint64(o.RemoteOff)
+		j.rem[i] = grantIov{addr: g.addr + at, n: uint64(o.Len), mem: g.mem, off: g.off + at, fd: g.fd, m: g.m}
+	}
+	return j
+}
+
+// leaseCopy copies a batch through its pinned leases as part p: the
+// ranges j took, in order.
+func (l *link) leaseCopy(p *part, j leaseJob, pins []*lease, write bool) {
+	if j.recs != nil { // GPU memory
+		err := ipcCopy(p, j.recs, j.maps, write)
 		l.unpinLeases(pins)
 		if err != nil {
-			p.finish(opErr(p.f.op, l.p.name, "", ErrInvalid, "copying GPU memory through a lease: %v", err))
+			p.finish(opErr(p.f.op, l.p.name, p.f.region, ErrInvalid, "copying GPU memory through a lease: %v", err))
 			return
 		}
 		p.finish(nil)
 		return
 	}
-	rem := make([]grantIov, len(ops))
-	for i, o := range ops {
-		g := pins[i].g
-		at := uint64(o.RemoteOff)
-		rem[i] = grantIov{addr: g.addr + at, n: uint64(o.Len), mem: g.mem, off: g.off + at, fd: g.fd, m: g.m}
-	}
+	rem := j.rem
 	err := l.grantCopy(p, rem, write)
 	l.unpinLeases(pins)
 	if err != nil {
-		p.finish(opErr(p.f.op, l.p.name, "", ErrPeerLost, "copying through a lease: %v", err))
+		p.finish(opErr(p.f.op, l.p.name, p.f.region, ErrPeerLost, "copying through a lease: %v", err))
 		return
 	}
 	p.finish(nil)

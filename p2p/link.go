@@ -1461,8 +1461,8 @@ func (c *conn) overTCP(p *part) {
 }
 
 func (c *conn) refusal(p *part, st uint8) error {
-	region := ""
-	if len(p.descs) == 1 {
+	region := p.f.region
+	if region == "" && len(p.descs) == 1 {
 		region = "id " + itoa(p.descs[0].region)
 	}
 	return &OpError{Op: p.f.op, Peer: c.l.p.name, Region: region, Err: statusErr(st)}

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/slimego/slimego/inter"
 )
@@ -67,6 +68,15 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	}
 	l := p.l
 	f := newFuture(op, p.name, l.name())
+	if name := ops[0].Remote.Name; name != "" {
+		f.region = strconv.Quote(name)
+	}
+	for _, o := range ops[1:] {
+		if o.Remote.ID != ops[0].Remote.ID {
+			f.region = "" // several: the error's detail names the descriptor
+			break
+		}
+	}
 	n := len(l.conns)
 	k := inter.Stripes(int(min(total, MaxLen)), n)
 	sub := kind
@@ -159,9 +169,9 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 		case pins == nil:
 			l.request(pt)
 		case total <= leaseInline && mapped(pins):
-			l.leaseCopy(pt, ops, pins, kind == rWrite)
+			l.leaseCopy(pt, leaseRanges(ops, pins), pins, kind == rWrite)
 		default:
-			go l.leaseCopy(pt, ops, pins, kind == rWrite)
+			go l.leaseCopy(pt, leaseRanges(ops, pins), pins, kind == rWrite) // its arguments are taken here, before the call returns
 		}
 	}
 	return f
