@@ -430,6 +430,13 @@ func (l *link) leaseCopy(p *part, j leaseJob, pins []*lease, write bool) {
 		p.finish(opErr(p.f.op, l.p.name, p.f.region, ErrPeerLost, "copying through a lease: %v", err))
 		return
 	}
+	// A copy through a mapping of the peer's Shared memory succeeds into
+	// the memory of a peer that has exited (the mapping outlives it): once
+	// the link knows the peer is gone, the batch is not reported done.
+	if lerr := l.failed(); lerr != nil {
+		p.finish(asOp(p.f.op, l.p.name, lerr))
+		return
+	}
 	p.finish(nil)
 }
 
