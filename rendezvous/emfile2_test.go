@@ -2,13 +2,14 @@ package rendezvous
 
 import (
 	"bufio"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/testflood"
 )
 
 // TestFloodAtDescriptorLimit: a store whose process has fewer descriptors
@@ -36,45 +37,8 @@ func TestFloodAtDescriptorLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := strings.TrimSpace(strings.TrimPrefix(line, "ADDR "))
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() { // the flood: always more silent connections than the store's descriptors
-		defer close(done)
-		var cs []net.Conn
-		defer func() {
-			for _, c := range cs {
-				c.Close()
-			}
-		}()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if len(cs) < 2000 {
-				if c, err := net.DialTimeout("tcp", addr, 50*time.Millisecond); err == nil {
-					cs = append(cs, c)
-					continue
-				}
-			}
-			live := cs[:0]
-			for _, c := range cs {
-				c.SetReadDeadline(time.Now().Add(time.Microsecond))
-				var b [64]byte
-				if _, err := c.Read(b[:]); err != nil {
-					if ne, ok := err.(net.Error); !ok || !ne.Timeout() {
-						c.Close()
-						continue
-					}
-				}
-				live = append(live, c)
-			}
-			cs = live
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
-	defer func() { close(stop); <-done }()
+	// The flood: always more silent connections than the store's descriptors.
+	defer testflood.Silent(addr, 2000)()
 	time.Sleep(time.Second)
 	cl, err := Dial(ctxT(t, 10*time.Second), addr, Auth{Secret: []byte("s3cret"), Job: "job"})
 	if err != nil {
