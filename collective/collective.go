@@ -475,15 +475,17 @@ func (c *Communicator) Timeout() time.Duration { return c.opts.Timeout }
 func (c *Communicator) Close() error {
 	// A call of another goroutine is waited for (it ends by its own
 	// deadline); pulling the memory from under it would crash it.
-	// A call lasts at most about three timeouts: its own wait, the
-	// explanation of a mismatch, a refusal's before both.
-	limit := time.Now().Add(3*c.opts.Timeout + 10*time.Second)
+	// A call lasts at most about two timeouts (its own wait, or a
+	// refusal's, then the explanation of a mismatch) and a few seconds;
+	// three leave room.
+	wait := 3*c.opts.Timeout + 10*time.Second
+	limit := time.Now().Add(wait)
 	for !c.busy.CompareAndSwap(idle, closed) {
 		if c.busy.Load() == closed {
 			return nil
 		}
 		if time.Now().After(limit) {
-			return fault.New("close", c.opts.Rank, -1, ErrTimeout, "a call of another goroutine did not return within %v", c.opts.Timeout)
+			return fault.New("close", c.opts.Rank, -1, ErrTimeout, "a call of another goroutine did not return within %v; nothing was closed", wait)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -396,22 +396,32 @@ func (g *Group) storeBarrier(ctx context.Context, name string) error {
 // with a buffer and the others with an error.
 func (g *Group) sameSize(ctx context.Context, op, base string, asked int) error {
 	st, me := g.cfg.Store, g.global(g.rank)
+	// Bookkeeping after a failure gets a context of its own: ctx may be
+	// what expired.
+	after := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	}
+	defer func() {
+		// Every rank counts itself once it is done with the sizes, failed
+		// or not; the last deletes them: nobody reads them again. (A rank
+		// that never comes leaves them, with the job's store.)
+		actx, cancel := after()
+		defer cancel()
+		if n, err := st.Add(actx, base+"/n/read", 1); err == nil && int(n) == g.size {
+			for p := range g.size {
+				st.Delete(actx, base+"/n/"+strconv.Itoa(p))
+			}
+			st.Delete(actx, base+"/n/read")
+		}
+	}()
 	if err := st.Set(ctx, base+"/n/"+strconv.Itoa(g.rank), []byte(strconv.Itoa(asked))); err != nil {
 		// Tell the others at once rather than letting them time out.
-		st.Abort(ctx, base, me, fmt.Sprintf("rank %d could not publish its size: %v", me, err))
+		actx, cancel := after()
+		defer cancel()
+		st.Abort(actx, base, me, fmt.Sprintf("rank %d could not publish its size: %v", me, err))
 		return fault.New(op, me, -1, err, "publishing the size asked for")
 	}
 	sizes := make([]int, g.size)
-	defer func() {
-		// The last rank to have read every size deletes them: nobody
-		// reads them again.
-		if n, err := st.Add(ctx, base+"/n/read", 1); err == nil && int(n) == g.size {
-			for p := range g.size {
-				st.Delete(ctx, base+"/n/"+strconv.Itoa(p))
-			}
-			st.Delete(ctx, base+"/n/read")
-		}
-	}()
 	for p := range g.size {
 		v, err := st.Get(ctx, base+"/n/"+strconv.Itoa(p))
 		if err != nil {

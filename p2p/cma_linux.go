@@ -438,6 +438,10 @@ func (c *conn) granted(h header, p *part) error {
 			p.finish(opErr(p.f.op, l.p.name, p.f.region, ErrPeerLost, "copying through the grant: %v", err))
 			return
 		}
+		if lerr := l.failed(); lerr != nil { // as leaseCopy: a peer's mapping outlives it
+			p.finish(asOp(p.f.op, l.p.name, lerr))
+			return
+		}
 		p.finish(nil)
 	}()
 	return nil

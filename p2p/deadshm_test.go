@@ -6,10 +6,13 @@ import (
 	"time"
 )
 
-// TestSharedPeerKilled: a write copied through a mapping of a killed
-// peer's Shared memory (the mapping outlives the process) does not report
-// success once the link knows the peer is gone: every write started after
-// the link failed ends with ErrPeerLost, not nil.
+// TestSharedPeerKilled: once the link to a killed peer whose Shared
+// memory this side copies through its own mapping (which outlives the
+// process) has failed, every write started is refused with ErrPeerLost,
+// not copied into the dead peer's memory and reported done. (A copy
+// already running when the link fails reports the link's error too, by
+// leaseCopy's and the grant's check after the copy; that race has no
+// deterministic test.)
 func TestSharedPeerKilled(t *testing.T) {
 	const size = 64 << 20
 	addr, st := storeFor(t)

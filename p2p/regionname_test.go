@@ -17,7 +17,7 @@ func TestRefusalNamesRegion(t *testing.T) {
 		lr, _ := a.Register("l", make([]byte, 1<<20))
 		rr := tr.Remote()
 		rr.Key++
-		err := ab.Write([]Op{{Local: lr, Remote: rr, Len: 4096}}).Wait(ctx)
+		err := ab.Write([]Op{{Local: lr, Remote: rr, Len: 256 << 10}}).Wait(ctx) // past the size sent over TCP on one host
 		var oe *OpError
 		if !errors.Is(err, ErrRefused) || !errors.As(err, &oe) || oe.Region != `"kv"` || oe.Op != "write" {
 			t.Errorf("tcp-only %v: a write with a wrong key: %v; want ErrRefused naming region \"kv\"", tcpOnly, err)
