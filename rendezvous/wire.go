@@ -226,15 +226,42 @@ func readFrame(r io.Reader, buf *[]byte, limit uint32) (message, error) {
 	if n > limit {
 		return message{}, &frameTooLargeError{N: n, Limit: limit}
 	}
-	if cap(*buf) < int(n) {
-		*buf = make([]byte, n)
-	}
-	body := (*buf)[:n]
-	if _, err := io.ReadFull(r, body); err != nil {
+	body, err := readBody(r, buf, int(n))
+	if err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
 		return message{}, err
 	}
 	return decode(body)
+}
+
+// growStep is the least a frame's buffer grows by while its body comes.
+const growStep = 64 << 10
+
+// readBody reads n bytes into *buf. A buffer too small grows as the bytes
+// arrive, not to n at once: a length prefix alone (a member that
+// announces frames of the limit on many connections and sends nothing
+// more) makes the server hold no more than what was sent.
+func readBody(r io.Reader, buf *[]byte, n int) ([]byte, error) {
+	if cap(*buf) >= n {
+		body := (*buf)[:n]
+		_, err := io.ReadFull(r, body)
+		return body, err
+	}
+	b := (*buf)[:0]
+	for len(b) < n {
+		if len(b) == cap(b) {
+			nb := make([]byte, len(b), min(n, max(2*cap(b), growStep)))
+			copy(nb, b)
+			b = nb
+			*buf = b
+		}
+		m, err := r.Read(b[len(b):min(cap(b), n)])
+		b = b[:len(b)+m]
+		if err != nil && len(b) < n {
+			return nil, err
+		}
+	}
+	return b, nil
 }

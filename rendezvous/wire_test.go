@@ -2,10 +2,12 @@ package rendezvous
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"reflect"
 	"testing"
+	"testing/iotest"
 )
 
 func TestWireRoundTrip(t *testing.T) {
@@ -117,5 +119,32 @@ func TestMaxValueBytesLimit(t *testing.T) {
 	if s, err := Listen("127.0.0.1:0", ServerConfig{MaxValueBytes: maxValueLimit + 1}); err == nil {
 		s.Close()
 		t.Fatal("MaxValueBytes over the limit accepted")
+	}
+}
+
+// TestAnnouncedFrameNotAllocated: a frame's length prefix alone, of the
+// limit, makes readFrame hold no more than the bytes that came, not the
+// announced size: a member that opens many connections and announces
+// the largest frame on each cannot make the store hold that much memory
+// for each without sending it.
+func TestAnnouncedFrameNotAllocated(t *testing.T) {
+	const limit = 6 << 20
+	var in bytes.Buffer
+	binary.Write(&in, binary.LittleEndian, uint32(limit))
+	in.Write(make([]byte, 1000)) // then the connection ends
+	var buf []byte
+	if _, err := readFrame(&in, &buf, limit); err != io.ErrUnexpectedEOF {
+		t.Fatalf("a frame cut short: %v, want io.ErrUnexpectedEOF", err)
+	}
+	if cap(buf) > growStep {
+		t.Fatalf("a frame of %d bytes announced and 1000 sent: %d bytes allocated", limit, cap(buf))
+	}
+	// A whole frame still reads, across many small reads.
+	m := message{Code: uint8(opSet), Keys: []string{"k"}, Value: bytes.Repeat([]byte{7}, 300_000)}
+	whole := m.encode(nil)
+	var got []byte
+	back, err := readFrame(iotest.OneByteReader(bytes.NewReader(whole)), &got, limit)
+	if err != nil || !bytes.Equal(back.Value, m.Value) || back.Keys[0] != "k" {
+		t.Fatalf("a whole frame read in one-byte reads: %v", err)
 	}
 }
