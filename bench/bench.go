@@ -195,13 +195,17 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	if err != nil {
 		return res, nil, err
 	}
+	run := b.plan.Run
+	if testHookRun != nil {
+		run = testHookRun(run)
+	}
 	// Correctness first: fresh data in, every byte checked.
 	pattern.Fill(b.dst, 0xdead)
 	pattern.Fill(b.src, pattern.Seed(me, 1, uint64(n)))
 	if err := b.load(); err != nil {
 		return res, nil, err
 	}
-	if err := b.plan.Run(ctx); err != nil {
+	if err := run(ctx); err != nil {
 		return res, nil, err
 	}
 	if err := b.unload(); err != nil {
@@ -210,14 +214,31 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	if m := b.plan.Mode(); m != "host" {
 		res.Mode = cfg.Mode + "/" + m
 	}
+	first := countWrong(b.dst, P, n, 1)
+	// After the timed calls, another round's data gathered once more and
+	// checked: a gather that made its first call right and its later ones
+	// not (did nothing, replayed a graph wrong) leaves round 1's bytes.
+	check := func() (int64, error) {
+		pattern.Fill(b.dst, 0xdead)
+		pattern.Fill(b.src, pattern.Seed(me, 2, uint64(n)))
+		if err := b.load(); err != nil {
+			return 0, err
+		}
+		if err := run(ctx); err != nil {
+			return 0, err
+		}
+		if err := b.unload(); err != nil {
+			return 0, err
+		}
+		return first + countWrong(b.dst, P, n, 2), nil
+	}
 	if !cfg.Ceiling || inPlace || n < CeilingMin {
-		return res, nil, timeRuns(ctx, c, cfg, &res, countWrong(b.dst, P, n), b.plan.Run, nil, nil)
+		return res, nil, timeRuns(ctx, c, cfg, &res, check, run, nil, nil)
 	}
 	// The copy writes the destination the gather has filled: its bytes
 	// were checked already (countWrong, before the timed calls, which
 	// fill it alike), and barriers keep the copy apart from every call.
 	ceil := Result{Impl: CeilingImpl, Backend: res.Backend, Mode: "memcpy", P: P, Nodes: res.Nodes, S: int64(n)}
-	wrong := countWrong(b.dst, P, n)
 	to, ok1 := b.dstBuf.(*device.HostBuffer)
 	from, ok2 := b.srcBuf.(*device.HostBuffer)
 	if !ok1 || !ok2 {
@@ -230,9 +251,13 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 		}
 		return nil
 	}
-	err = timeRuns(ctx, c, cfg, &res, wrong, b.plan.Run, cp, &ceil)
+	err = timeRuns(ctx, c, cfg, &res, check, run, cp, &ceil)
 	return res, &ceil, err
 }
+
+// testHookRun, set by tests, wraps the planned all-gather oneSize runs
+// (to make it fail as a broken one would).
+var testHookRun func(run func(context.Context) error) func(context.Context) error
 
 // gatherBuffers are one size's buffers of the communicator's device, and
 // the plan that gathers into them. dst and src are host memory to fill and
@@ -356,8 +381,10 @@ func buffers(ctx context.Context, c *collective.Communicator, n int, inPlace, sy
 // the slowest rank's time of each, then the median; it fills res.
 //
 // With alt, each timed call of run is followed, between barriers, by a
-// timed call of alt, whose times fill altRes alike (Wrong aside).
-func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *Result, wrong int64, run, alt func(context.Context) error, altRes *Result) error {
+// timed call of alt, whose times fill altRes alike (Wrong aside). check,
+// called on every rank after the timed calls, counts this rank's wrong
+// bytes; res.Wrong is every rank's.
+func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *Result, check func() (int64, error), run, alt func(context.Context) error, altRes *Result) error {
 	P := c.Size()
 	warm := cfg.Warmup
 	if warm <= 0 {
@@ -488,6 +515,10 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 	if err := collective.AllGatherOf(ctx, c, everyone, times); err != nil {
 		return err
 	}
+	wrong, err := check()
+	if err != nil {
+		return err
+	}
 	wrongs := make([]int64, P)
 	if err := collective.AllGatherOf(ctx, c, wrongs, []int64{wrong}); err != nil {
 		return err
@@ -517,14 +548,14 @@ func slowestMedian(everyone, times []float64, P int) float64 {
 }
 
 // countWrong counts the bytes of dst (P blocks of n) that differ from
-// what the ranks' patterns (round 1) say.
-func countWrong(dst []byte, P, n int) int64 {
+// what the ranks' patterns of round say.
+func countWrong(dst []byte, P, n, round int) int64 {
 	var wrong int64
 	for r := range P {
 		blk := dst[r*n : r*n+n]
-		if i := pattern.Check(blk, pattern.Seed(r, 1, uint64(n))); i >= 0 {
+		if i := pattern.Check(blk, pattern.Seed(r, round, uint64(n))); i >= 0 {
 			want := make([]byte, n)
-			pattern.Fill(want, pattern.Seed(r, 1, uint64(n)))
+			pattern.Fill(want, pattern.Seed(r, round, uint64(n)))
 			for j := i; j < n; j++ {
 				if blk[j] != want[j] {
 					wrong++

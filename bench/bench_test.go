@@ -154,7 +154,7 @@ func TestTimeRunsAlternates(t *testing.T) {
 		var res, alt Result
 		res.P, alt.P, res.S, alt.S = 2, 2, 1000, 1000
 		calls := 0
-		err := timeRuns(context.Background(), c, cfg, &res, 0, func(context.Context) error { return nil },
+		err := timeRuns(context.Background(), c, cfg, &res, func() (int64, error) { return 0, nil }, func(context.Context) error { return nil },
 			func(context.Context) error { calls++; time.Sleep(2 * time.Millisecond); return nil }, &alt)
 		if calls != 5 {
 			return fmt.Errorf("alt called %d times, want 5 (once per timed iteration)", calls)
@@ -225,7 +225,7 @@ func TestTimeRule(t *testing.T) {
 		var res Result
 		res.P, res.S = 2, 1000
 		calls := 0
-		err := timeRuns(context.Background(), c, cfg, &res, 0, func(context.Context) error {
+		err := timeRuns(context.Background(), c, cfg, &res, func() (int64, error) { return 0, nil }, func(context.Context) error {
 			if calls++; calls <= 5 {
 				time.Sleep(2 * time.Millisecond)
 			} else {
@@ -287,5 +287,41 @@ func TestOverlapTableNoisy(t *testing.T) {
 	if !strings.Contains(b.String(), "# *: min(t_comm, t_gemm) is under 10% of t_seq") ||
 		!strings.HasSuffix(lines[len(lines)-2], " *") || strings.HasSuffix(lines[len(lines)-1], "*") {
 		t.Errorf("want the first shape marked noisy, the second not:\n%s", b.String())
+	}
+	// The CSV's reader learns it from NoisyRows (slimebench prints them
+	// on stderr): the first shape, and only it.
+	noisy := NoisyRows([]OverlapResult{
+		{M: 64, N: 256, K: 256, Dtype: "float32", Comm: 200, GEMM: 9216, Seq: 9110, Overlap: 9400, Efficiency: -1.45},
+		{M: 256, N: 256, K: 256, Dtype: "float32", Comm: 3000, GEMM: 9000, Seq: 12000, Overlap: 10000, Efficiency: 0.667},
+	})
+	if len(noisy) != 1 || !strings.Contains(noisy[0], "m=64 n=256 k=256 float32: efficiency -1.450") {
+		t.Errorf("NoisyRows: %q, want the first shape alone", noisy)
+	}
+}
+
+// TestLaterCallsChecked: an all-gather that gathers its first call right
+// and then does nothing (a broken plan, a graph replayed wrong) reports
+// wrong bytes: after the timed calls, another round's data is gathered
+// once more and checked. The first call alone was checked before, and
+// round 1's bytes stayed right.
+func TestLaterCallsChecked(t *testing.T) {
+	testHookRun = func(run func(context.Context) error) func(context.Context) error {
+		calls := 0
+		return func(ctx context.Context) error {
+			calls++
+			if calls == 1 {
+				return run(ctx)
+			}
+			return nil // every rank alike: no peer waits
+		}
+	}
+	defer func() { testHookRun = nil }()
+	rows := sweep(t, 2, nil, func(c *collective.Communicator) Config {
+		return Config{Sizes: []int64{4096}, Iters: 3, Warmup: 1, Backend: c.Backend().String(), Mode: "intra"}
+	})
+	for _, r := range rows {
+		if r.Wrong == 0 {
+			t.Errorf("%d bytes in place %t: 0 wrong bytes from a gather that did nothing after its first call", r.S, r.InPlace)
+		}
 	}
 }

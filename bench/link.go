@@ -104,7 +104,7 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 		if err := run(ctx); err != nil {
 			return res, err
 		}
-		res.Wrong += countWrong(dst, 2, n)
+		res.Wrong += countWrong(dst, 2, n, 1)
 	}
 	// Each all-gather's ratio is to the duplex transfer just before it,
 	// the nearest moment of the link, and follows the same work.

@@ -32,6 +32,20 @@ type OverlapResult struct {
 // noisyShare is overlap.NoisyShare, the rule the table's mark follows.
 const noisyShare = overlap.NoisyShare
 
+// NoisyRows says, one line each, which of rs have an efficiency that is
+// mostly noise (overlap.Times.Noisy): the CSV's columns are BENCH.md's,
+// so a CSV's reader learns it beside the rows (on stderr), as the table's
+// reader does from its '*'.
+func NoisyRows(rs []OverlapResult) []string {
+	var out []string
+	for _, r := range rs {
+		if r.noisy() {
+			out = append(out, fmt.Sprintf("noise: m=%d n=%d k=%d %s: efficiency %.3f, min(t_comm, t_gemm) under %.0f%% of t_seq", r.M, r.N, r.K, r.Dtype, r.Efficiency, 100*noisyShare))
+		}
+	}
+	return out
+}
+
 // noisy says whether r's efficiency is mostly noise (overlap.Times.Noisy).
 func (r OverlapResult) noisy() bool {
 	return overlap.Times{Comm: r.Comm, GEMM: r.GEMM, Seq: r.Seq}.Noisy()

@@ -33,6 +33,7 @@ func TestCompareRows(t *testing.T) {
 		{"zero", "mpi,cpu,intra,2,1,8,0,0.004,0.002,0\n", 1, "line 2: median_us 0"},
 		{"Inf", "mpi,cpu,intra,2,1,8,+Inf,0.004,0.002,0\n", 1, "line 2: median_us +Inf"},
 		{"negative busbw", "mpi,cpu,intra,2,1,8,4,0.004,-1,0\n", 1, "line 2: busbw_GBps -1"},
+		{"wrong bytes", "mpi,cpu,intra,2,1,8,4.0,0.004,0.002,3\n", 1, "line 2: 3 wrong bytes"},
 		{"size 0", "mpi,cpu,intra,2,1,0,0,0,0,0\nmpi,cpu,intra,2,1,8,4.0,0.004,0.002,0\n", 0, "2.00x"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

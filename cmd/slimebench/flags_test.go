@@ -2,12 +2,14 @@ package main
 
 import (
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/testbin"
+	"github.com/spf13/pflag"
 )
 
 // slimebench returns the built slimebench binary.
@@ -154,5 +156,32 @@ func TestExitCodes(t *testing.T) {
 				t.Fatalf("exit %d, want %d saying %q:\n%s", code, tc.code, tc.want, out)
 			}
 		})
+	}
+}
+
+// TestSweepBounds: bounds alone sweep BENCH.md's sizes between them and
+// the bounds themselves (-e 64M alone was a ×8 grid that skipped 1M, 4M
+// and 64M); a step factor gives nccl-tests' grid, up to the bound.
+func TestSweepBounds(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []int64
+	}{
+		{nil, defaultSizes},
+		{[]string{"-e", "64M"}, defaultSizes},
+		{[]string{"-e", "1M"}, defaultSizes[:7]},
+		{[]string{"-b", "4K", "-e", "100K"}, []int64{4096, 32768, 102400}},
+		{[]string{"-b", "8", "-e", "8"}, []int64{8}},
+		{[]string{"-b", "8", "-e", "64K", "-f", "8"}, []int64{8, 64, 512, 4096, 32768}},
+	} {
+		fs := pflag.NewFlagSet("slimebench allgather", pflag.ContinueOnError)
+		sw := sweepFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		got, err := sw.sizes()
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%v: %v, %v; want %v", tc.args, got, err, tc.want)
+		}
 	}
 }

@@ -239,6 +239,20 @@ func (s sweep) sizes() ([]int64, error) {
 	if err != nil {
 		return nil, usagef("%s: --min-bytes %s, --max-bytes %s, --step-factor %s: %w", cmd, *s.min, *s.max, *s.factor, err)
 	}
+	if !s.grid && !s.fs.Changed("step-factor") {
+		// Bounds alone: BENCH.md's sizes between them, and the bounds
+		// themselves (a step factor gives nccl-tests' grid instead:
+		// min, min·f, … up to max).
+		sizes = []int64{lo}
+		for _, n := range defaultSizes {
+			if n > lo && n < hi {
+				sizes = append(sizes, n)
+			}
+		}
+		if hi > lo {
+			sizes = append(sizes, hi)
+		}
+	}
 	return sizes, nil
 }
 
@@ -365,11 +379,21 @@ func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffer
 	if c.Rank() != 0 {
 		return nil
 	}
+	// A wrong byte fails the run whatever the format: the rows still go
+	// out (marked in their wrong column), and the exit says so.
+	wrong := func() error {
+		for _, r := range rs {
+			if r.Wrong != 0 {
+				return fmt.Errorf("%d wrong bytes at %d bytes per rank", r.Wrong, r.S)
+			}
+		}
+		return nil
+	}
 	switch {
 	case asCSV:
-		return bench.WriteCSV(os.Stdout, rs)
+		return errors.Join(bench.WriteCSV(os.Stdout, rs), wrong())
 	case asJSON:
-		return bench.WriteJSON(os.Stdout, rs)
+		return errors.Join(bench.WriteJSON(os.Stdout, rs), wrong())
 	}
 	launch, bufs := "eager (cpu)", buffers
 	if c.Backend() == device.CUDA {
@@ -400,12 +424,7 @@ func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffer
 			}
 		}
 	}
-	for _, r := range rs {
-		if r.Wrong != 0 {
-			return fmt.Errorf("%d wrong bytes", r.Wrong)
-		}
-	}
-	return nil
+	return wrong()
 }
 
 // inProcessRanks runs n ranks of one node as goroutines of this process
@@ -1032,6 +1051,9 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 		if err := bench.WriteOverlapCSV(os.Stdout, rs); err != nil {
 			return err
 		}
+		for _, l := range bench.NoisyRows(rs) {
+			fmt.Fprintln(os.Stderr, "# "+l)
+		}
 	} else {
 		tableTitle := title
 		if bench.BackendName(c) == bench.EmulatedBackend {
@@ -1186,7 +1208,8 @@ implementation are repeated runs, merged by median.
 
 A row whose median_us is not a positive finite number (NaN, Inf, 0 or
 less), or whose algbw or busbw is not a finite number of 0 or more, is
-no measurement: compare refuses the file, naming it and the line. Rows of
+no measurement, nor is a row with wrong bytes: compare refuses the file,
+naming it and the line. Rows of
 size 0 (nothing is timed) are left out. When no row of any other file
 matches a row of the base, compare says so and exits 1.
 `)
@@ -1298,6 +1321,9 @@ func measured(name string, rs []bench.Result) ([]bench.Result, error) {
 		}
 		if math.IsNaN(r.Median) || math.IsInf(r.Median, 0) || r.Median <= 0 {
 			return nil, fmt.Errorf("compare: %s line %d: median_us %s: not a measured time (want a positive finite number)", name, line, strconv.FormatFloat(r.Median, 'g', -1, 64))
+		}
+		if r.Wrong != 0 {
+			return nil, fmt.Errorf("compare: %s line %d: %d wrong bytes: the time of a wrong result is no measurement", name, line, r.Wrong)
 		}
 		for _, bw := range []struct {
 			col string
