@@ -450,30 +450,43 @@ func (e *Endpoint) bound(ctx context.Context) (context.Context, context.CancelFu
 // acquire checks the descriptors of a request as its target: every region
 // registered and not deregistered, every key right (compared in constant
 // time), every range inside its region. On success it takes a reference on
-// each region (released by release) and returns the memory of each range;
-// on failure it takes nothing and says why.
+// each region the ranges lie in, once per run of descriptors in one region
+// (released by release: regs holds each run's region once, so that a batch
+// of many pages of one region costs one reference, not one per page), and
+// returns the memory of each range; on failure it takes nothing and says
+// why.
 func (e *Endpoint) acquire(ds []desc, segs []seg, regs []*Region) ([]seg, []*Region, uint8, string) {
 	segs, regs = segs[:0], regs[:0]
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	var r *Region
 	for i, d := range ds {
-		r := e.regs[d.region]
-		var k [8]byte
-		binary.LittleEndian.PutUint64(k[:], d.key)
-		var rk [8]byte
-		if r != nil {
-			binary.LittleEndian.PutUint64(rk[:], r.key)
+		// A descriptor of the region and key of the one before it was
+		// checked with it: the same region, and the same key, which
+		// matched (both the peer's; comparing them reveals nothing of
+		// the region's key).
+		if i == 0 || d.region != ds[i-1].region || d.key != ds[i-1].key {
+			r = e.regs[d.region]
+			var k [8]byte
+			binary.LittleEndian.PutUint64(k[:], d.key)
+			var rk [8]byte
+			if r != nil {
+				binary.LittleEndian.PutUint64(rk[:], r.key)
+			}
+			switch {
+			case r == nil || r.closed.Load():
+				return segs, regs[:0], stNoRegion, fmt.Sprintf("descriptor %d: region id %d", i, d.region)
+			case subtle.ConstantTimeCompare(k[:], rk[:]) != 1:
+				return segs, regs[:0], stKey, fmt.Sprintf("descriptor %d: region %s: a wrong key", i, r.label())
+			}
+			if len(regs) == 0 || regs[len(regs)-1] != r {
+				regs = append(regs, r)
+			}
 		}
-		switch {
-		case r == nil || r.closed.Load():
-			return segs, regs, stNoRegion, fmt.Sprintf("descriptor %d: region id %d", i, d.region)
-		case subtle.ConstantTimeCompare(k[:], rk[:]) != 1:
-			return segs, regs, stKey, fmt.Sprintf("descriptor %d: region %s: a wrong key", i, r.label())
-		case d.off > uint64(r.size) || d.len > uint64(r.size)-d.off:
-			return segs, regs, stBounds, fmt.Sprintf("descriptor %d: region %s: bytes %d to %d of %d", i, r.label(), d.off, d.off+d.len, r.size)
+		if d.off > uint64(r.size) || d.len > uint64(r.size)-d.off {
+			return segs, regs[:0], stBounds, fmt.Sprintf("descriptor %d: region %s: bytes %d to %d of %d", i, r.label(), d.off, d.off+d.len, r.size)
 		}
 		segs = append(segs, r.seg().sub(int(d.off), int(d.len)))
-		regs = append(regs, r)
 	}
 	for _, r := range regs {
 		r.mu.Lock()
