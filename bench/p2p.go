@@ -584,7 +584,7 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 	batches := make([][]p2p.Op, k.conc)
 	for j := range batches {
 		for o := range k.batch {
-			off := (j*k.batch + o) * int(k.s)
+			off := (j*k.batch + pageAt(o, k.batch)) * int(k.s)
 			batches[j] = append(batches[j], p2p.Op{Local: b.local, LocalOff: off, Remote: b.remote, RemoteOff: off, Len: int(k.s)})
 		}
 	}
@@ -1005,7 +1005,7 @@ func (b *p2pBench) paired(ctx context.Context, emit func(P2PResult)) error {
 		}
 		var ops []p2p.Op
 		for o := range pr.batch {
-			off := o * int(pr.s)
+			off := pageAt(o, pr.batch) * int(pr.s)
 			ops = append(ops, p2p.Op{Local: b.local, LocalOff: off, Remote: b.remote, RemoteOff: off, Len: int(pr.s)})
 		}
 		var tRaw, tP2P, tCopy []float64
@@ -1145,5 +1145,12 @@ func (l *link) oneway(buf []byte, sender bool) error {
 	}
 	return l.fail("one-way transfer", first)
 }
+
+// pageAt is where a batch's operation o of n lies, in pages of its size,
+// in both regions: in descending order, so that no operation's memory
+// follows the one before it. p2p writes and reads the pages of a batch
+// that lie back to back as one piece (the path of a batch of one): a
+// batch measures its pages scattered.
+func pageAt(o, n int) int { return n - 1 - o }
 
 func gib(n int64) float64 { return float64(n) / (1 << 30) }

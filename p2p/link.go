@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/inter"
@@ -778,6 +779,21 @@ func (k *cursor) next(n int) seg {
 	return s.sub(k.o-m, m)
 }
 
+// appendPiece appends b to the pieces of a vectored write or read, as
+// part of the last piece when b's memory follows it in the same array (a
+// batch's pages that lie back to back): the kernel's work per piece is
+// paid once for the run.
+func appendPiece(pieces [][]byte, b []byte) [][]byte {
+	if k := len(pieces) - 1; k >= 0 && len(b) > 0 {
+		if last := pieces[k]; len(last) > 0 && cap(last)-len(last) >= len(b) &&
+			unsafe.SliceData(b) == unsafe.SliceData(last[len(last):cap(last)]) {
+			pieces[k] = last[:len(last)+len(b)]
+			return pieces
+		}
+	}
+	return append(pieces, b)
+}
+
 // sendChunks writes total bytes of segs as data frames of up to ChunkMax,
 // each under lock (nil: none), checking ok before each; when ok says
 // stop, it writes an end frame for id with the status it gives instead of
@@ -811,7 +827,7 @@ func (c *conn) sendChunks(lead [][]byte, id uint64, segs []seg, total uint64, lo
 				}
 				b, err = s.toHost(c.wstage[got:])
 			}
-			pieces = append(pieces, b)
+			pieces = appendPiece(pieces, b)
 			got += s.n
 		}
 		if err != nil { // GPU memory that cannot be read: the transfer ends here
@@ -1203,7 +1219,7 @@ func (c *conn) hostSegs(k *cursor, n int) [][]byte {
 			*k = save
 			return nil
 		}
-		out = append(out, s.b)
+		out = appendPiece(out, s.b)
 		left -= s.n
 	}
 	return out
