@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -84,8 +86,45 @@ func (g *GPUGroup) regionBytes() uint64 {
 
 func align256(n uint64) uint64 { return (n + 255) &^ 255 }
 
-// exchange record: pid, device ordinal, region address, IPC handle
-const gpuRecord = 8 + 8 + 8 + kernels.IPCHandleBytes
+// exchange record: pid, device ordinal, region address, region bytes, IPC
+// handle
+const gpuRecord = 8 + 8 + 8 + 8 + kernels.IPCHandleBytes
+
+// published holds the device memory that this process's GPU groups have
+// published in the store, by device and address, with its size, until it
+// is freed: a record that claims this process is accepted only where it
+// names one of them (the store is not trusted with an address).
+var published struct {
+	sync.Mutex
+	m map[localAlloc]uint64
+}
+
+type localAlloc struct {
+	dev int
+	p   kernels.Ptr
+}
+
+func publish(dev int, p kernels.Ptr, n uint64) {
+	published.Lock()
+	defer published.Unlock()
+	if published.m == nil {
+		published.m = make(map[localAlloc]uint64)
+	}
+	published.m[localAlloc{dev, p}] = n
+}
+
+func unpublish(dev int, p kernels.Ptr) {
+	published.Lock()
+	defer published.Unlock()
+	delete(published.m, localAlloc{dev, p})
+}
+
+func isPublished(dev int, p kernels.Ptr, n uint64) bool {
+	published.Lock()
+	defer published.Unlock()
+	got, ok := published.m[localAlloc{dev, p}]
+	return ok && got == n
+}
 
 // NewGPU allocates this rank's region, exchanges it with the node's other
 // ranks through the store and maps theirs.
@@ -134,20 +173,23 @@ func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
 	if g.status, g.statusD, err = g.lib.HostAlloc(g.dev, 64); err != nil {
 		return nil, g.fail("init", err)
 	}
-	if g.peers, g.opened, err = g.exchange(ctx, "region", g.region); err != nil {
+	if g.peers, g.opened, err = g.exchange(ctx, "region", g.region, g.regionBytes()); err != nil {
 		return nil, err
 	}
 	return g, nil
 }
 
-// exchange publishes this rank's allocation p under name and maps every
-// peer's: directly for ranks in this process, with CUDA IPC for the others.
+// exchange publishes this rank's allocation p of n bytes under name and
+// maps every peer's: directly for ranks in this process, with CUDA IPC for
+// the others. A peer's record is not trusted: its allocation must be of n
+// bytes too (ErrSizeMismatch), and one that claims this process must name
+// an allocation that a group of this process published (ErrInvalid).
 // An in-process peer on another GPU needs peer access from this rank's
 // device to its own (memory mapped with IPC has it already): exchange
 // enables it, since a kernel touching the peer's memory would fault
 // otherwise. It returns once every local rank has mapped everyone's, so
 // that no kernel writes into memory a peer has not mapped yet.
-func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (peers []kernels.Ptr, opened []bool, err error) {
+func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr, n uint64) (peers []kernels.Ptr, opened []bool, err error) {
 	// The peers' records are waited for within the group's Timeout as well
 	// as ctx's deadline.
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.Timeout)
@@ -171,7 +213,9 @@ func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (pe
 	binary.LittleEndian.PutUint64(rec, uint64(os.Getpid()))
 	binary.LittleEndian.PutUint64(rec[8:], uint64(g.dev))
 	binary.LittleEndian.PutUint64(rec[16:], uint64(p))
-	copy(rec[24:], h[:])
+	binary.LittleEndian.PutUint64(rec[24:], n)
+	copy(rec[32:], h[:])
+	publish(g.dev, p, n)
 	key := func(r int) string { return g.recordKey(name, r) }
 	if err := cfg.Store.Set(ctx, key(cfg.Rank), rec); err != nil {
 		return nil, nil, g.fail("init", err)
@@ -192,19 +236,27 @@ func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr) (pe
 		if len(v) != gpuRecord {
 			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrInvalid, "GPU memory record of %d bytes", len(v))
 		}
-		if int(binary.LittleEndian.Uint64(v)) == os.Getpid() {
+		if pn := binary.LittleEndian.Uint64(v[24:]); pn != n {
+			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrSizeMismatch, "the peer's GPU memory %s is %d bytes, this rank's %d (its Cap or size differs)", name, pn, n)
+		}
+		if binary.LittleEndian.Uint64(v) == uint64(os.Getpid()) {
 			// Same address space: the pointer as it is, reachable from
-			// this rank's GPU once peer access is on.
-			if pd := int(binary.LittleEndian.Uint64(v[8:])); pd != g.dev {
+			// this rank's GPU once peer access is on; only one that a
+			// group of this process published.
+			pd, pp := binary.LittleEndian.Uint64(v[8:]), kernels.Ptr(binary.LittleEndian.Uint64(v[16:]))
+			if pd > math.MaxInt32 || !isPublished(int(pd), pp, n) || int(pd) == g.dev && pp == p {
+				return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrInvalid, "the peer's record names GPU %d memory at %#x of %d bytes in this process, which no GPU group of it published", pd, uint64(pp), n)
+			}
+			if pd := int(pd); pd != g.dev {
 				if err := g.lib.EnablePeerAccess(g.dev, pd); err != nil {
 					return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrInvalid, "enabling peer access from GPU %d to the peer's GPU %d: %v", g.dev, pd, err)
 				}
 			}
-			peers[r] = kernels.Ptr(binary.LittleEndian.Uint64(v[16:]))
+			peers[r] = pp
 			continue
 		}
 		var ph [kernels.IPCHandleBytes]byte
-		copy(ph[:], v[24:])
+		copy(ph[:], v[32:])
 		q, err := g.lib.IPCOpen(g.dev, ph)
 		if err != nil {
 			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrPeerLost, "mapping the peer's GPU memory with CUDA IPC: %v", err)
@@ -267,8 +319,9 @@ func (g *GPUGroup) AllocSymmetric(ctx context.Context, n int) (*GPUSymmetric, er
 	if err != nil {
 		return nil, g.fail("alloc", err)
 	}
-	peers, opened, err := g.exchange(ctx, name, p)
+	peers, opened, err := g.exchange(ctx, name, p, uint64(n))
 	if err != nil {
+		unpublish(g.dev, p)
 		g.lib.Free(g.dev, p)
 		return nil, err
 	}
@@ -292,6 +345,7 @@ func (s *GPUSymmetric) Free(ctx context.Context) error {
 			g.lib.IPCClose(g.dev, s.Peers[r])
 		}
 	}
+	unpublish(g.dev, s.Local())
 	g.lib.Free(g.dev, s.Local())
 	s.Peers = nil
 	return err
@@ -426,6 +480,7 @@ func (g *GPUGroup) release() {
 		}
 	}
 	if g.region != 0 {
+		unpublish(g.dev, g.region)
 		g.lib.Free(g.dev, g.region)
 		g.region = 0
 	}
