@@ -383,7 +383,7 @@ func (g *Group) peerBytes(p, id, off, n int) ([]byte, error) {
 		return nil, fmt.Errorf("rank %d reads symmetric buffer %d, which this rank has not allocated", g.global(p), id)
 	}
 	b := g.bufs[id]
-	if off < 0 || off+n > b.stride {
+	if off < 0 || n > b.stride || off > b.stride-n { // off+n may wrap: off is the peer's word
 		return nil, fmt.Errorf("rank %d's block (%d bytes at %d) overruns symmetric buffer %d", g.global(p), n, off, id)
 	}
 	base := p*b.stride + off
