@@ -1042,6 +1042,9 @@ func (c *conn) first(j job, h Header, match bool) error {
 		return fmt.Errorf("%w: rank %d's call differs from this rank's (the operation, or a size on some rank)", ErrCallsDiffer, c.p.rank)
 	}
 	_, hi := Stripe(len(j.buf), int(h.Stripes), 0)
+	if h.Count != uint64(hi) {
+		return fmt.Errorf("%w: rank %d's stream is out of step (a first stripe of %d bytes, want %d)", fault.ErrPeerLost, c.p.rank, h.Count, hi)
+	}
 	if err := c.rd.ReadFull(j.buf[:hi]); err != nil {
 		return c.classify(err, "receiving a block")
 	}
