@@ -120,7 +120,9 @@ FUZZTIME ?= 30s
 FUZZ := rendezvous:FuzzDecode rendezvous:FuzzServer inter:FuzzDecode inter:FuzzParseAddr \
   internal/auth:FuzzHandshake internal/shm:FuzzCheckName internal/shm:FuzzParseStartTime \
   intra:FuzzIdentity collective:FuzzParseTasksPerNode collective:FuzzParseWhere collective:FuzzParseKnobs collective:FuzzDecodeCall \
-  p2p:FuzzDecodeHeader p2p:FuzzDecodeDescs p2p:FuzzDecodeIPCGrant p2p:FuzzDecodeInfo launcher:FuzzParsePlacement launcher:FuzzParseNodeInfo
+  p2p:FuzzDecodeHeader p2p:FuzzDecodeDescs p2p:FuzzDecodeIPCGrant p2p:FuzzDecodeInfo p2p:FuzzRemoteRegion p2p:FuzzProcAddr \
+  launcher:FuzzParsePlacement launcher:FuzzParseNodeInfo \
+  internal/machine:FuzzCountCPUList internal/machine:FuzzStatFields internal/machine:FuzzVMARange internal/cpustat:FuzzParse
 fuzz:
 	@for t in $(FUZZ); do \
 	  echo "== $$t"; $(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) ./$${t%%:*} || exit 1; done

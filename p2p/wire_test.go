@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -357,4 +359,57 @@ func TestHostileFrames(t *testing.T) {
 		t.Fatal("the honest read differs")
 	}
 	_ = ctx
+}
+
+// FuzzRemoteRegion: RemoteRegion.UnmarshalBinary, which takes bytes handed
+// over out of band (a store, a file, another program), never panics,
+// refuses with ErrInvalid, and what it accepts has a valid name and a size
+// of 1 to MaxLen and marshals back to the same bytes.
+func FuzzRemoteRegion(f *testing.F) {
+	good, _ := RemoteRegion{Name: "kv", ID: 1, Key: 2, Size: 4096}.MarshalBinary()
+	f.Add(good)
+	f.Add(good[:24])
+	f.Add(append(append([]byte(nil), good[:24]...), "a/b"...))
+	f.Add(make([]byte, 24))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r := RemoteRegion{Name: "unchanged"}
+		if err := r.UnmarshalBinary(b); err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("an error that is not ErrInvalid: %v", err)
+			}
+			if r.Name != "unchanged" {
+				t.Fatalf("a refused value changed the region: %+v", r)
+			}
+			return
+		}
+		if validName(r.Name) != nil || r.Size == 0 || r.Size > MaxLen {
+			t.Fatalf("accepted %+v", r)
+		}
+		if back, _ := r.MarshalBinary(); !bytes.Equal(back, b) {
+			t.Fatalf("%+v does not marshal back", r)
+		}
+	})
+}
+
+// FuzzProcAddr: the parser of /proc/net/tcp and tcp6 addresses never
+// panics, and what it accepts is 8 or 32 hex digits, a colon and a port
+// of at most four hex digits.
+func FuzzProcAddr(f *testing.F) {
+	for _, s := range []string{"0100007F:1F90", "0000000000000000FFFF00000100007F:1F90", "00000000000000000000000001000000:0050", "", ":", "0100007F:10000"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		a, err := procAddr(s)
+		if err != nil {
+			return
+		}
+		h, p, _ := strings.Cut(s, ":")
+		port, perr := strconv.ParseUint(p, 16, 16)
+		if len(h) != 8 && len(h) != 32 || strings.Trim(h, "0123456789abcdefABCDEF") != "" || perr != nil || uint64(a.Port()) != port {
+			t.Fatalf("procAddr(%q) accepted %v", s, a)
+		}
+		if !a.IsValid() || len(h) == 8 && !a.Addr().Is4() {
+			t.Fatalf("procAddr(%q) = %v", s, a)
+		}
+	})
 }

@@ -71,3 +71,33 @@ func TestBusyLive(t *testing.T) {
 		t.Errorf("spinning on %d processors: %.2f busy", a.cpus, busy)
 	}
 }
+
+// FuzzParse: the /proc/stat parser never panics; a text it accepts has a
+// processor, and the share of busy time between any two of its samples
+// is a number from 0 to 1.
+func FuzzParse(f *testing.F) {
+	for _, name := range []string{"testdata/stat.0", "testdata/stat.1"} {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte("cpu  1 2 3 -9223372036854775808 9223372036854775807 6\ncpu0 1\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		t0 := time.Unix(1764480000, 0)
+		s, ok := parse(b, t0)
+		if !ok {
+			return
+		}
+		if s.cpus <= 0 {
+			t.Fatalf("accepted with %d processors", s.cpus)
+		}
+		zero := Sample{cpus: s.cpus, at: t0.Add(-time.Second)}
+		for _, x := range []float64{Busy(zero, s), Busy(s, zero), Busy(s, s)} {
+			if !(x >= 0 && x <= 1) {
+				t.Fatalf("Busy = %v", x)
+			}
+		}
+	})
+}

@@ -1,8 +1,10 @@
 package machine
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -96,4 +98,51 @@ func TestAllocHuge(t *testing.T) {
 	if HugeBytes(make([]byte, 1<<20)) < 0 {
 		t.Fatal("HugeBytes of heap memory: -1")
 	}
+}
+
+// FuzzCountCPUList: the CPU list parser (of /sys/devices/system/cpu/online)
+// never panics, counts nothing negative, and counts no more than the list
+// names: each range at most 2^20 + 1 processors.
+func FuzzCountCPUList(f *testing.F) {
+	for _, s := range []string{"0", "0-3,8,10-11", "", "3-1", "0-99999999", "9223372036854775807", "+1-+2"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n := CountCPUList(s)
+		if n < 0 || n > (strings.Count(s, ",")+1)*(1<<20+1) {
+			t.Fatalf("CountCPUList(%q) = %d", s, n)
+		}
+	})
+}
+
+// FuzzStatFields: the /proc/PID/stat splitter never panics, and finds
+// fields only after a ')', none of them holding a space.
+func FuzzStatFields(f *testing.F) {
+	f.Add([]byte("1 (a b) S 0 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 42 0 0\n"))
+	f.Add([]byte("1 (a) b)) R 0"))
+	f.Add([]byte("no command"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fs, ok := StatFields(b)
+		if ok != bytes.ContainsRune(b, ')') {
+			t.Fatalf("ok %v for %q", ok, b)
+		}
+		for _, s := range fs {
+			if s == "" || strings.ContainsAny(s, " \t\n") {
+				t.Fatalf("field %q of %q", s, b)
+			}
+		}
+	})
+}
+
+// FuzzVMARange: the head line parser of /proc/self/smaps never panics,
+// and what it accepts is a range that is not empty.
+func FuzzVMARange(f *testing.F) {
+	f.Add("7f0000000000-7f0000001000 rw-p 00000000 00:00 0")
+	f.Add("1-0 r")
+	f.Add("AnonHugePages:         0 kB")
+	f.Fuzz(func(t *testing.T, line string) {
+		if s, e, ok := vmaRange(line); ok && s >= e {
+			t.Fatalf("vmaRange(%q) = %#x, %#x", line, s, e)
+		}
+	})
 }
