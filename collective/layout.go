@@ -81,6 +81,12 @@ func (c *Communicator) exchangeLayout(ctx context.Context, kind device.Kind) (la
 		if all[r], err = parseWhere(v); err != nil {
 			return layout{}, fault.New("init", o.Rank, r, ErrInvalid, "rank %d published the layout %q: %v", r, v, err)
 		}
+		if r == o.Rank && all[r] != me {
+			// Another client rewrote it: the layout built from the
+			// store would not be this rank's (its node's ranks and its
+			// own place there are what its Options say).
+			return layout{}, fault.New("init", o.Rank, -1, ErrInvalid, "this rank's layout entry in the store is %q, not the %q it published", v, me.String())
+		}
 		// Set before the layout: there already.
 		if v, err = c.store.Get(ctx, c.key("knobs/"+strconv.Itoa(r))); err != nil {
 			return layout{}, c.storeFault("init", err, r, fmt.Sprintf("rank %d never joined", r))

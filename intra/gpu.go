@@ -147,6 +147,9 @@ func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
 			cfg.Ranks[i] = i
 		}
 	}
+	if len(cfg.Ranks) != cfg.Size {
+		return nil, fault.New("init", cfg.Rank, -1, fault.ErrInvalid, "GPU group: %d global ranks for %d local ranks", len(cfg.Ranks), cfg.Size)
+	}
 	// The cleanup holds the group itself: the error returns set g to nil.
 	self := &GPUGroup{cfg: cfg, lib: cfg.Dev.Lib(), dev: cfg.Dev.Ordinal, cap: align256(uint64(cfg.Cap))}
 	g = self

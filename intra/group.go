@@ -142,6 +142,9 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 			cfg.Ranks[i] = i
 		}
 	}
+	if len(cfg.Ranks) != cfg.Size {
+		return nil, fmt.Errorf("intra: %d global ranks for %d local ranks: %w", len(cfg.Ranks), cfg.Size, fault.ErrInvalid)
+	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
