@@ -91,12 +91,19 @@ func align256(n uint64) uint64 { return (n + 255) &^ 255 }
 const gpuRecord = 8 + 8 + 8 + 8 + kernels.IPCHandleBytes
 
 // published holds the device memory that this process's GPU groups have
-// published in the store, by device and address, with its size, until it
-// is freed: a record that claims this process is accepted only where it
-// names one of them (the store is not trusted with an address).
+// published in the store, by device and address, with its size and the
+// store key it was published under, until it is freed: a record that
+// claims this process is accepted only where it names one of them,
+// published under the same key (the store is not trusted with an
+// address).
 var published struct {
 	sync.Mutex
-	m map[localAlloc]uint64
+	m map[localAlloc]pubAlloc
+}
+
+type pubAlloc struct {
+	n   uint64
+	key string
 }
 
 type localAlloc struct {
@@ -104,13 +111,13 @@ type localAlloc struct {
 	p   kernels.Ptr
 }
 
-func publish(dev int, p kernels.Ptr, n uint64) {
+func publish(dev int, p kernels.Ptr, n uint64, key string) {
 	published.Lock()
 	defer published.Unlock()
 	if published.m == nil {
-		published.m = make(map[localAlloc]uint64)
+		published.m = make(map[localAlloc]pubAlloc)
 	}
-	published.m[localAlloc{dev, p}] = n
+	published.m[localAlloc{dev, p}] = pubAlloc{n, key}
 }
 
 func unpublish(dev int, p kernels.Ptr) {
@@ -119,11 +126,11 @@ func unpublish(dev int, p kernels.Ptr) {
 	delete(published.m, localAlloc{dev, p})
 }
 
-func isPublished(dev int, p kernels.Ptr, n uint64) bool {
+func isPublished(dev int, p kernels.Ptr, n uint64, key string) bool {
 	published.Lock()
 	defer published.Unlock()
 	got, ok := published.m[localAlloc{dev, p}]
-	return ok && got == n
+	return ok && got == pubAlloc{n, key}
 }
 
 // NewGPU allocates this rank's region, exchanges it with the node's other
@@ -186,7 +193,8 @@ func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
 // maps every peer's: directly for ranks in this process, with CUDA IPC for
 // the others. A peer's record is not trusted: its allocation must be of n
 // bytes too (ErrSizeMismatch), and one that claims this process must name
-// an allocation that a group of this process published (ErrInvalid).
+// an allocation that a rank of this group in this process published under
+// name (ErrInvalid).
 // An in-process peer on another GPU needs peer access from this rank's
 // device to its own (memory mapped with IPC has it already): exchange
 // enables it, since a kernel touching the peer's memory would fault
@@ -218,7 +226,7 @@ func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr, n u
 	binary.LittleEndian.PutUint64(rec[16:], uint64(p))
 	binary.LittleEndian.PutUint64(rec[24:], n)
 	copy(rec[32:], h[:])
-	publish(g.dev, p, n)
+	publish(g.dev, p, n, g.recordKey(name, 0))
 	key := func(r int) string { return g.recordKey(name, r) }
 	if err := cfg.Store.Set(ctx, key(cfg.Rank), rec); err != nil {
 		return nil, nil, g.fail("init", err)
@@ -245,10 +253,10 @@ func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr, n u
 		if binary.LittleEndian.Uint64(v) == uint64(os.Getpid()) {
 			// Same address space: the pointer as it is, reachable from
 			// this rank's GPU once peer access is on; only one that a
-			// group of this process published.
+			// rank of this group in this process published.
 			pd, pp := binary.LittleEndian.Uint64(v[8:]), kernels.Ptr(binary.LittleEndian.Uint64(v[16:]))
-			if pd > math.MaxInt32 || !isPublished(int(pd), pp, n) || int(pd) == g.dev && pp == p {
-				return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrInvalid, "the peer's record names GPU %d memory at %#x of %d bytes in this process, which no GPU group of it published", pd, uint64(pp), n)
+			if pd > math.MaxInt32 || !isPublished(int(pd), pp, n, g.recordKey(name, 0)) || int(pd) == g.dev && pp == p {
+				return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrInvalid, "the peer's record names GPU %d memory at %#x of %d bytes in this process, which no rank of this group published", pd, uint64(pp), n)
 			}
 			if pd := int(pd); pd != g.dev {
 				if err := g.lib.EnablePeerAccess(g.dev, pd); err != nil {

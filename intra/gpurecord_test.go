@@ -29,9 +29,10 @@ func forgeGPURecord(pid, dev int, p kernels.Ptr, bytes uint64) []byte {
 // TestGPURecordNotTrusted: a GPU group's region records come from the
 // store, which is not trusted. A record that claims this rank's own
 // process (its pid) is an address this process uses as it is, so it must
-// name an allocation that a group of this process published, on that
-// device and of the region's size: an address anywhere else (one the
-// kernels would write into) fails NewGPU with ErrInvalid naming the peer.
+// name an allocation that a rank of this group in this process published,
+// on that device and of the region's size: an address anywhere else (one
+// the kernels would write into), another group's region included, fails
+// NewGPU with ErrInvalid naming the peer.
 // A record of a region of another size (a rank given another Cap, whose
 // kernels would write past the smaller one) fails it with
 // ErrSizeMismatch. Local rank 1 is the member gone bad: it writes its
@@ -56,6 +57,14 @@ func TestGPURecordNotTrusted(t *testing.T) {
 				t.Fatal(err)
 			}
 			return forgeGPURecord(os.Getpid(), 0, m.Ptr, want), func() { m.Free() }
+		}, fault.ErrInvalid},
+		{"another group's region", func(dev *device.GPU) ([]byte, func()) {
+			m, err := dev.Alloc(int(want))
+			if err != nil {
+				t.Fatal(err)
+			}
+			publish(0, m.Ptr, want, "other/gpu/region/0") // as another group of this process would
+			return forgeGPURecord(os.Getpid(), 0, m.Ptr, want), func() { unpublish(0, m.Ptr); m.Free() }
 		}, fault.ErrInvalid},
 		{"a region of another size", func(*device.GPU) ([]byte, func()) {
 			return forgeGPURecord(os.Getpid()+1, 0, 0x7f0000001000, want/2), func() {}
