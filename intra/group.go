@@ -108,6 +108,7 @@ type Group struct {
 	riov    [1]remoteIovec
 
 	pidfds  []int    // per peer; -1 when the peer shares this process
+	pids    []int    // per rank, as read once at Init (ctrl.pid is the peer's to rewrite)
 	pollfds []pollFD // per peer, for pidfds >= 0
 
 	epoch    uint64
@@ -512,6 +513,7 @@ func (g *Group) watchPeers() error {
 		g.pidfds[p] = fd
 		g.pollfds[p] = pollFD{Fd: int32(fd), Events: pollIn}
 	}
+	g.pids = pids
 	cpus := cpusOf(pids) // the ranks' CPUs together, not this process's alone
 	if cpus == 0 {
 		cpus = runtime.NumCPU()

@@ -1,9 +1,13 @@
 package intra
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"os/exec"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,3 +70,60 @@ func TestHostileSymmetricHeader(t *testing.T) {
 		})
 	}
 }
+
+// TestCMAPidPinned: a peer's control block lives in shared memory that the
+// peer writes, so the pid in it is not trusted after Init: a block read
+// with process_vm_readv is read from the process whose pid was taken (and
+// watched) at Init. Rank 1 is the peer gone bad: it rewrites its pid to
+// another process's (a child of the test) before the all-gather; rank 0
+// still reads rank 1's block, byte for byte, and from nowhere else.
+func TestCMAPidPinned(t *testing.T) {
+	other := exec.Command("sleep", "60")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { other.Process.Kill(); other.Wait() }()
+	const n = 64 << 10
+	sizes, offs := []int{n, n}, []int{0, n}
+	want, _ := expectAll(2, sizes, 3)
+	errs := group(t, 2, Config{Timeout: 10 * time.Second, CMAMin: 1, ZeroCopyMin: 1 << 30}, func(g *Group) error {
+		ctx := context.Background()
+		if !g.cma {
+			return errSkipCMA
+		}
+		me := g.Rank()
+		src := make([]byte, n)
+		fill(src, uint64(me*1000003+3))
+		dst := make([]byte, 2*n)
+		op, err := g.Plan("allgather", dst, src, sizes, offs)
+		if err != nil {
+			return err
+		}
+		if op.mode != modeCMA {
+			return fmt.Errorf("mode %d, want process_vm_readv's", op.mode)
+		}
+		if me == 1 {
+			atomic.StoreUint32(&g.ctrls[me].pid, uint32(other.Process.Pid))
+		}
+		if err := g.Barrier(ctx); err != nil {
+			return err
+		}
+		if err := op.Run(ctx); err != nil {
+			return err
+		}
+		if !bytes.Equal(dst, want) {
+			return fmt.Errorf("rank %d: the gathered bytes differ", me)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if errors.Is(err, errSkipCMA) {
+			t.Skip("process_vm_readv is not allowed here")
+		}
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+var errSkipCMA = errors.New("no process_vm_readv")

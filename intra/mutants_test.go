@@ -802,6 +802,9 @@ func TestProbeCMA(t *testing.T) {
 		{"this rank unreadable, the peers readable", []*ctrl{line(false, pid), line(true, pid)}, true},
 	} {
 		g := &Group{rank: 0, ctrls: c.ctrls}
+		for _, l := range c.ctrls { // as watchPeers takes them at Init
+			g.pids = append(g.pids, int(l.pid))
+		}
 		if got := g.probeCMA(); got != c.want {
 			t.Errorf("%s: probeCMA = %v, want %v", c.what, got, c.want)
 		}
@@ -861,7 +864,7 @@ func TestCMAReadFault(t *testing.T) {
 	if err := unix.Mprotect(mem[page:], unix.PROT_NONE); err != nil {
 		t.Fatal(err)
 	}
-	g := &Group{rank: 1, ctrls: []*ctrl{{pid: uint32(os.Getpid())}, {}}}
+	g := &Group{rank: 1, ctrls: []*ctrl{{pid: uint32(os.Getpid())}, {}}, pids: []int{os.Getpid(), 0}}
 	dst := make([]byte, 200)
 	addr := uint64(uintptr(unsafe.Pointer(&mem[page-100])))
 	if err := g.cmaRead(0, dst[:100], addr); err != nil {

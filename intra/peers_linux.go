@@ -65,13 +65,14 @@ type (
 )
 
 // probeCMA reports whether process_vm_readv reads every peer's memory: it
-// reads each peer's pid from the peer's own address space.
+// reads each peer's pid, as watchPeers took it, from the peer's own
+// address space.
 func (g *Group) probeCMA() bool {
 	for p, c := range g.ctrls {
 		if p == g.rank {
 			continue
 		}
-		pid := atomic.LoadUint32(&c.pid)
+		pid := uint32(g.pids[p])
 		var got uint32
 		local := []unix.Iovec{{Base: (*byte)(unsafe.Pointer(&got)), Len: 4}}
 		remote := []unix.RemoteIovec{{Base: uintptr(atomic.LoadUint64(&c.self)), Len: 4}}
@@ -83,9 +84,13 @@ func (g *Group) probeCMA() bool {
 	return true
 }
 
-// cmaRead copies len(dst) bytes at addr in peer p's address space into dst.
+// cmaRead copies len(dst) bytes at addr in peer p's address space into dst:
+// the process whose pid watchPeers took at Init (and watches), not
+// whatever the peer's control block says now (its memory is the peer's to
+// write: a pid written there later would point the read at another
+// process).
 func (g *Group) cmaRead(p int, dst []byte, addr uint64) error {
-	pid := int(atomic.LoadUint32(&g.ctrls[p].pid))
+	pid := g.pids[p]
 	for done := 0; done < len(dst); {
 		g.iov[0].Base = &dst[done]
 		g.iov[0].SetLen(len(dst) - done)
