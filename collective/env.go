@@ -204,8 +204,14 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	if o.WorldSize, sizeVar, err = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"); err != nil {
 		return bad("%v", err)
 	}
+	if sizeVar == "" && o.Rank > 0 {
+		// A rank of a larger world whose size did not reach it: as a
+		// world of one it would run as rank 0, alone and unaware.
+		return bad("%s=%d is set but no world size variable (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)", rankVar, o.Rank)
+	}
 	if sizeVar == "" {
-		// Not launched by anything: a world of one.
+		// Not launched by anything (or a rank 0 alone, as in a Slurm
+		// batch script outside srun): a world of one.
 		o.WorldSize, o.Rank = 1, 0
 	} else if rankVar == "" {
 		return bad("%s=%d is set but no rank variable (RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID)", sizeVar, o.WorldSize)

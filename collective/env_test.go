@@ -20,6 +20,8 @@ func TestLoadEnv(t *testing.T) {
 	}{
 		{"nothing: a world of one", map[string]string{},
 			Options{Job: Job{Rank: 0, WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500"}}},
+		{"rank 0 alone: a world of one", map[string]string{"SLURM_PROCID": "0"},
+			Options{Job: Job{Rank: 0, WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500"}}},
 		{"torchrun", map[string]string{"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
 			"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234", "TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_USE_AGENT_STORE": "True"},
 			Options{Job: Job{Rank: 5, WorldSize: 8, LocalRank: 1, LocalWorldSize: 4, NodeRank: 1, MasterAddr: "10.0.0.1", MasterPort: 1235, RunID: "job"}}},
@@ -66,6 +68,11 @@ func TestLoadEnvErrors(t *testing.T) {
 		{map[string]string{"RANK": "1", "WORLD_SIZE": "2"}, "MASTER_ADDR is not set"},
 		{map[string]string{"RANK": "x", "WORLD_SIZE": "2"}, `RANK="x" is not a non-negative integer`},
 		{map[string]string{"WORLD_SIZE": "2", "MASTER_ADDR": "x"}, "no rank variable"},
+		// A rank other than 0 without a world size cannot be a world of
+		// one: it ran as rank 0 of 1, unchecked.
+		{map[string]string{"RANK": "1", "MASTER_ADDR": "x"}, "RANK=1 is set but no world size variable (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)"},
+		{map[string]string{"OMPI_COMM_WORLD_RANK": "3"}, "OMPI_COMM_WORLD_RANK=3 is set but no world size variable"},
+		{map[string]string{"SLURM_PROCID": "2"}, "SLURM_PROCID=2 is set but no world size variable"},
 		{map[string]string{"RANK": "0", "WORLD_SIZE": "6", "LOCAL_RANK": "4", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "x"}, "local rank 4 of local world size 4"},
 		{map[string]string{"SLIME_ALGO": "tree"}, "SLIME_ALGO"},
 		{map[string]string{"MASTER_PORT": "70000"}, "not a TCP port"},
