@@ -266,7 +266,7 @@ func allgather(args []string) error {
 	eager := fs.Bool("eager-mode", false, "launch without CUDA graphs (the CPU backend always does)")
 	buffers := fs.String("buffers", "symmetric", "symmetric (Communicator.Alloc, read in place) or plain (staged)")
 	channels := fs.Int("channels", 0, "TCP connections per peer pair across nodes (default: SLIME_CHANNELS, else 4)")
-	algo := fs.String("algo", "", "across nodes: hier or ring (default: SLIME_ALGO, else hier)")
+	algo := fs.String("algo", "", "across nodes: auto, hier or ring (default: SLIME_ALGO, else auto: hier where every node holds as many ranks, else ring)")
 	asCSV := fs.Bool("csv", false, "print CSV instead of the table")
 	asJSON := fs.Bool("json", false, "print JSON instead of the table")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
@@ -294,6 +294,9 @@ func allgather(args []string) error {
 	}
 	if err := checkMode("allgather", *mode); err != nil {
 		return err
+	}
+	if a := *algo; a != "" && a != "auto" && a != "hier" && a != "ring" {
+		return usagef("allgather: --algo %q: want auto, hier or ring", a)
 	}
 	sizes, err := sw.sizes()
 	if err != nil {
@@ -703,6 +706,9 @@ func p2pCmd(args []string) error {
 	cfg.MaxInFlight = n
 	if cfg.RegisterBytes, err = bytesize.Parse(*register); err != nil {
 		return usagef("p2p: --register %q: %v", *register, err)
+	}
+	if r := cfg.RegisterBytes; r != 0 && (r%(4<<10) != 0 || r < 8<<10) {
+		return usagef("p2p: --register %q: want 0 (none) or a multiple of 4 KiB, at least 8 KiB (timed as 4 KiB pages and as one region)", *register)
 	}
 	hugeNote := ""
 	if *huge {

@@ -52,8 +52,8 @@ func TestP2PBadFlags(t *testing.T) {
 		{[]string{"--max-in-flight", "0"}, `--max-in-flight "0": want a positive size`},
 		{[]string{"-b", "1024G", "-e", "1024G", "--max-in-flight", "1024G"}, "lower --max-bytes or --max-in-flight"},
 		{[]string{"--register", "1024G"}, "more than this machine's memory"},
-		{[]string{"--register", "6K"}, "registering 6144 bytes: want 0 (none) or a multiple of 4 KiB"},
-		{[]string{"--register", "4K"}, "registering 4096 bytes: want 0 (none) or a multiple of 4 KiB, at least 8 KiB"},
+		{[]string{"--register", "6K"}, `p2p: --register "6K": want 0 (none) or a multiple of 4 KiB`},
+		{[]string{"--register", "4K"}, `p2p: --register "4K": want 0 (none) or a multiple of 4 KiB, at least 8 KiB`},
 		{[]string{"--plot", "/proc/no-such-dir/p.png"}, "--plot /proc/no-such-dir/p.png: its directory is not writable"},
 		{[]string{"-e", "512", "--no-baselines", "--min-time", "10ms", "--plot", filepath.Join(plotDir, "p.png")}, "nothing to plot"},
 	} {
