@@ -94,6 +94,14 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--standalone", "--node-rank", "1", "true"}, "--standalone runs one node"},
 		{[]string{"--rdzv-endpoint", "[::1", "true"}, "want host[:port]"},
 		{[]string{"--rdzv-endpoint", "a:1:2", "true"}, "want host[:port]"},
+		// Values that were taken as the default without a word (a grace
+		// of 0 waited 5 s, a join timeout of 0 five minutes).
+		{[]string{"--standalone", "--stop-grace", "0", "true"}, "--stop-grace 0s: want a positive duration"},
+		{[]string{"--standalone", "--stop-grace", "-1s", "true"}, "--stop-grace -1s: want a positive duration"},
+		{[]string{"--standalone", "--monitor-interval", "0", "true"}, "--monitor-interval 0s: want a positive duration"},
+		{[]string{"--standalone", "--rdzv-timeout", "-5s", "true"}, "--rdzv-timeout -5s: want a positive duration"},
+		{[]string{"--standalone", "--rdzv-timeout", "0", "true"}, "--rdzv-timeout 0s: want a positive duration"},
+		{[]string{"--standalone", "--max-restarts", "-1", "true"}, "--max-restarts -1: want 0 or more"},
 	} {
 		out, err := exec.Command(slimerun, tc.args...).CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.msg) {

@@ -99,6 +99,19 @@ func run(args []string) int {
 			return 0
 		}
 	}
+	// The launcher takes a zero duration for its default: given on the
+	// command line, zero or less is a mistake, not a wish for 5 s.
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"stop-grace", cfg.StopGrace}, {"monitor-interval", cfg.MonitorInterval}, {"rdzv-timeout", cfg.RdzvTimeout}} {
+		if d.v <= 0 {
+			return fail("--%s %v: want a positive duration", d.flag, d.v)
+		}
+	}
+	if cfg.MaxRestarts < 0 {
+		return fail("--max-restarts %d: want 0 or more", cfg.MaxRestarts)
+	}
 	var err error
 	if cfg.NNodes, err = parseNodes(*nnodes); err != nil {
 		return fail("%v", err)
