@@ -48,3 +48,37 @@ func TestCompareRows(t *testing.T) {
 		})
 	}
 }
+
+// TestCompareLauncherOutput: the CSV of 'slimerun ... slimebench allgather
+// --csv > a.csv' carries slimerun's rank prefix on every line ("[0]: "),
+// and compare reads it as it is (it refused the file: "header is not
+// impl,..."), rows of the prefix's rank alone.
+func TestCompareLauncherOutput(t *testing.T) {
+	bin := slimebench(t)
+	dir := t.TempDir()
+	const header = "impl,backend,mode,P,nodes,S,median_us,algbw_GBps,busbw_GBps,wrong\n"
+	base := filepath.Join(dir, "base.csv")
+	if err := os.WriteFile(base, []byte(header+"slimego,cpu,intra,2,1,8,2.0,0.008,0.004,0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, other string
+		code        int
+		want        string
+	}{
+		{"rank 0's lines", "[0]: " + header + "[0]: mpi,cpu,intra,2,1,8,4.0,0.004,0.002,0\n", 0, "2.00x"},
+		{"a rank above 9", "[12]: " + header + "[12]: mpi,cpu,intra,2,1,8,4.0,0.004,0.002,0\n", 0, "2.00x"},
+		{"another rank's line", "[0]: " + header + "[1]: mpi,cpu,intra,2,1,8,4.0,0.004,0.002,0\n", 1, `line 2 does not start with "[0]: " as the header does`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			other := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".csv")
+			if err := os.WriteFile(other, []byte(tc.other), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, code := run(t, bin, "compare", base, other)
+			if code != tc.code || !strings.Contains(out, tc.want) || crashed(out) {
+				t.Fatalf("exit %d, want %d saying %q:\n%s", code, tc.code, tc.want, out)
+			}
+		})
+	}
+}

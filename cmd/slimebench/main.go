@@ -10,12 +10,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -1237,8 +1240,15 @@ matches a row of the base, compare says so and exits 1.
 		if err != nil {
 			return err
 		}
-		rs, err := bench.ReadCSV(f)
+		data, err := io.ReadAll(f)
 		f.Close()
+		if err != nil {
+			return err
+		}
+		if data, err = unprefixed(data); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		rs, err := bench.ReadCSV(bytes.NewReader(data))
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -1310,6 +1320,34 @@ matches a row of the base, compare says so and exits 1.
 		order[0], strings.Join(order[1:], ", "), len(runs[order[0]]), order[0], order[0])
 	bench.Compare(os.Stdout, sets[0], sets[1:]...)
 	return nil
+}
+
+// rankPrefix matches slimerun's "[RANK]: " at the start of a worker's
+// output line.
+var rankPrefix = regexp.MustCompile(`^\[[0-9]+\]: `)
+
+// unprefixed returns a CSV file's bytes without slimerun's rank prefix,
+// where its first line has one ('slimerun ... slimebench allgather --csv
+// > a.csv' writes rank 0's lines so): every line must then carry the
+// same.
+func unprefixed(data []byte) ([]byte, error) {
+	p := rankPrefix.Find(data)
+	if p == nil {
+		return data, nil
+	}
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	var out bytes.Buffer
+	for i, l := range lines {
+		if len(bytes.TrimSpace(l)) == 0 {
+			continue
+		}
+		rest, ok := bytes.CutPrefix(l, p)
+		if !ok {
+			return nil, fmt.Errorf("csv line %d does not start with %q as the header does (slimerun's rank prefix)", i+1, p)
+		}
+		out.Write(rest)
+	}
+	return out.Bytes(), nil
 }
 
 // measured checks the rows ReadCSV read from the file name (row i is
