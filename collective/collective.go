@@ -8,7 +8,9 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -306,7 +308,7 @@ func (c *Communicator) connect(ctx context.Context) error {
 		}
 		s, err := rendezvous.Listen(listen, rendezvous.ServerConfig{Auth: o.auth()})
 		if err != nil {
-			return fault.New("init", o.Rank, -1, ErrInvalid, "rank 0 hosts the rendezvous store: %v", err)
+			return fault.New("init", o.Rank, -1, ErrInvalid, "rank 0 hosts the rendezvous store: %v%s", err, portInUse(o, err))
 		}
 		c.server = s
 		addr = s.Addr().String()
@@ -322,6 +324,20 @@ func (c *Communicator) connect(ctx context.Context) error {
 	st.Timeout = o.Timeout
 	c.store = st
 	return nil
+}
+
+// portInUse says, where rank 0 could not host the store because its port
+// is taken, how to choose another, and where the port came from when no
+// MASTER_PORT named it (srun, mpirun: derived from the run id).
+func portInUse(o Options, err error) string {
+	if !errors.Is(err, syscall.EADDRINUSE) || o.WorldSize == 1 {
+		return ""
+	}
+	hint := fmt.Sprintf("; port %d is in use (another process, or another job on this host): give the job another MASTER_PORT", o.MasterPort)
+	if strings.TrimSpace(os.Getenv("MASTER_PORT")) == "" && o.JobID != "" && o.MasterPort == derivedPort(o.JobID) {
+		hint += fmt.Sprintf(" (this one is derived from the run id %s, as none is set)", o.JobID)
+	}
+	return hint
 }
 
 // connectNodes sets up the TCP transport and the algorithm across nodes.
