@@ -171,5 +171,15 @@ func candidates(name, envVar string) []string {
 			}
 		}
 	}
-	return append(c, name)
+	// The executable's folders and the working directory's may reach the
+	// same place (bin/slimerun run from its checkout): try it once.
+	seen := map[string]bool{}
+	out := c[:0]
+	for _, p := range c {
+		if !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
+	return append(out, name)
 }
