@@ -389,6 +389,11 @@ func Run(ctx context.Context, cfg Config) error {
 			cfg.Warnf("no job secret (SLIME_JOB_SECRET or --job-secret-file) for a job across %d nodes: anyone who can reach the store at %s:%d can join the job, read its data and redirect its connections; give every node the same secret", cfg.NNodes, cfg.MasterAddr, cfg.MasterPort)
 		}
 	}
+	// From here on a signal is the job's to handle (it calls off the
+	// rendezvous, or stops the workers), not a silent end of the launcher.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sigs)
 	sweepOrphans(&cfg)
 	j := &job{cfg: &cfg, bindHost: "127.0.0.1", workerAddr: "127.0.0.1"}
 	if cfg.NNodes > 1 {
@@ -418,17 +423,13 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	cfg.Logf("run %s: %d node(s) × %d worker(s), store %s:%d", cfg.RunID, cfg.NNodes, cfg.NProcPerNode, cfg.MasterAddr, cfg.MasterPort)
-	if err := j.joinNodes(ctx); err != nil {
+	if err := j.joinInterruptible(ctx, sigs); err != nil {
 		return err
 	}
 	if j.client != nil {
 		defer j.client.Close()
 	}
 	cfg.Logf("workers get MASTER_ADDR=%s MASTER_PORT=%d (free for torch's store), SLIME_STORE_PORT=%d", j.workerAddr, j.torchPort, cfg.MasterPort)
-
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
 
 	for attempt := 0; ; attempt++ {
 		err := j.runAttempt(ctx, attempt, sigs)
@@ -606,6 +607,41 @@ func (n nodeInfo) given() string {
 // the launchers' rendezvous (nodesPrefix) with its reason, so that the
 // other nodes fail at once, naming it, instead of at their timeout or, if
 // their counts let them pass, in their workers' Init.
+// joinInterruptible is joinNodes, called off by a SIGINT, SIGTERM or
+// SIGHUP (sigs) that arrives meanwhile: the rendezvous ends at once with
+// ErrInterrupted, and the other nodes are told through the store (as of a
+// node that gives up), where the signal's default action would end the
+// launcher without a word and leave them waiting out the rendezvous
+// timeout. A signal that comes as the node joins goes back to sigs, for
+// the attempt to handle as any other.
+func (j *job) joinInterruptible(ctx context.Context, sigs chan os.Signal) error {
+	jctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	done, caught := make(chan struct{}), make(chan os.Signal, 1)
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		select {
+		case s := <-sigs:
+			caught <- s
+			cancel(&ErrInterrupted{Signal: s})
+		case <-done:
+		}
+	})
+	err := j.joinNodes(jctx)
+	close(done)
+	watch.Wait()
+	select {
+	case s := <-caught:
+		if err == nil {
+			sigs <- s
+			return nil
+		}
+		return fmt.Errorf("launcher: node %d: the rendezvous: %w", j.cfg.NodeRank, &ErrInterrupted{Signal: s})
+	default:
+		return err
+	}
+}
+
 func (j *job) joinNodes(ctx context.Context) error {
 	cfg := j.cfg
 	if cfg.NNodes == 1 {
@@ -654,10 +690,23 @@ func (j *job) joinNodes(ctx context.Context) error {
 	// From here on this node holds its rank: if it fails, the others are
 	// told at once.
 	fail := func(err error) error {
+		if intr, ok := errors.AsType[*ErrInterrupted](context.Cause(ctx)); ok && ctx.Err() != nil {
+			err = fmt.Errorf("node %d was %w during the rendezvous", cfg.NodeRank, intr)
+		}
 		if _, aborted := errors.AsType[*rendezvous.AbortError](err); !aborted {
 			actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer acancel()
-			if aerr := st.Abort(actx, nodesPrefix(cfg.RunID), cfg.NodeRank, err.Error()); aerr != nil {
+			aerr := st.Abort(actx, nodesPrefix(cfg.RunID), cfg.NodeRank, err.Error())
+			if aerr != nil && ctx.Err() != nil {
+				// The call that ctx cut short left the connection
+				// unusable: tell the store on a new one.
+				var st2 *rendezvous.Client
+				if st2, aerr = rendezvous.Dial(actx, addr, cfg.auth()); aerr == nil {
+					aerr = st2.Abort(actx, nodesPrefix(cfg.RunID), cfg.NodeRank, err.Error())
+					st2.Close()
+				}
+			}
+			if aerr != nil {
 				cfg.Logf("node %d: could not tell the store that this node gave up: %v", cfg.NodeRank, aerr)
 			}
 		}

@@ -180,7 +180,11 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "slimerun: job failed: first failure: %v\n", we)
 		return 1
 	case errors.As(err, &intr):
-		fmt.Fprintf(os.Stderr, "slimerun: %v; workers stopped\n", intr)
+		if err == error(intr) { // from the workers' supervision
+			fmt.Fprintf(os.Stderr, "slimerun: %v; workers stopped\n", intr)
+		} else { // before any worker started (the rendezvous)
+			fmt.Fprintf(os.Stderr, "slimerun: %v\n", err)
+		}
 		if s, ok := intr.Signal.(syscall.Signal); ok {
 			return 128 + int(s)
 		}
