@@ -214,8 +214,8 @@ const (
 // round to the last, less its checking.
 func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PResult, error) {
 	cfg.defaults()
-	if c.Size() != 2 {
-		return nil, fmt.Errorf("%w: two ranks measure a link; this job has %d (run it under slimerun --nproc-per-node 2, or --nnodes 2 with one rank each)", ErrP2PBench, c.Size())
+	if err := P2PWorld(c); err != nil {
+		return nil, err
 	}
 	if r := cfg.RegisterBytes; r > 0 && (r%(4<<10) != 0 || r < 8<<10) {
 		return nil, fmt.Errorf("%w: registering %d bytes: want 0 (none) or a multiple of 4 KiB, at least 8 KiB (timed as 4 KiB pages and as one region)", ErrP2PBench, r)
@@ -1144,6 +1144,15 @@ func (l *link) oneway(buf []byte, sender bool) error {
 		}
 	}
 	return l.fail("one-way transfer", first)
+}
+
+// P2PWorld says why c's job cannot run P2P (nil when it can): two ranks
+// measure a link.
+func P2PWorld(c *collective.Communicator) error {
+	if c.Size() != 2 {
+		return fmt.Errorf("%w: two ranks measure a link; this job has %d (run it under slimerun --nproc-per-node 2, or --nnodes 2 with one rank each)", ErrP2PBench, c.Size())
+	}
+	return nil
 }
 
 // pageAt is where a batch's operation o of n lies, in pages of its size,

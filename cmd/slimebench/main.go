@@ -730,6 +730,9 @@ func p2pCmd(args []string) error {
 		return err
 	}
 	defer c.Close()
+	if err := bench.P2PWorld(c); err != nil {
+		return err // before the sweep's notes, which would bury it
+	}
 	if c.Rank() == 0 {
 		if *gpu && device.CUDAEmulated() {
 			fmt.Fprintln(os.Stderr, "slimebench p2p: --gpu on the emulated CUDA library: no figure here is a GPU's")

@@ -76,3 +76,18 @@ func TestP2PBadFlags(t *testing.T) {
 		t.Errorf("an unknown command: exit %d:\n%s", code, out)
 	}
 }
+
+// TestP2PWorldOfOne: p2p without a launcher (a world of one) says at once
+// that it needs two ranks, and says nothing else first (the sweep's notes
+// of combinations skipped buried the reason under thirty lines).
+func TestP2PWorldOfOne(t *testing.T) {
+	dir, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, code := run(t, filepath.Join(dir, "slimebench"), "p2p")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 1 || len(lines) != 1 || !strings.Contains(out, "two ranks measure a link; this job has 1") {
+		t.Fatalf("exit %d, want 1 with one line saying it needs two ranks:\n%s", code, out)
+	}
+}
