@@ -173,8 +173,14 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 		return message{}, c.broken
 	}
 	// The server bounds blocking waits itself; the slack lets its timeout
-	// answer arrive before the socket deadline fires.
-	c.conn.SetDeadline(deadline.Add(2 * time.Second))
+	// answer arrive before the socket deadline fires. A call that the
+	// server answers at once has none: a store that does not answer (its
+	// host stopped, its link down) fails it at the deadline.
+	sock := deadline
+	if blocking {
+		sock = deadline.Add(answerSlack)
+	}
+	c.conn.SetDeadline(sock)
 	// A cancelled call unblocks at once. A deadline does not break the
 	// connection: the server answers statusTimeout at the deadline itself.
 	stop := context.AfterFunc(ctx, func() {
@@ -228,6 +234,10 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 	resp.Value = append([]byte(nil), resp.Value...)
 	return resp, nil
 }
+
+// answerSlack is how long past its deadline a blocking call waits for the
+// server's own timeout answer before it gives the connection up.
+const answerSlack = 2 * time.Second
 
 // Set stores value under key, replacing any earlier value.
 func (c *Client) Set(ctx context.Context, key string, value []byte) error {
