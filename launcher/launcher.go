@@ -211,6 +211,27 @@ func (e *JobError) Error() string {
 
 func (e *JobError) Unwrap() error { return e.First }
 
+// RemoteError is what Run returns on a node whose workers it stopped
+// because a worker of another node failed first: the rank that failed and
+// what its launcher said of it.
+type RemoteError struct {
+	Rank, Node int // Node is -1 where the rank is not the job's
+	Attempt    int
+	Reason     string
+}
+
+func (e *RemoteError) Error() string {
+	return fmt.Sprintf("a worker of node %d failed: %.512s; this node's workers were stopped", e.Node, e.Reason)
+}
+
+// failedPrefix is the store prefix that a node aborts, with the rank and
+// the reason, when one of its workers fails in an attempt: every node's
+// launcher waits on it (watchFailures), and stops its own workers when
+// another node's worker failed.
+func failedPrefix(runID string, attempt int) string {
+	return nodesPrefix(runID) + "failed/" + strconv.Itoa(attempt) + "/"
+}
+
 // ErrInterrupted is returned when the launcher was told to stop.
 type ErrInterrupted struct{ Signal os.Signal }
 
@@ -356,12 +377,16 @@ type job struct {
 	// cpuBase is where this node's local rank 0 starts in cfg.cpus: the
 	// ranks of earlier nodes bound to the same CPUs (see placement.go).
 	cpuBase int
+	// storeAddr is where this node reaches the store (across nodes).
+	storeAddr string
 }
 
 // Run runs the job's workers on this node until they all exit, one fails,
 // or a SIGINT, SIGTERM or SIGHUP arrives (forwarded to every worker). It
 // returns nil when every worker exited 0, a *JobError naming the first
-// failure (and the rank the workers blame), or an *ErrInterrupted.
+// failure (and the rank the workers blame), a *RemoteError when a worker
+// of another node failed first (this node's workers are then stopped as
+// when one of its own fails), or an *ErrInterrupted.
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.defaults(); err != nil {
 		return err
@@ -437,7 +462,8 @@ func Run(ctx context.Context, cfg Config) error {
 			cfg.Logf("removed %d shared-memory segment(s) the workers left: %v", len(removed), removed)
 		}
 		var we *WorkerError
-		if err == nil || !errors.As(err, &we) || attempt >= cfg.MaxRestarts {
+		var re *RemoteError
+		if err == nil || !errors.As(err, &we) && !errors.As(err, &re) || attempt >= cfg.MaxRestarts {
 			return err
 		}
 		cfg.Logf("%v; restarting the workers (%d of %d restarts)", err, attempt+1, cfg.MaxRestarts)
@@ -654,6 +680,7 @@ func (j *job) joinNodes(ctx context.Context) error {
 		// Node 0 reaches its own store where it bound it.
 		addr = net.JoinHostPort(j.bindHost, strconv.Itoa(cfg.MasterPort))
 	}
+	j.storeAddr = addr
 	st, err := rendezvous.Dial(ctx, addr, cfg.auth())
 	if err != nil {
 		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
@@ -792,10 +819,15 @@ func (j *job) joinNodes(ctx context.Context) error {
 // Aborts reach the store in the order of the calls (the store keeps the
 // first): a worker that did not start is named, not the workers stopped
 // because of it. Only the supervising goroutine calls it.
-func (j *job) abort(attempt, rank int, reason string) {
+// A failure (failed) is also told to the other nodes' launchers
+// (failedPrefix).
+func (j *job) abort(attempt, rank int, reason string, failed bool) {
 	prefix := rendezvous.AttemptPrefix(j.cfg.RunID, attempt)
 	if j.srv != nil {
 		j.srv.Abort(prefix, rank, reason)
+		if failed {
+			j.srv.Abort(failedPrefix(j.cfg.RunID, attempt), rank, reason)
+		}
 		return
 	}
 	if j.client == nil {
@@ -822,7 +854,35 @@ func (j *job) abort(attempt, rank int, reason string) {
 		if err := j.client.Abort(ctx, prefix, rank, reason); err != nil {
 			j.cfg.Logf("node %d: could not tell the store that %s: %v", j.cfg.NodeRank, reason, err)
 		}
+		if failed {
+			if err := j.client.Abort(ctx, failedPrefix(j.cfg.RunID, attempt), rank, reason); err != nil {
+				j.cfg.Logf("node %d: could not tell the other nodes that %s: %v", j.cfg.NodeRank, reason, err)
+			}
+		}
 	}()
+}
+
+// watchFailures waits, on a connection of its own, for another node to
+// report a failed worker of the attempt (failedPrefix) and sends what it
+// reported on remote. It returns when ctx ends, or when the store cannot
+// be reached (node 0's launcher has gone: its workers are done).
+func (j *job) watchFailures(ctx context.Context, attempt int, remote chan<- *rendezvous.AbortError) {
+	st, err := rendezvous.Dial(ctx, j.storeAddr, j.cfg.auth())
+	if err != nil {
+		return
+	}
+	defer st.Close()
+	key := failedPrefix(j.cfg.RunID, attempt) + "none"
+	for {
+		err := st.Wait(ctx, key) // never set: only an abort ends it
+		if ae, ok := errors.AsType[*rendezvous.AbortError](err); ok {
+			remote <- ae
+			return
+		}
+		if !errors.Is(err, rendezvous.ErrTimeout) {
+			return
+		}
+	}
 }
 
 // testHookAbort, when set (tests only), runs before an abort is sent
@@ -1034,8 +1094,23 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		killAt = time.After(cfg.StopGrace)
 	}
 	if startErr != nil {
-		j.abort(attempt, cfg.NodeRank*cfg.NProcPerNode+started, startErr.Error())
+		j.abort(attempt, cfg.NodeRank*cfg.NProcPerNode+started, startErr.Error(), true)
 		startStop(syscall.SIGTERM)
+	}
+	// A worker of another node that fails stops this node's workers too.
+	var remote chan *rendezvous.AbortError
+	if cfg.NNodes > 1 && j.storeAddr != "" {
+		remote = make(chan *rendezvous.AbortError, 1)
+		wctx, wcancel := context.WithCancel(context.Background())
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			j.watchFailures(wctx, attempt, remote)
+		}()
+		defer func() {
+			wcancel()
+			<-watched
+		}()
 	}
 	done := ctx.Done()
 	// The loop runs until every worker has exited and nothing is left in
@@ -1091,7 +1166,7 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 			running--
 			ex.w.exited = true
 			// Whoever still waits on this attempt's keys waits in vain.
-			j.abort(attempt, ex.w.rank, exitReason(ex))
+			j.abort(attempt, ex.w.rank, exitReason(ex), ex.failed() && !stopping)
 			if !ex.failed() && !stopping {
 				ex.w.cleanExit = true
 			}
@@ -1100,6 +1175,18 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 				if first == nil {
 					first = failures[0]
 				}
+			}
+		case ae := <-remote:
+			remote = nil
+			node := -1
+			if world := cfg.NNodes * cfg.NProcPerNode; ae.Rank >= 0 && ae.Rank < world {
+				node = ae.Rank / cfg.NProcPerNode
+			}
+			if node != cfg.NodeRank && first == nil && !stopping {
+				// The next tick stops the workers, as after a failure
+				// here: those that saw it too have that long to say so.
+				first = &RemoteError{Rank: ae.Rank, Node: node, Attempt: attempt, Reason: ae.Reason}
+				cfg.Logf("node %d: %v", cfg.NodeRank, first)
 			}
 		case <-tick.C:
 			if first != nil {

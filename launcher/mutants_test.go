@@ -151,7 +151,8 @@ func TestFailureWithoutBlame(t *testing.T) {
 // (its log directory cannot be made) fails the node's share with that
 // error, after the workers already started are stopped; it is not a
 // success. The attempt's store waits are aborted at once, naming the
-// global rank that did not start (node 1's second: rank 3).
+// global rank that did not start (node 1's second: rank 3), and node 0
+// stops its workers and fails, naming it too (TestOtherNodeFailureStopsWorkers).
 func TestStartFailure(t *testing.T) {
 	dir := t.TempDir()
 	notDir := filepath.Join(dir, "file")
@@ -212,8 +213,9 @@ func TestStartFailure(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "end"), nil, 0o600)
 	err0 := result(0)
 	ended = true
-	if err0 != nil {
-		t.Errorf("node 0: %v", err0)
+	var re *RemoteError
+	if !errors.As(err0, &re) || re.Rank != 3 || re.Node != 1 || !strings.Contains(err0.Error(), "launcher: log dir") {
+		t.Errorf("node 0: err = %v; want node 1's rank 3 named, with its log directory's error", err0)
 	}
 }
 
@@ -306,7 +308,8 @@ func TestOneNodeWorkersGetLoopback(t *testing.T) {
 // node 1 (and a client) reach it; the workers get it as MASTER_ADDR and,
 // without a job secret, no SLIME_JOB_SECRET at all. When node 1's worker
 // fails, node 1 tells node 0's store (a waiter fails at once, naming rank
-// 1), says nothing of failing to, and reads the blame recorded there.
+// 1), says nothing of failing to, and reads the blame recorded there;
+// node 0 stops its worker and fails, naming rank 1.
 func TestTwoNodesOnHostAddress(t *testing.T) {
 	ip := hostIP(t)
 	dir := t.TempDir()
@@ -384,8 +387,9 @@ func TestTwoNodesOnHostAddress(t *testing.T) {
 	}
 	st.Close()
 	os.WriteFile(filepath.Join(dir, "end"), nil, 0o600)
-	if err := result(0); err != nil {
-		t.Errorf("node 0: %v", err)
+	var re *RemoteError
+	if err := result(0); !errors.As(err, &re) || re.Rank != 1 || !strings.Contains(err.Error(), "rank 1 (pid") {
+		t.Errorf("node 0: err = %v; want rank 1's failure named", err)
 	}
 	for node := range 2 {
 		if want := "[" + strconv.Itoa(node) + "]: A=" + ip + " S=\n"; !strings.Contains(outs[node].String(), want) {

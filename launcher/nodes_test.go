@@ -226,3 +226,42 @@ func TestDeadClaimTakenOver(t *testing.T) {
 		t.Errorf("node 0: %v", err)
 	}
 }
+
+// TestOtherNodeFailureStopsWorkers: when a worker fails on one node, the
+// other nodes' launchers stop their own workers (SIGTERM, with SIGCONT for
+// a stopped one) and fail, naming the rank that failed, as the failed
+// worker's own node stops its other workers. A worker that never returns
+// to the job (stuck outside any collective call, or stopped) otherwise
+// kept its launcher, and itself, running for good after every other node
+// had failed and gone.
+func TestOtherNodeFailureStopsWorkers(t *testing.T) {
+	for i, tc := range []struct{ name, stuck string }{
+		{"stuck", "exec sleep 60"},
+		{"stopped", "kill -STOP $$; exec sleep 60"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port := freeTCPPort(t, "127.0.0.1")
+			runID := "remote" + strconv.Itoa(i) + "-" + strconv.Itoa(os.Getpid())
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var outs [2]syncBuffer
+			start := time.Now()
+			ch1 := startNode(ctx, port, runID, node{2, 1, 1, 8 * time.Second}, tc.stuck, &outs[1])
+			ch0 := startNode(ctx, port, runID, node{2, 0, 1, 8 * time.Second}, "sleep 0.5; exit 3", &outs[0])
+			err0 := result(ch0, "node 0")
+			var we *WorkerError
+			if !errors.As(err0, &we) || we.Rank != 0 || we.ExitCode != 3 {
+				t.Errorf("node 0: err = %v; want rank 0's exit 3", err0)
+			}
+			err1 := result(ch1, "node 1")
+			took := time.Since(start)
+			t.Logf("node 0: %v\nnode 1 (after %v): %v", err0, took.Round(time.Millisecond), err1)
+			if err1 == nil || !strings.Contains(err1.Error(), "rank 0") || !strings.Contains(err1.Error(), "exited with code 3") {
+				t.Errorf("node 1: err = %v; want it to name rank 0's exit 3", err1)
+			}
+			if took > 15*time.Second {
+				t.Errorf("node 1 ended %v after the start; its worker was not stopped", took.Round(time.Millisecond))
+			}
+		})
+	}
+}

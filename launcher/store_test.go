@@ -389,8 +389,8 @@ func TestAbortsInOrder(t *testing.T) {
 	}
 	defer func() { testHookAbort = nil }()
 	j := &job{cfg: &Config{RunID: run, NodeRank: 1, Logf: t.Logf}, client: cl}
-	j.abort(0, 3, "rank 3 did not start")
-	j.abort(0, 2, "rank 2 was killed by signal 15")
+	j.abort(0, 3, "rank 3 did not start", true)
+	j.abort(0, 2, "rank 2 was killed by signal 15", false)
 	j.aborts.Wait()
 	_, err = cl.Get(ctx, rendezvous.AttemptPrefix(run, 0)+"never")
 	var ae *rendezvous.AbortError
