@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -942,9 +943,27 @@ func AllGatherVOf[T Elem](ctx context.Context, c *Communicator, dst, src []T, co
 	sz := int(unsafe.Sizeof(z))
 	bc := make([]int, len(counts))
 	for i, n := range counts {
+		if n > math.MaxInt/sz || n < math.MinInt/sz {
+			// Its bytes would wrap (to 0, say): refused as any bad
+			// argument is, taking part so that the ranks stay in step.
+			return c.refuseCall(ctx, "allgatherv", fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "count %d for rank %d: %d-byte elements overflow", n, i, sz))
+		}
 		bc[i] = n * sz
 	}
 	return c.AllGatherV(ctx, asBytes(dst), asBytes(src), bc)
+}
+
+// refuseCall is a call of op that fails, before it starts, with lerr
+// (ErrInvalid): it takes part as refuse does.
+func (c *Communicator) refuseCall(ctx context.Context, op string, lerr error) error {
+	if err := c.enter(op); err != nil {
+		return err
+	}
+	defer c.leave()
+	if c.eng == nil {
+		return c.closedErr(op)
+	}
+	return c.refuse(ctx, op, lerr)
 }
 
 // PlanOf is [Communicator.Plan] on typed slices.
