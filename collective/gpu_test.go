@@ -550,3 +550,39 @@ func TestGPUPlanBlocks(t *testing.T) {
 		})
 	}
 }
+
+// A rank whose kernel failed announces nothing a peer takes for data:
+// rank 0 plans rank 2's block as 9,000 bytes where rank 2 announces 100,
+// so that its plan has three rounds of 4 KiB; the first sees the
+// mismatch, and the two later rounds, already enqueued, run. The other
+// ranks (whose plans agree) run theirs twice; rank 0 makes no second
+// call, so the others' calls must fail (with the size status where they
+// read rank 0's later rounds, or a timeout), never succeed. (Those rounds
+// raised rank 0's flags, with its true total, at the epochs of the
+// others' second call: it returned nil, with a rank 0 block never sent.)
+// Graph and eager.
+func TestGPUFailedRankPoisonsItsRounds(t *testing.T) {
+	needGPU(t)
+	for _, eager := range []bool{false, true} {
+		t.Run(fmt.Sprintf("eager=%v", eager), func(t *testing.T) {
+			testranks.Run(t, 1, 3, func(o *collective.Options) {
+				o.Backend, o.Eager, o.GPUScratch, o.Timeout = device.CUDA, eager, 4096, 2*time.Second
+			}, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				if c.Rank() == 0 {
+					_, err := gatherGPU(ctx, c, []int{100, 100, 9000}, false, 1)
+					if !errors.Is(err, collective.ErrSizeMismatch) {
+						return fmt.Errorf("rank 0: %v, want ErrSizeMismatch", err)
+					}
+					return nil
+				}
+				_, err := gatherGPU(ctx, c, []int{100, 100, 100}, false, 2)
+				var oe *collective.OpError
+				if !(errors.Is(err, collective.ErrSizeMismatch) || errors.Is(err, collective.ErrTimeout)) || !errors.As(err, &oe) || oe.Peer < 0 {
+					return fmt.Errorf("two calls, rank 0 in the first only: %v, want ErrSizeMismatch or ErrTimeout naming a peer", err)
+				}
+				return nil
+			})
+		})
+	}
+}

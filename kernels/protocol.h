@@ -258,6 +258,10 @@ SLIME_DEV bool last_block(const X &x, unsigned *counter) {
     return false;
 }
 
+// The bit a failed rank sets in the totals it announces (no block is 2^63
+// bytes or more).
+#define SLIME_AG_POISON (1ull << 63)
+
 // One launch (round) of the LL all-gather: see slime.h for the protocol.
 template <typename X>
 SLIME_DEV void allgather_ll(const X &x, const slime_ag_args &a) {
@@ -279,10 +283,16 @@ SLIME_DEV void allgather_ll(const X &x, const slime_ag_args &a) {
     fence_system();
     x.sync();
     if (x.leader() && last_block(x, &sync[0])) {
+        // Once this rank's status word is set (a round or call of it
+        // failed), its flags announce a total that no peer expects: the
+        // rounds enqueued after the failure still run, in step, but a peer
+        // that reads them fails with the size status instead of taking
+        // them for its own call's blocks.
+        const uint64_t total = failed(a.status) ? a.total | SLIME_AG_POISON : a.total;
         for (int i = 1; i < a.nranks; i++) {
             int p = (a.rank + i) % a.nranks;
             uint64_t *f = (uint64_t *)SLIME_P(a.flags[p]) + (slot * a.nranks + a.rank) * 2;
-            st_u64(f + 1, a.total);
+            st_u64(f + 1, total);
             st_release_sys(f, e);
         }
     }

@@ -132,7 +132,11 @@ int slime_graph_destroy(int dev, uint64_t exec);
  * of the round; total and totals of the whole blocks, so that a size
  * mismatch shows in the first round). A wait that passes timeout_ns, or a
  * block whose announced total is not the one expected, stops the kernel and writes a code into *status (mapped
- * host memory): see slime_ag_status_*.
+ * host memory): see slime_ag_status_*. Once *status is set, the rank's
+ * later launches (the rest of the call's rounds, and calls enqueued
+ * behind it) still run, but announce their totals with the top bit set,
+ * so that a peer reading them stops with the size status rather than
+ * take them for blocks of its own call.
  */
 typedef struct {
     int32_t rank, nranks;
