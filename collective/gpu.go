@@ -287,7 +287,7 @@ func (c *Communicator) planGPUEqual(ctx context.Context, dst, src *device.CUDABu
 	for i := range counts {
 		counts[i] = src.Len
 	}
-	return c.planGPU(ctx, dst, src, counts, packed(counts))
+	return c.planGPU(ctx, "allgather", dst, src, counts, packed(counts))
 }
 
 // planGPUV is PlanBuffersV on the CUDA backend.
@@ -308,7 +308,7 @@ func (c *Communicator) planGPUV(ctx context.Context, dst, src *device.CUDABuffer
 	if counts[c.Rank()] != src.Len || dst.Len < total {
 		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "src holds %d bytes (counts say %d), dst %d of %d needed", src.Len, counts[c.Rank()], dst.Len, total)
 	}
-	return c.planGPU(ctx, dst, src, counts, packed(counts))
+	return c.planGPU(ctx, "allgatherv", dst, src, counts, packed(counts))
 }
 
 // planGPUBlocks is PlanBuffersBlocks on the CUDA backend.
@@ -327,7 +327,7 @@ func (c *Communicator) planGPUBlocks(ctx context.Context, dst, src *device.CUDAB
 	if sizes[c.Rank()] != src.Len {
 		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "src holds %d bytes, sizes say %d", src.Len, sizes[c.Rank()])
 	}
-	return c.planGPU(ctx, dst, src, slices.Clone(sizes), slices.Clone(offs))
+	return c.planGPU(ctx, "allgatherv", dst, src, slices.Clone(sizes), slices.Clone(offs))
 }
 
 func (c *Communicator) gpuOnly(op string) error {
@@ -337,7 +337,32 @@ func (c *Communicator) gpuOnly(op string) error {
 	return nil
 }
 
-func (c *Communicator) planGPU(ctx context.Context, dst, src *device.CUDABuffer, counts, offs []int) (*Plan, error) {
+// planGPU plans on the engine once the buffers are checked against what
+// the kernels and copies assume: both on the communicator's GPU (another
+// device's memory faults in its kernels), and src either this rank's own
+// block of dst (in place) or apart from dst (the kernels gather into dst
+// while later rounds, or other blocks of the grid, still read src).
+func (c *Communicator) planGPU(ctx context.Context, name string, dst, src *device.CUDABuffer, counts, offs []int) (*Plan, error) {
+	me := c.gpu.dev.Ordinal
+	for _, b := range []struct {
+		what string
+		buf  *device.CUDABuffer
+	}{{"dst", dst}, {"src", src}} {
+		if b.buf.Dev == nil || b.buf.Dev.Ordinal != me {
+			where := "no device"
+			if b.buf.Dev != nil {
+				where = fmt.Sprintf("device %d", b.buf.Dev.Ordinal)
+			}
+			return nil, fault.New(name, c.Rank(), -1, ErrInvalid, "%s is memory of %s; the communicator runs on device %d", b.what, where, me)
+		}
+	}
+	if src.Len > 0 && dst.Len > 0 {
+		own := dst.Ptr + kernels.Ptr(offs[c.Rank()])
+		s0, s1, d0, d1 := src.Ptr, src.Ptr+kernels.Ptr(src.Len), dst.Ptr, dst.Ptr+kernels.Ptr(dst.Len)
+		if s0 != own && s0 < d1 && d0 < s1 {
+			return nil, fault.New(name, c.Rank(), -1, ErrInvalid, "src overlaps dst other than at this rank's own block (offset %d)", offs[c.Rank()])
+		}
+	}
 	op, err := c.gpu.eng.plan(ctx, dst, src, counts, offs)
 	if err != nil {
 		return nil, err

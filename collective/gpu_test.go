@@ -551,6 +551,94 @@ func TestGPUPlanBlocks(t *testing.T) {
 	}
 }
 
+// A source that overlaps the destination other than at this rank's own
+// block (a slice of dst at another rank's offset, or straddling two
+// blocks) is ErrInvalid at planning, as on the host path: the kernels
+// would gather into the source while its later rounds, or the other
+// blocks of the grid, still read it (each rank got a wrong block 0).
+// Passed on every rank, nothing runs; graph and eager.
+func TestGPUOverlappingSource(t *testing.T) {
+	needGPU(t)
+	for _, eager := range []bool{false, true} {
+		t.Run(fmt.Sprintf("eager=%v", eager), func(t *testing.T) {
+			gpuRanks(t, 3, eager, 4096, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				const n = 10000
+				P, me := c.Size(), c.Rank()
+				dst, err := gpuOf(c).Alloc(P * n)
+				if err != nil {
+					return err
+				}
+				defer dst.Free()
+				straddle := me*n + 100 // this rank's block and the next
+				if me == P-1 {
+					straddle = me*n - 100 // the previous one's and this rank's
+				}
+				for _, off := range []int{((me + 1) % P) * n, straddle, 1} {
+					src, err := dst.Slice(off, n)
+					if err != nil {
+						return err
+					}
+					counts := []int{n, n, n}
+					_, e1 := c.PlanBuffers(ctx, dst, src)
+					_, e2 := c.PlanBuffersV(ctx, dst, src, counts)
+					_, e3 := c.PlanBuffersBlocks(ctx, dst, src, counts, []int{0, n, 2 * n})
+					for i, err := range []error{e1, e2, e3} {
+						if !errors.Is(err, collective.ErrInvalid) || !strings.Contains(err.Error(), "overlaps") {
+							return fmt.Errorf("source at offset %d of dst, plan %d: %v, want ErrInvalid (overlaps)", off, i+1, err)
+						}
+					}
+				}
+				// In place is still fine.
+				_, err = gatherGPU(ctx, c, []int{n, n, n}, true, 2)
+				return err
+			})
+		})
+	}
+}
+
+// Buffers of another GPU than the communicator's (or of none) are
+// ErrInvalid at planning: the plan's kernels run on the communicator's
+// GPU and stream, where another device's memory faults (it was accepted,
+// and the launch failed, or on a GPU the kernel would fault and take the
+// process's CUDA context with it).
+func TestGPUBufferOfAnotherDevice(t *testing.T) {
+	needGPU(t)
+	gpuRanks(t, 2, false, 0, func(c *collective.Communicator) error {
+		ctx := context.Background()
+		const n = 1000
+		g := gpuOf(c)
+		dst, err := g.Alloc(2 * n)
+		if err != nil {
+			return err
+		}
+		defer dst.Free()
+		src, err := g.Alloc(n)
+		if err != nil {
+			return err
+		}
+		defer src.Free()
+		other := &device.GPU{Ordinal: g.Ordinal + 1, Name: g.Name}
+		for i, tc := range []struct{ dst, src *device.CUDABuffer }{
+			{&device.CUDABuffer{Dev: other, Ptr: dst.Ptr, Len: dst.Len}, src},
+			{dst, &device.CUDABuffer{Dev: other, Ptr: src.Ptr, Len: src.Len}},
+			{&device.CUDABuffer{Ptr: dst.Ptr, Len: dst.Len}, src},
+		} {
+			_, e1 := c.PlanBuffers(ctx, tc.dst, tc.src)
+			_, e2 := c.PlanBuffersV(ctx, tc.dst, tc.src, []int{n, n})
+			_, e3 := c.PlanBuffersBlocks(ctx, tc.dst, tc.src, []int{n, n}, []int{0, n})
+			for j, err := range []error{e1, e2, e3} {
+				if !errors.Is(err, collective.ErrInvalid) || !strings.Contains(err.Error(), "device") {
+					return fmt.Errorf("case %d, plan %d: %v, want ErrInvalid naming the device", i+1, j+1, err)
+				}
+			}
+		}
+		// The communicator is still usable.
+		_, err = gatherGPU(ctx, c, []int{n, n}, false, 1)
+		return err
+	})
+}
+
 // A rank whose kernel failed announces nothing a peer takes for data:
 // rank 0 plans rank 2's block as 9,000 bytes where rank 2 announces 100,
 // so that its plan has three rounds of 4 KiB; the first sees the
