@@ -590,8 +590,7 @@ func p2pGoroutines() int {
 // are answered "not host memory" (an honest initiator then asks again
 // over TCP), so that it cannot make the target hold memory without end.
 func TestGrantsBounded(t *testing.T) {
-	defer func(n int) { maxGrants = n }(maxGrants)
-	maxGrants = 1 << 10
+	setLimit(t, &maxGrants, 1<<10)
 	ctx := ctxT(t, 60*time.Second)
 	b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
 	if err != nil {
@@ -640,8 +639,7 @@ func TestGrantsBounded(t *testing.T) {
 // the heartbeat (which a peer that reads a little now and then never
 // reaches).
 func TestAnswersBounded(t *testing.T) {
-	defer func(n int) { maxQueued = n }(maxQueued)
-	maxQueued = 1 << 10
+	setLimit(t, &maxQueued, 1<<10)
 	ctx := ctxT(t, 60*time.Second)
 	b, err := New(ctx, Options{Name: "b", Auth: testAuth(), Heartbeat: 2 * time.Minute})
 	if err != nil {
@@ -960,8 +958,7 @@ func testNoFDLeak(t *testing.T, tcpOnly bool, wantT string) {
 // secret needed to open them) hold at most maxHandshakes handshakes at
 // once; the others wait in the kernel's backlog.
 func TestHandshakesBounded(t *testing.T) {
-	defer func(n int) { maxHandshakes = n }(maxHandshakes)
-	maxHandshakes = 4
+	setLimit(t, &maxHandshakes, 4)
 	ctx := ctxT(t, 30*time.Second)
 	b, err := New(ctx, Options{Name: "b", Auth: testAuth(), HandshakeTimeout: 20 * time.Second})
 	if err != nil {

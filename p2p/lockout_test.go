@@ -12,8 +12,7 @@ import (
 // member from linking for as long as the flood goes on, as the store's and
 // the transport's listeners make sure by evicting the oldest silent one.
 func TestSilentFloodDoesNotLockOutMembers(t *testing.T) {
-	defer func(n int) { maxHandshakes = n }(maxHandshakes)
-	maxHandshakes = 8 // the same with 4096: the flood needs twice as many
+	setLimit(t, &maxHandshakes, 8) // the same with 4096: the flood needs twice as many
 	_, st := storeFor(t)
 	ctx := ctxT(t, 30*time.Second)
 	a := published(t, ctx, st, "a", nil)

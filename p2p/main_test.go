@@ -347,3 +347,14 @@ func pair(t *testing.T, tune func(*Options)) (*Endpoint, *Endpoint, *Peer, *Peer
 func rendezvous_Auth(secret string) rendezvous.Auth {
 	return rendezvous.Auth{Secret: []byte(secret), Job: "p2p-test"}
 }
+
+// setLimit sets the package limit *p to v for the test, and puts the old
+// value back once the test's endpoints are closed: the cleanup registered
+// now runs after those registered later (the endpoints'), and after the
+// test's defers, so that no endpoint goroutine reads the limit while it
+// is put back.
+func setLimit(t *testing.T, p *int, v int) {
+	old := *p
+	*p = v
+	t.Cleanup(func() { *p = old })
+}
