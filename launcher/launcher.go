@@ -221,6 +221,9 @@ type RemoteError struct {
 }
 
 func (e *RemoteError) Error() string {
+	if e.Node < 0 { // a rank outside the job: a member's abort, not a launcher's
+		return fmt.Sprintf("rank %d was reported failed: %.512s; this node's workers were stopped", e.Rank, e.Reason)
+	}
 	return fmt.Sprintf("a worker of node %d failed: %.512s; this node's workers were stopped", e.Node, e.Reason)
 }
 
@@ -228,8 +231,10 @@ func (e *RemoteError) Error() string {
 // the reason, when one of its workers fails in an attempt: every node's
 // launcher waits on it (watchFailures), and stops its own workers when
 // another node's worker failed.
+// It lies outside nodesPrefix, which a launcher that gives up the
+// rendezvous aborts (a stray one too): that must not read as a failure.
 func failedPrefix(runID string, attempt int) string {
-	return nodesPrefix(runID) + "failed/" + strconv.Itoa(attempt) + "/"
+	return "slimerun-failed/" + runID + "/" + strconv.Itoa(attempt) + "/"
 }
 
 // ErrInterrupted is returned when the launcher was told to stop.
@@ -379,6 +384,11 @@ type job struct {
 	cpuBase int
 	// storeAddr is where this node reaches the store (across nodes).
 	storeAddr string
+	// watch is the connection the first attempt's watchFailures waits
+	// on, made during the rendezvous while node 0 surely serves (a node
+	// 0 whose workers failed at once may have stopped taking connections
+	// by the time this node's workers have started); nil once taken.
+	watch *rendezvous.Client
 }
 
 // Run runs the job's workers on this node until they all exit, one fails,
@@ -441,6 +451,9 @@ func Run(ctx context.Context, cfg Config) error {
 		// using the store when this node's workers are done: it serves
 		// them until they hang up, for a while.
 		defer s.Shutdown(storeGrace(&cfg))
+		// While it serves them, a signal ends the launcher as it would
+		// have without one (Stop runs before Shutdown; again at the end).
+		defer signal.Stop(sigs)
 		j.srv = s
 		cfg.MasterPort = s.Port()
 		if j.torchPort, err = freePort(j.bindHost); err != nil {
@@ -448,6 +461,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	cfg.Logf("run %s: %d node(s) × %d worker(s), store %s:%d", cfg.RunID, cfg.NNodes, cfg.NProcPerNode, cfg.MasterAddr, cfg.MasterPort)
+	defer func() { // before node 0's store shuts down: it waits for its clients
+		if j.watch != nil { // dialed by joinNodes, not taken by an attempt
+			j.watch.Close()
+		}
+	}()
 	if err := j.joinInterruptible(ctx, sigs); err != nil {
 		return err
 	}
@@ -620,26 +638,14 @@ func (n nodeInfo) given() string {
 	return fmt.Sprintf("--nnodes %d --nproc-per-node %d", n.NNodes, n.NProcPerNode)
 }
 
-// joinNodes waits until every node's launcher has reached the store, so
-// that a node that never arrives is reported by rank. Each node first
-// claims its node rank (claimKey), publishing its node and worker counts:
-// a launcher that finds its rank taken gives up alone, naming the one
-// that holds it, and leaves that one's job be (it may be whole: the same
-// command started twice; if a node is missing instead, the others name
-// it at RdzvTimeout). Node 0 publishes the workers' MASTER_PORT (PortKey)
-// before it joins the barrier; the others read it and node 0's claim
-// before they join, refuse counts other than node 0's, and keep their
-// connection for aborts. A node that fails once it holds its rank aborts
-// the launchers' rendezvous (nodesPrefix) with its reason, so that the
-// other nodes fail at once, naming it, instead of at their timeout or, if
-// their counts let them pass, in their workers' Init.
 // joinInterruptible is joinNodes, called off by a SIGINT, SIGTERM or
 // SIGHUP (sigs) that arrives meanwhile: the rendezvous ends at once with
 // ErrInterrupted, and the other nodes are told through the store (as of a
 // node that gives up), where the signal's default action would end the
 // launcher without a word and leave them waiting out the rendezvous
 // timeout. A signal that comes as the node joins goes back to sigs, for
-// the attempt to handle as any other.
+// the attempt to handle as any other; the error of a rendezvous that
+// failed as the signal came is logged.
 func (j *job) joinInterruptible(ctx context.Context, sigs chan os.Signal) error {
 	jctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -659,8 +665,16 @@ func (j *job) joinInterruptible(ctx context.Context, sigs chan os.Signal) error 
 	select {
 	case s := <-caught:
 		if err == nil {
-			sigs <- s
+			select {
+			case sigs <- s:
+			default: // sigs is full: signals enough to stop the attempt
+			}
 			return nil
+		}
+		if _, intr := errors.AsType[*ErrInterrupted](err); !intr && !errors.Is(err, context.Canceled) {
+			// What the cancelled call reported (a dial that was still
+			// trying), or a failure the signal came upon: said, not lost.
+			j.cfg.Logf("node %d: as the signal came: %v", j.cfg.NodeRank, err)
 		}
 		return fmt.Errorf("launcher: node %d: the rendezvous: %w", j.cfg.NodeRank, &ErrInterrupted{Signal: s})
 	default:
@@ -668,6 +682,19 @@ func (j *job) joinInterruptible(ctx context.Context, sigs chan os.Signal) error 
 	}
 }
 
+// joinNodes waits until every node's launcher has reached the store, so
+// that a node that never arrives is reported by rank. Each node first
+// claims its node rank (claimKey), publishing its node and worker counts:
+// a launcher that finds its rank taken gives up alone, naming the one
+// that holds it, and leaves that one's job be (it may be whole: the same
+// command started twice; if a node is missing instead, the others name
+// it at RdzvTimeout). Node 0 publishes the workers' MASTER_PORT (PortKey)
+// before it joins the barrier; the others read it and node 0's claim
+// before they join, refuse counts other than node 0's, and keep their
+// connection for aborts. A node that fails once it holds its rank aborts
+// the launchers' rendezvous (nodesPrefix) with its reason, so that the
+// other nodes fail at once, naming it, instead of at their timeout or, if
+// their counts let them pass, in their workers' Init.
 func (j *job) joinNodes(ctx context.Context) error {
 	cfg := j.cfg
 	if cfg.NNodes == 1 {
@@ -777,6 +804,11 @@ func (j *job) joinNodes(ctx context.Context) error {
 	if err := st.Set(ctx, placeKey(cfg.RunID, cfg.NodeRank), []byte(me)); err != nil {
 		return fail(fmt.Errorf("publish this node's machine and CPUs: %w", err))
 	}
+	// The first attempt's failure watch, dialed while node 0 surely
+	// serves (see job.watch).
+	if j.watch, err = rendezvous.Dial(ctx, addr, cfg.auth()); err != nil {
+		return fail(fmt.Errorf("connect to watch the other nodes' workers: %w", err))
+	}
 	if err := st.Barrier(ctx, nodesPrefix(cfg.RunID)+"nodes", cfg.NodeRank, cfg.NNodes); err != nil {
 		if ae, ok := errors.AsType[*rendezvous.AbortError](err); ok {
 			return fmt.Errorf("launcher: node %d: the rendezvous was called off: %w", cfg.NodeRank, ae)
@@ -866,17 +898,24 @@ func (j *job) abort(attempt, rank int, reason string, failed bool) {
 // report a failed worker of the attempt (failedPrefix) and sends what it
 // reported on remote. It returns when ctx ends, or when the store cannot
 // be reached (node 0's launcher has gone: its workers are done).
-func (j *job) watchFailures(ctx context.Context, attempt int, remote chan<- *rendezvous.AbortError) {
-	st, err := rendezvous.Dial(ctx, j.storeAddr, j.cfg.auth())
-	if err != nil {
-		return
+func (j *job) watchFailures(ctx context.Context, attempt int, remote chan<- *rendezvous.AbortError, st *rendezvous.Client) {
+	if st == nil {
+		var err error
+		if st, err = rendezvous.Dial(ctx, j.storeAddr, j.cfg.auth()); err != nil {
+			if ctx.Err() == nil {
+				j.cfg.Warnf("node %d: cannot watch the other nodes' workers for failures: %v", j.cfg.NodeRank, err)
+			}
+			return
+		}
 	}
-	defer st.Close()
-	key := failedPrefix(j.cfg.RunID, attempt) + "none"
+	defer st.Close() // a cancelled wait leaves it unusable
+	prefix := failedPrefix(j.cfg.RunID, attempt)
 	for {
-		err := st.Wait(ctx, key) // never set: only an abort ends it
+		err := st.Wait(ctx, prefix+"none") // never set: only an abort ends it
 		if ae, ok := errors.AsType[*rendezvous.AbortError](err); ok {
-			remote <- ae
+			if ae.Prefix == prefix { // not a broader prefix some member aborted
+				remote <- ae
+			}
 			return
 		}
 		if !errors.Is(err, rendezvous.ErrTimeout) {
@@ -1103,9 +1142,11 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		remote = make(chan *rendezvous.AbortError, 1)
 		wctx, wcancel := context.WithCancel(context.Background())
 		watched := make(chan struct{})
+		st := j.watch
+		j.watch = nil
 		go func() {
 			defer close(watched)
-			j.watchFailures(wctx, attempt, remote)
+			j.watchFailures(wctx, attempt, remote, st)
 		}()
 		defer func() {
 			wcancel()
@@ -1195,6 +1236,9 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		case s := <-sigs:
 			if first == nil {
 				first = &ErrInterrupted{Signal: s}
+				if cfg.NNodes > 1 { // the other nodes stop theirs too
+					j.abort(attempt, cfg.NodeRank*cfg.NProcPerNode, fmt.Sprintf("node %d was interrupted by %v", cfg.NodeRank, s), true)
+				}
 			}
 			if stopping {
 				stop(s.(syscall.Signal))
@@ -1219,7 +1263,9 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	}
 	j.reap(workers)
 	if len(failures) > 1 {
-		if _, interrupted := first.(*ErrInterrupted); !interrupted {
+		switch first.(type) {
+		case *ErrInterrupted, *RemoteError: // the cause came first, from elsewhere
+		default:
 			first = rootCause(failures)
 		}
 	}

@@ -265,3 +265,34 @@ func TestOtherNodeFailureStopsWorkers(t *testing.T) {
 		})
 	}
 }
+
+// TestStrayLauncherDoesNotStopJob: a launcher that fails the rendezvous of
+// a running job (a stray one, given other counts, or a late one) calls
+// that rendezvous off, which must not read as a failed worker: the job's
+// nodes run their workers to the end (they were stopped, "a worker of
+// node -1 failed", when the failure watch lay under the rendezvous's
+// prefix).
+func TestStrayLauncherDoesNotStopJob(t *testing.T) {
+	port := freeTCPPort(t, "127.0.0.1")
+	runID := "stray" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var outs [3]syncBuffer
+	dir := t.TempDir()
+	script := "sleep 2; touch " + dir + "/done.$RANK"
+	ch0 := startNode(ctx, port, runID, node{2, 0, 1, 8 * time.Second}, script, &outs[0])
+	ch1 := startNode(ctx, port, runID, node{2, 1, 1, 8 * time.Second}, script, &outs[1])
+	time.Sleep(time.Second) // the job's workers run
+	stray := result(startNode(ctx, port, runID, node{3, 2, 1, 8 * time.Second}, "true", &outs[2]), "the stray launcher")
+	if stray == nil || !strings.Contains(stray.Error(), "every node must be given the same") {
+		t.Errorf("the stray launcher: %v; want its counts refused", stray)
+	}
+	for n, ch := range []chan error{ch0, ch1} {
+		if err := result(ch, fmt.Sprintf("node %d", n)); err != nil {
+			t.Errorf("node %d: %v\n%s", n, err, outs[n].String())
+		}
+		if _, err := os.Stat(fmt.Sprintf("%s/done.%d", dir, n)); err != nil {
+			t.Errorf("rank %d's worker did not finish: %v", n, err)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net"
 	"os"
 	"os/exec"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/rendezvous"
 )
 
 // TestSignalDuringRendezvous: SIGTERM or SIGINT to a node's slimerun
@@ -45,15 +48,25 @@ func TestSignalDuringRendezvous(t *testing.T) {
 			}
 			_, out0, done0 := start("0")
 			n1, out1, done1 := start("1")
-			// Node 1 is in the rendezvous once it has said which run it
-			// joins (its signals are handled from before then); give it
-			// the time to reach the node barrier.
-			for deadline := time.Now().Add(15 * time.Second); !strings.Contains(text(out1), "run p"+port); time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("node 1 did not start:\n%s", text(out1))
-				}
+			// Node 1 is at the node barrier once it has published its
+			// placement (after its claim) in node 0's store.
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			st, err := rendezvous.Dial(ctx, "127.0.0.1:"+port, rendezvous.Auth{Secret: []byte("rdzv-signal"), Job: "p" + port})
+			if err != nil {
+				t.Fatalf("node 0's store: %v\n%s", err, text(out0))
 			}
-			time.Sleep(500 * time.Millisecond)
+			for {
+				ok, err := st.Check(ctx, "slimerun/p"+port+"/placement/1")
+				if err != nil {
+					t.Fatalf("node 1 did not reach the barrier: %v\n%s", err, text(out1))
+				}
+				if ok {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			st.Close() // node 0's store serves its clients for a while after its end
 			t0 := time.Now()
 			n1.Process.Signal(sig)
 			wait := func(done chan error, what string, out *os.File) int {
@@ -87,4 +100,70 @@ func TestSignalDuringRendezvous(t *testing.T) {
 func text(f *os.File) string {
 	b, _ := os.ReadFile(f.Name())
 	return string(b)
+}
+
+// TestSignalStopsOtherNodes: SIGTERM to one node's slimerun once the
+// workers run stops that node's workers and the other nodes' too (a
+// worker stuck outside any collective call would otherwise keep its node
+// running): node 0 ends within seconds, naming node 1's signal.
+func TestSignalStopsOtherNodes(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	dir := t.TempDir()
+	var outs [2]*os.File
+	var dones [2]chan error
+	var cmds [2]*exec.Cmd
+	for n := range 2 {
+		cmd := exec.Command(slimerun, "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
+			"--master-addr", "127.0.0.1", "--master-port", port, "--stop-grace", "1s",
+			"sh", "-c", "touch "+dir+"/up.$RANK; exec sleep 60")
+		cmd.Env = append(os.Environ(), "SLIME_JOB_SECRET=stop-others")
+		out, err := os.Create(filepath.Join(dir, "out"+strconv.Itoa(n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		t.Cleanup(func() { cmd.Process.Kill(); done <- <-done; out.Close() })
+		outs[n], dones[n], cmds[n] = out, done, cmd
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, e0 := os.Stat(dir + "/up.0")
+		_, e1 := os.Stat(dir + "/up.1")
+		if e0 == nil && e1 == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the workers did not start:\n%s\n%s", text(outs[0]), text(outs[1]))
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the failure watches are on
+	t0 := time.Now()
+	cmds[1].Process.Signal(syscall.SIGTERM)
+	for n, want := range []int{1, 128 + int(syscall.SIGTERM)} {
+		select {
+		case err := <-dones[n]:
+			dones[n] <- err
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			}
+			if code != want {
+				t.Errorf("node %d: exit %d, want %d:\n%s", n, code, want, text(outs[n]))
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("node %d still runs %v after node 1's SIGTERM:\n%s", n, time.Since(t0).Round(time.Millisecond), text(outs[n]))
+		}
+	}
+	if !strings.Contains(text(outs[0]), "node 1 was interrupted by terminated") {
+		t.Errorf("node 0 does not name node 1's signal:\n%s", text(outs[0]))
+	}
 }
