@@ -160,11 +160,13 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 		}
 		deadline = time.Now().Add(t)
 	}
+	left := time.Until(deadline)
+	if left <= 0 {
+		// Nothing is sent: the connection stays usable (a socket
+		// deadline already past would fail the write and give it up).
+		return message{}, fmt.Errorf("%w: %s %q at %s", ErrTimeout, op(req.Code), req.Keys, c.addr)
+	}
 	if blocking {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return message{}, fmt.Errorf("%w: %s %q at %s", ErrTimeout, op(req.Code), req.Keys, c.addr)
-		}
 		req.TimeoutMS = uint32(min(max(left.Milliseconds(), 1), 1<<31))
 	}
 	c.mu.Lock()
@@ -173,14 +175,13 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 		return message{}, c.broken
 	}
 	// The server bounds blocking waits itself; the slack lets its timeout
-	// answer arrive before the socket deadline fires. A call that the
-	// server answers at once has none: a store that does not answer (its
-	// host stopped, its link down) fails it at the deadline.
-	sock := deadline
-	if blocking {
-		sock = deadline.Add(answerSlack)
-	}
-	c.conn.SetDeadline(sock)
+	// answer arrive before the socket deadline fires. A call the server
+	// answers at once has it too: a live store that answers a moment past
+	// the deadline (a loaded host) must not cost the connection, which a
+	// socket deadline firing mid-call gives up, failing every later call
+	// (a short cleanup call did so to a rank's next wait). A store that
+	// does not answer at all fails a call answerSlack after its deadline.
+	c.conn.SetDeadline(deadline.Add(answerSlack))
 	// A cancelled call unblocks at once. A deadline does not break the
 	// connection: the server answers statusTimeout at the deadline itself.
 	stop := context.AfterFunc(ctx, func() {
@@ -235,8 +236,9 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 	return resp, nil
 }
 
-// answerSlack is how long past its deadline a blocking call waits for the
-// server's own timeout answer before it gives the connection up.
+// answerSlack is how long past its deadline a call waits for the server's
+// answer (a blocking call's own timeout answer) before it gives the
+// connection up.
 const answerSlack = 2 * time.Second
 
 // Set stores value under key, replacing any earlier value.
