@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,8 +58,10 @@ func TestOwnLayoutEntryRewritten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for k, v := range map[string]string{"layout/1": "1 0 1 -", "knobs/0": string(knobs), "layout/0": "0 0 1 -"} {
-		if err := st.Set(ctx, key+k, []byte(v)); err != nil {
+	// In this order: rank 1's entry rewritten before it can read rank 0's
+	// (which it waits for), so that it reads the rewritten one.
+	for _, kv := range [][2]string{{"layout/1", "1 0 1 -"}, {"knobs/0", string(knobs)}, {"layout/0", "0 0 1 -"}} {
+		if err := st.Set(ctx, key+kv[0], []byte(kv[1])); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -66,8 +69,8 @@ func TestOwnLayoutEntryRewritten(t *testing.T) {
 	st.Barrier(bctx, key+"layout-read", 0, 2)
 	bcancel()
 	err = <-done
-	if !errors.Is(err, ErrInvalid) {
-		t.Fatalf("rank 1's Init: %v, want ErrInvalid", err)
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "this rank's layout entry in the store is") {
+		t.Fatalf("rank 1's Init: %v, want ErrInvalid saying its own entry was rewritten", err)
 	}
 	t.Logf("%v", err)
 }

@@ -38,7 +38,7 @@ func TestTypedCountsOverflow(t *testing.T) {
 					}
 					dst := make([]float32, 1)
 					err := collective.AllGatherVOf(ctx, c, dst, src, counts)
-					if !errors.Is(err, collective.ErrInvalid) || !strings.Contains(err.Error(), "rank 0") {
+					if !errors.Is(err, collective.ErrInvalid) || !strings.Contains(err.Error(), "for rank 0") {
 						return fmt.Errorf("rank %d: counts %v of float32: err = %v; want ErrInvalid naming rank 0's count", c.Rank(), counts, err)
 					}
 					b := make([]byte, 2*3)

@@ -740,7 +740,8 @@ func (e *Endpoint) dropPeer(p *Peer, err error) {
 var errDup = errors.New("p2p: the peer links to this endpoint itself")
 
 // maxGrants bounds the same-host grants a peer holds (asked for and not
-// yet released), and maxGrantRefs their ranges.
+// yet released), and maxGrantRefs the region references they hold (one
+// per run of a grant's ranges in one region: acquire).
 var maxGrants, maxGrantRefs = 1 << 16, 1 << 20
 
 // maxQueued bounds the answers (frames the peer's frames caused) waiting

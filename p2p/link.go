@@ -176,7 +176,8 @@ type link struct {
 	// gpuLeases: the same for batches of GPU memory (ipc.go).
 	gpuLeases map[uint64]*lease
 	leaseIDs  map[uint64]*lease
-	// grantRefs counts the regions of all grants (at most maxGrantRefs).
+	// grantRefs counts the region references of all grants, one per run
+	// of a grant's ranges in one region (at most maxGrantRefs).
 	grantRefs int
 	serving   map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
 	cma       atomic.Bool             // same host: copy with process_vm_readv/writev (cma_linux.go)

@@ -83,11 +83,11 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"allgather", "--mode", "both"}, `allgather: --mode "both": want intra, inter or auto`},
 		{[]string{"overlap", "--mode", "x"}, `overlap: --mode "x": want intra, inter or auto`},
 		{[]string{"allgather", "--buffers", "x"}, `allgather: --buffers "x": want symmetric or plain`},
-		// Refused only at Init, exit 1, without the flag's name.
+		// Refused before Init, naming the flag (Init's refusal did not).
 		{[]string{"allgather", "--algo", "tree"}, `allgather: --algo "tree": want auto, hier or ring`},
 		{[]string{"allgather", "--in-process", "2", "--algo", "tree"}, `allgather: --algo "tree": want auto, hier or ring`},
-		// Refused by rank 0 and 1 of a launched job, exit 1, and not at
-		// all without one.
+		// Refused before the ranks meet (it was refused by both ranks of
+		// a launched job, exit 1, and not at all without one).
 		{[]string{"p2p", "--register", "6K"}, `p2p: --register "6K": want 0 (none) or a multiple of 4 KiB, at least 8 KiB`},
 		{[]string{"p2p", "--register", "4K"}, `p2p: --register "4K": want 0 (none) or a multiple of 4 KiB, at least 8 KiB`},
 		{[]string{"p2p", "--register", "-8K"}, `p2p: --register "-8K"`},
