@@ -23,28 +23,10 @@ import (
 func TestSignalDuringRendezvous(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
 		t.Run(sig.String(), func(t *testing.T) {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-			l.Close()
+			port := freePortString(t)
 			start := func(rank string) (*exec.Cmd, *os.File, chan error) {
-				cmd := exec.Command(slimerun, "--nnodes", "3", "--node-rank", rank, "--nproc-per-node", "1",
+				return startSlimerun(t, "rdzv-signal", "--nnodes", "3", "--node-rank", rank, "--nproc-per-node", "1",
 					"--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-timeout", "60s", "--stop-grace", "1s", "true")
-				cmd.Env = append(os.Environ(), "SLIME_JOB_SECRET=rdzv-signal")
-				out, err := os.Create(filepath.Join(t.TempDir(), "out"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				cmd.Stdout, cmd.Stderr = out, out
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				done := make(chan error, 1)
-				go func() { done <- cmd.Wait() }()
-				t.Cleanup(func() { cmd.Process.Kill(); done <- <-done; out.Close() })
-				return cmd, out, done
 			}
 			_, out0, done0 := start("0")
 			n1, out1, done1 := start("1")
@@ -107,33 +89,15 @@ func text(f *os.File) string {
 // worker stuck outside any collective call would otherwise keep its node
 // running): node 0 ends within seconds, naming node 1's signal.
 func TestSignalStopsOtherNodes(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
+	port := freePortString(t)
 	dir := t.TempDir()
 	var outs [2]*os.File
 	var dones [2]chan error
 	var cmds [2]*exec.Cmd
 	for n := range 2 {
-		cmd := exec.Command(slimerun, "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
+		cmds[n], outs[n], dones[n] = startSlimerun(t, "stop-others", "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
 			"--master-addr", "127.0.0.1", "--master-port", port, "--stop-grace", "1s",
 			"sh", "-c", "touch "+dir+"/up.$RANK; exec sleep 60")
-		cmd.Env = append(os.Environ(), "SLIME_JOB_SECRET=stop-others")
-		out, err := os.Create(filepath.Join(dir, "out"+strconv.Itoa(n)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		t.Cleanup(func() { cmd.Process.Kill(); done <- <-done; out.Close() })
-		outs[n], dones[n], cmds[n] = out, done, cmd
 	}
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		_, e0 := os.Stat(dir + "/up.0")
@@ -166,4 +130,35 @@ func TestSignalStopsOtherNodes(t *testing.T) {
 	if !strings.Contains(text(outs[0]), "node 1 was interrupted by terminated") {
 		t.Errorf("node 0 does not name node 1's signal:\n%s", text(outs[0]))
 	}
+}
+
+// freePortString is a TCP port of loopback free when it is asked for.
+func freePortString(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+// startSlimerun starts slimerun with args and the job secret, its output
+// in a file; done yields its Wait once (the cleanup kills it and waits).
+func startSlimerun(t *testing.T, secret string, args ...string) (cmd *exec.Cmd, out *os.File, done chan error) {
+	t.Helper()
+	cmd = exec.Command(slimerun, args...)
+	cmd.Env = append(os.Environ(), "SLIME_JOB_SECRET="+secret)
+	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done = make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill(); done <- <-done; out.Close() })
+	return cmd, out, done
 }
