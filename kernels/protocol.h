@@ -267,7 +267,17 @@ template <typename X>
 SLIME_DEV void allgather_ll(const X &x, const slime_ag_args &a) {
     SLIME_SHARED uint64_t epoch;
     unsigned *sync = (unsigned *)SLIME_P(a.sync);
-    if (x.leader()) epoch = ld_u64((const uint64_t *)SLIME_P(a.epoch)) + 1;
+    // Whether an earlier round or call of this rank failed (its status
+    // word set), for the flags it raises below. The status word is host
+    // memory: the load is issued now, into the leader's own register, so
+    // that its latency passes under the copies rather than before the
+    // flags every peer waits for (nothing in this launch sets it before
+    // then).
+    bool poisoned = false;
+    if (x.leader()) {
+        poisoned = failed(a.status);
+        epoch = ld_u64((const uint64_t *)SLIME_P(a.epoch)) + 1;
+    }
     x.sync();
     const uint64_t e = epoch;
     const uint64_t slot = e & 1;
@@ -288,7 +298,7 @@ SLIME_DEV void allgather_ll(const X &x, const slime_ag_args &a) {
         // rounds enqueued after the failure still run, in step, but a peer
         // that reads them fails with the size status instead of taking
         // them for its own call's blocks.
-        const uint64_t total = failed(a.status) ? a.total | SLIME_AG_POISON : a.total;
+        const uint64_t total = poisoned ? a.total | SLIME_AG_POISON : a.total;
         for (int i = 1; i < a.nranks; i++) {
             int p = (a.rank + i) % a.nranks;
             uint64_t *f = (uint64_t *)SLIME_P(a.flags[p]) + (slot * a.nranks + a.rank) * 2;
