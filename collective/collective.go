@@ -290,7 +290,7 @@ func (o Options) validate() error {
 		return bad("timeout %v is not positive", o.Timeout)
 	case o.Attempt < 0:
 		return bad("attempt %d", o.Attempt)
-	case o.Algo != "auto" && o.Algo != "hier" && o.Algo != "ring":
+	case !ValidAlgo(o.Algo):
 		return bad("algorithm %q (want auto, hier or ring)", o.Algo)
 	}
 	return nil
@@ -602,6 +602,12 @@ func (c *Communicator) AllGather(ctx context.Context, dst, src []byte) error {
 // counts[r] bytes, and they land one after another in dst. Every rank
 // passes the same counts, and its own src of counts[Rank()] bytes.
 func (c *Communicator) AllGatherV(ctx context.Context, dst, src []byte, counts []int) error {
+	return c.allGatherV(ctx, dst, src, counts, nil)
+}
+
+// allGatherV is AllGatherV, refused (taking part, as refuse does) with
+// invalid where that is not nil: counts its caller found bad.
+func (c *Communicator) allGatherV(ctx context.Context, dst, src []byte, counts []int, invalid error) error {
 	if err := c.enter("allgatherv"); err != nil {
 		return err
 	}
@@ -609,8 +615,11 @@ func (c *Communicator) AllGatherV(ctx context.Context, dst, src []byte, counts [
 	if c.eng == nil {
 		return c.closedErr("allgatherv")
 	}
-	if err := c.layoutV(counts, len(dst)); err != nil {
-		return c.refuse(ctx, "allgatherv", err)
+	if invalid == nil {
+		invalid = c.layoutV(counts, len(dst))
+	}
+	if invalid != nil {
+		return c.refuse(ctx, "allgatherv", invalid)
 	}
 	return c.runOneShot(ctx, "allgatherv", dst, src)
 }
@@ -946,24 +955,11 @@ func AllGatherVOf[T Elem](ctx context.Context, c *Communicator, dst, src []T, co
 		if n > math.MaxInt/sz || n < math.MinInt/sz {
 			// Its bytes would wrap (to 0, say): refused as any bad
 			// argument is, taking part so that the ranks stay in step.
-			return c.refuseCall(ctx, "allgatherv", fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "count %d for rank %d: %d-byte elements overflow", n, i, sz))
+			return c.allGatherV(ctx, nil, nil, nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "count %d for rank %d: %d-byte elements overflow", n, i, sz))
 		}
 		bc[i] = n * sz
 	}
 	return c.AllGatherV(ctx, asBytes(dst), asBytes(src), bc)
-}
-
-// refuseCall is a call of op that fails, before it starts, with lerr
-// (ErrInvalid): it takes part as refuse does.
-func (c *Communicator) refuseCall(ctx context.Context, op string, lerr error) error {
-	if err := c.enter(op); err != nil {
-		return err
-	}
-	defer c.leave()
-	if c.eng == nil {
-		return c.closedErr(op)
-	}
-	return c.refuse(ctx, op, lerr)
 }
 
 // PlanOf is [Communicator.Plan] on typed slices.

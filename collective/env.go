@@ -370,7 +370,7 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	}
 	o.Debug = strings.ToUpper(strings.TrimSpace(getenv("SLIME_DEBUG")))
 	o.Algo = strings.ToLower(strings.TrimSpace(getenv("SLIME_ALGO")))
-	if o.Algo != "" && o.Algo != "auto" && o.Algo != "hier" && o.Algo != "ring" {
+	if o.Algo != "" && !ValidAlgo(o.Algo) {
 		return bad("SLIME_ALGO=%q: want auto, hier or ring", o.Algo)
 	}
 	o.SocketIfName = strings.TrimSpace(getenv("SLIME_SOCKET_IFNAME"))
@@ -416,6 +416,10 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	}
 	return o, nil
 }
+
+// ValidAlgo reports whether name is an algorithm across nodes that
+// Options.Algo (SLIME_ALGO) takes: auto, hier or ring.
+func ValidAlgo(name string) bool { return name == "auto" || name == "hier" || name == "ring" }
 
 func firstNonEmpty(s ...string) string {
 	for _, v := range s {

@@ -298,7 +298,7 @@ func allgather(args []string) error {
 	if err := checkMode("allgather", *mode); err != nil {
 		return err
 	}
-	if a := *algo; a != "" && a != "auto" && a != "hier" && a != "ring" {
+	if a := *algo; a != "" && !collective.ValidAlgo(a) {
 		return usagef("allgather: --algo %q: want auto, hier or ring", a)
 	}
 	sizes, err := sw.sizes()
