@@ -217,8 +217,8 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 	if err := P2PWorld(c); err != nil {
 		return nil, err
 	}
-	if r := cfg.RegisterBytes; r > 0 && (r%(4<<10) != 0 || r < 8<<10) {
-		return nil, fmt.Errorf("%w: registering %d bytes: want 0 (none) or a multiple of 4 KiB, at least 8 KiB (timed as 4 KiB pages and as one region)", ErrP2PBench, r)
+	if err := CheckRegisterBytes(cfg.RegisterBytes); err != nil {
+		return nil, fmt.Errorf("%w: registering %d bytes: %v", ErrP2PBench, cfg.RegisterBytes, err)
 	}
 	// A seed both ranks agree on: the random data's, and the store prefix
 	// of this run's endpoints.
@@ -1144,6 +1144,15 @@ func (l *link) oneway(buf []byte, sender bool) error {
 		}
 	}
 	return l.fail("one-way transfer", first)
+}
+
+// CheckRegisterBytes says why n cannot be P2PConfig.RegisterBytes (nil
+// when it can).
+func CheckRegisterBytes(n int64) error {
+	if n != 0 && (n%(4<<10) != 0 || n < 8<<10) {
+		return errors.New("want 0 (none) or a multiple of 4 KiB, at least 8 KiB (timed as 4 KiB pages and as one region)")
+	}
+	return nil
 }
 
 // P2PWorld says why c's job cannot run P2P (nil when it can): two ranks

@@ -710,8 +710,8 @@ func p2pCmd(args []string) error {
 	if cfg.RegisterBytes, err = bytesize.Parse(*register); err != nil {
 		return usagef("p2p: --register %q: %v", *register, err)
 	}
-	if r := cfg.RegisterBytes; r != 0 && (r%(4<<10) != 0 || r < 8<<10) {
-		return usagef("p2p: --register %q: want 0 (none) or a multiple of 4 KiB, at least 8 KiB (timed as 4 KiB pages and as one region)", *register)
+	if err := bench.CheckRegisterBytes(cfg.RegisterBytes); err != nil {
+		return usagef("p2p: --register %q: %v", *register, err)
 	}
 	hugeNote := ""
 	if *huge {
