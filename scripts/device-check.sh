@@ -10,20 +10,21 @@
 #
 # Builds the kernels with the nvcc there (the toolkit found through
 # symlinks; cuBLAS and NVSHMEM from it or from Python's nvidia-* packages;
-# NVSHMEM only where there are two GPUs or more, since nothing on one GPU
-# uses it), checks the GPU's compute mode, prints the topology, runs the
-# CUDA tests, then the benchmarks on the one GPU: a device-to-device copy
-# (the ceiling), a checking sweep of odd sizes on 1-8 ranks in graph and
-# eager mode, the timed sweep with 2, 4 and 8 ranks as goroutines of one
-# process (one CUDA context) and as processes (CUDA IPC), the overlap, and
-# p2p between two processes with GPU memory (CUDA IPC, and over TCP).
+# NVSHMEM where there are two GPUs or more; on one GPU, which nothing uses
+# NVSHMEM for, it is only compiled, as the last step), checks the GPU's
+# compute mode, prints the topology, runs the CUDA tests, then the
+# benchmarks on the one GPU: p2p between two processes with GPU memory
+# (CUDA IPC, and over TCP), a device-to-device copy (the ceiling), a
+# checking sweep of odd sizes on 1-8 ranks in graph and eager mode, the
+# timed sweep with 2, 4 and 8 ranks as goroutines of one process (one CUDA
+# context) and as processes (CUDA IPC), and the overlap.
 # Every step is bounded, and all of them together by a budget
 # (DEVICE_CHECK_BUDGET seconds, default 330): a step that would pass it is
 # skipped, and says so. Everything lands in $OUT (at most 8 files):
 #   device-check.log  all output, as it happens (a run cut short still
 #                     explains itself)
-#   summary.txt       tables, in order (topology, tests, d2d, check sweep,
-#                     all-gather, overlap, p2p, targets)
+#   summary.txt       tables, in order (topology, tests, p2p, d2d, check
+#                     sweep, all-gather, overlap, targets, NVSHMEM build)
 #   tests.log         the tests' output
 #   bench.csv         every all-gather and copy row (p2p's are tables in
 #                     summary.txt)
@@ -137,27 +138,31 @@ if command -v nvcc >/dev/null; then
   h=$(find_one cublas_v2.h $roots); [ -n "$h" ] && inc="-I$(dirname "$h")"
   say "nvcc: $(nvcc --version | tail -1) ($nvcc_home); cuBLAS: ${cublas:-not found}"
   nvshmem_home=""
-  if [ "$ngpu" -lt 2 ]; then
-    say "NVSHMEM: not built (one GPU: nothing on it uses NVSHMEM)"
-  else
-    nh=$(find_one nvshmem.h $site /usr/local /opt)
-    if [ -n "$nh" ]; then
-      nvshmem_home=$(dirname "$(dirname "$nh")")
-      if [ ! -d "$nvshmem_home/lib" ]; then
-        nvshmem_home=""
-      elif [ ! -e "$nvshmem_home/lib/libnvshmem_host.so" ]; then
-        # wheels carry versioned names only: a shadow tree with the plain ones
-        shadow=$PWD/kernels/build/nvshmem
-        mkdir -p "$shadow/lib"
-        ln -sfn "$nvshmem_home/include" "$shadow/include"
-        for f in "$nvshmem_home"/lib/*; do
-          ln -sf "$f" "$shadow/lib/"
-          base=$(basename "$f"); plain=${base%%.so.*}
-          [ "$plain" != "$base" ] && ln -sf "$f" "$shadow/lib/$plain.so"
-        done
-        nvshmem_home=$shadow
-      fi
+  nh=$(find_one nvshmem.h $site /usr/local /opt)
+  if [ -n "$nh" ]; then
+    nvshmem_home=$(dirname "$(dirname "$nh")")
+    if [ ! -d "$nvshmem_home/lib" ]; then
+      nvshmem_home=""
+    elif [ ! -e "$nvshmem_home/lib/libnvshmem_host.so" ]; then
+      # wheels carry versioned names only: a shadow tree with the plain ones
+      shadow=$PWD/kernels/build/nvshmem
+      mkdir -p "$shadow/lib"
+      ln -sfn "$nvshmem_home/include" "$shadow/include"
+      for f in "$nvshmem_home"/lib/*; do
+        ln -sf "$f" "$shadow/lib/"
+        base=$(basename "$f"); plain=${base%%.so.*}
+        [ "$plain" != "$base" ] && ln -sf "$f" "$shadow/lib/$plain.so"
+      done
+      nvshmem_home=$shadow
     fi
+  fi
+  # One GPU: nothing on it uses NVSHMEM, so libslimenvshmem.so is only
+  # compiled, as the last step (a compile check, never loaded).
+  nvshmem_check=""
+  if [ "$ngpu" -lt 2 ] && [ -n "$nvshmem_home" ]; then
+    nvshmem_check=$nvshmem_home nvshmem_home=""
+    say "NVSHMEM: $nvshmem_check (one GPU: compiled as the last step, not run)"
+  else
     say "NVSHMEM: ${nvshmem_home:-not found}"
   fi
   libdir=$cublas_dir
@@ -194,7 +199,7 @@ if [ "$EMU" = 1 ]; then
   export SLIME_CUDA_LIB=$PWD/kernels/build/libslimecuda-emu.so
   # Every emulated allocation is shared host memory: small scratch blocks.
   export SLIME_GPU_SCRATCH=${SLIME_GPU_SCRATCH:-256K}
-  BIG=1M BIGB=$((1 << 20)) PROC_MAX=64K M_MIN=16 M_MAX=64 NK=64 P2P_MAX=1M
+  BIG=1M BIGB=$((1 << 20)) PROC_MAX=64K M_MIN=16 M_MAX=64 NK=64 P2P_MAX=1M P2P_TCP_MAX=1M
   # Two emulated devices for the intra tests: in-process ranks on
   # different GPUs need peer access (TestGPUPeerDevices).
   INTRA_ENV=(SLIME_EMU_DEVICES=2)
@@ -202,7 +207,7 @@ if [ "$EMU" = 1 ]; then
 else
   export SLIME_CUDA_LIB=$PWD/kernels/build/libslimecuda.so
   [ -e kernels/build/libslimenvshmem.so ] && export SLIME_NVSHMEM_LIB=$PWD/kernels/build/libslimenvshmem.so
-  BIG=64M BIGB=$((64 << 20)) PROC_MAX=4M M_MIN=256 M_MAX=4096 NK=4096 P2P_MAX=64M
+  BIG=64M BIGB=$((64 << 20)) PROC_MAX=4M M_MIN=256 M_MAX=4096 NK=4096 P2P_MAX=64M P2P_TCP_MAX=16M
   INTRA_ENV=()
   TAG=""
 fi
@@ -238,6 +243,23 @@ done
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+
+# p2p with GPU memory between two processes on this GPU: device to device
+# through CUDA IPC, and staged through host memory over TCP (--tcp-only),
+# every byte checked. First after the tests: the open issue needs them
+# most. Staged through host memory, 16 MiB is the largest size: the
+# check of a 64 MiB row over loopback TCP would take most of its bound.
+for mode in ipc tcp; do
+  flag=() max=$P2P_MAX; [ $mode = tcp ] && flag=(--tcp-only) max=$P2P_TCP_MAX
+  say; say "== p2p, GPU memory, 2 processes: $mode$TAG"
+  # 20 ms of timed rounds per row: each round's check (the bytes back to
+  # host memory and compared) costs far more than an IPC round; progress
+  # lines go to tests.log, so that a step cut short still shows its rows.
+  bounded 60 bin/device/slimerun -q --standalone --nproc-per-node 2 bin/device/slimebench p2p --gpu "${flag[@]}" \
+    -b 64K -e $max -f 4 --batch 1,64 --concurrency 1 --max-in-flight 64M --min-time 20ms --register 0 --no-baselines \
+    2>>"$OUT/tests.log" | sed 's/^\[0\]: //' | tee -a "$SUM" || say "p2p --gpu $mode: failed (see tests.log)"
+done
+
 say; say "== device-to-device copy (the ceiling)$TAG"
 bounded 30 bin/device/slimebench d2d -b 8 -e $BIG --csv >"$tmp/d2d.csv" 2>>"$OUT/tests.log" || say "d2d: failed (see tests.log)"
 cat "$tmp/d2d.csv" >"$OUT/bench.csv"
@@ -295,20 +317,6 @@ for launch in graph eager; do
     --nk $NK --pieces 4 --iters 5 --quiet 2>&1 | tee -a "$SUM"
 done
 
-# p2p with GPU memory between two processes on this GPU: device to device
-# through CUDA IPC, and staged through host memory over TCP (--tcp-only),
-# every byte checked.
-for mode in ipc tcp; do
-  flag=(); [ $mode = tcp ] && flag=(--tcp-only)
-  say; say "== p2p, GPU memory, 2 processes: $mode$TAG"
-  # 20 ms of timed rounds per row: each round's check (the bytes back to
-  # host memory and compared) costs far more than an IPC round; progress
-  # lines go to tests.log, so that a step cut short still shows its rows.
-  bounded 60 bin/device/slimerun -q --standalone --nproc-per-node 2 bin/device/slimebench p2p --gpu "${flag[@]}" \
-    -b 64K -e $P2P_MAX -f 4 --batch 1,64 --concurrency 1 --max-in-flight 64M --min-time 20ms --register 0 --no-baselines \
-    2>>"$OUT/tests.log" | sed 's/^\[0\]: //' | tee -a "$SUM" || say "p2p --gpu $mode: failed (see tests.log)"
-done
-
 # The issue's targets, from the rows above: an 8-byte all-gather among 8
 # in-process ranks in graph mode, and 64 MiB busbw against the copy (the
 # sweeps' largest size, BIG: 1M in a rehearsal, whose line then shows
@@ -321,4 +329,13 @@ say "8-byte all-gather, 8 ranks in one process, graph: ${t8:-?} µs (target ≤ 
 bw=$(awk -F, -v s=$BIGB '$1 == "slimego-graph" && $6 == s { print $9 }' "$tmp/inproc-8-graph.csv")
 cp=$(awk -F, -v s=$BIGB '$1 == "d2d" && $6 == s { print $9 }' "$tmp/d2d.csv")
 say "$BIG busbw, 8 ranks in one process, graph: ${bw:-?} GB/s; device-to-device copy: ${cp:-?} GB/s$( [ -n "$bw" ] && [ -n "$cp" ] && awk -v b="$bw" -v c="$cp" 'BEGIN { printf " (%.0f%%; target ≥ 70%%)", 100 * b / c }')"
+if [ -n "${nvshmem_check:-}" ]; then
+  say; say "== NVSHMEM compile check (one GPU: built, not loaded)"
+  rm -f kernels/build/libslimenvshmem.so
+  if build "$nvshmem_check" >>"$OUT/build.log" 2>&1; then
+    say "libslimenvshmem.so compiled and linked against $nvshmem_check"
+  else
+    say "libslimenvshmem.so did not build (build.log's end):"; tail -15 "$OUT/build.log" | tee -a "$SUM"
+  fi
+fi
 say; say "== done $(date -u +%FT%TZ), ${SECONDS} s"
