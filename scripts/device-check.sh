@@ -16,15 +16,15 @@
 # benchmarks on the one GPU: p2p between two processes with GPU memory
 # (CUDA IPC, and over TCP), a device-to-device copy (the ceiling), a
 # checking sweep of odd sizes on 1-8 ranks in graph and eager mode, the
-# timed sweep with 2, 4 and 8 ranks as goroutines of one process (one CUDA
-# context) and as processes (CUDA IPC), and the overlap.
+# overlap, and the timed sweep with 2, 4 and 8 ranks as goroutines of one
+# process (one CUDA context) and as processes (CUDA IPC).
 # Every step is bounded, and all of them together by a budget
 # (DEVICE_CHECK_BUDGET seconds, default 330): a step that would pass it is
 # skipped, and says so. Everything lands in $OUT (at most 8 files):
 #   device-check.log  all output, as it happens (a run cut short still
 #                     explains itself)
 #   summary.txt       tables, in order (topology, tests, p2p, d2d, check
-#                     sweep, all-gather, overlap, targets, NVSHMEM build)
+#                     sweep, overlap, all-gather, targets, NVSHMEM build)
 #   tests.log         the tests' output
 #   bench.csv         every all-gather and copy row (p2p's are tables in
 #                     summary.txt)
@@ -218,7 +218,14 @@ bounded 30 bin/device/slimerun --print-topology 2>&1 | tee -a "$SUM"
 
 say; say "== tests (-v output in tests.log)"
 : >"$OUT/tests.log"
-for t in kernels device cudagraph intra collective overlap p2p; do
+# DEVICE_CHECK_TESTS picks the test binaries, each entry PKG or PKG:REGEX
+# (REGEX in place of the package's -test.run below; a package may come
+# twice, each entry a fresh process), and DEVICE_CHECK_TEST_BOUND bounds
+# each (seconds): a second run can spend its minutes where the first one
+# failed.
+for entry in ${DEVICE_CHECK_TESTS:-kernels device cudagraph intra collective overlap p2p}; do
+  t=${entry%%:*} only=""
+  [ "$t" != "$entry" ] && only=${entry#*:}
   [ -x bin/device/tests/$t.test ] || { say "$t: no test binary (make device-bins)"; continue; }
   args=(-test.v -test.count=1) envs=()
   case $t in
@@ -234,9 +241,10 @@ for t in kernels device cudagraph intra collective overlap p2p; do
     # commands; the sweeps below run the same jobs with bin/device's.
     collective) args+=(-test.run GPU -test.skip GPUSlimebenchProcesses) ;;
   esac
-  (cd $t && bounded 120 env "${envs[@]}" ../bin/device/tests/$t.test "${args[@]}" >"$OUT/test-$t.tmp" 2>&1)
+  [ -n "$only" ] && args=(-test.v -test.count=1 -test.run "$only")
+  (cd $t && bounded "${DEVICE_CHECK_TEST_BOUND:-120}" env "${envs[@]}" ../bin/device/tests/$t.test "${args[@]}" >"$OUT/test-$t.tmp" 2>&1)
   rc=$?
-  say "$t: $( [ $rc = 0 ] && echo PASS || echo "FAIL (exit $rc)") ($(grep -c -- '^--- PASS' "$OUT/test-$t.tmp") passed, $(grep -c -- '--- SKIP' "$OUT/test-$t.tmp") skipped)"
+  say "$entry: $( [ $rc = 0 ] && echo PASS || echo "FAIL (exit $rc)") ($(grep -c -- '^--- PASS' "$OUT/test-$t.tmp") passed, $(grep -c -- '--- SKIP' "$OUT/test-$t.tmp") skipped)"
   grep -E -- '^(--- FAIL|panic)|--- SKIP' "$OUT/test-$t.tmp" | tail -8 | tee -a "$SUM"
   cat "$OUT/test-$t.tmp" >>"$OUT/tests.log" && rm -f "$OUT/test-$t.tmp"
 done
@@ -249,7 +257,8 @@ trap 'rm -rf "$tmp"' EXIT
 # every byte checked. First after the tests: the open issue needs them
 # most. Staged through host memory, 16 MiB is the largest size: the
 # check of a 64 MiB row over loopback TCP would take most of its bound.
-for mode in ipc tcp; do
+# DEVICE_CHECK_P2P=0 skips the step.
+for mode in $([ "${DEVICE_CHECK_P2P:-1}" = 1 ] && echo ipc tcp); do
   flag=() max=$P2P_MAX; [ $mode = tcp ] && flag=(--tcp-only) max=$P2P_TCP_MAX
   say; say "== p2p, GPU memory, 2 processes: $mode$TAG"
   # 20 ms of timed rounds per row: each round's check (the bytes back to
@@ -288,7 +297,14 @@ for P in 1 2 3 4 5 6 7 8; do
 done
 say "checking sweep: $([ $bad = 0 ] && echo "0 wrong bytes" || echo FAILED)"
 
-for P in 2 4 8; do
+say; say "== AllGather+GEMM overlap, 4 ranks in one process, $([ "$EMU" = 1 ] && echo "the emulator's GEMM" || echo cuBLAS) (eager, then graph)$TAG"
+for launch in eager graph; do
+  flag=(); [ $launch = eager ] && flag=(--eager-mode)
+  bounded 60 bin/device/slimebench overlap --backend cuda --in-process 4 "${flag[@]}" --m-min $M_MIN --m-max $M_MAX \
+    --nk $NK --pieces 4 --iters 5 --quiet 2>&1 | tee -a "$SUM"
+done
+
+for P in 8 2 4; do # 8 first: the targets read its rows
   for launch in graph eager; do
     flag=(); [ $launch = eager ] && flag=(--eager-mode)
     bounded 60 bin/device/slimebench allgather --backend cuda --in-process $P "${flag[@]}" -b 8 -e $BIG --quiet --csv \
@@ -310,13 +326,6 @@ for P in 2 4 8; do
   say; say "== $P processes (CUDA IPC; time-sliced without MPS): graph vs eager; $(wrong "$tmp/proc-$P-graph.csv") + $(wrong "$tmp/proc-$P-eager.csv") wrong bytes$TAG"
   bin/device/slimebench compare "$tmp/proc-$P-graph.csv" "$tmp/proc-$P-eager.csv" 2>&1 | tee -a "$SUM"
 done
-say; say "== AllGather+GEMM overlap, 4 ranks in one process, $([ "$EMU" = 1 ] && echo "the emulator's GEMM" || echo cuBLAS) (graph, then eager)$TAG"
-for launch in graph eager; do
-  flag=(); [ $launch = eager ] && flag=(--eager-mode)
-  bounded 60 bin/device/slimebench overlap --backend cuda --in-process 4 "${flag[@]}" --m-min $M_MIN --m-max $M_MAX \
-    --nk $NK --pieces 4 --iters 5 --quiet 2>&1 | tee -a "$SUM"
-done
-
 # The issue's targets, from the rows above: an 8-byte all-gather among 8
 # in-process ranks in graph mode, and 64 MiB busbw against the copy (the
 # sweeps' largest size, BIG: 1M in a rehearsal, whose line then shows
