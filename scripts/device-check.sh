@@ -10,10 +10,10 @@
 #
 # Builds the kernels with the nvcc there (the toolkit found through
 # symlinks; cuBLAS and NVSHMEM from it or from Python's nvidia-* packages;
-# NVSHMEM where there are two GPUs or more; on one GPU, which nothing uses
-# NVSHMEM for, it is only compiled, as the last step), checks the GPU's
-# compute mode, prints the topology, runs the CUDA tests, then the
-# benchmarks on the one GPU: p2p between two processes with GPU memory
+# NVSHMEM where there are two GPUs or more; on one GPU, which nothing
+# uses NVSHMEM for, it is only compiled, after the tests and p2p), checks
+# the GPU's compute mode, prints the topology, runs the CUDA tests, then
+# the benchmarks on the one GPU: p2p between two processes with GPU memory
 # (CUDA IPC, and over TCP), a device-to-device copy (the ceiling), a
 # checking sweep of odd sizes on 1-8 ranks in graph and eager mode, the
 # overlap, and the timed sweep with 2, 4 and 8 ranks as goroutines of one
@@ -23,8 +23,9 @@
 # skipped, and says so. Everything lands in $OUT (at most 8 files):
 #   device-check.log  all output, as it happens (a run cut short still
 #                     explains itself)
-#   summary.txt       tables, in order (topology, tests, p2p, d2d, check
-#                     sweep, overlap, all-gather, targets, NVSHMEM build)
+#   summary.txt       tables, in order (topology, tests, p2p, NVSHMEM
+#                     build, d2d, check sweep, overlap, all-gather,
+#                     targets)
 #   tests.log         the tests' output
 #   bench.csv         every all-gather and copy row (p2p's are tables in
 #                     summary.txt)
@@ -157,11 +158,11 @@ if command -v nvcc >/dev/null; then
     fi
   fi
   # One GPU: nothing on it uses NVSHMEM, so libslimenvshmem.so is only
-  # compiled, as the last step (a compile check, never loaded).
+  # compiled, after the tests (a compile check, never loaded).
   nvshmem_check=""
   if [ "$ngpu" -lt 2 ] && [ -n "$nvshmem_home" ]; then
     nvshmem_check=$nvshmem_home nvshmem_home=""
-    say "NVSHMEM: $nvshmem_check (one GPU: compiled as the last step, not run)"
+    say "NVSHMEM: $nvshmem_check (one GPU: compiled after the tests, not run)"
   else
     say "NVSHMEM: ${nvshmem_home:-not found}"
   fi
@@ -269,6 +270,15 @@ for mode in $([ "${DEVICE_CHECK_P2P:-1}" = 1 ] && echo ipc tcp); do
     2>>"$OUT/tests.log" | sed 's/^\[0\]: //' | tee -a "$SUM" || say "p2p --gpu $mode: failed (see tests.log)"
 done
 
+if [ -n "${nvshmem_check:-}" ]; then
+  say; say "== NVSHMEM compile check (one GPU: built, not loaded)"
+  rm -f kernels/build/libslimenvshmem.so
+  if build "$nvshmem_check" >>"$OUT/build.log" 2>&1; then
+    say "libslimenvshmem.so compiled and linked against $nvshmem_check"
+  else
+    say "libslimenvshmem.so did not build (build.log's end):"; tail -15 "$OUT/build.log" | tee -a "$SUM"
+  fi
+fi
 say; say "== device-to-device copy (the ceiling)$TAG"
 bounded 30 bin/device/slimebench d2d -b 8 -e $BIG --csv >"$tmp/d2d.csv" 2>>"$OUT/tests.log" || say "d2d: failed (see tests.log)"
 cat "$tmp/d2d.csv" >"$OUT/bench.csv"
@@ -338,13 +348,4 @@ say "8-byte all-gather, 8 ranks in one process, graph: ${t8:-?} µs (target ≤ 
 bw=$(awk -F, -v s=$BIGB '$1 == "slimego-graph" && $6 == s { print $9 }' "$tmp/inproc-8-graph.csv")
 cp=$(awk -F, -v s=$BIGB '$1 == "d2d" && $6 == s { print $9 }' "$tmp/d2d.csv")
 say "$BIG busbw, 8 ranks in one process, graph: ${bw:-?} GB/s; device-to-device copy: ${cp:-?} GB/s$( [ -n "$bw" ] && [ -n "$cp" ] && awk -v b="$bw" -v c="$cp" 'BEGIN { printf " (%.0f%%; target ≥ 70%%)", 100 * b / c }')"
-if [ -n "${nvshmem_check:-}" ]; then
-  say; say "== NVSHMEM compile check (one GPU: built, not loaded)"
-  rm -f kernels/build/libslimenvshmem.so
-  if build "$nvshmem_check" >>"$OUT/build.log" 2>&1; then
-    say "libslimenvshmem.so compiled and linked against $nvshmem_check"
-  else
-    say "libslimenvshmem.so did not build (build.log's end):"; tail -15 "$OUT/build.log" | tee -a "$SUM"
-  fi
-fi
 say; say "== done $(date -u +%FT%TZ), ${SECONDS} s"
