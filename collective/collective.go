@@ -259,7 +259,7 @@ func merge(opts, env Options) Options {
 		o.RcvLowat = env.RcvLowat
 	}
 	o.Eager = o.Eager || env.Eager
-	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}, {&o.BigCopy, &env.BigCopy}, {&o.SendCopyMin, &env.SendCopyMin}, {&o.GPUScratch, &env.GPUScratch}} {
+	for _, f := range []struct{ dst, src *int }{{&o.SlotBytes, &env.SlotBytes}, {&o.Slots, &env.Slots}, {&o.ZeroCopyMin, &env.ZeroCopyMin}, {&o.CMAMin, &env.CMAMin}, {&o.BigCopy, &env.BigCopy}, {&o.SendCopyMin, &env.SendCopyMin}, {&o.GPUScratch, &env.GPUScratch}, {&o.GPUBlocks, &env.GPUBlocks}} {
 		if *f.dst == 0 {
 			*f.dst = *f.src
 		}
@@ -292,6 +292,8 @@ func (o Options) validate() error {
 		return bad("attempt %d", o.Attempt)
 	case !ValidAlgo(o.Algo):
 		return bad("algorithm %q (want auto, hier or ring)", o.Algo)
+	case o.GPUBlocks < 0 || o.GPUBlocks > MaxGPUBlocks:
+		return bad("%d GPU thread blocks (want 1 to %d, or 0 for the default)", o.GPUBlocks, MaxGPUBlocks)
 	}
 	return nil
 }

@@ -117,6 +117,9 @@ type TCP struct {
 	SendCopyMin int
 }
 
+// MaxGPUBlocks is the most thread blocks CUDA.GPUBlocks may ask for.
+const MaxGPUBlocks = 1024
+
 // CUDA tunes the GPU backend.
 type CUDA struct {
 	// Eager launches GPU work directly instead of capturing it into CUDA
@@ -126,6 +129,12 @@ type CUDA struct {
 	// slots (SLIME_GPU_SCRATCH; default 16 MiB): each rank holds 2 × local
 	// ranks × GPUScratch of device memory, and larger blocks go in rounds.
 	GPUScratch int
+	// GPUBlocks bounds the thread blocks of one all-gather kernel launch
+	// on each rank (SLIME_GPU_BLOCKS; default 16, at most 1024). The
+	// kernels of a node's ranks wait for each other, so all of them must
+	// be resident on their GPUs at once: ranks that share one GPU share
+	// its multiprocessors.
+	GPUBlocks int
 }
 
 // LoadEnv reads the environment that slimerun and torchrun (RANK,
@@ -367,6 +376,13 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 			return bad("SLIME_GPU_SCRATCH=%q: want a positive size", v)
 		}
 		o.GPUScratch = int(n)
+	}
+	if v := strings.TrimSpace(getenv("SLIME_GPU_BLOCKS")); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 || n > MaxGPUBlocks {
+			return bad("SLIME_GPU_BLOCKS=%q: want 1 to %d", v, MaxGPUBlocks)
+		}
+		o.GPUBlocks = n
 	}
 	o.Debug = strings.ToUpper(strings.TrimSpace(getenv("SLIME_DEBUG")))
 	o.Algo = strings.ToLower(strings.TrimSpace(getenv("SLIME_ALGO")))

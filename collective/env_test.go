@@ -32,8 +32,8 @@ func TestLoadEnv(t *testing.T) {
 		{"openmpi", map[string]string{"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
 			"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "h0", "SLIME_TIMEOUT": "2.5"},
 			Options{Job: Job{Rank: 3, WorldSize: 4, LocalRank: 1, LocalWorldSize: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 29500, RunID: "port29500"}, Timeout: 2500 * time.Millisecond}},
-		{"knobs", map[string]string{"SLIME_RCVLOWAT": "1M", "SLIME_EAGER": "1", "SLIME_GPU_SCRATCH": "4M", "SLIME_CHANNELS": "4"},
-			Options{Job: Job{WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500"}, TCP: TCP{RcvLowat: 1 << 20, Channels: 4}, CUDA: CUDA{Eager: true, GPUScratch: 4 << 20}}},
+		{"knobs", map[string]string{"SLIME_RCVLOWAT": "1M", "SLIME_EAGER": "1", "SLIME_GPU_SCRATCH": "4M", "SLIME_GPU_BLOCKS": "64", "SLIME_CHANNELS": "4"},
+			Options{Job: Job{WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500"}, TCP: TCP{RcvLowat: 1 << 20, Channels: 4}, CUDA: CUDA{Eager: true, GPUScratch: 4 << 20, GPUBlocks: 64}}},
 		{"lowat off", map[string]string{"SLIME_RCVLOWAT": "off"},
 			Options{Job: Job{WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500"}, TCP: TCP{RcvLowat: -1}}},
 		{"send copy", map[string]string{"SLIME_SEND_COPY_MIN": "48M"},
@@ -82,6 +82,9 @@ func TestLoadEnvErrors(t *testing.T) {
 		{map[string]string{"SLIME_RCVLOWAT": "big"}, "SLIME_RCVLOWAT"},
 		{map[string]string{"SLIME_EAGER": "maybe"}, "SLIME_EAGER"},
 		{map[string]string{"SLIME_GPU_SCRATCH": "0"}, "SLIME_GPU_SCRATCH"},
+		{map[string]string{"SLIME_GPU_BLOCKS": "0"}, `SLIME_GPU_BLOCKS="0": want 1 to 1024`},
+		{map[string]string{"SLIME_GPU_BLOCKS": "1025"}, `SLIME_GPU_BLOCKS="1025"`},
+		{map[string]string{"SLIME_GPU_BLOCKS": "many"}, `SLIME_GPU_BLOCKS="many"`},
 		// A timeout of none, in either form, is refused by name.
 		{map[string]string{"SLIME_TIMEOUT": "-1"}, `SLIME_TIMEOUT="-1": not positive`},
 		{map[string]string{"SLIME_TIMEOUT": "0"}, `SLIME_TIMEOUT="0": not positive`},
@@ -425,5 +428,22 @@ func TestSanitizeID(t *testing.T) {
 	}
 	if a, b := sanitizeID(long+"1"), sanitizeID(long+"2"); len(a) != 64 || a == b {
 		t.Errorf("long ids: %q %q", a, b)
+	}
+}
+
+// Options.GPUBlocks set in code is checked as SLIME_GPU_BLOCKS is: 0 is
+// the default, and a count outside 1..MaxGPUBlocks is refused by name.
+func TestGPUBlocksValidated(t *testing.T) {
+	base := Options{Job: Job{WorldSize: 1, LocalWorldSize: 1, RunID: "x"}, TCP: TCP{Algo: "auto"}}
+	for _, tc := range []struct {
+		blocks int
+		ok     bool
+	}{{0, true}, {1, true}, {MaxGPUBlocks, true}, {-1, false}, {MaxGPUBlocks + 1, false}} {
+		o := base
+		o.GPUBlocks = tc.blocks
+		err := o.validate()
+		if tc.ok != (err == nil) || err != nil && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "GPU thread blocks")) {
+			t.Errorf("GPUBlocks %d: %v", tc.blocks, err)
+		}
 	}
 }

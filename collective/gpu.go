@@ -56,7 +56,7 @@ func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
 		g.node, err = intra.NewGPU(ctx, intra.GPUConfig{
 			Store: c.store, Key: c.key("gpu" + strconv.Itoa(lay.myNode)),
 			Rank: o.LocalRank, Size: len(lay.members[lay.myNode]), Ranks: lay.members[lay.myNode],
-			Dev: dev, Cap: o.GPUScratch, Timeout: o.Timeout,
+			Dev: dev, Cap: o.GPUScratch, Blocks: o.GPUBlocks, Timeout: o.Timeout,
 		}) // otherwise g.node stays nil: node-local data goes through the host
 		if err != nil {
 			return err
