@@ -79,9 +79,10 @@ int slime_memcpy_async(int dev, uint64_t dst, uint64_t src, uint64_t bytes, uint
 int slime_memset(int dev, uint64_t dst, int value, uint64_t bytes);
 int slime_memset_async(int dev, uint64_t dst, int value, uint64_t bytes, uint64_t stream);
 
-/* CUDA IPC: a 64-byte handle that a process on the same node opens, at
- * most once per device at a time (a second open fails: resource already
- * mapped). */
+/* CUDA IPC: a 64-byte handle that a process on the same node opens (not
+ * the process that exported it). Opened again on the same device while
+ * open, it returns the same pointer and counts the open: each open takes
+ * a slime_ipc_close, the last of which unmaps. */
 #define SLIME_IPC_HANDLE_BYTES 64
 int slime_ipc_get_handle(int dev, uint64_t ptr, uint8_t handle[SLIME_IPC_HANDLE_BYTES]);
 int slime_ipc_open(int dev, const uint8_t handle[SLIME_IPC_HANDLE_BYTES], uint64_t *ptr);

@@ -16,12 +16,15 @@
  *    shared, so that slime_ipc_get_handle/slime_ipc_open map it in other
  *    processes (through /proc/<pid>/fd/<fd>: the exporter must be alive,
  *    as with CUDA). Opening a handle in the process that exported it fails,
- *    as CUDA's does. cudaMalloc does not zero: neither does this (the
- *    first and last 64 KiB are filled with garbage). Pinned host memory
- *    (slime_host_alloc) is host memory whose device address is its host
- *    address (unified addressing). Kernels, memsets and GEMMs check that
- *    every range they touch lies in memory this process has mapped for
- *    their device, and fail the call if not (a GPU would fault later).
+ *    as CUDA's does; opening it again where it is open returns the same
+ *    pointer and counts the open, as CUDA does, each open taking a close
+ *    (a close of a pointer not open fails). cudaMalloc does not zero:
+ *    neither does this (the first and last 64 KiB are filled with
+ *    garbage). Pinned host memory (slime_host_alloc) is host memory whose
+ *    device address is its host address (unified addressing). Kernels,
+ *    memsets and GEMMs check that every range they touch lies in memory
+ *    this process has mapped for their device, and fail the call if not
+ *    (a GPU would fault later).
  *  - Streams: a stream is a queue run in order by a worker thread of its
  *    own; every operation waits a random delay (0 to SLIME_EMU_DELAY_US,
  *    default 100 µs, half of the time) before it runs, so that work on
@@ -109,7 +112,6 @@ const CudaErr eIllegalAddress{"cudaErrorIllegalAddress", "an illegal memory acce
 const CudaErr eMemory{"cudaErrorMemoryAllocation", "out of memory"};
 const CudaErr eInvalidContext{"cudaErrorInvalidContext", "invalid device context"};
 const CudaErr eMapFailed{"cudaErrorMapBufferObjectFailed", "mapping of buffer object failed"};
-const CudaErr eAlreadyMapped{"cudaErrorAlreadyMapped", "resource already mapped"};
 const CudaErr eCaptureUnsupported{"cudaErrorStreamCaptureUnsupported", "operation not permitted when stream is capturing"};
 const CudaErr eCaptureInvalidated{"cudaErrorStreamCaptureInvalidated", "operation failed due to a previous error during capture"};
 const CudaErr eCaptureUnmatched{"cudaErrorStreamCaptureUnmatched", "capture was not initiated in this stream"};
@@ -768,13 +770,22 @@ int slime_ipc_open(int dev, const uint8_t handle[SLIME_IPC_HANDLE_BYTES], uint64
     if (memcmp(h.magic, "SLIMEEMU", 8) != 0) return cfail(eInvalidValue, what, "not a handle of the emulator");
     if (h.pid == getpid()) return cfail(eInvalidContext, what, "a handle cannot be opened in the process that exported it");
     Globals &g = G();
-    {
-        std::lock_guard<std::mutex> lk(g.mu);
+    // As CUDA: a handle opened already in this context (device and
+    // process) returns the same pointer and counts the open; each open
+    // takes a close (slime_ipc_close unmaps at the last).
+    auto reopen = [&]() -> Alloc * {
         for (auto &kv : g.allocs)
             if (kv.second.kind == MEM_IPC && kv.second.pid == h.pid && kv.second.id == h.id && kv.second.dev == dev)
-                // As CUDA: a handle is mapped at most once per device and
-                // process at a time ("resource already mapped").
-                return cfail(eAlreadyMapped, what, "the allocation is mapped in this process already");
+                return &kv.second;
+        return nullptr;
+    };
+    {
+        std::lock_guard<std::mutex> lk(g.mu);
+        if (Alloc *a = reopen()) {
+            a->refs++;
+            *ptr = a->base;
+            return SLIME_OK;
+        }
     }
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
@@ -789,6 +800,12 @@ int slime_ipc_open(int dev, const uint8_t handle[SLIME_IPC_HANDLE_BYTES], uint64
     close(fd);
     if (p == MAP_FAILED) return cfail(eMapFailed, what, strerror(errno));
     std::lock_guard<std::mutex> lk(g.mu);
+    if (Alloc *a = reopen()) {  // another thread opened it meanwhile
+        munmap(p, h.size);
+        a->refs++;
+        *ptr = a->base;
+        return SLIME_OK;
+    }
     g.allocs[(uint64_t)(uintptr_t)p] = Alloc{(uint64_t)(uintptr_t)p, h.size, MEM_IPC, dev, -1, h.id, h.pid, 1};
     *ptr = (uint64_t)(uintptr_t)p;
     return SLIME_OK;
@@ -799,7 +816,9 @@ int slime_ipc_close(int dev, uint64_t ptr) {
     Globals &g = G();
     std::unique_lock<std::mutex> lk(g.mu);
     auto it = g.allocs.find(ptr);
-    if (it == g.allocs.end() || it->second.kind != MEM_IPC) return cfail(eInvalidValue, "cudaIpcCloseMemHandle(PTR(ptr))");
+    // Not a pointer slime_ipc_open returned, or closed as often as opened.
+    if (it == g.allocs.end() || it->second.kind != MEM_IPC)
+        return cfail(eInvalidValue, "cudaIpcCloseMemHandle(PTR(ptr))", "not a mapping open in this process");
     if (--it->second.refs > 0) return SLIME_OK;
     munmap((void *)(uintptr_t)ptr, it->second.size);
     g.allocs.erase(it);
