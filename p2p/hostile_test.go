@@ -1725,9 +1725,10 @@ func gpuContents(t *testing.T, d *device.CUDABuffer) []byte {
 // TestIPCCloseThenOpen: a grant that opens an allocation while the grant
 // before it, done with the same allocation, has yet to close it takes
 // the open that is still there and goes through CUDA IPC; it does not
-// open the allocation a second time (which CUDA, and the emulator,
-// refuse), fall back to TCP and turn IPC off for the link. Nor is the
-// allocation closed twice.
+// open the allocation a second time (CUDA counts the opens: a second one
+// the link does not record would never be closed), fall back to TCP or
+// turn IPC off for the link. Nor is the allocation closed twice: on the
+// emulator, its mapping is gone after both releases.
 func TestIPCCloseThenOpen(t *testing.T) {
 	const n = 1 << 16
 	g, handle, _ := gpuExporter(t, n, 9)
@@ -1758,6 +1759,12 @@ func TestIPCCloseThenOpen(t *testing.T) {
 	defer func() { testHookIPCClose = nil }()
 	grant(rq1.id)
 	<-closing
+	p.l.mu.Lock()
+	var mapped kernels.Ptr
+	for _, m := range p.l.ipcs {
+		mapped = m.ptr
+	}
+	p.l.mu.Unlock()
 	grant(rq2.id)
 	if rel, _ := nextFrame(t, c); rel.kind != kRelease || rel.id != rq2.id {
 		t.Fatalf("got %+v, want the second grant's release", rel)
@@ -1781,6 +1788,12 @@ func TestIPCCloseThenOpen(t *testing.T) {
 	p.l.mu.Unlock()
 	if open != 0 || p.l.ipcOff.Load() {
 		t.Fatalf("%d allocations open after both releases, IPC off %v", open, p.l.ipcOff.Load())
+	}
+	if mapped == 0 {
+		t.Fatal("no allocation open while the first grant closed")
+	}
+	if _, _, err := g.Lib().MemRange(g.Ordinal, mapped); device.CUDAEmulated() && err == nil {
+		t.Fatalf("the allocation is still mapped at %#x after both releases (opened more often than closed)", uint64(mapped))
 	}
 }
 

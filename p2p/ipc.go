@@ -100,9 +100,11 @@ func ipcRecords(segs []seg) ([]byte, bool) {
 // opening). refused says whether the open itself failed (a handle that
 // does not open here) rather than a bound or the link's end.
 func (l *link) openIPC(gpu *device.GPU, h [kernels.IPCHandleBytes]byte) (m *ipcMap, refused bool, err error) {
-	// One open or close at a time on the link: CUDA may refuse to map an
-	// allocation this process has mapped already (two grants of it
-	// opening at once, or one opening while another closes it).
+	// One open or close at a time on the link, so that it holds one open
+	// of an allocation (its entry in l.ipcs) and closes it once: grants of
+	// it opening at once, or one opening while another closes it, take
+	// the open that is there. (CUDA counts a second open in the process,
+	// and would keep the mapping until a second close.)
 	l.ipcMu.Lock()
 	defer l.ipcMu.Unlock()
 	k := ipcKey{h: h, dev: gpu.Ordinal}

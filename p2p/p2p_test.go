@@ -1010,8 +1010,8 @@ func testGPUIPC(t *testing.T, tcpOnly bool) {
 // TestGPUIPCConcurrent: the first batches of a link to a child's GPU
 // region, 8 reads of its slices at once (each a grant on its own
 // connection, beside the region's lease being granted), all go through
-// CUDA IPC and read the right bytes: one allocation is opened once at a
-// time, as CUDA, and the emulator, refuse to map it twice in one process.
+// CUDA IPC and read the right bytes (the grants of the allocation share
+// the link's one open of it).
 func TestGPUIPCConcurrent(t *testing.T) {
 	g := gpuOrSkip(t)
 	const size, k = 8 << 20, 8
