@@ -219,14 +219,13 @@ bounded 30 bin/device/slimerun --print-topology 2>&1 | tee -a "$SUM"
 
 say; say "== tests (-v output in tests.log)"
 : >"$OUT/tests.log"
-# DEVICE_CHECK_TESTS picks the test binaries, each entry PKG or PKG:REGEX
-# (REGEX in place of the package's -test.run below; a package may come
-# twice, each entry a fresh process), and DEVICE_CHECK_TEST_BOUND bounds
-# each (seconds): a second run can spend its minutes where the first one
-# failed.
+# DEVICE_CHECK_TESTS picks the test binaries, each entry PKG, PKG:RUN or
+# PKG:RUN:SKIP (regular expressions in place of the package's -test.run and
+# -test.skip below; a package may come twice, each entry a fresh process),
+# and DEVICE_CHECK_TEST_BOUND bounds each (seconds): a second run can
+# spend its minutes where the first one failed.
 for entry in ${DEVICE_CHECK_TESTS:-kernels device cudagraph intra collective overlap p2p}; do
-  t=${entry%%:*} only=""
-  [ "$t" != "$entry" ] && only=${entry#*:}
+  IFS=: read -r t only skip <<<"$entry"
   [ -x bin/device/tests/$t.test ] || { say "$t: no test binary (make device-bins)"; continue; }
   args=(-test.v -test.count=1) envs=()
   case $t in
@@ -242,7 +241,7 @@ for entry in ${DEVICE_CHECK_TESTS:-kernels device cudagraph intra collective ove
     # commands; the sweeps below run the same jobs with bin/device's.
     collective) args+=(-test.run GPU -test.skip GPUSlimebenchProcesses) ;;
   esac
-  [ -n "$only" ] && args=(-test.v -test.count=1 -test.run "$only")
+  [ -n "$only" ] && args=(-test.v -test.count=1 -test.run "$only" ${skip:+-test.skip "$skip"})
   (cd $t && bounded "${DEVICE_CHECK_TEST_BOUND:-120}" env "${envs[@]}" ../bin/device/tests/$t.test "${args[@]}" >"$OUT/test-$t.tmp" 2>&1)
   rc=$?
   say "$entry: $( [ $rc = 0 ] && echo PASS || echo "FAIL (exit $rc)") ($(grep -c -- '^--- PASS' "$OUT/test-$t.tmp") passed, $(grep -c -- '--- SKIP' "$OUT/test-$t.tmp") skipped)"
@@ -312,6 +311,19 @@ for launch in eager graph; do
   flag=(); [ $launch = eager ] && flag=(--eager-mode)
   bounded 60 bin/device/slimebench overlap --backend cuda --in-process 4 "${flag[@]}" --m-min $M_MIN --m-max $M_MAX \
     --nk $NK --pieces 4 --iters 5 --quiet 2>&1 | tee -a "$SUM"
+done
+
+# The thread blocks of one LL launch (SLIME_GPU_BLOCKS, default 16) at
+# the sweeps' largest size, in graph mode: whether the block count bounds
+# the bandwidth. Every rank's blocks must be resident at once (the ranks
+# wait for each other), so 8 ranks on one GPU try fewer.
+say; say "== thread blocks per launch, $BIG, graph, in one process$TAG"
+say "$(printf '%-6s %-7s %12s %10s' ranks blocks 'time (us)' busbw)"
+for pb in 2:16 2:64 2:256 8:16 8:32; do
+  P=${pb%%:*} nb=${pb#*:}
+  row=$(SLIME_GPU_BLOCKS=$nb bounded 25 bin/device/slimebench allgather --backend cuda --in-process $P -b $BIG -e $BIG --quiet --csv \
+    2>>"$OUT/tests.log" | awk -F, '$1 == "slimego" { printf "%12.1f %10.2f", $7, $9 }')
+  say "$(printf '%-6s %-7s %s' $P $nb "${row:-failed (see tests.log)}")"
 done
 
 for P in 8 2 4; do # 8 first: the targets read its rows
