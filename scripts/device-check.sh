@@ -257,8 +257,8 @@ trap 'rm -rf "$tmp"' EXIT
 # every byte checked. First after the tests: the open issue needs them
 # most. Staged through host memory, 16 MiB is the largest size: the
 # check of a 64 MiB row over loopback TCP would take most of its bound.
-# DEVICE_CHECK_P2P=0 skips the step.
-for mode in $([ "${DEVICE_CHECK_P2P:-1}" = 1 ] && echo ipc tcp); do
+# DEVICE_CHECK_P2P names the modes (default "ipc tcp"; empty: none).
+for mode in ${DEVICE_CHECK_P2P-ipc tcp}; do
   flag=() max=$P2P_MAX; [ $mode = tcp ] && flag=(--tcp-only) max=$P2P_TCP_MAX
   say; say "== p2p, GPU memory, 2 processes: $mode$TAG"
   # 20 ms of timed rounds per row: each round's check (the bytes back to
