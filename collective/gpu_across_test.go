@@ -178,3 +178,58 @@ func TestGPUAcrossNodesMismatchCloses(t *testing.T) {
 		})
 	}
 }
+
+// TestGPUAcrossNodesLateGrowth: under hier, a plan whose blocks outgrow
+// the staged link's pinned buffers readies them when it is made, not when
+// it runs. cudaFreeHost waits for every kernel of the device (the
+// emulator's too), and all four ranks here share one: a rank that freed
+// its smaller buffers in Run, after its node peer's LL kernel had started
+// waiting for it, stalled both until the kernel's timeout (on an H200, at
+// the third plan of TestGPUAcrossNodesAlgo). Rank 1 comes late to each
+// Run, so that rank 0's kernel is waiting by then.
+func TestGPUAcrossNodesLateGrowth(t *testing.T) {
+	needGPU(t)
+	testranks.Run(t, 2, 2, func(o *collective.Options) {
+		o.Backend, o.GPUScratch, o.Timeout, o.Algo = device.CUDA, gpuScratch, 5*time.Second, "hier"
+	}, func(c *collective.Communicator) error {
+		ctx := context.Background()
+		P, me := c.Size(), c.Rank()
+		for _, n := range []int{1000, 100_001} {
+			dst, err := gpuOf(c).Alloc(P * n)
+			if err != nil {
+				return err
+			}
+			defer dst.Free()
+			src, err := dst.Slice(me*n, n)
+			if err != nil {
+				return err
+			}
+			block := bytes.Repeat([]byte{byte(me + 1)}, n)
+			if err := src.CopyFromHost(block); err != nil {
+				return err
+			}
+			plan, err := c.PlanBuffers(ctx, dst, src)
+			if err != nil {
+				return err
+			}
+			defer plan.Close()
+			if me == 1 {
+				time.Sleep(300 * time.Millisecond)
+			}
+			start := time.Now()
+			if err := plan.Run(ctx); err != nil {
+				return fmt.Errorf("blocks of %d bytes: %w (after %v)", n, err, time.Since(start).Round(time.Millisecond))
+			}
+			got := make([]byte, P*n)
+			if err := dst.CopyToHost(got); err != nil {
+				return err
+			}
+			for i, b := range got {
+				if r := i / n; b != byte(r+1) {
+					return fmt.Errorf("blocks of %d bytes: rank %d's block differs at byte %d", n, r, i-r*n)
+				}
+			}
+		}
+		return nil
+	})
+}

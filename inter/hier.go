@@ -82,6 +82,8 @@ func (h *HierOver[M]) Plan(name string, dst, src M, sizes, offs []int) (*HierOpO
 }
 
 // Set re-plans o for other buffers; once o has run it allocates nothing.
+// It reserves the link's buffers for the call's messages (Link.Reserve),
+// so that Run allocates none.
 func (o *HierOpOver[M]) Set(dst, src M, sizes, offs []int) error {
 	h := o.h
 	if h.broken != nil {
@@ -94,6 +96,11 @@ func (o *HierOpOver[M]) Set(dst, src M, sizes, offs []int) error {
 	copy(o.offs, offs)
 	o.dst, o.src = dst, src
 	o.hash = callhash.Sum(o.name, sizes)
+	for _, p := range h.peers {
+		if err := h.t.Reserve(p, sizes[h.rank], sizes[p]); err != nil {
+			return &fault.OpError{Op: o.name, Rank: h.rank, Peer: -1, Err: err}
+		}
+	}
 	own := o.own()
 	n := h.g.Len(src)
 	o.ownRides = h.local == 1 && len(h.peers) > 0 && n > 0 && !h.g.Same(own, src) && h.t.CopyRides(n) && h.g.CanLeaveOwn()

@@ -36,6 +36,13 @@ type Link[M any] interface {
 	// CopyRides says whether SendCopy should carry the copy of an
 	// out-of-place own block of n bytes.
 	CopyRides(n int) bool
+	// Reserve readies what a send of up to send bytes to peer p and a
+	// receive of up to recv bytes from it need, so that they allocate
+	// nothing. The algorithms call it when they plan (Set), which every
+	// rank finishes before any runs: Staged's buffers are pinned host
+	// memory, and cudaFreeHost waits for every kernel of the device,
+	// among them a node peer's LL kernel that waits for this rank.
+	Reserve(p, send, recv int) error
 	Close() error
 }
 
@@ -55,6 +62,10 @@ func (tcpLink) Slice(m []byte, off, n int) []byte       { return m[off : off+n] 
 func (tcpLink) Same(a, b []byte) bool                   { return intra.HostMem{}.Same(a, b) }
 func (tcpLink) Copy(dst, src []byte, d time.Time) error { return intra.HostMem{}.Copy(dst, src, d) }
 
+// Reserve has nothing to ready: the TCP transport reads and writes the
+// caller's bytes.
+func (tcpLink) Reserve(int, int, int) error { return nil }
+
 // Staged carries GPU blocks over a TCP transport through pinned host
 // memory: a send copies the device block into the peer's pinned send
 // buffer and sends that; a receive lands in the peer's pinned receive
@@ -64,7 +75,11 @@ func (tcpLink) Copy(dst, src []byte, d time.Time) error { return intra.HostMem{}
 // after WaitRecv), so nothing depends on the order of other streams; the
 // device blocks themselves must be complete when Send is called (the
 // node's gathers wait for their kernels). Each peer's buffers grow to the
-// largest message and are then reused: a planned call allocates nothing.
+// largest message and are then reused: the algorithms reserve them when
+// they plan (Reserve), so that a planned call allocates and frees nothing.
+// (Freeing pinned memory waits for the whole device: a rank that grew its
+// buffers in Run, after a node peer's LL kernel had started waiting for
+// its block, stalled both until the kernel's timeout.)
 type Staged struct {
 	t      *Transport
 	mem    intra.GPUMem
@@ -131,6 +146,18 @@ func (s *Staged) grow(b *pinned, n int) error {
 		return err
 	}
 	*b = pinned{host: h, dptr: d, cap: n}
+	return nil
+}
+
+// Reserve grows p's pinned buffers to send and recv bytes (see Link).
+func (s *Staged) Reserve(p, send, recv int) error {
+	st := s.stage(p)
+	if err := s.grow(&st.send, send); err != nil {
+		return fmt.Errorf("staging %d bytes for rank %d: %w", send, p, err)
+	}
+	if err := s.grow(&st.recv, recv); err != nil {
+		return fmt.Errorf("staging %d bytes from rank %d: %w", recv, p, err)
+	}
 	return nil
 }
 

@@ -68,7 +68,9 @@ func (r *RingOver[M]) Plan(name string, dst, src M, sizes, offs []int) (*RingOpO
 	return o, o.Set(dst, src, sizes, offs)
 }
 
-// Set re-plans o without allocating.
+// Set re-plans o without allocating, but for the link's buffers, which
+// it reserves for the call's messages (Link.Reserve) so that Run
+// allocates none.
 func (o *RingOpOver[M]) Set(dst, src M, sizes, offs []int) error {
 	r := o.r
 	if r.broken != nil {
@@ -81,6 +83,18 @@ func (o *RingOpOver[M]) Set(dst, src M, sizes, offs []int) error {
 	copy(o.offs, offs)
 	o.dst, o.src = dst, src
 	o.hash = callhash.Sum(o.name, sizes)
+	if len(r.steps) > 0 {
+		send, recv := sizes[r.rank], 0
+		for _, st := range r.steps {
+			send, recv = max(send, sizes[st.Send]), max(recv, sizes[st.Recv])
+		}
+		if err := r.t.Reserve(r.next, send, 0); err != nil {
+			return &fault.OpError{Op: o.name, Rank: r.rank, Peer: -1, Err: err}
+		}
+		if err := r.t.Reserve(r.prev, 0, recv); err != nil {
+			return &fault.OpError{Op: o.name, Rank: r.rank, Peer: -1, Err: err}
+		}
+	}
 	return nil
 }
 

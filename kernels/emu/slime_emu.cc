@@ -21,10 +21,14 @@
  *    (a close of a pointer not open fails). cudaMalloc does not zero:
  *    neither does this (the first and last 64 KiB are filled with
  *    garbage). Pinned host memory (slime_host_alloc) is host memory whose
- *    device address is its host address (unified addressing). Kernels,
- *    memsets and GEMMs check that every range they touch lies in memory
- *    this process has mapped for their device, and fail the call if not
- *    (a GPU would fault later).
+ *    device address is its host address (unified addressing). cudaFree
+ *    and cudaFreeHost wait for every stream of the device, as they do on a
+ *    GPU (an H200 with CUDA 13 held both until a kernel spinning on
+ *    another stream ended, and neither cudaMalloc nor cudaHostAlloc): a
+ *    kernel that waits for a peer holds them up. Kernels, memsets and
+ *    GEMMs check that every range they touch lies in memory this process
+ *    has mapped for their device, and fail the call if not (a GPU would
+ *    fault later).
  *  - Streams: a stream is a queue run in order by a worker thread of its
  *    own; every operation waits a random delay (0 to SLIME_EMU_DELAY_US,
  *    default 100 µs, half of the time) before it runs, so that work on
@@ -333,6 +337,17 @@ int enqueue(Stream *s, Op op, const char *what) {
 // wait_idle blocks until s has run everything enqueued so far; g.mu held.
 void wait_idle(std::unique_lock<std::mutex> &lk, Stream *s) {
     G().done.wait(lk, [&] { return idle(s); });
+}
+
+// wait_device_idle blocks until every stream of dev has run everything
+// enqueued so far (kernels still spinning included); g.mu held: what
+// cudaFree and cudaFreeHost wait for on a GPU.
+void wait_device_idle(std::unique_lock<std::mutex> &lk, int dev) {
+    G().done.wait(lk, [&] {
+        for (Stream *s : G().workers)
+            if (s->dev == dev && !idle(s)) return false;
+        return true;
+    });
 }
 
 // ---- memory ------------------------------------------------------------------
@@ -653,11 +668,7 @@ int slime_free(int dev, uint64_t ptr) {
     auto it = g.allocs.find(ptr);
     if (it == g.allocs.end() || it->second.kind != MEM_DEVICE) return cfail(eInvalidValue, "cudaFree(PTR(ptr))");
     // cudaFree waits for the device's work (which may still touch it).
-    g.done.wait(lk, [&] {
-        for (Stream *s : g.workers)
-            if (s->dev == it->second.dev && !idle(s)) return false;
-        return true;
-    });
+    wait_device_idle(lk, it->second.dev);
     munmap((void *)(uintptr_t)ptr, it->second.size);
     close(it->second.fd);
     g.allocs.erase(it);
@@ -678,8 +689,13 @@ int slime_host_alloc(int dev, uint64_t bytes, void **host, uint64_t *dptr) {
 
 int slime_host_free(int dev, void *host) {
     USE(dev);
-    std::lock_guard<std::mutex> lk(G().mu);
+    std::unique_lock<std::mutex> lk(G().mu);
     auto it = G().allocs.find((uint64_t)(uintptr_t)host);
+    if (it == G().allocs.end() || it->second.kind != MEM_HOST) return cfail(eInvalidValue, "cudaFreeHost(host)");
+    // cudaFreeHost waits for the device's work, as cudaFree does: a kernel
+    // that spins (waiting for a peer) holds it up until it ends.
+    wait_device_idle(lk, dev);
+    it = G().allocs.find((uint64_t)(uintptr_t)host);
     if (it == G().allocs.end() || it->second.kind != MEM_HOST) return cfail(eInvalidValue, "cudaFreeHost(host)");
     munmap(host, it->second.size);
     G().allocs.erase(it);
