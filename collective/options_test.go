@@ -28,6 +28,7 @@ func TestEveryKnobFromEnv(t *testing.T) {
 		{"SendCopyMin", "SLIME_SEND_COPY_MIN", "8M"},
 		{"Eager", "SLIME_EAGER", "1"},
 		{"GPUScratch", "SLIME_GPU_SCRATCH", "4M"},
+		{"GPUBlocks", "SLIME_GPU_BLOCKS", "64"},
 	}
 	base, err := LoadEnv(func(string) string { return "" })
 	if err != nil {
