@@ -66,6 +66,10 @@ SUM=$OUT/summary.txt
 say() { echo "$@" | tee -a "$SUM"; }
 EMU=${SLIME_DEVICE_CHECK_EMU:-0}
 BUDGET=${DEVICE_CHECK_BUDGET:-330}
+# want STEP: whether STEP (check, overlap, blocks, inproc, proc, nvshmem)
+# runs: DEVICE_CHECK_SKIP lists those that do not, so that a second run
+# spends its minutes on what the first did not show.
+want() { [[ " ${DEVICE_CHECK_SKIP:-} " != *" $1 "* ]] || { say "(skipped: $1)"; return 1; }; }
 # bounded SECONDS CMD...: CMD (a program or script, never a shell function)
 # for at most SECONDS and what is left of the budget; SIGTERM first, so
 # that slimerun stops its workers, SIGKILL 5 s later.
@@ -269,7 +273,7 @@ for mode in ${DEVICE_CHECK_P2P-ipc tcp}; do
     2>>"$OUT/tests.log" | sed 's/^\[0\]: //' | tee -a "$SUM" || say "p2p --gpu $mode: failed (see tests.log)"
 done
 
-if [ -n "${nvshmem_check:-}" ]; then
+if [ -n "${nvshmem_check:-}" ] && want nvshmem; then
   say; say "== NVSHMEM compile check (one GPU: built, not loaded)"
   rm -f kernels/build/libslimenvshmem.so
   if build "$nvshmem_check" >>"$OUT/build.log" 2>&1; then
@@ -288,66 +292,76 @@ awk -F, 'NR == 1 { next } { printf " %12d %10.2f %9.3f\n", $6, $7, $9 }
 # has no verdict line, the table has).
 wrong() { awk -F, 'NR > 1 { w += $10 } END { print w + 0 }' "$1"; }
 
-say; say "== checking sweep: odd sizes (7 to 200K, blocks of several rounds), 1-8 ranks in one process, graph and eager$TAG"
-bad=0
-for P in 1 2 3 4 5 6 7 8; do
-  line="P=$P:"
-  for launch in graph eager; do
-    flag=(); [ $launch = eager ] && flag=(--eager-mode)
-    if SLIME_GPU_SCRATCH=64K bounded 60 bin/device/slimebench allgather --backend cuda --in-process $P "${flag[@]}" \
-      -b 7 -e 200K -f 13 -n 3 -w 1 --quiet --csv >"$tmp/check.csv" 2>>"$OUT/tests.log"; then
-      w=$(wrong "$tmp/check.csv"); line="$line $launch $(($(wc -l <"$tmp/check.csv") - 1)) rows, $w wrong bytes;"
-      [ "$w" = 0 ] || bad=1
-    else
-      line="$line $launch FAILED (see tests.log);"; bad=1
-    fi
+if want check; then
+  say; say "== checking sweep: odd sizes (7 to 200K, blocks of several rounds), 1-8 ranks in one process, graph and eager$TAG"
+  bad=0
+  for P in 1 2 3 4 5 6 7 8; do
+    line="P=$P:"
+    for launch in graph eager; do
+      flag=(); [ $launch = eager ] && flag=(--eager-mode)
+      if SLIME_GPU_SCRATCH=64K bounded 60 bin/device/slimebench allgather --backend cuda --in-process $P "${flag[@]}" \
+        -b 7 -e 200K -f 13 -n 3 -w 1 --quiet --csv >"$tmp/check.csv" 2>>"$OUT/tests.log"; then
+        w=$(wrong "$tmp/check.csv"); line="$line $launch $(($(wc -l <"$tmp/check.csv") - 1)) rows, $w wrong bytes;"
+        [ "$w" = 0 ] || bad=1
+      else
+        line="$line $launch FAILED (see tests.log);"; bad=1
+      fi
+    done
+    say "$line"
   done
-  say "$line"
-done
-say "checking sweep: $([ $bad = 0 ] && echo "0 wrong bytes" || echo FAILED)"
+  say "checking sweep: $([ $bad = 0 ] && echo "0 wrong bytes" || echo FAILED)"
+fi
 
-say; say "== AllGather+GEMM overlap, 4 ranks in one process, $([ "$EMU" = 1 ] && echo "the emulator's GEMM" || echo cuBLAS) (eager, then graph)$TAG"
-for launch in eager graph; do
-  flag=(); [ $launch = eager ] && flag=(--eager-mode)
-  bounded 60 bin/device/slimebench overlap --backend cuda --in-process 4 "${flag[@]}" --m-min $M_MIN --m-max $M_MAX \
-    --nk $NK --pieces 4 --iters 5 --quiet 2>&1 | tee -a "$SUM"
-done
+if want overlap; then
+  say; say "== AllGather+GEMM overlap, 4 ranks in one process, $([ "$EMU" = 1 ] && echo "the emulator's GEMM" || echo cuBLAS) (eager, then graph)$TAG"
+  for launch in eager graph; do
+    flag=(); [ $launch = eager ] && flag=(--eager-mode)
+    bounded 60 bin/device/slimebench overlap --backend cuda --in-process 4 "${flag[@]}" --m-min $M_MIN --m-max $M_MAX \
+      --nk $NK --pieces 4 --iters 5 --quiet 2>&1 | tee -a "$SUM"
+  done
+fi
 
 # The thread blocks of one LL launch (SLIME_GPU_BLOCKS, default 16) at
 # the sweeps' largest size, in graph mode: whether the block count bounds
 # the bandwidth. Every rank's blocks must be resident at once (the ranks
 # wait for each other), so 8 ranks on one GPU try fewer.
-say; say "== thread blocks per launch, $BIG, graph, in one process$TAG"
-say "$(printf '%-6s %-7s %12s %10s' ranks blocks 'time (us)' busbw)"
-for pb in 2:16 2:64 2:256 8:16 8:32; do
-  P=${pb%%:*} nb=${pb#*:}
-  row=$(SLIME_GPU_BLOCKS=$nb bounded 25 bin/device/slimebench allgather --backend cuda --in-process $P -b $BIG -e $BIG --quiet --csv \
-    2>>"$OUT/tests.log" | awk -F, '$1 == "slimego" { printf "%12.1f %10.2f", $7, $9 }')
-  say "$(printf '%-6s %-7s %s' $P $nb "${row:-failed (see tests.log)}")"
-done
+if want blocks; then
+  say; say "== thread blocks per launch, $BIG, graph, in one process$TAG"
+  say "$(printf '%-6s %-7s %12s %10s' ranks blocks 'time (us)' busbw)"
+  for pb in 2:16 2:64 2:256 8:16 8:32; do
+    P=${pb%%:*} nb=${pb#*:}
+    row=$(SLIME_GPU_BLOCKS=$nb bounded 25 bin/device/slimebench allgather --backend cuda --in-process $P -b $BIG -e $BIG --quiet --csv \
+      2>>"$OUT/tests.log" | awk -F, '$1 == "slimego" { printf "%12.1f %10.2f", $7, $9 }')
+    say "$(printf '%-6s %-7s %s' $P $nb "${row:-failed (see tests.log)}")"
+  done
+fi
 
-for P in 8 2 4; do # 8 first: the targets read its rows
-  for launch in graph eager; do
-    flag=(); [ $launch = eager ] && flag=(--eager-mode)
-    bounded 60 bin/device/slimebench allgather --backend cuda --in-process $P "${flag[@]}" -b 8 -e $BIG --quiet --csv \
-      2>>"$OUT/tests.log" | sed "s/^slimego/slimego-$launch/" >"$tmp/inproc-$P-$launch.csv" \
-      || say "in-process P=$P $launch: failed (see tests.log)"
-    grep -v '^impl' "$tmp/inproc-$P-$launch.csv" >>"$OUT/bench.csv"
+if want inproc; then
+  for P in 8 2 4; do # 8 first: the targets read its rows
+    for launch in graph eager; do
+      flag=(); [ $launch = eager ] && flag=(--eager-mode)
+      bounded 60 bin/device/slimebench allgather --backend cuda --in-process $P "${flag[@]}" -b 8 -e $BIG --quiet --csv \
+        2>>"$OUT/tests.log" | sed "s/^slimego/slimego-$launch/" >"$tmp/inproc-$P-$launch.csv" \
+        || say "in-process P=$P $launch: failed (see tests.log)"
+      grep -v '^impl' "$tmp/inproc-$P-$launch.csv" >>"$OUT/bench.csv"
+    done
+    say; say "== $P ranks in one process (one CUDA context): graph vs eager (ratio = eager / graph time); $(wrong "$tmp/inproc-$P-graph.csv") + $(wrong "$tmp/inproc-$P-eager.csv") wrong bytes$TAG"
+    bin/device/slimebench compare "$tmp/inproc-$P-graph.csv" "$tmp/inproc-$P-eager.csv" 2>&1 | tee -a "$SUM"
   done
-  say; say "== $P ranks in one process (one CUDA context): graph vs eager (ratio = eager / graph time); $(wrong "$tmp/inproc-$P-graph.csv") + $(wrong "$tmp/inproc-$P-eager.csv") wrong bytes$TAG"
-  bin/device/slimebench compare "$tmp/inproc-$P-graph.csv" "$tmp/inproc-$P-eager.csv" 2>&1 | tee -a "$SUM"
-done
-for P in 2 4 8; do
-  for launch in graph eager; do
-    flag=(); [ $launch = eager ] && flag=(--eager-mode)
-    bounded 60 bin/device/slimerun -q --standalone --nproc-per-node $P bin/device/slimebench allgather --backend cuda \
-      "${flag[@]}" -b 8 -e $PROC_MAX --quiet --csv 2>>"$OUT/tests.log" | sed "s/^\[0\]: //; s/^slimego/slimego-proc-$launch/" \
-      >"$tmp/proc-$P-$launch.csv" || say "processes P=$P $launch: failed (see tests.log)"
-    grep -v '^impl' "$tmp/proc-$P-$launch.csv" >>"$OUT/bench.csv"
+fi
+if want proc; then
+  for P in 2 4 8; do
+    for launch in graph eager; do
+      flag=(); [ $launch = eager ] && flag=(--eager-mode)
+      bounded 60 bin/device/slimerun -q --standalone --nproc-per-node $P bin/device/slimebench allgather --backend cuda \
+        "${flag[@]}" -b 8 -e $PROC_MAX --quiet --csv 2>>"$OUT/tests.log" | sed "s/^\[0\]: //; s/^slimego/slimego-proc-$launch/" \
+        >"$tmp/proc-$P-$launch.csv" || say "processes P=$P $launch: failed (see tests.log)"
+      grep -v '^impl' "$tmp/proc-$P-$launch.csv" >>"$OUT/bench.csv"
+    done
+    say; say "== $P processes (CUDA IPC; time-sliced without MPS): graph vs eager; $(wrong "$tmp/proc-$P-graph.csv") + $(wrong "$tmp/proc-$P-eager.csv") wrong bytes$TAG"
+    bin/device/slimebench compare "$tmp/proc-$P-graph.csv" "$tmp/proc-$P-eager.csv" 2>&1 | tee -a "$SUM"
   done
-  say; say "== $P processes (CUDA IPC; time-sliced without MPS): graph vs eager; $(wrong "$tmp/proc-$P-graph.csv") + $(wrong "$tmp/proc-$P-eager.csv") wrong bytes$TAG"
-  bin/device/slimebench compare "$tmp/proc-$P-graph.csv" "$tmp/proc-$P-eager.csv" 2>&1 | tee -a "$SUM"
-done
+fi
 # The issue's targets, from the rows above: an 8-byte all-gather among 8
 # in-process ranks in graph mode, and 64 MiB busbw against the copy (the
 # sweeps' largest size, BIG: 1M in a rehearsal, whose line then shows
