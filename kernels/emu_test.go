@@ -951,3 +951,87 @@ func TestMaxConnections(t *testing.T) {
 		t.Fatalf("CUDA_DEVICE_MAX_CONNECTIONS = %q", v)
 	}
 }
+
+// Lazy module loading, as the emulator models it: a kernel's first launch
+// on a device waits for every stream of the device, so that it stalls
+// behind a peer's kernel spinning for this rank until that kernel's
+// timeout; slime_preload_kernels (and a first GEMM of the type) load ahead
+// of time, and CUDA_MODULE_LOADING=EAGER loads everything at init. Each
+// case runs in a child process of its own (a fresh library: nothing
+// loaded yet).
+func TestEmuLazyLoading(t *testing.T) {
+	lib := openLib(t)
+	emuOnly(t, lib)
+	if c := os.Getenv("SLIME_LAZY_CASE"); c != "" {
+		lazyCase(t, lib, c)
+		return
+	}
+	for _, c := range []string{"lazy", "preload", "eager"} {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestEmuLazyLoading$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "SLIME_LAZY_CASE="+c, "CUDA_MODULE_LOADING=LAZY")
+		if c == "eager" {
+			cmd.Env = append(cmd.Env, "CUDA_MODULE_LOADING=EAGER")
+		}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("%s: %v\n%s", c, err, out)
+			continue
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, "first launches") {
+				t.Logf("%s: %s", c, strings.TrimSpace(l))
+			}
+		}
+	}
+}
+
+func lazyCase(t *testing.T, lib *Lib, c string) {
+	const spin = 1500 * time.Millisecond
+	g := newGroup(t, lib, []int{64, 64}, 256, 1)
+	h, err := lib.BlasCreate(0)
+	ok(t, err)
+	defer lib.BlasDestroy(0, h)
+	var m [3]Ptr
+	for i := range m {
+		m[i], err = lib.Malloc(0, 64)
+		ok(t, err)
+		ok(t, lib.Memset(0, m[i], 0, 64))
+		defer lib.Free(0, m[i])
+	}
+	s, err := lib.StreamCreate(0)
+	ok(t, err)
+	defer lib.StreamDestroy(0, s)
+	gemm := func() error { return lib.GemmF32(0, h, s, 4, 4, 4, m[0], 4, m[1], 4, m[2], 4) }
+	if c == "preload" { // what a GPU group's setup and the overlap engine do
+		ok(t, lib.PreloadKernels(0))
+		ok(t, gemm())
+		syncStream(t, lib, 0, s)
+	}
+	// Rank 1's LL kernel spins, waiting for rank 0.
+	r1 := g.rounds(1, spin)
+	ok(t, lib.AllGatherLL(0, &r1[0], 1, g.ranks[1].stream))
+	time.Sleep(50 * time.Millisecond)
+	// Rank 0's first launches of the barrier kernel and of a GEMM.
+	b := &BarrierArgs{Rank: 0, NRanks: 1, Epoch: g.ranks[0].counters + 24, Status: g.ranks[0].statusD, TimeoutNS: uint64(spin)}
+	b.Flags[0] = g.ranks[0].region + Ptr(g.barrierOff())
+	start := time.Now()
+	ok(t, lib.Barrier(0, b, s))
+	ok(t, gemm())
+	took := time.Since(start)
+	t.Logf("first launches took %v", took.Round(time.Millisecond))
+	r0 := g.rounds(0, spin)
+	ok(t, lib.AllGatherLL(0, &r0[0], 1, g.ranks[0].stream))
+	syncStream(t, lib, 0, s)
+	syncStream(t, lib, 0, g.ranks[0].stream)
+	syncStream(t, lib, 0, g.ranks[1].stream)
+	st := atomic.LoadInt32((*int32)(g.ranks[1].status))
+	if c == "lazy" {
+		if took < spin*2/3 || st&0xff != StatusTimeout {
+			t.Fatalf("first launches took %v, rank 1's status %#x: want them held until rank 1's kernel timed out", took, st)
+		}
+		return
+	}
+	if took > spin/3 || st != 0 {
+		t.Fatalf("first launches took %v, rank 1's status %#x: want no wait (loaded ahead), the gather done", took, st)
+	}
+}

@@ -17,7 +17,7 @@ package kernels
   X(slime_stream_destroy) X(slime_stream_query) X(slime_stream_wait_event) X(slime_event_create) \
   X(slime_event_destroy) X(slime_event_record) X(slime_event_query) X(slime_event_elapsed_ms) \
   X(slime_graph_begin) X(slime_graph_end) X(slime_graph_launch) X(slime_graph_destroy) \
-  X(slime_allgather_ll) X(slime_barrier) X(slime_blas_create) X(slime_blas_destroy) \
+  X(slime_allgather_ll) X(slime_barrier) X(slime_preload_kernels) X(slime_blas_create) X(slime_blas_destroy) \
   X(slime_gemm_f32) X(slime_gemm_f64)
 
 #define NVSHMEM_FNS(X) \
@@ -97,6 +97,7 @@ static int w_graph_launch(int d, uint64_t x, uint64_t s) { return cuda_live.p_sl
 static int w_graph_destroy(int d, uint64_t x) { return cuda_live.p_slime_graph_destroy(d, x); }
 static int w_allgather_ll(int d, void *a, int blocks, uint64_t s) { return cuda_live.p_slime_allgather_ll(d, (const slime_ag_args *)a, blocks, s); }
 static int w_barrier(int d, void *a, uint64_t s) { return cuda_live.p_slime_barrier(d, (const slime_barrier_args *)a, s); }
+static int w_preload_kernels(int d) { return cuda_live.p_slime_preload_kernels(d); }
 static int w_blas_create(int d, uint64_t *h) { return cuda_live.p_slime_blas_create(d, h); }
 static int w_blas_destroy(int d, uint64_t h) { return cuda_live.p_slime_blas_destroy(d, h); }
 static int w_gemm_f32(int d, uint64_t h, uint64_t s, int m, int n, int k, uint64_t a, int lda, uint64_t b, int ldb, uint64_t c, int ldc) { return cuda_live.p_slime_gemm_f32(d, h, s, m, n, k, a, lda, b, ldb, c, ldc); }
@@ -522,6 +523,19 @@ func (l *Lib) Barrier(dev int, a *BarrierArgs, s Stream) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	return check(C.w_barrier(C.int(dev), unsafe.Pointer(a), C.uint64_t(s)), "slime_barrier")
+}
+
+// PreloadKernels loads the library's kernels (the all-gather's and the
+// barrier's) on dev now, rather than at their first launch: under CUDA's
+// lazy module loading a first launch waits for every stream of the
+// device, and one that comes while a peer's kernel on the same device
+// spins waiting for this rank stalls both until the kernel's timeout. A
+// GPU group calls it at its setup, before any peer can launch; it may
+// wait for the device's work itself.
+func (l *Lib) PreloadKernels(dev int) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return check(C.w_preload_kernels(C.int(dev)), "slime_preload_kernels")
 }
 
 // BlasCreate makes a cuBLAS handle for dev.

@@ -108,6 +108,8 @@ func (l *Lib) AllGatherLL(dev int, a *AllGatherArgs, blocks int, s Stream) error
 
 func (l *Lib) Barrier(dev int, a *BarrierArgs, s Stream) error { return errNoCgo }
 
+func (l *Lib) PreloadKernels(dev int) error { return errNoCgo }
+
 func (l *Lib) BlasCreate(dev int) (Blas, error) { return 0, errNoCgo }
 
 func (l *Lib) BlasDestroy(dev int, h Blas) error { return errNoCgo }

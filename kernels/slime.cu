@@ -356,6 +356,16 @@ int slime_barrier(int dev, const slime_barrier_args *args, uint64_t stream) {
     return SLIME_OK;
 }
 
+// cudaFuncGetAttributes loads a function under lazy loading (CUDA's lazy
+// loading guide: the way to preload kernels that must run concurrently).
+int slime_preload_kernels(int dev) {
+    USE(dev);
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, allgather_ll_kernel));
+    CK(cudaFuncGetAttributes(&fa, barrier_kernel));
+    return SLIME_OK;
+}
+
 static int blas_fail(cublasStatus_t s, const char *what) {
     return fail(SLIME_ERR_BLAS, "%s: cuBLAS status %d", what, (int)s);
 }

@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define SLIME_ABI_VERSION 2
+#define SLIME_ABI_VERSION 3
 
 /* Most ranks of one node that the intra-node kernels take. */
 #define SLIME_MAX_LOCAL 64
@@ -184,6 +184,17 @@ typedef struct {
 } slime_barrier_args;
 
 int slime_barrier(int dev, const slime_barrier_args *args, uint64_t stream);
+
+/*
+ * Loads the library's kernels (the all-gather's and the barrier's) on dev
+ * now. Under CUDA's lazy module loading (the default since CUDA 12.2) a
+ * kernel is loaded at its first launch, and that load waits for the whole
+ * device: a first launch that comes while a peer's kernel on the same
+ * device spins waiting for this rank would stall both until the kernel's
+ * timeout. Call it before any peer may launch (a GPU group's setup); it
+ * may wait for the device's work itself, and is cheap once done.
+ */
+int slime_preload_kernels(int dev);
 
 /* GEMM with cuBLAS, row-major: C (m x n) = A (m x k) . B (k x n), leading
  * dimensions lda, ldb, ldc in elements. A handle is bound to one device. */

@@ -29,6 +29,23 @@
  *    GEMMs check that every range they touch lies in memory this process
  *    has mapped for their device, and fail the call if not (a GPU would
  *    fault later).
+ *  - Lazy loading (CUDA_MODULE_LOADING=LAZY, CUDA's default since 12.2):
+ *    a kernel function is loaded on a device the first time the process
+ *    launches it there (or captures a launch of it), and that load waits
+ *    for every stream of the device, as cudaFree does: an H200 with
+ *    CUDA 13 held a first launch until a kernel spinning on another
+ *    stream ended (the wait went away with CUDA_MODULE_LOADING=EAGER). So
+ *    a rank whose first launch of a kernel comes while a peer's kernel on
+ *    the same device spins waiting for this rank stalls both until the
+ *    kernel's timeout. The functions: allgather_ll_kernel, barrier_kernel,
+ *    and cuBLAS's GEMM, modelled as one kernel per (element type,
+ *    transposes) — slime.cu's GEMMs are all N,N, so one per element type
+ *    (the real cuBLAS may pick other kernels for other shapes: the Go side
+ *    warms each shape it will run). slime_preload_kernels(dev) loads
+ *    slime.cu's two kernels on dev (what its cudaFuncGetAttributes calls
+ *    do), waiting as a first launch does; a GEMM's kernel is loaded by a
+ *    first GEMM of that type. CUDA_MODULE_LOADING=EAGER loads everything
+ *    at init: no launch waits.
  *  - Streams: a stream is a queue run in order by a worker thread of its
  *    own; every operation waits a random delay (0 to SLIME_EMU_DELAY_US,
  *    default 100 µs, half of the time) before it runs, so that work on
@@ -228,6 +245,8 @@ struct Globals {
     std::vector<Stream *> legacy;  // per device
     std::vector<Stream *> copier;  // per device: slime_memcpy's own stream
     std::set<std::pair<int, int>> peer;
+    bool eager_loading;                           // CUDA_MODULE_LOADING=EAGER
+    std::set<std::pair<int, std::string>> loaded;  // (device, kernel function) loaded lazily
 };
 
 Globals &G() {
@@ -239,6 +258,8 @@ Globals &G() {
         g->delay_us = env_u64("SLIME_EMU_DELAY_US", 100);
         const char *m = getenv("SLIME_EMU_MEMCPY");
         g->legacy_memcpy = m && strcmp(m, "legacy") == 0;
+        const char *ml = getenv("CUDA_MODULE_LOADING");
+        g->eager_loading = ml && strcmp(ml, "EAGER") == 0;
         g->legacy.assign(g->ndev, nullptr);
         g->copier.assign(g->ndev, nullptr);
         return g;
@@ -348,6 +369,18 @@ void wait_device_idle(std::unique_lock<std::mutex> &lk, int dev) {
             if (s->dev == dev && !idle(s)) return false;
         return true;
     });
+}
+
+// load_function is lazy loading's load of kernel function fn on dev,
+// before its first launch (or capture) there, or when forced
+// (slime_preload_kernels): unless loaded already (or everything was, with
+// CUDA_MODULE_LOADING=EAGER), it waits for every stream of the device, as
+// cudaFree does, then marks fn loaded; g.mu held.
+void load_function(std::unique_lock<std::mutex> &lk, int dev, const std::string &fn) {
+    Globals &g = G();
+    if (g.eager_loading || g.loaded.count({dev, fn})) return;
+    wait_device_idle(lk, dev);
+    g.loaded.insert({dev, fn});
 }
 
 // ---- memory ------------------------------------------------------------------
@@ -574,6 +607,9 @@ int gemm(int dev, uint64_t handle, uint64_t stream, int m, int n, int k, uint64_
         (k && !reach(dev, b, ((uint64_t)(k - 1) * ldb + n) * es, why, sizeof why)) ||
         !reach(dev, c, ((uint64_t)(m - 1) * ldc + n) * es, why, sizeof why))
         return cfail(eIllegalAddress, "gemm", why);
+    // cuBLAS's kernel for this element type (and N,N), loaded lazily
+    load_function(lk, dev, es == 4 ? "cublas_gemm_f32_nn" : "cublas_gemm_f64_nn");
+    if (!g.blas.count(handle) || stream_of(dev, stream) != s) return cfail(eInvalidHandle, "gemm");
     return enqueue(s, Op{"gemm", [=](Rng &) {
                              gemm_host<T>(m, n, k, (const T *)(uintptr_t)a, lda, (const T *)(uintptr_t)b, ldb,
                                           (T *)(uintptr_t)c, ldc);
@@ -1080,7 +1116,7 @@ int slime_allgather_ll(int dev, const slime_ag_args *args, int blocks, uint64_t 
     if (blocks < 1) blocks = 1;
     USE(dev);
     const char *what = "allgather_ll_kernel<<<blocks, 512, 0, STREAM(stream)>>>";
-    std::lock_guard<std::mutex> lk(G().mu);
+    std::unique_lock<std::mutex> lk(G().mu);
     Stream *s = stream_of(dev, stream);
     if (!s) return cfail(eInvalidHandle, what);
     const slime_ag_args a = *args;
@@ -1096,6 +1132,8 @@ int slime_allgather_ll(int dev, const slime_ag_args *args, int blocks, uint64_t 
                           : reach(dev, a.dst + a.off[p], m, why, sizeof why));
     }
     if (!ok) return cfail(eIllegalAddress, what, why);
+    load_function(lk, dev, "allgather_ll_kernel");
+    if (stream_of(dev, stream) != s) return cfail(eInvalidHandle, what);
     return enqueue(s, Op{what, [a, blocks](Rng &r) {
                              launch(r, blocks, [&a](const slime_proto::HostBlock &b) { slime_proto::allgather_ll(b, a); }, 512);
                          }},
@@ -1107,7 +1145,7 @@ int slime_barrier(int dev, const slime_barrier_args *args, uint64_t stream) {
         return fail(SLIME_ERR_INVALID, "barrier: rank %d of %d (at most %d)", args->rank, args->nranks, SLIME_MAX_LOCAL);
     USE(dev);
     const char *what = "barrier_kernel<<<1, 64, 0, STREAM(stream)>>>";
-    std::lock_guard<std::mutex> lk(G().mu);
+    std::unique_lock<std::mutex> lk(G().mu);
     Stream *s = stream_of(dev, stream);
     if (!s) return cfail(eInvalidHandle, what);
     const slime_barrier_args a = *args;
@@ -1115,10 +1153,20 @@ int slime_barrier(int dev, const slime_barrier_args *args, uint64_t stream) {
     bool ok = reach(dev, a.epoch, 8, why, sizeof why) && reach(dev, a.status, 4, why, sizeof why);
     for (int p = 0; ok && p < a.nranks; p++) ok = reach(dev, a.flags[p], 8 * (uint64_t)a.nranks, why, sizeof why);
     if (!ok) return cfail(eIllegalAddress, what, why);
+    load_function(lk, dev, "barrier_kernel");
+    if (stream_of(dev, stream) != s) return cfail(eInvalidHandle, what);
     return enqueue(s, Op{what, [a](Rng &r) {
                              launch(r, 1, [&a](const slime_proto::HostBlock &b) { slime_proto::barrier(b, a); }, 64);
                          }},
                    what);
+}
+
+int slime_preload_kernels(int dev) {
+    USE(dev);
+    std::unique_lock<std::mutex> lk(G().mu);
+    load_function(lk, dev, "allgather_ll_kernel");
+    load_function(lk, dev, "barrier_kernel");
+    return SLIME_OK;
 }
 
 int slime_blas_create(int dev, uint64_t *handle) {
