@@ -183,6 +183,13 @@ func NewGPU(ctx context.Context, cfg GPUConfig) (g *GPUGroup, err error) {
 	if g.status, g.statusD, err = g.lib.HostAlloc(g.dev, 64); err != nil {
 		return nil, g.fail("init", err)
 	}
+	// The kernels are loaded now, before the exchange lets any peer
+	// launch: under CUDA's lazy module loading a kernel's first launch
+	// waits for every stream of the device, and a peer's kernel spinning
+	// there for this rank would hold it until the kernel's timeout.
+	if err = g.lib.PreloadKernels(g.dev); err != nil {
+		return nil, g.fail("init", err)
+	}
 	if g.peers, g.opened, err = g.exchange(ctx, "region", g.region, g.regionBytes()); err != nil {
 		return nil, err
 	}
