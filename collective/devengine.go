@@ -127,10 +127,16 @@ type kernelPlanned struct {
 
 func newKernelPlanned(ctx context.Context, c *Communicator, launch cudagraph.Launcher, nv *nvshmem.AllGather) (*kernelPlanned, error) {
 	k := &kernelPlanned{c: c, runner: cudagraph.New(c.gpu.stream, c.opts.Eager || cudagraph.Eager(), launch), nv: nv}
-	// cudaMalloc and cudaFree may wait for the whole device: a rank still
-	// allocating while a peer's kernel already waits for it would stall
-	// both. Every rank finishes planning before any runs.
+	// cudaMalloc and cudaFree may wait for the whole device, and so may a
+	// kernel's first launch or capture (lazy module loading): a rank still
+	// allocating or capturing while a peer's kernel already waits for it
+	// would stall both. Every rank captures its graph (graph mode) and
+	// finishes planning before any runs.
+	if err := k.runner.Prepare(); err != nil {
+		return nil, fault.New("allgather", c.Rank(), -1, err, "capture (%s mode)", k.runner.Mode())
+	}
 	if err := c.Barrier(ctx); err != nil {
+		k.runner.Close()
 		return nil, err
 	}
 	return k, nil

@@ -69,32 +69,47 @@ func (r *Runner) Mode() string {
 func (r *Runner) Captured() bool { return r.graph != 0 }
 
 // Run enqueues one run of the work on the stream; the caller synchronizes.
-// The first Run in graph mode captures and instantiates the graph.
+// The first Run in graph mode captures and instantiates the graph, unless
+// Prepare did.
 func (r *Runner) Run() error {
 	if r.eager {
 		return r.launch(r.stream)
 	}
-	lib, dev := r.stream.Dev.Lib(), r.stream.Dev.Ordinal
-	if r.graph == 0 {
-		if err := lib.GraphBegin(dev, r.stream.H); err != nil {
-			return fmt.Errorf("%w: %v", ErrCapture, err)
-		}
-		lerr := r.launch(r.stream)
-		// End the capture whatever happened, or the stream stays in
-		// capture mode.
-		g, err := lib.GraphEnd(dev, r.stream.H)
-		if lerr != nil {
-			if g != 0 {
-				lib.GraphDestroy(dev, g)
-			}
-			return fmt.Errorf("%w: %v", ErrCapture, lerr)
-		}
-		if err != nil {
-			return fmt.Errorf("%w: %v", ErrCapture, err)
-		}
-		r.graph = g
+	if err := r.Prepare(); err != nil {
+		return err
 	}
-	return lib.GraphLaunch(dev, r.graph, r.stream.H)
+	return r.stream.Dev.Lib().GraphLaunch(r.stream.Dev.Ordinal, r.graph, r.stream.H)
+}
+
+// Prepare captures and instantiates the graph now, in graph mode, unless
+// done already (eager mode: nothing to do), without launching it: a
+// plan's setup calls it before any peer can launch, so that a run's first
+// launch does not capture (under lazy module loading, capturing a kernel's
+// launch loads it, and a load waits for the whole device, where a peer's
+// kernel may already spin waiting for this rank).
+func (r *Runner) Prepare() error {
+	if r.eager || r.graph != 0 {
+		return nil
+	}
+	lib, dev := r.stream.Dev.Lib(), r.stream.Dev.Ordinal
+	if err := lib.GraphBegin(dev, r.stream.H); err != nil {
+		return fmt.Errorf("%w: %v", ErrCapture, err)
+	}
+	lerr := r.launch(r.stream)
+	// End the capture whatever happened, or the stream stays in
+	// capture mode.
+	g, err := lib.GraphEnd(dev, r.stream.H)
+	if lerr != nil {
+		if g != 0 {
+			lib.GraphDestroy(dev, g)
+		}
+		return fmt.Errorf("%w: %v", ErrCapture, lerr)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrCapture, err)
+	}
+	r.graph = g
+	return nil
 }
 
 // Close releases the graph.
