@@ -97,6 +97,10 @@ func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces
 			return nil, err
 		}
 	}
+	if dev.Kind() != device.CUDA {
+	} else if err = e.warm(ctx, sh, pieces); err != nil {
+		return nil, err
+	}
 	for _, p := range pieces {
 		ev, err := dev.NewEvent()
 		if err != nil {
@@ -139,6 +143,43 @@ func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces
 		e.tasks = append(e.tasks, gt)
 	}
 	return e, nil
+}
+
+// warm runs, once, each GEMM shape the plan's tasks will run (this
+// rank's m rows, and each piece's rows) on the compute stream, and waits
+// for it, before the plans' barrier: under CUDA's lazy module loading a
+// kernel's first launch waits for every stream of the device, and cuBLAS
+// loads its kernels (chosen per type and shape) at their first use. One
+// that first came in a run, while a node peer sharing the GPU already
+// spins in its all-gather waiting for this rank, would stall both until
+// the kernel's timeout. The operands are the engine's own matrices, their
+// contents whatever they hold (a run overwrites C).
+func (e *engine) warm(ctx context.Context, sh shape, pieces []Piece) error {
+	if e.n == 0 || sh.m == 0 {
+		return nil
+	}
+	rows := map[int]bool{sh.m: true}
+	for _, p := range pieces {
+		rows[p.Hi-p.Lo] = true
+	}
+	G, C := e.mats[matG], e.mats[matC]
+	for r := range rows {
+		if r == 0 {
+			continue
+		}
+		a, err := G.View(0, r*e.k*sh.esz)
+		if err != nil {
+			return err
+		}
+		c, err := C.View(0, r*e.n*sh.esz)
+		if err != nil {
+			return err
+		}
+		if err := e.mul(e.compute, r, e.n, e.k, a, e.mats[matB], c); err != nil {
+			return err
+		}
+	}
+	return e.compute.Synchronize(ctx)
 }
 
 // named returns err as an *collective.OpError naming op and this rank,
