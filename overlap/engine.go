@@ -97,9 +97,10 @@ func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces
 			return nil, err
 		}
 	}
-	if dev.Kind() != device.CUDA {
-	} else if err = e.warm(ctx, sh, pieces); err != nil {
-		return nil, err
+	if dev.Kind() == device.CUDA {
+		if err = e.warm(ctx, sh, pieces); err != nil {
+			return nil, err
+		}
 	}
 	for _, p := range pieces {
 		ev, err := dev.NewEvent()
