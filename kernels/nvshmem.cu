@@ -15,8 +15,10 @@
 #define CK(call)                                                                              \
     do {                                                                                      \
         cudaError_t e_ = (call);                                                              \
-        if (e_ != cudaSuccess)                                                                \
+        if (e_ != cudaSuccess) {                                                              \
+            (void)cudaGetLastError(); /* as slime.cu's cuda_fail: not the next launch's */     \
             return fail(SLIME_ERR_CUDA, "%s: %s (%s)", #call, cudaGetErrorString(e_), cudaGetErrorName(e_)); \
+        }                                                                                     \
     } while (0)
 
 // The device NVSHMEM was initialized on: its host calls select it first,
@@ -163,6 +165,7 @@ extern "C" int slime_nvshmem_allgather(int dev, const slime_nvshmem_ag_args *arg
         return fail(SLIME_ERR_INVALID, "nvshmem allgather: rank %d of %d", args->rank, args->nranks);
     CK(cudaSetDevice(dev));
     int blocks = args->nranks < 32 ? args->nranks : 32;
+    (void)cudaGetLastError();  // an earlier failed call's, on this thread: not this launch's
     nvshmem_allgather_kernel<<<blocks, 512, 0, (cudaStream_t)(uintptr_t)stream>>>(*args);
     CK(cudaGetLastError());
     return SLIME_OK;

@@ -13,7 +13,15 @@
 
 #include <mutex>
 
+// A failed runtime call also leaves its error on the calling host thread,
+// where the next cudaGetLastError returns it: a launch's check (below)
+// would take it for its own. cgo runs goroutines on any thread, so one
+// rank's refused call could fail another rank's good launch. The error
+// is cleared here (a sticky one, a broken context, stays: every later
+// call returns it anyway), and a launch clears what it finds before it
+// launches.
 static int cuda_fail(cudaError_t e, const char *what) {
+    (void)cudaGetLastError();
     int code = SLIME_ERR_CUDA;
     if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) code = SLIME_ERR_NO_DEVICE;
     return fail(code, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
@@ -342,6 +350,7 @@ int slime_allgather_ll(int dev, const slime_ag_args *args, int blocks, uint64_t 
                     (unsigned long long)args->cap);
     if (blocks < 1) blocks = 1;
     USE(dev);
+    (void)cudaGetLastError();  // not this launch's (cuda_fail)
     allgather_ll_kernel<<<blocks, 512, 0, STREAM(stream)>>>(*args);
     CK(cudaGetLastError());
     return SLIME_OK;
@@ -351,6 +360,7 @@ int slime_barrier(int dev, const slime_barrier_args *args, uint64_t stream) {
     if (args->nranks < 1 || args->nranks > SLIME_MAX_LOCAL || args->rank < 0 || args->rank >= args->nranks)
         return fail(SLIME_ERR_INVALID, "barrier: rank %d of %d (at most %d)", args->rank, args->nranks, SLIME_MAX_LOCAL);
     USE(dev);
+    (void)cudaGetLastError();  // not this launch's (cuda_fail)
     barrier_kernel<<<1, 64, 0, STREAM(stream)>>>(*args);
     CK(cudaGetLastError());
     return SLIME_OK;
