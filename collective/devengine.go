@@ -132,11 +132,20 @@ func newKernelPlanned(ctx context.Context, c *Communicator, launch cudagraph.Lau
 	// allocating or capturing while a peer's kernel already waits for it
 	// would stall both. Every rank captures its graph (graph mode) and
 	// finishes planning before any runs.
-	if err := k.runner.Prepare(); err != nil {
-		return nil, fault.New("allgather", c.Rank(), -1, err, "capture (%s mode)", k.runner.Mode())
+	err := k.runner.Prepare()
+	if err != nil {
+		err = fault.New("allgather", c.Rank(), -1, err, "capture (%s mode)", k.runner.Mode())
+	} else {
+		err = c.Barrier(ctx)
 	}
-	if err := c.Barrier(ctx); err != nil {
+	if err != nil {
 		k.runner.Close()
+		if nv != nil {
+			// NVSHMEM frees the plan's symmetric memory only collectively,
+			// which the peers of a failed plan may never join: the GPU path
+			// stops here rather than leak a plan's memory per call.
+			c.gpu.broken = err
+		}
 		return nil, err
 	}
 	return k, nil

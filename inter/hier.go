@@ -98,7 +98,7 @@ func (o *HierOpOver[M]) Set(dst, src M, sizes, offs []int) error {
 	o.hash = callhash.Sum(o.name, sizes)
 	for _, p := range h.peers {
 		if err := h.t.Reserve(p, sizes[h.rank], sizes[p]); err != nil {
-			return &fault.OpError{Op: o.name, Rank: h.rank, Peer: -1, Err: err}
+			return &fault.OpError{Op: o.name, Rank: h.rank, Peer: p, Err: err}
 		}
 	}
 	own := o.own()

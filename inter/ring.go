@@ -89,10 +89,10 @@ func (o *RingOpOver[M]) Set(dst, src M, sizes, offs []int) error {
 			send, recv = max(send, sizes[st.Send]), max(recv, sizes[st.Recv])
 		}
 		if err := r.t.Reserve(r.next, send, 0); err != nil {
-			return &fault.OpError{Op: o.name, Rank: r.rank, Peer: -1, Err: err}
+			return &fault.OpError{Op: o.name, Rank: r.rank, Peer: r.next, Err: err}
 		}
 		if err := r.t.Reserve(r.prev, 0, recv); err != nil {
-			return &fault.OpError{Op: o.name, Rank: r.rank, Peer: -1, Err: err}
+			return &fault.OpError{Op: o.name, Rank: r.rank, Peer: r.prev, Err: err}
 		}
 	}
 	return nil
