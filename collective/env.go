@@ -117,8 +117,10 @@ type TCP struct {
 	SendCopyMin int
 }
 
-// MaxGPUBlocks is the most thread blocks CUDA.GPUBlocks may ask for.
-const MaxGPUBlocks = 1024
+// MaxGPUBlocks is the most thread blocks CUDA.GPUBlocks may ask for: a
+// launch takes at most one per 64 KiB of its block, 256 with the default
+// scratch.
+const MaxGPUBlocks = 256
 
 // CUDA tunes the GPU backend.
 type CUDA struct {
@@ -130,10 +132,12 @@ type CUDA struct {
 	// ranks × GPUScratch of device memory, and larger blocks go in rounds.
 	GPUScratch int
 	// GPUBlocks bounds the thread blocks of one all-gather kernel launch
-	// on each rank (SLIME_GPU_BLOCKS; default 16, at most 1024). The
-	// kernels of a node's ranks wait for each other, so all of them must
-	// be resident on their GPUs at once: ranks that share one GPU share
-	// its multiprocessors.
+	// on each rank (SLIME_GPU_BLOCKS; default 16, at most MaxGPUBlocks).
+	// The kernels of a node's ranks wait for each other, so all of them
+	// must be resident on their GPUs at once: ranks that share one GPU
+	// share its multiprocessors (a block is 512 threads, and a
+	// multiprocessor holds at most 2048), and a count past that waits
+	// until the timeout.
 	GPUBlocks int
 }
 

@@ -82,8 +82,8 @@ func TestLoadEnvErrors(t *testing.T) {
 		{map[string]string{"SLIME_RCVLOWAT": "big"}, "SLIME_RCVLOWAT"},
 		{map[string]string{"SLIME_EAGER": "maybe"}, "SLIME_EAGER"},
 		{map[string]string{"SLIME_GPU_SCRATCH": "0"}, "SLIME_GPU_SCRATCH"},
-		{map[string]string{"SLIME_GPU_BLOCKS": "0"}, `SLIME_GPU_BLOCKS="0": want 1 to 1024`},
-		{map[string]string{"SLIME_GPU_BLOCKS": "1025"}, `SLIME_GPU_BLOCKS="1025"`},
+		{map[string]string{"SLIME_GPU_BLOCKS": "0"}, `SLIME_GPU_BLOCKS="0": want 1 to 256`},
+		{map[string]string{"SLIME_GPU_BLOCKS": "257"}, `SLIME_GPU_BLOCKS="257"`},
 		{map[string]string{"SLIME_GPU_BLOCKS": "many"}, `SLIME_GPU_BLOCKS="many"`},
 		// A timeout of none, in either form, is refused by name.
 		{map[string]string{"SLIME_TIMEOUT": "-1"}, `SLIME_TIMEOUT="-1": not positive`},
