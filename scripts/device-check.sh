@@ -16,16 +16,17 @@
 # the benchmarks on the one GPU: p2p between two processes with GPU memory
 # (CUDA IPC, and over TCP), a device-to-device copy (the ceiling), a
 # checking sweep of odd sizes on 1-8 ranks in graph and eager mode, the
-# overlap, and the timed sweep with 2, 4 and 8 ranks as goroutines of one
-# process (one CUDA context) and as processes (CUDA IPC).
+# overlap, a scan of the thread blocks per launch (SLIME_GPU_BLOCKS), and
+# the timed sweep with 2, 4 and 8 ranks as goroutines of one process (one
+# CUDA context) and as processes (CUDA IPC).
 # Every step is bounded, and all of them together by a budget
 # (DEVICE_CHECK_BUDGET seconds, default 330): a step that would pass it is
 # skipped, and says so. Everything lands in $OUT (at most 8 files):
 #   device-check.log  all output, as it happens (a run cut short still
 #                     explains itself)
 #   summary.txt       tables, in order (topology, tests, p2p, NVSHMEM
-#                     build, d2d, check sweep, overlap, all-gather,
-#                     targets)
+#                     build, d2d, check sweep, overlap, block scan,
+#                     all-gather, targets)
 #   tests.log         the tests' output
 #   bench.csv         every all-gather and copy row (p2p's are tables in
 #                     summary.txt)
@@ -70,6 +71,12 @@ BUDGET=${DEVICE_CHECK_BUDGET:-330}
 # runs: DEVICE_CHECK_SKIP lists those that do not, so that a second run
 # spends its minutes on what the first did not show.
 want() { [[ " ${DEVICE_CHECK_SKIP:-} " != *" $1 "* ]] || { say "(skipped: $1)"; return 1; }; }
+for step in ${DEVICE_CHECK_SKIP:-}; do
+  case $step in
+    check | overlap | blocks | inproc | proc | nvshmem) ;;
+    *) say "DEVICE_CHECK_SKIP: no step \"$step\" (check, overlap, blocks, inproc, proc, nvshmem)"; exit 2 ;;
+  esac
+done
 # bounded SECONDS CMD...: CMD (a program or script, never a shell function)
 # for at most SECONDS and what is left of the budget; SIGTERM first, so
 # that slimerun stops its workers, SIGKILL 5 s later.
@@ -228,7 +235,10 @@ say; say "== tests (-v output in tests.log)"
 # -test.skip below; a package may come twice, each entry a fresh process),
 # and DEVICE_CHECK_TEST_BOUND bounds each (seconds): a second run can
 # spend its minutes where the first one failed.
-for entry in ${DEVICE_CHECK_TESTS:-kernels device cudagraph intra collective overlap p2p}; do
+set -f # entries are words, their regular expressions no file patterns
+entries=(${DEVICE_CHECK_TESTS:-kernels device cudagraph intra collective overlap p2p})
+set +f
+for entry in "${entries[@]}"; do
   IFS=: read -r t only skip <<<"$entry"
   [ -x bin/device/tests/$t.test ] || { say "$t: no test binary (make device-bins)"; continue; }
   args=(-test.v -test.count=1) envs=()
@@ -245,7 +255,8 @@ for entry in ${DEVICE_CHECK_TESTS:-kernels device cudagraph intra collective ove
     # commands; the sweeps below run the same jobs with bin/device's.
     collective) args+=(-test.run GPU -test.skip GPUSlimebenchProcesses) ;;
   esac
-  [ -n "$only" ] && args=(-test.v -test.count=1 -test.run "$only" ${skip:+-test.skip "$skip"})
+  [ -n "$only" ] && args=(-test.v -test.count=1 -test.run "$only")
+  [ -n "$skip" ] && args+=(-test.skip "$skip") # the last -test.skip counts
   (cd $t && bounded "${DEVICE_CHECK_TEST_BOUND:-120}" env "${envs[@]}" ../bin/device/tests/$t.test "${args[@]}" >"$OUT/test-$t.tmp" 2>&1)
   rc=$?
   say "$entry: $( [ $rc = 0 ] && echo PASS || echo "FAIL (exit $rc)") ($(grep -c -- '^--- PASS' "$OUT/test-$t.tmp") passed, $(grep -c -- '--- SKIP' "$OUT/test-$t.tmp") skipped)"
@@ -332,7 +343,7 @@ if want blocks; then
     P=${pb%%:*} nb=${pb#*:}
     row=$(SLIME_GPU_BLOCKS=$nb bounded 25 bin/device/slimebench allgather --backend cuda --in-process $P -b $BIG -e $BIG --quiet --csv \
       2>>"$OUT/tests.log" | awk -F, '$1 == "slimego" { printf "%12.1f %10.2f", $7, $9 }')
-    say "$(printf '%-6s %-7s %s' $P $nb "${row:-failed (see tests.log)}")"
+    say "$(printf '%-6s %-7s %s' $P $nb "${row:-no row: failed or out of budget (see tests.log)}")"
   done
 fi
 
@@ -369,9 +380,9 @@ fi
 # BENCH.md's sizes and both bounds: -f 8 from 8 stopped at 16 MiB, and
 # the 64 MiB rows were never there.
 say; say "== targets$([ "$EMU" = 1 ] && echo ' (EMULATED: the figures are no GPU'"'"'s; no target applies)')"
-t8=$(awk -F, '$1 == "slimego-graph" && $6 == 8 { print $7 }' "$tmp/inproc-8-graph.csv")
+t8=$([ -s "$tmp/inproc-8-graph.csv" ] && awk -F, '$1 == "slimego-graph" && $6 == 8 { print $7 }' "$tmp/inproc-8-graph.csv")
 say "8-byte all-gather, 8 ranks in one process, graph: ${t8:-?} µs (target ≤ 15)"
-bw=$(awk -F, -v s=$BIGB '$1 == "slimego-graph" && $6 == s { print $9 }' "$tmp/inproc-8-graph.csv")
-cp=$(awk -F, -v s=$BIGB '$1 == "d2d" && $6 == s { print $9 }' "$tmp/d2d.csv")
+bw=$([ -s "$tmp/inproc-8-graph.csv" ] && awk -F, -v s=$BIGB '$1 == "slimego-graph" && $6 == s { print $9 }' "$tmp/inproc-8-graph.csv")
+cp=$([ -s "$tmp/d2d.csv" ] && awk -F, -v s=$BIGB '$1 == "d2d" && $6 == s { print $9 }' "$tmp/d2d.csv")
 say "$BIG busbw, 8 ranks in one process, graph: ${bw:-?} GB/s; device-to-device copy: ${cp:-?} GB/s$( [ -n "$bw" ] && [ -n "$cp" ] && awk -v b="$bw" -v c="$cp" 'BEGIN { printf " (%.0f%%; target ≥ 70%%)", 100 * b / c }')"
 say; say "== done $(date -u +%FT%TZ), ${SECONDS} s"
