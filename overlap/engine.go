@@ -97,8 +97,28 @@ func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces
 			return nil, err
 		}
 	}
+	for _, t := range tasks {
+		rows := t.Hi - t.Lo
+		gt := gemmTask{piece: t.Piece, rows: rows}
+		if rows > 0 && n > 0 {
+			row := t.Rank*m + t.Lo
+			if gt.g, err = G.View(row*k*esz, rows*k*esz); err != nil {
+				return nil, err
+			}
+			gt.a = gt.g
+			if t.Rank == sh.me {
+				if gt.a, err = A.View(t.Lo*k*esz, rows*k*esz); err != nil {
+					return nil, err
+				}
+			}
+			if gt.c, err = C.View(row*n*esz, rows*n*esz); err != nil {
+				return nil, err
+			}
+		}
+		e.tasks = append(e.tasks, gt)
+	}
 	if dev.Kind() == device.CUDA {
-		if err = e.warm(ctx, sh, pieces); err != nil {
+		if err = e.warm(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -123,64 +143,53 @@ func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces
 		}
 		e.plans = append(e.plans, plan)
 	}
-	for _, t := range tasks {
-		rows := t.Hi - t.Lo
-		gt := gemmTask{piece: t.Piece, rows: rows}
-		if rows > 0 && n > 0 {
-			row := t.Rank*m + t.Lo
-			if gt.g, err = G.View(row*k*esz, rows*k*esz); err != nil {
-				return nil, err
-			}
-			gt.a = gt.g
-			if t.Rank == sh.me {
-				if gt.a, err = A.View(t.Lo*k*esz, rows*k*esz); err != nil {
-					return nil, err
-				}
-			}
-			if gt.c, err = C.View(row*n*esz, rows*n*esz); err != nil {
-				return nil, err
-			}
-		}
-		e.tasks = append(e.tasks, gt)
-	}
 	return e, nil
 }
 
-// warm runs, once, each GEMM shape the plan's tasks will run (this
-// rank's m rows, and each piece's rows) on the compute stream, and waits
-// for it, before the plans' barrier: under CUDA's lazy module loading a
-// kernel's first launch waits for every stream of the device, and cuBLAS
-// loads its kernels (chosen per type and shape) at their first use. One
-// that first came in a run, while a node peer sharing the GPU already
-// spins in its all-gather waiting for this rank, would stall both until
-// the kernel's timeout. The operands are the engine's own matrices, their
-// contents whatever they hold (a run overwrites C).
-func (e *engine) warm(ctx context.Context, sh shape, pieces []Piece) error {
-	if e.n == 0 || sh.m == 0 {
-		return nil
+// warm runs, once, each distinct GEMM the plan's tasks will run, and
+// waits for it, before the plans' barrier: under CUDA's lazy module
+// loading a kernel's first launch waits for every stream of the device,
+// and cuBLAS picks its kernels by element type, shape and the operands'
+// alignment, loading each at its first use. One that first came in a run,
+// while a node peer sharing the GPU already spins in its all-gather
+// waiting for this rank, would stall both until the kernel's timeout. So
+// warm runs each task's own call (the rows of A or G it multiplies, both
+// for this rank's own rows, B, and its rows of C) on the compute stream,
+// once per distinct key of rows and the operands' addresses mod 256 (n, k
+// and the element type are the engine's): their contents are whatever
+// they hold, and every run overwrites C.
+func (e *engine) warm(ctx context.Context) error {
+	type key struct {
+		rows    int
+		a, b, c uint64
 	}
-	rows := map[int]bool{sh.m: true}
-	for _, p := range pieces {
-		rows[p.Hi-p.Lo] = true
-	}
-	G, C := e.mats[matG], e.mats[matC]
-	for r := range rows {
-		if r == 0 {
-			continue
+	seen := map[key]bool{}
+	B := e.mats[matB]
+	for i := range e.tasks {
+		t := &e.tasks[i]
+		if t.c == nil {
+			continue // no rows, or no columns: no GEMM is launched
 		}
-		a, err := G.View(0, r*e.k*sh.esz)
-		if err != nil {
-			return err
-		}
-		c, err := C.View(0, r*e.n*sh.esz)
-		if err != nil {
-			return err
-		}
-		if err := e.mul(e.compute, r, e.n, e.k, a, e.mats[matB], c); err != nil {
-			return err
+		for _, a := range [...]device.Buffer{t.a, t.g} {
+			k := key{t.rows, align(a), align(B), align(t.c)}
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			if err := e.mul(e.compute, t.rows, e.n, e.k, a, B, t.c); err != nil {
+				return err
+			}
 		}
 	}
 	return e.compute.Synchronize(ctx)
+}
+
+// align is b's device address mod 256 (0 for a buffer of another kind).
+func align(b device.Buffer) uint64 {
+	if cb, ok := b.(*device.CUDABuffer); ok {
+		return uint64(cb.Ptr) % 256
+	}
+	return 0
 }
 
 // named returns err as an *collective.OpError naming op and this rank,
