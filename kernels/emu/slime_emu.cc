@@ -607,8 +607,16 @@ int gemm(int dev, uint64_t handle, uint64_t stream, int m, int n, int k, uint64_
         (k && !reach(dev, b, ((uint64_t)(k - 1) * ldb + n) * es, why, sizeof why)) ||
         !reach(dev, c, ((uint64_t)(m - 1) * ldc + n) * es, why, sizeof why))
         return cfail(eIllegalAddress, "gemm", why);
-    // cuBLAS's kernel for this element type (and N,N), loaded lazily
-    load_function(lk, dev, es == 4 ? "cublas_gemm_f32_nn" : "cublas_gemm_f64_nn");
+    // cuBLAS's kernel for this call, loaded lazily. cuBLAS picks its
+    // kernel by element type, transposes, shape and the operands'
+    // alignment; the emulator, adversarially, treats every (type, N,N, m,
+    // n, k, alignments of a, b and c mod 256) as a kernel of its own, so
+    // that a GEMM whose exact call was not run before a peer's kernel
+    // spins waits for it, as a differently chosen kernel would.
+    char fn[128];
+    snprintf(fn, sizeof fn, "cublas_gemm_f%d_nn_%dx%dx%d_a%u_b%u_c%u", (int)(8 * es), m, n, k, (unsigned)(a % 256),
+             (unsigned)(b % 256), (unsigned)(c % 256));
+    load_function(lk, dev, fn);
     if (!g.blas.count(handle) || stream_of(dev, stream) != s) return cfail(eInvalidHandle, "gemm");
     return enqueue(s, Op{"gemm", [=](Rng &) {
                              gemm_host<T>(m, n, k, (const T *)(uintptr_t)a, lda, (const T *)(uintptr_t)b, ldb,
