@@ -17,3 +17,14 @@ func Capturable(p *Plan) bool {
 	g, ok := p.eng.(*gpuPlan)
 	return ok && g.op.capturable()
 }
+
+// Captured says whether p is a plan of kernels whose CUDA graph exists
+// (graph mode, once captured).
+func Captured(p *Plan) bool {
+	g, ok := p.eng.(*gpuPlan)
+	if !ok {
+		return false
+	}
+	k, ok := g.op.(*kernelPlanned)
+	return ok && k.runner.Captured()
+}
