@@ -601,23 +601,26 @@ int gemm(int dev, uint64_t handle, uint64_t stream, int m, int n, int k, uint64_
         return fail(SLIME_ERR_BLAS, "gemm_call(...): cuBLAS status 7 (CUBLAS_STATUS_INVALID_VALUE): m %d n %d k %d lda %d ldb %d ldc %d",
                     m, n, k, lda, ldb, ldc);
     if (m == 0 || n == 0) return SLIME_OK;
-    char why[160];
     const uint64_t es = sizeof(T);
-    if ((k && !reach(dev, a, ((uint64_t)(m - 1) * lda + k) * es, why, sizeof why)) ||
-        (k && !reach(dev, b, ((uint64_t)(k - 1) * ldb + n) * es, why, sizeof why)) ||
-        !reach(dev, c, ((uint64_t)(m - 1) * ldc + n) * es, why, sizeof why))
-        return cfail(eIllegalAddress, "gemm", why);
     // cuBLAS's kernel for this call, loaded lazily. cuBLAS picks its
     // kernel by element type, transposes, shape and the operands'
     // alignment; the emulator, adversarially, treats every (type, N,N, m,
     // n, k, alignments of a, b and c mod 256) as a kernel of its own, so
     // that a GEMM whose exact call was not run before a peer's kernel
-    // spins waits for it, as a differently chosen kernel would.
+    // spins waits for it, as a differently chosen kernel would. The load
+    // can release g.mu while it waits for the device, and a cudaFree may
+    // unmap an operand meanwhile, so the operands are checked after it,
+    // with g.mu held from the checks to the enqueue.
     char fn[128];
     snprintf(fn, sizeof fn, "cublas_gemm_f%d_nn_%dx%dx%d_a%u_b%u_c%u", (int)(8 * es), m, n, k, (unsigned)(a % 256),
              (unsigned)(b % 256), (unsigned)(c % 256));
     load_function(lk, dev, fn);
     if (!g.blas.count(handle) || stream_of(dev, stream) != s) return cfail(eInvalidHandle, "gemm");
+    char why[160];
+    if ((k && !reach(dev, a, ((uint64_t)(m - 1) * lda + k) * es, why, sizeof why)) ||
+        (k && !reach(dev, b, ((uint64_t)(k - 1) * ldb + n) * es, why, sizeof why)) ||
+        !reach(dev, c, ((uint64_t)(m - 1) * ldc + n) * es, why, sizeof why))
+        return cfail(eIllegalAddress, "gemm", why);
     return enqueue(s, Op{"gemm", [=](Rng &) {
                              gemm_host<T>(m, n, k, (const T *)(uintptr_t)a, lda, (const T *)(uintptr_t)b, ldb,
                                           (T *)(uintptr_t)c, ldc);
@@ -1127,6 +1130,11 @@ int slime_allgather_ll(int dev, const slime_ag_args *args, int blocks, uint64_t 
     std::unique_lock<std::mutex> lk(G().mu);
     Stream *s = stream_of(dev, stream);
     if (!s) return cfail(eInvalidHandle, what);
+    // Loaded (lazily) before the operands are checked: the load can release
+    // G().mu while it waits for the device, and a cudaFree may unmap an
+    // operand meanwhile; from the checks to the enqueue G().mu stays held.
+    load_function(lk, dev, "allgather_ll_kernel");
+    if (stream_of(dev, stream) != s) return cfail(eInvalidHandle, what);
     const slime_ag_args a = *args;
     const int n = a.nranks;
     char why[200];
@@ -1140,8 +1148,6 @@ int slime_allgather_ll(int dev, const slime_ag_args *args, int blocks, uint64_t 
                           : reach(dev, a.dst + a.off[p], m, why, sizeof why));
     }
     if (!ok) return cfail(eIllegalAddress, what, why);
-    load_function(lk, dev, "allgather_ll_kernel");
-    if (stream_of(dev, stream) != s) return cfail(eInvalidHandle, what);
     return enqueue(s, Op{what, [a, blocks](Rng &r) {
                              launch(r, blocks, [&a](const slime_proto::HostBlock &b) { slime_proto::allgather_ll(b, a); }, 512);
                          }},
@@ -1156,13 +1162,14 @@ int slime_barrier(int dev, const slime_barrier_args *args, uint64_t stream) {
     std::unique_lock<std::mutex> lk(G().mu);
     Stream *s = stream_of(dev, stream);
     if (!s) return cfail(eInvalidHandle, what);
+    // Loaded before the operands are checked, as in slime_allgather_ll.
+    load_function(lk, dev, "barrier_kernel");
+    if (stream_of(dev, stream) != s) return cfail(eInvalidHandle, what);
     const slime_barrier_args a = *args;
     char why[200];
     bool ok = reach(dev, a.epoch, 8, why, sizeof why) && reach(dev, a.status, 4, why, sizeof why);
     for (int p = 0; ok && p < a.nranks; p++) ok = reach(dev, a.flags[p], 8 * (uint64_t)a.nranks, why, sizeof why);
     if (!ok) return cfail(eIllegalAddress, what, why);
-    load_function(lk, dev, "barrier_kernel");
-    if (stream_of(dev, stream) != s) return cfail(eInvalidHandle, what);
     return enqueue(s, Op{what, [a](Rng &r) {
                              launch(r, 1, [&a](const slime_proto::HostBlock &b) { slime_proto::barrier(b, a); }, 64);
                          }},
