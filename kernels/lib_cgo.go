@@ -36,10 +36,18 @@ static uint64_t (*p_emu_seed)(void);
 static struct nvshmem_fns nvshmem_live;
 
 // open_lib loads path and resolves every symbol; on failure *err says why
-// and the live tables are untouched.
-static void *open_lib(const char *path, int nvshmem, const char **err) {
+// and the live tables are untouched. For libslimecuda it first reads the
+// library's slime_abi_version, where it has one: a library of another
+// version is refused with *abi set to it (and *err NULL), before a symbol
+// that its version lacks could be reported missing.
+static void *open_lib(const char *path, int nvshmem, const char **err, int *abi) {
+	*abi = SLIME_ABI_VERSION;
 	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!h) { *err = dlerror(); return NULL; }
+	if (!nvshmem) {
+		int (*version)(void) = (int (*)(void))dlsym(h, "slime_abi_version");
+		if (version && (*abi = version()) != SLIME_ABI_VERSION) { *err = NULL; dlclose(h); return NULL; }
+	}
 #define LOAD(n) if (!(t.p_##n = (__typeof__(n) *)dlsym(h, #n))) { *err = "missing symbol " #n; dlclose(h); return NULL; }
 	if (nvshmem) {
 		struct nvshmem_fns t;
@@ -58,7 +66,6 @@ static void *open_lib(const char *path, int nvshmem, const char **err) {
 
 static const char *w_last_error(void) { return cuda_live.p_slime_last_error(); }
 static const char *w_nvshmem_last_error(void) { return nvshmem_live.p_nvshmem_last_error(); }
-static int w_abi_version(void) { return cuda_live.p_slime_abi_version(); }
 static int w_emulated(void) { return cuda_live.p_slime_emulated(); }
 static uint64_t w_emu_seed(void) { return p_emu_seed ? p_emu_seed() : 0; }
 static int w_enable_peer_access(int d, int p) { return cuda_live.p_slime_enable_peer_access(d, p); }
@@ -163,28 +170,30 @@ func load(name, envVar string, nvshmem bool) (string, error) {
 	for _, p := range candidates(name, envVar) {
 		cp := C.CString(p)
 		var msg *C.char
-		h := C.open_lib(cp, flag, &msg)
+		var abi C.int
+		h := C.open_lib(cp, flag, &msg, &abi)
 		C.free(unsafe.Pointer(cp))
 		if h != nil {
 			return p, nil
+		}
+		if abi != C.SLIME_ABI_VERSION {
+			tried = append(tried, fmt.Sprintf("%s has ABI version %d, this program wants %d: rebuild it (make kernels)", p, int(abi), C.SLIME_ABI_VERSION))
+			continue
 		}
 		tried = append(tried, C.GoString(msg))
 	}
 	return "", fmt.Errorf("%w: %s (set %s to its path, or run make kernels): %s", ErrNotFound, name, envVar, strings.Join(tried, "; "))
 }
 
-// Open loads libslimecuda.so once (see the package doc for where it looks)
-// and checks its ABI version. It does not touch a GPU; [Lib.DeviceCount]
-// does.
+// Open loads libslimecuda.so once (see the package doc for where it looks),
+// of this program's ABI version: a library of another version is passed
+// over, and named with its version in the error where no place has a
+// library to load. It does not touch a GPU; [Lib.DeviceCount] does.
 func Open() (*Lib, error) {
 	cudaOnce.Do(func() {
 		path, err := load(CUDALib, "SLIME_CUDA_LIB", false)
 		if err != nil {
 			cudaErr = err
-			return
-		}
-		if v := int(C.w_abi_version()); v != C.SLIME_ABI_VERSION {
-			cudaErr = fmt.Errorf("%w: %s has ABI version %d, this program wants %d: rebuild it (make kernels)", ErrNotFound, path, v, C.SLIME_ABI_VERSION)
 			return
 		}
 		cudaLib = &Lib{path: path, emulated: C.w_emulated() != 0}

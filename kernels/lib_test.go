@@ -4,6 +4,9 @@ package kernels
 
 import (
 	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -61,5 +64,42 @@ func TestLoadWrongLibrary(t *testing.T) {
 	_, err := load(CUDALib, "SLIME_TEST_LIB", false)
 	if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "missing symbol slime_last_error") {
 		t.Fatalf("err = %v, want a missing symbol", err)
+	}
+}
+
+// A library of another ABI version is refused as such, whatever symbols it
+// lacks: the error names the version and says to rebuild it. The library is
+// built here, with the host's C compiler, exporting slime_abi_version alone.
+func TestLoadOtherABIVersion(t *testing.T) {
+	var cc string
+	for _, c := range []string{os.Getenv("CC"), "cc", "gcc"} {
+		if c == "" {
+			continue
+		}
+		if p, err := exec.LookPath(c); err == nil {
+			cc = p
+			break
+		}
+	}
+	if cc == "" {
+		t.Skip("no C compiler here to build a library of another ABI version")
+	}
+	dir := t.TempDir()
+	src, so := filepath.Join(dir, "old.c"), filepath.Join(dir, "libslimecuda-old.so")
+	if err := os.WriteFile(src, []byte("int slime_abi_version(void) { return 2; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", so, src).CombinedOutput(); err != nil {
+		t.Skipf("%s cannot build a shared library here: %v\n%s", cc, err, out)
+	}
+	t.Setenv("SLIME_TEST_LIB", so)
+	_, err := load(CUDALib, "SLIME_TEST_LIB", false)
+	if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("err = %v, want ErrNotFound", err)
+	}
+	for _, want := range []string{so, "ABI version 2", "rebuild it"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
 	}
 }
