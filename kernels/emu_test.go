@@ -956,8 +956,9 @@ func TestMaxConnections(t *testing.T) {
 // on a device waits for every stream of the device, so that it stalls
 // behind a peer's kernel spinning for this rank until that kernel's
 // timeout; slime_preload_kernels (and a first GEMM of the type) load ahead
-// of time, and CUDA_MODULE_LOADING=EAGER loads everything at init. Each
-// case runs in a child process of its own (a fresh library: nothing
+// of time, and CUDA_MODULE_LOADING=EAGER loads everything at init; a
+// cudaFree waiting as a first launch does frees no operand the launch has
+// checked. Each case runs in a child process of its own (a fresh library: nothing
 // loaded yet).
 func TestEmuLazyLoading(t *testing.T) {
 	lib := openLib(t)
@@ -966,7 +967,7 @@ func TestEmuLazyLoading(t *testing.T) {
 		lazyCase(t, lib, c)
 		return
 	}
-	for _, c := range []string{"lazy", "preload", "eager"} {
+	for _, c := range []string{"lazy", "preload", "eager", "free"} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestEmuLazyLoading$", "-test.v", "-test.count=1")
 		cmd.Env = append(os.Environ(), "SLIME_LAZY_CASE="+c, "CUDA_MODULE_LOADING=LAZY")
 		if c == "eager" {
@@ -978,7 +979,7 @@ func TestEmuLazyLoading(t *testing.T) {
 			continue
 		}
 		for _, l := range strings.Split(string(out), "\n") {
-			if strings.Contains(l, "first launches") {
+			if strings.Contains(l, "first launches") || strings.Contains(l, "raced") {
 				t.Logf("%s: %s", c, strings.TrimSpace(l))
 			}
 		}
@@ -1011,6 +1012,27 @@ func lazyCase(t *testing.T, lib *Lib, c string) {
 	r1 := g.rounds(1, spin)
 	ok(t, lib.AllGatherLL(0, &r1[0], 1, g.ranks[1].stream))
 	time.Sleep(50 * time.Millisecond)
+	if c == "free" {
+		// A first GEMM waits for the device to load its function, and a
+		// cudaFree of its output waits for the device too: whichever goes
+		// on first when rank 1's kernel times out, the launch is enqueued
+		// before the free (which then waits for it) or fails as an illegal
+		// address; never a queued kernel writing freed memory.
+		x, err := lib.Malloc(0, 64)
+		ok(t, err)
+		errc := make(chan error, 1)
+		go func() { errc <- lib.GemmF32(0, h, s, 4, 4, 4, m[0], 4, m[1], 4, x, 4) }()
+		time.Sleep(50 * time.Millisecond)
+		ok(t, lib.Free(0, x))
+		err = <-errc
+		if err != nil && !strings.Contains(err.Error(), "cudaErrorIllegalAddress") {
+			t.Fatalf("the GEMM: %v, want no error or cudaErrorIllegalAddress", err)
+		}
+		t.Logf("the GEMM raced with a cudaFree of its output: %v", err)
+		syncStream(t, lib, 0, s)
+		syncStream(t, lib, 0, g.ranks[1].stream)
+		return
+	}
 	// Rank 0's first launches of the barrier kernel and of a GEMM.
 	b := &BarrierArgs{Rank: 0, NRanks: 1, Epoch: g.ranks[0].counters + 24, Status: g.ranks[0].statusD, TimeoutNS: uint64(spin)}
 	b.Flags[0] = g.ranks[0].region + Ptr(g.barrierOff())
