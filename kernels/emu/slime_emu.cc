@@ -38,14 +38,14 @@
  *    a rank whose first launch of a kernel comes while a peer's kernel on
  *    the same device spins waiting for this rank stalls both until the
  *    kernel's timeout. The functions: allgather_ll_kernel, barrier_kernel,
- *    and cuBLAS's GEMM, modelled as one kernel per (element type,
- *    transposes) — slime.cu's GEMMs are all N,N, so one per element type
- *    (the real cuBLAS may pick other kernels for other shapes: the Go side
- *    warms each shape it will run). slime_preload_kernels(dev) loads
- *    slime.cu's two kernels on dev (what its cudaFuncGetAttributes calls
- *    do), waiting as a first launch does; a GEMM's kernel is loaded by a
- *    first GEMM of that type. CUDA_MODULE_LOADING=EAGER loads everything
- *    at init: no launch waits.
+ *    and cuBLAS's GEMM, modelled adversarially as one kernel per (element
+ *    type, transposes, m, n, k, operand alignments mod 256): cuBLAS picks
+ *    its kernel by those, so the Go side warms each GEMM it will run, on
+ *    its own operands. slime_preload_kernels(dev) loads slime.cu's two
+ *    kernels on dev (what its cudaFuncGetAttributes calls do), waiting as
+ *    a first launch does; a GEMM's kernel is loaded by a first GEMM of
+ *    that key. CUDA_MODULE_LOADING=EAGER loads everything at init: no
+ *    launch waits.
  *  - Streams: a stream is a queue run in order by a worker thread of its
  *    own; every operation waits a random delay (0 to SLIME_EMU_DELAY_US,
  *    default 100 µs, half of the time) before it runs, so that work on
