@@ -193,21 +193,13 @@ func TestGPUAcrossNodesLateGrowth(t *testing.T) {
 		o.Backend, o.GPUScratch, o.Timeout, o.Algo = device.CUDA, gpuScratch, 5*time.Second, "hier"
 	}, func(c *collective.Communicator) error {
 		ctx := context.Background()
-		P, me := c.Size(), c.Rank()
+		me := c.Rank()
 		for _, n := range []int{1000, 100_001} {
-			dst, err := gpuOf(c).Alloc(P * n)
+			dst, src, err := rankBlocksGPU(c, n)
 			if err != nil {
 				return err
 			}
 			defer dst.Free()
-			src, err := dst.Slice(me*n, n)
-			if err != nil {
-				return err
-			}
-			block := bytes.Repeat([]byte{byte(me + 1)}, n)
-			if err := src.CopyFromHost(block); err != nil {
-				return err
-			}
 			plan, err := c.PlanBuffers(ctx, dst, src)
 			if err != nil {
 				return err
@@ -220,14 +212,8 @@ func TestGPUAcrossNodesLateGrowth(t *testing.T) {
 			if err := plan.Run(ctx); err != nil {
 				return fmt.Errorf("blocks of %d bytes: %w (after %v)", n, err, time.Since(start).Round(time.Millisecond))
 			}
-			got := make([]byte, P*n)
-			if err := dst.CopyToHost(got); err != nil {
-				return err
-			}
-			for i, b := range got {
-				if r := i / n; b != byte(r+1) {
-					return fmt.Errorf("blocks of %d bytes: rank %d's block differs at byte %d", n, r, i-r*n)
-				}
+			if err := checkRankBlocks(dst, n); err != nil {
+				return fmt.Errorf("blocks of %d bytes: %w", n, err)
 			}
 		}
 		return nil

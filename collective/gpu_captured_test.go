@@ -1,7 +1,6 @@
 package collective_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"testing"
@@ -24,19 +23,12 @@ func TestGPUPlanCapturedWhenMade(t *testing.T) {
 	for _, eager := range []bool{false, true} {
 		t.Run(fmt.Sprintf("eager=%v", eager), func(t *testing.T) {
 			gpuRanks(t, P, eager, 0, func(c *collective.Communicator) error {
-				ctx, me := context.Background(), c.Rank()
-				dst, err := gpuOf(c).Alloc(P * n)
+				ctx := context.Background()
+				dst, src, err := rankBlocksGPU(c, n)
 				if err != nil {
 					return err
 				}
 				defer dst.Free()
-				src, err := dst.Slice(me*n, n)
-				if err != nil {
-					return err
-				}
-				if err := src.CopyFromHost(bytes.Repeat([]byte{byte(me + 1)}, n)); err != nil {
-					return err
-				}
 				plan, err := c.PlanBuffers(ctx, dst, src)
 				if err != nil {
 					return err
@@ -54,16 +46,7 @@ func TestGPUPlanCapturedWhenMade(t *testing.T) {
 				if got := collective.Captured(plan); got == eager {
 					return fmt.Errorf("%s mode: captured %v after a Run", plan.Mode(), got)
 				}
-				got := make([]byte, P*n)
-				if err := dst.CopyToHost(got); err != nil {
-					return err
-				}
-				for i, b := range got {
-					if r := i / n; b != byte(r+1) {
-						return fmt.Errorf("rank %d's block differs at byte %d", r, i-r*n)
-					}
-				}
-				return nil
+				return checkRankBlocks(dst, n)
 			})
 		})
 	}

@@ -57,6 +57,39 @@ func gpuOf(c *collective.Communicator) *device.GPU {
 	return g
 }
 
+// rankBlocksGPU allocates P×n bytes of device memory on c's GPU and fills
+// this rank's n bytes of it (src, a view in place) with byte(rank+1), the
+// blocks checkRankBlocks expects back. The caller frees dst.
+func rankBlocksGPU(c *collective.Communicator, n int) (dst, src *device.CUDABuffer, err error) {
+	dst, err = gpuOf(c).Alloc(c.Size() * n)
+	if err != nil {
+		return nil, nil, err
+	}
+	if src, err = dst.Slice(c.Rank()*n, n); err == nil {
+		err = src.CopyFromHost(bytes.Repeat([]byte{byte(c.Rank() + 1)}, n))
+	}
+	if err != nil {
+		dst.Free()
+		return nil, nil, err
+	}
+	return dst, src, nil
+}
+
+// checkRankBlocks says where dst differs from every rank r's n bytes of
+// byte(r+1) (rankBlocksGPU's), if anywhere.
+func checkRankBlocks(dst *device.CUDABuffer, n int) error {
+	got := make([]byte, dst.Len)
+	if err := dst.CopyToHost(got); err != nil {
+		return err
+	}
+	for i, b := range got {
+		if r := i / n; b != byte(r+1) {
+			return fmt.Errorf("rank %d's block differs at byte %d", r, i-r*n)
+		}
+	}
+	return nil
+}
+
 // gpuScratch is the tests' GPU scratch block: every emulated allocation is
 // shared host memory, and the default 16 MiB would cost 8 in-process
 // ranks about 2 GiB. Blocks above it go in rounds.
