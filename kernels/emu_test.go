@@ -4,6 +4,7 @@ package kernels
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -1055,5 +1056,36 @@ func lazyCase(t *testing.T, lib *Lib, c string) {
 	}
 	if took > spin/3 || st != 0 {
 		t.Fatalf("first launches took %v, rank 1's status %#x: want no wait (loaded ahead), the gather done", took, st)
+	}
+}
+
+// TestEmuFreeTwiceWhileBusy: two threads free the same device allocation
+// while a kernel runs (cudaFree waits for it, letting go of the
+// emulator's lock): one free succeeds, the other is cudaErrorInvalidValue,
+// as a second cudaFree of a pointer is; the emulator must not unmap and
+// close twice (a descriptor some other part of the process has opened by
+// then) through the first free's stale entry.
+func TestEmuFreeTwiceWhileBusy(t *testing.T) {
+	lib := openLib(t)
+	emuOnly(t, lib)
+	const spin = 500 * time.Millisecond
+	g := newGroup(t, lib, []int{64, 64}, 256, 1)
+	x, err := lib.Malloc(0, 64)
+	ok(t, err)
+	// Rank 1's LL kernel spins, waiting for rank 0, until its timeout.
+	r1 := g.rounds(1, spin)
+	ok(t, lib.AllGatherLL(0, &r1[0], 1, g.ranks[1].stream))
+	time.Sleep(50 * time.Millisecond)
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- lib.Free(0, x) }()
+	}
+	e1, e2 := <-errs, <-errs
+	syncStream(t, lib, 0, g.ranks[1].stream)
+	if (e1 == nil) == (e2 == nil) {
+		t.Fatalf("two frees of one pointer: %v and %v, want one nil and one cudaErrorInvalidValue", e1, e2)
+	}
+	if e := cmp.Or(e1, e2); !strings.Contains(e.Error(), "cudaErrorInvalidValue") {
+		t.Fatalf("the second free: %v, want cudaErrorInvalidValue", e)
 	}
 }

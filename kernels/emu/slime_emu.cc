@@ -714,8 +714,12 @@ int slime_free(int dev, uint64_t ptr) {
     std::unique_lock<std::mutex> lk(g.mu);
     auto it = g.allocs.find(ptr);
     if (it == g.allocs.end() || it->second.kind != MEM_DEVICE) return cfail(eInvalidValue, "cudaFree(PTR(ptr))");
-    // cudaFree waits for the device's work (which may still touch it).
+    // cudaFree waits for the device's work (which may still touch it),
+    // letting go of the lock meanwhile: another free of the same pointer
+    // may have taken it by then, so look it up again.
     wait_device_idle(lk, it->second.dev);
+    it = g.allocs.find(ptr);
+    if (it == g.allocs.end() || it->second.kind != MEM_DEVICE) return cfail(eInvalidValue, "cudaFree(PTR(ptr))");
     munmap((void *)(uintptr_t)ptr, it->second.size);
     close(it->second.fd);
     g.allocs.erase(it);
