@@ -277,6 +277,15 @@ func (c *conn) ipcGranted(h header, p *part) error {
 	return nil
 }
 
+// ipcChunk is the most one device copy of ipcCopy moves. Each copy is
+// enqueued and then waited for, a fixed cost of some microseconds that a
+// chunk of process_vm's size (cmaChunk) would pay for every few
+// microseconds of copying between device memories; a cancelled transfer
+// waits for at most one chunk's copy (under a millisecond over NVLink,
+// some milliseconds over PCIe). A variable so that tests cross chunks
+// with small regions.
+var ipcChunk = 64 << 20
+
 // ipcCopy copies p's bytes from (write false) or to (write true) the
 // peer's ranges recs, opened as maps, a chunk at a time under p's lock,
 // while p is active, each with a synchronous copy on the device of its
@@ -285,7 +294,7 @@ func ipcCopy(p *part, recs []ipcRec, maps []*ipcMap, write bool) error {
 	lk := cursor{segs: p.local}
 	for i, r := range recs {
 		for done := uint64(0); done < r.n; {
-			s := lk.next(int(min(r.n-done, cmaChunk)))
+			s := lk.next(int(min(r.n-done, uint64(ipcChunk))))
 			if s.n == 0 || s.d == nil {
 				return fmt.Errorf("the local ranges end before the grant's %d bytes", p.total)
 			}

@@ -913,6 +913,9 @@ func testGPUIPC(t *testing.T, tcpOnly bool) {
 		want = "tcp"
 	}
 	const size = 5<<20 + 333
+	// Copies of 1 MiB through CUDA IPC: a region crosses chunks.
+	defer func(c int) { ipcChunk = c }(ipcChunk)
+	ipcChunk = 1 << 20
 	ld := gpuAllocFor(t, g, size)
 	e, p, ctx := parentOf(t, "gpu-target", size, 21, tcpOnly)
 	rg, ok1 := p.Remote("mem")
