@@ -389,6 +389,9 @@ type job struct {
 	// 0 whose workers failed at once may have stopped taking connections
 	// by the time this node's workers have started); nil once taken.
 	watch *rendezvous.Client
+	// guard cleans up after the workers' process groups if the launcher
+	// dies (guard_linux.go); nil if none could start.
+	guard *guard
 }
 
 // Run runs the job's workers on this node until they all exit, one fails,
@@ -430,7 +433,12 @@ func Run(ctx context.Context, cfg Config) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	sweepOrphans(&cfg)
-	j := &job{cfg: &cfg, bindHost: "127.0.0.1", workerAddr: "127.0.0.1"}
+	g, err := startGuard()
+	if err != nil {
+		cfg.Logf("no guard process (what the workers leave is not cleaned up if slimerun is killed): %v", err)
+	}
+	defer g.close()
+	j := &job{cfg: &cfg, bindHost: "127.0.0.1", workerAddr: "127.0.0.1", guard: g}
 	if cfg.NNodes > 1 {
 		j.workerAddr = cfg.MasterAddr
 		if cfg.NodeRank == 0 {
@@ -1091,6 +1099,7 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		}
 		workers[local] = w
 		started++
+		j.guard.add(w.cmd.Process.Pid)
 		go func() {
 			st, err := waitExited(w.cmd.Process.Pid)
 			exits <- exit{w, st, err}
@@ -1336,6 +1345,7 @@ func (j *job) reap(workers []*worker) {
 		if w == nil {
 			continue
 		}
+		j.guard.drop(w.cmd.Process.Pid) // before the reap frees the group's id
 		var ee *exec.ExitError
 		if err := w.cmd.Wait(); err != nil && !errors.As(err, &ee) {
 			j.cfg.Logf("node %d: rank %d (pid %d): %v", j.cfg.NodeRank, w.rank, w.cmd.Process.Pid, err)

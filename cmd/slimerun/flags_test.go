@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/shm"
 	"github.com/slimego/slimego/internal/testbin"
 	"github.com/slimego/slimego/launcher"
@@ -161,35 +163,45 @@ func shmWorker() int {
 		}
 		os.WriteFile(filepath.Join(dir, "seg"), []byte(name), 0o600)
 	}
+	// A child in the worker's process group, as a script's background
+	// job or a data loader is.
+	child := exec.Command("sleep", "600")
+	if err := child.Start(); err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	os.WriteFile(filepath.Join(dir, "child."+local), []byte(strconv.Itoa(child.Process.Pid)), 0o600)
 	os.WriteFile(filepath.Join(dir, "pid."+local), []byte(strconv.Itoa(os.Getpid())), 0o600)
 	time.Sleep(10 * time.Minute)
 	return 0
 }
 
-// A job killed with its launcher (SIGKILL: nobody cleans up) leaves its
-// segment in /dev/shm; the next slimerun removes it, and no worker of the
-// killed job remains.
-func TestKilledJobSwept(t *testing.T) {
+// startShmJob runs slimerun with 3 shmWorkers and returns it once every
+// worker has started, with their pids, their children's, and the
+// segment's path.
+func startShmJob(t *testing.T, run string) (cmd *exec.Cmd, pids, children []int, seg string, out *syncWriter) {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	run := "swept" + strconv.Itoa(os.Getpid())
-	cmd := exec.Command(slimerun, "--standalone", "--nproc-per-node", "3", "--rdzv-id", run, exe)
+	cmd = exec.Command(slimerun, "--standalone", "--nproc-per-node", "3", "--rdzv-id", run, exe)
 	cmd.Env = append(os.Environ(), "SLIMERUN_TEST_WORKER=shm", "SLIMERUN_TEST_DIR="+dir)
-	var out syncWriter
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out = &syncWriter{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer cmd.Process.Kill()
+	t.Cleanup(func() { cmd.Process.Kill() })
 	deadline := time.Now().Add(20 * time.Second)
-	var pids []int
 	for r := 0; r < 3; {
-		if b, err := os.ReadFile(filepath.Join(dir, "pid."+strconv.Itoa(r))); err == nil && len(b) > 0 {
+		b, err := os.ReadFile(filepath.Join(dir, "pid."+strconv.Itoa(r)))
+		c, err2 := os.ReadFile(filepath.Join(dir, "child."+strconv.Itoa(r)))
+		if err == nil && err2 == nil && len(b) > 0 && len(c) > 0 {
 			pid, _ := strconv.Atoi(string(b))
-			pids = append(pids, pid)
+			kid, _ := strconv.Atoi(string(c))
+			pids, children = append(pids, pid), append(children, kid)
 			r++
 			continue
 		}
@@ -198,15 +210,89 @@ func TestKilledJobSwept(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	t.Cleanup(func() { // whatever the test leaves
+		for _, p := range append(pids, children...) {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+	})
 	b, err := os.ReadFile(filepath.Join(dir, "seg"))
 	if err != nil {
 		t.Fatalf("no segment: %v\n%s", err, out.String())
 	}
-	seg := filepath.Join(shm.Dir, string(b))
+	seg = filepath.Join(shm.Dir, string(b))
 	if _, err := os.Stat(seg); err != nil {
 		t.Fatalf("the worker's segment: %v", err)
 	}
 	t.Cleanup(func() { os.Remove(seg) })
+	return cmd, pids, children, seg, out
+}
+
+// guardOf is the pid of slimerun pid's guard process (SLIME_LAUNCHER_GUARD
+// in its environment), or 0.
+func guardOf(pid int) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		f, ok := machine.StatFields(st)
+		if !ok || len(f) < 2 || f[1] != strconv.Itoa(pid) {
+			continue
+		}
+		env, _ := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if bytes.Contains(env, []byte("\x00SLIME_LAUNCHER_GUARD=1\x00")) || bytes.HasPrefix(env, []byte("SLIME_LAUNCHER_GUARD=1\x00")) {
+			return p
+		}
+	}
+	return 0
+}
+
+// TestKilledLauncherLeavesNothing: slimerun killed with SIGKILL cannot
+// stop anything itself; its workers die with it (Pdeathsig), and its
+// guard process kills what they started in their process groups and
+// removes the job's shared memory, within seconds, with no next job.
+func TestKilledLauncherLeavesNothing(t *testing.T) {
+	cmd, pids, children, seg, out := startShmJob(t, "guarded"+strconv.Itoa(os.Getpid()))
+	if guardOf(cmd.Process.Pid) == 0 {
+		t.Fatalf("slimerun (pid %d) has no guard process", cmd.Process.Pid)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait() // its output ends when the guard is done: it holds stderr
+	until := time.Now().Add(10 * time.Second)
+	for _, p := range append(pids, children...) {
+		for machine.Alive(p) && time.Now().Before(until) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if machine.Alive(p) {
+			t.Errorf("process %d (workers %v, their children %v) outlived slimerun by 10 s\n%s", p, pids, children, out.String())
+		}
+	}
+	for _, err := os.Stat(seg); err == nil && time.Now().Before(until); _, err = os.Stat(seg) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := os.Stat(seg); !os.IsNotExist(err) {
+		t.Errorf("%s is still there 10 s after slimerun was killed (%v)\n%s", seg, err, out.String())
+	}
+	if !strings.Contains(out.String(), "died with its job running") {
+		t.Errorf("the guard did not say what it cleaned up:\n%s", out.String())
+	}
+}
+
+// A job killed with its launcher and the launcher's guard (SIGKILL: nobody
+// cleans up) leaves its segment in /dev/shm; the next slimerun removes it,
+// and no worker of the killed job remains.
+func TestKilledJobSwept(t *testing.T) {
+	cmd, pids, _, seg, out := startShmJob(t, "swept"+strconv.Itoa(os.Getpid()))
+	g := guardOf(cmd.Process.Pid)
+	if g == 0 {
+		t.Fatalf("slimerun (pid %d) has no guard process:\n%s", cmd.Process.Pid, out.String())
+	}
+	syscall.Kill(g, syscall.SIGKILL)
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
 	waitGone(t, pids)

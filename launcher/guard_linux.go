@@ -1,0 +1,209 @@
+package launcher
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/slimego/slimego/internal/machine"
+	"github.com/slimego/slimego/internal/shm"
+)
+
+// The guard: what is left when the launcher itself is killed.
+//
+// A worker dies with its launcher (Pdeathsig), but its children do not: a
+// launcher killed with SIGKILL (by hand, by an out-of-memory killer) can
+// stop nothing, and whatever its workers started in their process groups
+// (a script's background job, a data loader, a child that ignores
+// SIGTERM) runs on, holding memory, ports and GPUs; so do the job's
+// shared-memory segments until the next job on the host sweeps them.
+//
+// So each Run starts a guard: the same executable again (it runs from
+// this package's init when guardEnv is set), in a process group of its
+// own, ignoring the terminal's signals, that reads the launcher's list of
+// worker process groups from a pipe only the launcher holds ("+PID" when
+// a worker starts, "-PID" once the launcher has dealt with its group and
+// is about to reap it). When the pipe ends with groups still listed, the
+// launcher died without dealing with them: the guard kills what is left
+// in them (SIGKILL) and sweeps the shared memory the dead job left
+// (shm.SweepOrphans), then exits. After a clean end the list is empty and
+// it exits at once; the launcher waits for it.
+//
+// A group is signalled only while /proc shows a live member in it: the
+// kernel does not give a new process the group's id while the group has
+// members, and gives ids out in turn, so the id is still the job's.
+
+// guardEnv makes a process started from an executable that links this
+// package a guard, reading its list on stdin.
+const guardEnv = "SLIME_LAUNCHER_GUARD"
+
+// guardGrace bounds how long a guard keeps killing what is left in the
+// groups (processes that fork while being killed) before it sweeps.
+const guardGrace = 5 * time.Second
+
+func init() {
+	if os.Getenv(guardEnv) == "1" {
+		os.Exit(runGuard(os.Stdin, os.Stderr))
+	}
+}
+
+// guard is the launcher's end of the pipe to its guard process; a nil
+// guard (none could start) does nothing.
+type guard struct {
+	mu  sync.Mutex
+	w   *os.File
+	cmd *exec.Cmd
+}
+
+// startGuard starts the guard process, or returns nil and why not.
+func startGuard() (*guard, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), guardEnv+"=1")
+	cmd.Stdin, cmd.Stderr = r, os.Stderr
+	// A group of its own: a signal to the launcher's group (the
+	// terminal's ^C, a kill of the group) does not reach it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, err
+	}
+	return &guard{w: w, cmd: cmd}, nil
+}
+
+// add lists worker pid's process group; drop unlists it (the launcher has
+// dealt with it, and reaps the worker next).
+func (g *guard) add(pid int)  { g.say('+', pid) }
+func (g *guard) drop(pid int) { g.say('-', pid) }
+
+func (g *guard) say(op byte, pid int) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.w != nil {
+		// A failed write (the guard is gone) leaves the job unguarded,
+		// as it was before guards.
+		g.w.Write(append(strconv.AppendInt([]byte{op}, int64(pid), 10), '\n'))
+	}
+}
+
+// close ends the list and waits for the guard to exit (at most
+// guardGrace and a second: it has nothing to do after a clean end).
+func (g *guard) close() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	g.w.Close()
+	g.w = nil
+	g.mu.Unlock()
+	done := make(chan struct{})
+	go func() { g.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(guardGrace + time.Second):
+		g.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// runGuard is the guard process: it reads the list from in until it ends,
+// then cleans up after the groups still listed, telling errs what it did.
+// It returns the process's exit code.
+func runGuard(in io.Reader, errs io.Writer) int {
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
+	launcher := os.Getppid() // before it dies (then the parent is another)
+	var groups []int
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		l := sc.Text()
+		if len(l) < 2 {
+			continue
+		}
+		pid, err := strconv.Atoi(l[1:])
+		if err != nil || pid <= 1 {
+			continue
+		}
+		switch l[0] {
+		case '+':
+			if !slices.Contains(groups, pid) {
+				groups = append(groups, pid)
+			}
+		case '-':
+			groups = slices.DeleteFunc(groups, func(g int) bool { return g == pid })
+		}
+	}
+	if len(groups) == 0 {
+		return 0
+	}
+	killed := killGroups(groups, guardGrace)
+	removed, _ := shm.SweepOrphans()
+	if len(killed) > 0 || len(removed) > 0 {
+		fmt.Fprintf(errs, "slimerun: the launcher (pid %d) died with its job running: killed what its workers left in process groups %v (%d process(es)); removed %d shared-memory segment(s)\n",
+			launcher, groups, len(killed), len(removed))
+	}
+	return 0
+}
+
+// killGroups sends SIGKILL to each of groups that has a live member, until
+// none has one or grace has passed; it returns the pids it found alive.
+func killGroups(groups []int, grace time.Duration) []int {
+	var seen []int
+	deadline := time.Now().Add(grace)
+	for {
+		left, err := liveInGroups(groups)
+		if err != nil || len(left) == 0 {
+			return seen
+		}
+		for g, pids := range left {
+			for _, p := range pids {
+				if !slices.Contains(seen, p) {
+					seen = append(seen, p)
+				}
+			}
+			syscall.Kill(-g, syscall.SIGKILL)
+		}
+		if time.Now().After(deadline) {
+			return seen
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// liveInGroups is groupMembers with each group's leader too, when it is
+// still alive (a worker whose Pdeathsig has not ended it yet).
+func liveInGroups(groups []int) (map[int][]int, error) {
+	left, err := groupMembers(groups)
+	if err != nil {
+		return nil, err
+	}
+	for _, g := range groups {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(g) + "/stat")
+		if err != nil {
+			continue
+		}
+		if f, ok := machine.StatFields(b); ok && len(f) >= 3 && f[2] == strconv.Itoa(g) && !strings.HasPrefix(f[0], "Z") && machine.Alive(g) {
+			left[g] = append(left[g], g)
+		}
+	}
+	return left, nil
+}
