@@ -50,6 +50,12 @@ func (p *Peer) check(op string, ops []Op) (uint64, error) {
 		if o.LocalOff < 0 || o.LocalOff > o.Local.size-o.Len {
 			return 0, opErr(op, p.name, o.Local.label(), ErrInvalid, "operation %d: %d bytes at %d of a local region of %d", i, o.Len, o.LocalOff, o.Local.size)
 		}
+		if o.RemoteOff >= 0 && uint64(o.RemoteOff) > MaxLen {
+			// No region is larger (a RemoteRegion made up by the
+			// caller may say it is): the target would take such a
+			// descriptor for a broken frame and end the link.
+			return 0, opErr(op, p.name, fmt.Sprintf("%q", o.Remote.Name), ErrInvalid, "operation %d: an offset of %d, past the largest region (%d bytes)", i, o.RemoteOff, uint64(MaxLen))
+		}
 		if o.RemoteOff < 0 || uint64(o.RemoteOff) > o.Remote.Size || uint64(o.Len) > o.Remote.Size-uint64(o.RemoteOff) {
 			return 0, opErr(op, p.name, fmt.Sprintf("%q", o.Remote.Name), ErrInvalid, "operation %d: %d bytes at %d of a remote region of %d", i, o.Len, o.RemoteOff, o.Remote.Size)
 		}

@@ -365,6 +365,8 @@ func TestLocalChecks(t *testing.T) {
 	lr, _ := a.Register("l", make([]byte, 100))
 	tr, _ := b.Register("t", make([]byte, 100))
 	other, _ := b.Register("o", make([]byte, 100))
+	huge := tr.Remote()
+	huge.Size = 4 * MaxLen
 	many := make([]Op, MaxBatch+1)
 	for i := range many {
 		many[i] = Op{Local: lr, Remote: tr.Remote(), Len: 1}
@@ -382,6 +384,10 @@ func TestLocalChecks(t *testing.T) {
 		{"remote past", []Op{{Local: lr, Remote: tr.Remote(), RemoteOff: 99, Len: 2}}, `region "t": p2p: invalid argument: operation 0: 2 bytes at 99 of a remote region of 100`},
 		{"negative local", []Op{{Local: lr, LocalOff: -1, Remote: tr.Remote(), Len: 2}}, `region "l": p2p: invalid argument: operation 0: 2 bytes at -1 of a local region`},
 		{"negative remote", []Op{{Local: lr, Remote: tr.Remote(), RemoteOff: -1, Len: 2}}, `region "t": p2p: invalid argument: operation 0: 2 bytes at -1 of a remote region`},
+		// A made-up RemoteRegion larger than any region can be: an
+		// offset past MaxLen would break the protocol (the target ends
+		// the link), so it is refused here.
+		{"remote past MaxLen", []Op{{Local: lr, Remote: huge, RemoteOff: MaxLen + 1, Len: 2}}, fmt.Sprintf(`region "t": p2p: invalid argument: operation 0: an offset of %d, past the largest region`, uint64(MaxLen+1))},
 		{"nil local", []Op{{Remote: tr.Remote(), Len: 2}}, "operation 0: its local region is not this endpoint's"},
 		{"not my local", []Op{{Local: other, Remote: tr.Remote(), Len: 2}}, "operation 0: its local region is not this endpoint's"},
 	} {
@@ -392,6 +398,10 @@ func TestLocalChecks(t *testing.T) {
 	}
 	if b.Refused() != 0 {
 		t.Errorf("the peer saw %d requests", b.Refused())
+	}
+	// Nothing of the refused calls reached the link: it carries on.
+	if err := ab.Write([]Op{{Local: lr, Remote: tr.Remote(), Len: 100}}).Wait(ctx); err != nil {
+		t.Errorf("a good write after the refused ones: %v", err)
 	}
 }
 
