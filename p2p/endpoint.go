@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -331,6 +332,11 @@ func (r *Region) label() string { return fmt.Sprintf("%q", r.name) }
 func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 	if err := validName(name); err != nil {
 		return nil, &OpError{Op: "register", Region: name, Err: err}
+	}
+	if v := reflect.ValueOf(mem); v.Kind() == reflect.Pointer && v.IsNil() {
+		// A nil *Shared, *device.HostBuffer or *device.CUDABuffer: no
+		// memory to ask its size or bytes of.
+		return nil, opErr("register", "", name, ErrInvalid, "a nil %T", mem)
 	}
 	var buf []byte
 	var dev *device.CUDABuffer

@@ -1650,3 +1650,37 @@ func TestConnectGone(t *testing.T) {
 		}
 	}
 }
+
+// TestRegisterBadMemory: Register of memory that is not there (nil,
+// empty, a nil pointer of a kind it takes) fails with ErrInvalid naming
+// the region, and does not panic; the name stays free.
+func TestRegisterBadMemory(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth()})
+	for _, tc := range []struct {
+		name string
+		mem  any
+	}{
+		{"nil", nil},
+		{"empty", []byte{}},
+		{"nil slice", []byte(nil)},
+		{"nil Shared", (*Shared)(nil)},
+		{"nil HostBuffer", (*device.HostBuffer)(nil)},
+		{"nil CUDABuffer", (*device.CUDABuffer)(nil)},
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("%s: Register panicked: %v", tc.name, r)
+				}
+			}()
+			r, err := a.Register("m", tc.mem)
+			if r != nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "region m") {
+				t.Errorf("%s: Register: %v, %v; want ErrInvalid naming region m", tc.name, r, err)
+			}
+		}()
+	}
+	if _, err := a.Register("m", make([]byte, 8)); err != nil {
+		t.Errorf("the name after the refused registrations: %v", err)
+	}
+}
