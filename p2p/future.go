@@ -45,11 +45,24 @@ func failed(op, peer string, err error) *Future {
 	return f
 }
 
+// named is err as f's failure: an *OpError of f's operation (asOp) that
+// names f's remote region where err names none (the link's failure, a
+// wait cut short), so that every error of a call says what it was moving.
+func (f *Future) named(err error) error {
+	err = asOp(f.op, f.peer, err)
+	if oe, ok := err.(*OpError); ok && oe.Region == "" && f.region != "" {
+		c := *oe // the link's error is every transfer's: not changed in place
+		c.Region = f.region
+		return &c
+	}
+	return err
+}
+
 func (f *Future) partDone(err error) {
 	if err != nil {
 		f.mu.Lock()
 		if f.err == nil {
-			f.err = asOp(f.op, f.peer, err)
+			f.err = f.named(err)
 		}
 		parts := f.parts
 		f.mu.Unlock()
@@ -158,7 +171,7 @@ func (f *Future) end(cause error) {
 	if cause == context.DeadlineExceeded {
 		sentinel = ErrTimeout
 	}
-	err := opErr(f.op, f.peer, "", sentinel, "the wait ended: %v", cause)
+	err := opErr(f.op, f.peer, f.region, sentinel, "the wait ended: %v", cause)
 	for _, p := range f.parts {
 		p.finish(err)
 	}

@@ -201,7 +201,7 @@ func (l *link) register(parts []*part, m map[uint64]*part) *Future {
 	if l.err != nil {
 		err := l.err
 		l.mu.Unlock()
-		return failed(f.op, f.peer, err)
+		return failed(f.op, f.peer, f.named(err))
 	}
 	for _, pt := range parts {
 		pt.id = l.nextID
