@@ -817,9 +817,25 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 		if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 			dl = d
 		}
-		if err := auth.Connect(tc, e.key, purpose, dl); err != nil {
+		// The handshake waits on the socket's deadline alone: a cancel of
+		// ctx (which has no deadline of its own) cuts it short at once.
+		stop := context.AfterFunc(ctx, func() { tc.SetDeadline(time.Unix(1, 0)) })
+		// failed is the error of a step of the handshake that failed
+		// with err: sentinel, unless ctx ended meanwhile or the peer
+		// said nothing within the deadline (a process stopped or stuck,
+		// whose kernel still accepts its connections).
+		failed := func(sentinel, err error, format string, args ...any) error {
+			stop()
 			closeAll()
-			return opErr("connect", in.name, "", ErrRefused, "%s: %v", addr, err)
+			if ctx.Err() != nil {
+				sentinel = ended(ctx)
+			} else if errors.Is(err, os.ErrDeadlineExceeded) {
+				sentinel = ErrTimeout
+			}
+			return opErr("connect", in.name, "", sentinel, format, args...)
+		}
+		if err := auth.Connect(tc, e.key, purpose, dl); err != nil {
+			return failed(ErrRefused, err, "%s: %v", addr, err)
 		}
 		h := header{kind: kHello, id: session, a: uint64(ch), b: uint32(n), payload: uint32(helloFixed + len(e.opts.Name))}
 		var b [HeaderSize + helloFixed + MaxName]byte
@@ -829,12 +845,14 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 		copy(b[HeaderSize+helloFixed:], e.opts.Name)
 		tc.SetDeadline(dl)
 		if _, err := tc.Write(b[:HeaderSize+helloFixed+len(e.opts.Name)]); err != nil {
-			closeAll()
-			return opErr("connect", in.name, "", ErrPeerLost, "hello to %s: %v", addr, err)
+			return failed(ErrPeerLost, err, "hello to %s: %v", addr, err)
 		}
 		if _, err := readFull(tc, b[:HeaderSize]); err != nil {
+			return failed(ErrPeerLost, err, "hello's answer from %s: %v", addr, err)
+		}
+		if !stop() { // ctx ended as the answer came: its deadline may be set
 			closeAll()
-			return opErr("connect", in.name, "", ErrPeerLost, "hello's answer from %s: %v", addr, err)
+			return opErr("connect", in.name, "", ended(ctx), "%s: the handshake was cut short", addr)
 		}
 		ah, err := decodeHeader(b[:HeaderSize])
 		if err == nil && ah.kind != kHelloAck {

@@ -2671,3 +2671,72 @@ func TestPeerImm(t *testing.T) {
 		t.Fatalf("%d queues of %d immediates left after all were taken", len(a.imms), a.immN)
 	}
 }
+
+// stalledAcceptor listens and holds every connection without a word
+// (auth false), or after the acceptor's side of the handshake (auth
+// true), as a peer whose process is stopped or stuck does (the kernel
+// still accepts its connections).
+func stalledAcceptor(t *testing.T, proven bool) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+			if proven {
+				go auth.Accept(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second))
+			}
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestConnectStalledPeer: Connect to a peer that accepts the connection
+// and then says nothing (in the handshake, or in answer to the hello)
+// ends when its context does, with ErrTimeout at its deadline and
+// ErrCancelled at once when it is cancelled, or with ErrTimeout at
+// HandshakeTimeout; the error names the peer.
+func TestConnectStalledPeer(t *testing.T) {
+	ctx := ctxT(t, 30*time.Second)
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 2, HandshakeTimeout: 4 * time.Second})
+	short := endpoint(t, ctx, Options{Name: "s", Auth: testAuth(), Channels: 2, HandshakeTimeout: 300 * time.Millisecond})
+	for _, tc := range []struct {
+		how    string
+		e      *Endpoint
+		proven bool
+		ctx    func() (context.Context, context.CancelFunc)
+		want   error
+	}{
+		{"deadline in the handshake", a, false, func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 300*time.Millisecond) }, ErrTimeout},
+		{"deadline in the hello", a, true, func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 300*time.Millisecond) }, ErrTimeout},
+		{"cancel in the handshake", a, false, func() (context.Context, context.CancelFunc) {
+			c, cancel := context.WithCancel(ctx)
+			time.AfterFunc(300*time.Millisecond, cancel)
+			return c, cancel
+		}, ErrCancelled},
+		{"cancel in the hello", a, true, func() (context.Context, context.CancelFunc) {
+			c, cancel := context.WithCancel(ctx)
+			time.AfterFunc(300*time.Millisecond, cancel)
+			return c, cancel
+		}, ErrCancelled},
+		{"HandshakeTimeout", short, false, func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 10*time.Second) }, ErrTimeout},
+		{"HandshakeTimeout in the hello", short, true, func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 10*time.Second) }, ErrTimeout},
+	} {
+		in := info{name: "stalled", addr: stalledAcceptor(t, tc.proven)}
+		cctx, cancel := tc.ctx()
+		t0 := time.Now()
+		_, err := tc.e.ConnectInfo(cctx, in.encode())
+		took := time.Since(t0)
+		cancel()
+		if !errors.Is(err, tc.want) || !isOp(err, "connect", "stalled") || took > 2*time.Second {
+			t.Errorf("%s: %v after %v; want %v naming the peer, within 2 s", tc.how, err, took, tc.want)
+		}
+	}
+}
