@@ -1003,6 +1003,9 @@ func (e *Endpoint) acceptLoop() {
 }
 
 func (pl *pendingLink) close() {
+	if pl.timer != nil {
+		pl.timer.Stop()
+	}
 	for _, c := range pl.conns {
 		if c != nil {
 			c.Close()
@@ -1018,6 +1021,7 @@ type pendingLink struct {
 	conns []*net.TCPConn
 	n     int
 	at    time.Time
+	timer *time.Timer // drops the session if it never completes
 }
 
 // greet runs the acceptor's side of one connection: the handshake, the
@@ -1080,6 +1084,19 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 	if pl == nil {
 		pl = &pendingLink{name: name, conns: make([]*net.TCPConn, h.b), at: time.Now(), hb: peerHB, pid: peerPid}
 		pending[h.id] = pl
+		// A session whose other channels never come (its connector gave
+		// up when this end answered "dup" on a later one, or died) is
+		// dropped then, its connections closed, as the sweep below does
+		// when another hello comes: none may.
+		id := h.id
+		pl.timer = time.AfterFunc(2*e.opts.HandshakeTimeout, func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if pending[id] == pl {
+				pl.close()
+				delete(pending, id)
+			}
+		})
 	}
 	for id, q := range pending { // forget sessions that never completed
 		if time.Since(q.at) > 2*e.opts.HandshakeTimeout {
@@ -1110,6 +1127,7 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 		return
 	}
 	delete(pending, h.id)
+	pl.timer.Stop()
 	mu.Unlock()
 	e.mu.Lock()
 	p = e.peers[name]

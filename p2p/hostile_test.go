@@ -2740,3 +2740,26 @@ func TestConnectStalledPeer(t *testing.T) {
 		}
 	}
 }
+
+// TestPartialSessionDropped: a session whose connector sent the hellos
+// of some of its channels and never the rest (it gave up when the other
+// end answered "dup" on a later one, or it died) is dropped, its
+// connections closed, about twice HandshakeTimeout later, even when no
+// other hello comes to sweep it.
+func TestPartialSessionDropped(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth(), HandshakeTimeout: 200 * time.Millisecond})
+	c := member(t, b, helloFrame(7, 0, 4, 20000, 0, "half"), 0) // channel 0 of 4, and no more
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var buf [64]byte
+	for {
+		_, err := c.Read(buf[:])
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatal("the endpoint still holds the connection of a session that never completed, 5 s later")
+		}
+		break
+	}
+}
