@@ -910,8 +910,12 @@ func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, pid uint32, peerHB uin
 	}
 	hb := e.opts.Heartbeat
 	if peerHB > 0 {
-		hb = max(min(hb, time.Duration(peerHB)*time.Millisecond), minHeartbeat)
+		hb = min(hb, time.Duration(peerHB)*time.Millisecond)
 	}
+	// A peer that proposes none (0 ms, which no honest one sends) does
+	// not lift the floor: a heartbeat of a few nanoseconds would stop
+	// the pings (a ticker of a quarter of it panics).
+	hb = max(hb, minHeartbeat)
 	p.l = newLink(e, p, conns, hb)
 	p.l.peerPid = pid
 	p.dialing = false

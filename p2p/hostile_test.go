@@ -2763,3 +2763,21 @@ func TestPartialSessionDropped(t *testing.T) {
 		break
 	}
 }
+
+// TestHeartbeatFloor: a link's heartbeat is at least minHeartbeat
+// whatever the two ends' are, also where the peer's hello proposes none
+// (0 ms, which no honest peer sends): an Options.Heartbeat below it is
+// raised to it, and a heartbeat of a few nanoseconds cannot stop the
+// link's pings (a ticker of a quarter of it).
+func TestHeartbeatFloor(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	for _, peerMS := range []uint32{0, 1, 20000} {
+		b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth(), Heartbeat: 2})
+		name := fmt.Sprint("hb", peerMS)
+		member(t, b, helloFrame(5, 0, 1, peerMS, 0, name), 0)
+		eventually(t, "the link", func() bool { return b.Peer(name) != nil })
+		if hb := b.Peer(name).l.hb; hb != minHeartbeat {
+			t.Errorf("a peer proposing %d ms to an endpoint of 2 ns: a heartbeat of %v, want %v", peerMS, hb, minHeartbeat)
+		}
+	}
+}
