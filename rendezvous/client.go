@@ -160,6 +160,11 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 		}
 		deadline = time.Now().Add(t)
 	}
+	if len(req.Keys) > MaxCallKeys {
+		// Nothing is sent: a count cut to the wire's 16 bits would be a
+		// malformed frame, and the store would hang up.
+		return message{}, fmt.Errorf("%w: %s on %d keys at %s: a call names at most %d", ErrBadRequest, op(req.Code), len(req.Keys), c.addr, MaxCallKeys)
+	}
 	left := time.Until(deadline)
 	if left <= 0 {
 		// Nothing is sent: the connection stays usable (a socket
@@ -325,6 +330,9 @@ func (e *MissingError) Unwrap() error { return e.Err }
 // every member has. If the wait fails it returns a *MissingError naming the
 // members that never arrived.
 func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
+	if size > MaxCallKeys {
+		return fmt.Errorf("%w: barrier %q of %d members at %s: a barrier waits for at most %d", ErrBadRequest, name, size, c.addr, MaxCallKeys)
+	}
 	base := name + "/"
 	if err := c.Set(ctx, base+strconv.Itoa(me), nil); err != nil {
 		return err
