@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/slimego/slimego/internal/auth"
@@ -64,7 +63,9 @@ type Client struct {
 	// when zero.
 	Timeout time.Duration
 
-	mu     sync.Mutex
+	// lock is held (full) by the call or Close that uses the
+	// connection: a call waits for it no longer than its deadline.
+	lock   chan struct{}
 	conn   net.Conn
 	r      *bufio.Reader
 	buf    []byte
@@ -109,7 +110,7 @@ func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 			}
 			herr := auth.Connect(conn, a.key(), purpose, hs)
 			if herr == nil {
-				return &Client{addr: addr, conn: conn, r: bufio.NewReader(conn)}, nil
+				return &Client{addr: addr, lock: make(chan struct{}, 1), conn: conn, r: bufio.NewReader(conn)}, nil
 			}
 			conn.Close()
 			if errors.Is(herr, auth.ErrRefused) {
@@ -140,8 +141,8 @@ func (c *Client) Addr() string { return c.addr }
 
 // Close closes the connection.
 func (c *Client) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock <- struct{}{}
+	defer func() { <-c.lock }()
 	if c.broken == ErrClosed {
 		return nil
 	}
@@ -171,11 +172,22 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 		// deadline already past would fail the write and give it up).
 		return message{}, fmt.Errorf("%w: %s %q at %s", ErrTimeout, op(req.Code), req.Keys, c.addr)
 	}
+	// Another call may hold the connection (a Get blocked on its key):
+	// wait for it until this call's deadline, no longer.
+	if err := c.acquire(ctx, left); err != nil {
+		if err == context.Canceled {
+			return message{}, fmt.Errorf("rendezvous: %s %q at %s: %w", op(req.Code), req.Keys, c.addr, err)
+		}
+		return message{}, fmt.Errorf("%w: %s %q at %s: another call held the connection past the deadline", ErrTimeout, op(req.Code), req.Keys, c.addr)
+	}
+	defer func() { <-c.lock }()
+	if left = time.Until(deadline); left <= 0 {
+		// As above: nothing sent, the connection kept.
+		return message{}, fmt.Errorf("%w: %s %q at %s", ErrTimeout, op(req.Code), req.Keys, c.addr)
+	}
 	if blocking {
 		req.TimeoutMS = uint32(min(max(left.Milliseconds(), 1), 1<<31))
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.broken != nil {
 		return message{}, c.broken
 	}
@@ -239,6 +251,29 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 	// The response aliases c.buf; copy what outlives the lock.
 	resp.Value = append([]byte(nil), resp.Value...)
 	return resp, nil
+}
+
+// acquire takes c.lock for a call, waiting at most left, or until ctx
+// ends: ErrTimeout, or context.Canceled where ctx was cancelled.
+func (c *Client) acquire(ctx context.Context, left time.Duration) error {
+	select {
+	case c.lock <- struct{}{}:
+		return nil
+	default:
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case c.lock <- struct{}{}:
+		return nil
+	case <-t.C:
+		return ErrTimeout
+	case <-ctx.Done():
+		if ctx.Err() == context.Canceled {
+			return context.Canceled
+		}
+		return ErrTimeout
+	}
 }
 
 // answerSlack is how long past its deadline a call waits for the server's
