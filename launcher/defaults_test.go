@@ -102,6 +102,14 @@ func TestConfigDefaults(t *testing.T) {
 		// With 2 cores the limits are 2×: on 1 core a * turned / would not show.
 		{name: "128 workers on 2 cores", cfg: Config{NProcPerNode: 2 * MaxWorkersPerCore}, cores: 2},
 		{name: "129 workers on 2 cores", cfg: Config{NProcPerNode: 2*MaxWorkersPerCore + 1}, cores: 2, bad: "--force"},
+		// The store's barriers wait for at most MaxWorkers members: more
+		// nodes or workers crashed the launcher (a barrier's slice of
+		// that many keys) or failed it "connection lost".
+		{name: "most nodes", cfg: Config{NNodes: MaxWorkers, MasterAddr: "x"}},
+		{name: "nodes past the barrier", cfg: Config{NNodes: MaxWorkers + 1, MasterAddr: "x"}, bad: "--nnodes 65536: a job runs at most 65535 nodes"},
+		{name: "workers past the barrier", cfg: Config{NNodes: 2, NProcPerNode: 40000, MasterAddr: "x", Force: true}, bad: "--nnodes 2 × --nproc-per-node 40000 workers: a job runs at most 65535"},
+		{name: "workers past the barrier on one node", cfg: Config{NProcPerNode: 1 << 40, Force: true}, bad: "a job runs at most 65535 workers"},
+		{name: "workers overflow", cfg: Config{NNodes: 1 << 62, NProcPerNode: 4, MasterAddr: "x"}, bad: "--nnodes 4611686018427387904: a job runs at most"},
 		{name: "secret from the environment", cfg: Config{Env: []string{"SLIME_JOB_SECRET=s3"}},
 			check: func(t *testing.T, c Config) {
 				if string(c.JobSecret) != "s3" {

@@ -153,6 +153,12 @@ const (
 	MaxWorkersPerCore  = 64
 )
 
+// MaxWorkers bounds a job's workers, every node's together, and so its
+// nodes: the store's barriers (the launchers' of the nodes, a
+// communicator's of its ranks) wait for every member in one call, which
+// names at most rendezvous.MaxCallKeys keys.
+const MaxWorkers = rendezvous.MaxCallKeys
+
 // numCPU is runtime.NumCPU; tests replace it.
 var numCPU = runtime.NumCPU
 
@@ -265,6 +271,12 @@ func (c *Config) defaults() error {
 	}
 	if c.NProcPerNode < 1 {
 		return bad("--nproc-per-node %d", c.NProcPerNode)
+	}
+	if c.NNodes > MaxWorkers {
+		return bad("--nnodes %d: a job runs at most %d nodes (the store's barrier waits for at most %d members)", c.NNodes, MaxWorkers, MaxWorkers)
+	}
+	if c.NProcPerNode > MaxWorkers || c.NNodes*c.NProcPerNode > MaxWorkers {
+		return bad("--nnodes %d × --nproc-per-node %d workers: a job runs at most %d workers (the store's barrier waits for at most %d members)", c.NNodes, c.NProcPerNode, MaxWorkers, MaxWorkers)
 	}
 	if c.NodeRank < 0 || c.NodeRank >= c.NNodes {
 		return bad("--node-rank %d is not in [0, %d)", c.NodeRank, c.NNodes)

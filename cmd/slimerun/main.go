@@ -302,6 +302,10 @@ func parseNProc(s string) (int, error) {
 	if err != nil || n < 1 {
 		return 0, fmt.Errorf("--nproc-per-node %q: want a positive number, cpu, gpu or auto", s)
 	}
+	if n > launcher.MaxWorkers {
+		// Refused here, before --redirects and --tee make a table of n.
+		return 0, fmt.Errorf("--nproc-per-node %d: a job runs at most %d workers", n, launcher.MaxWorkers)
+	}
 	return n, nil
 }
 
