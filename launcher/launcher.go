@@ -287,6 +287,9 @@ func (c *Config) defaults() error {
 		}
 		c.MasterAddr = "127.0.0.1"
 	}
+	if c.RunID != "" && !validRunID(c.RunID) {
+		return bad("--rdzv-id %q: want at most %d letters, digits, '.', '_' or '-', without \"..\" (it names the job's shared memory and log directory)", c.RunID, maxRunID)
+	}
 	if c.MasterPort == 0 && !c.Standalone {
 		c.MasterPort = 29500
 	}
@@ -349,6 +352,17 @@ func (c *Config) defaults() error {
 		}
 	}
 	return nil
+}
+
+// maxRunID bounds a run id: the shared-memory names it starts (with the
+// attempt, the creator's pid and start time and a nonce) stay within
+// shm.MaxName.
+const maxRunID = 128
+
+// validRunID says whether id can name the job's shared memory
+// (shm.CheckName) and log directory: a plain name, never a path.
+func validRunID(id string) bool {
+	return len(id) <= maxRunID && shm.CheckName(shm.JobPrefix(id), shm.Prefix) == nil
 }
 
 // ReadSecretFile reads a job secret from the first line of path (trimmed;
