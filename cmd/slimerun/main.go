@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -66,9 +67,11 @@ func run(args []string) int {
 	redirects := fs.StringP("redirects", "r", "0", "send worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank, 0:1,1:3")
 	tee := fs.StringP("tee", "t", "0", "copy worker streams to log files as well as the console (codes as --redirects)")
 	fs.IntVar(&cfg.MaxRestarts, "max-restarts", 0, "restarts of the worker group after a failure")
-	fs.DurationVar(&cfg.MonitorInterval, "monitor-interval", 100*time.Millisecond, "how often workers are checked")
-	fs.DurationVar(&cfg.StopGrace, "stop-grace", 5*time.Second, "time between SIGTERM and SIGKILL when stopping workers")
-	fs.DurationVar(&cfg.RdzvTimeout, "rdzv-timeout", 5*time.Minute, "how long to wait for every node to join")
+	// torchrun's --monitor-interval is seconds (0.1); a Go duration works too.
+	cfg.MonitorInterval, cfg.StopGrace, cfg.RdzvTimeout = 100*time.Millisecond, 5*time.Second, 5*time.Minute
+	fs.Var((*seconds)(&cfg.MonitorInterval), "monitor-interval", "how often workers are checked (seconds, or a duration: 100ms)")
+	fs.Var((*seconds)(&cfg.StopGrace), "stop-grace", "time between SIGTERM and SIGKILL when stopping workers (seconds, or a duration)")
+	fs.Var((*seconds)(&cfg.RdzvTimeout), "rdzv-timeout", "how long to wait for every node to join (seconds, or a duration)")
 	backend := fs.String("rdzv-backend", "static", "torchrun's rendezvous backend: static or c10d (both: node 0's slimerun hosts the store)")
 	endpoint := fs.String("rdzv-endpoint", "", "host[:port] of the rendezvous store (as --master-addr and --master-port; port 29400 when left out)")
 	rdzvConf := fs.String("rdzv-conf", "", "torchrun's key=value,... rendezvous settings: timeout (or join_timeout, seconds) sets --rdzv-timeout; the others are ignored")
@@ -195,6 +198,27 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "slimerun:", err)
 		return 1
 	}
+}
+
+// seconds is a duration flag that takes torchrun's number of seconds
+// ("0.1", "5") as well as a Go duration ("100ms").
+type seconds time.Duration
+
+func (d *seconds) String() string { return time.Duration(*d).String() }
+
+func (d *seconds) Type() string { return "duration" }
+
+func (d *seconds) Set(s string) error {
+	if v, err := time.ParseDuration(s); err == nil {
+		*d = seconds(v)
+		return nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(f) || math.Abs(f) > math.MaxInt64/float64(time.Second) {
+		return errors.New(`want seconds ("0.1") or a duration ("100ms", "5m")`)
+	}
+	*d = seconds(f * float64(time.Second))
+	return nil
 }
 
 // parseEndpoint reads torchrun's --rdzv-endpoint: host, host:port,
