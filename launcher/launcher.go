@@ -421,7 +421,7 @@ type job struct {
 }
 
 // Run runs the job's workers on this node until they all exit, one fails,
-// or a SIGINT, SIGTERM or SIGHUP arrives (forwarded to every worker). It
+// or a SIGINT, SIGTERM, SIGHUP or SIGQUIT arrives (forwarded to every worker). It
 // returns nil when every worker exited 0, a *JobError naming the first
 // failure (and the rank the workers blame), a *RemoteError when a worker
 // of another node failed first (this node's workers are then stopped as
@@ -456,7 +456,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// From here on a signal is the job's to handle (it calls off the
 	// rendezvous, or stops the workers), not a silent end of the launcher.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
 	sweepOrphans(&cfg)
 	g, err := startGuard()
@@ -672,8 +672,8 @@ func (n nodeInfo) given() string {
 	return fmt.Sprintf("--nnodes %d --nproc-per-node %d", n.NNodes, n.NProcPerNode)
 }
 
-// joinInterruptible is joinNodes, called off by a SIGINT, SIGTERM or
-// SIGHUP (sigs) that arrives meanwhile: the rendezvous ends at once with
+// joinInterruptible is joinNodes, called off by a SIGINT, SIGTERM, SIGHUP or
+// SIGQUIT (sigs) that arrives meanwhile: the rendezvous ends at once with
 // ErrInterrupted, and the other nodes are told through the store (as of a
 // node that gives up), where the signal's default action would end the
 // launcher without a word and leave them waiting out the rendezvous
@@ -1147,7 +1147,7 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	// before the loop below ends (see group_linux.go).
 	// A stopped process (SIGSTOP: a debugger's, job control's) takes a
 	// signal only once continued: SIGCONT follows (the signals stop sends
-	// are SIGINT, SIGTERM, SIGHUP, SIGKILL), so that it ends now rather
+	// are SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGKILL), so that it ends now rather
 	// than at the grace's SIGKILL.
 	stop := func(sig syscall.Signal) {
 		for _, w := range workers {

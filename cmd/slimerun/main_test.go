@@ -90,7 +90,8 @@ func waitGone(t *testing.T, pids []int) {
 }
 
 func TestSignalReachesEveryWorker(t *testing.T) {
-	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+	// SIGQUIT and SIGHUP too, as torchrun forwards them.
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP} {
 		cmd, dir, out := startJob(t)
 		pids := workerPids(t, dir)
 		cmd.Process.Signal(sig)
@@ -173,7 +174,8 @@ func TestProgramArgumentsPassThrough(t *testing.T) {
 // so that the workers' exits are seen at once) is killed with their
 // process groups before slimerun exits, not left to the init process.
 func TestSignalKillsGrandchildren(t *testing.T) {
-	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+	// SIGQUIT and SIGHUP too, as torchrun forwards them.
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP} {
 		t.Run(sig.String(), func(t *testing.T) {
 			dir := t.TempDir()
 			cmd := exec.Command(slimerun, "--standalone", "--nproc-per-node", "2", "--stop-grace", "500ms", "sh", "-c",
