@@ -36,6 +36,7 @@
 package launcher
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -91,6 +92,9 @@ type Config struct {
 	// must use the same. Empty: derived from the master port, or random
 	// when standalone.
 	RunID string
+	// Role is the workers' ROLE_NAME, as torchrun's --role; empty:
+	// "default".
+	Role string
 	// JobSecret is what every connection of the job (to the store, between
 	// ranks) must prove it holds; every node must be given the same. The
 	// workers get it as SLIME_JOB_SECRET. Empty: read from Env's
@@ -1429,6 +1433,7 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 	set("LOCAL_WORLD_SIZE", itoa(cfg.NProcPerNode))
 	set("GROUP_RANK", itoa(cfg.NodeRank))
 	set("GROUP_WORLD_SIZE", itoa(cfg.NNodes))
+	set("ROLE_NAME", cmp.Or(cfg.Role, "default"))
 	set("ROLE_RANK", itoa(rank))
 	set("ROLE_WORLD_SIZE", itoa(world))
 	set("MASTER_ADDR", j.workerAddr)

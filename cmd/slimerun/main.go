@@ -79,6 +79,13 @@ func run(args []string) int {
 	fs.BoolVar(&cfg.Force, "force", false, fmt.Sprintf("run more than %d workers per core", launcher.MaxWorkersPerCore))
 	bindTo := fs.String("bind-to", "none", "core: bind local rank i to the i-th CPU this launcher may use, dealt round where workers outnumber CPUs, nodes of the job on one machine with the same CPUs dealing them as one (only where the job has the machine to itself), as mpirun binds; none: leave placement to the scheduler")
 	quiet := fs.BoolP("quiet", "q", false, "do not report the launcher's own progress")
+	// torchrun runs a Python program itself: a script with python -u,
+	// -m a module; --no-python runs the program as it is, which slimerun
+	// does for anything but a .py script.
+	module := fs.BoolP("module", "m", false, "run the program as a Python module (python3 -u -m MODULE), as torchrun's -m")
+	noPython := fs.Bool("no-python", false, "run the program as it is, a .py script too (default: a .py script runs under python3 -u, as torchrun's)")
+	fs.StringVar(&cfg.Role, "role", "default", "the workers' ROLE_NAME, as torchrun's")
+	startMethod := fs.String("start-method", "spawn", "accepted for torchrun's command lines (spawn, fork or forkserver): it picks how torchrun starts Python functions; slimerun starts programs")
 	printTopo := fs.Bool("print-topology", false, "print this machine's CPUs, GPUs (NVML: NVLink, P2P, NUMA) and GPU libraries, then run the program, if any")
 	fs.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: slimerun [flags] program [args...]\n\n%s", fs.FlagUsages())
@@ -164,7 +171,20 @@ func run(args []string) int {
 		fs.Usage()
 		return 2
 	}
+	switch *startMethod {
+	case "spawn", "fork", "forkserver":
+	default:
+		return fail("--start-method %q: want spawn, fork or forkserver", *startMethod)
+	}
 	cfg.Program, cfg.Args = fs.Arg(0), fs.Args()[1:]
+	switch {
+	case *module && *noPython:
+		return fail("--module (-m) runs a Python module, --no-python the program as it is: give one")
+	case *module:
+		cfg.Program, cfg.Args = "python3", append([]string{"-u", "-m", cfg.Program}, cfg.Args...)
+	case !*noPython && strings.HasSuffix(cfg.Program, ".py"):
+		cfg.Program, cfg.Args = "python3", append([]string{"-u", cfg.Program}, cfg.Args...)
+	}
 	if !*quiet {
 		cfg.Logf = func(format string, a ...any) { fmt.Fprintf(os.Stderr, "slimerun: "+format+"\n", a...) }
 	}

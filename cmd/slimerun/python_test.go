@@ -1,0 +1,62 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// A Python program runs as torchrun runs it: a script ending in .py (not
+// executable, no #! line) under python3 -u, -m/--module a module, and
+// --no-python runs the program as it is; ROLE_NAME is --role's
+// (torchrun's default "default"), and --start-method is accepted.
+func TestPythonPrograms(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3:", err)
+	}
+	dir := t.TempDir()
+	const body = "import os, sys\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], os.environ['ROLE_NAME'], sys.argv[1:], 'unbuffered' if sys.stdout.write_through else 'buffered')\n"
+	if err := os.WriteFile(filepath.Join(dir, "prog.py"), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "pkg"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "pkg", "__init__.py"), nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "pkg", "mod.py"), []byte(body), 0o644)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"script", []string{"prog.py", "--x", "1"}, []string{"[0]: rank 0 of 2 default ['--x', '1'] unbuffered", "[1]: rank 1 of 2 default ['--x', '1'] unbuffered"}},
+		{"module", []string{"--role", "trainer", "--start-method", "spawn", "-m", "pkg.mod", "y"}, []string{"[0]: rank 0 of 2 trainer ['y'] unbuffered", "[1]: rank 1 of 2 trainer ['y'] unbuffered"}},
+		{"no python", []string{"--no-python", "python3", "prog.py"}, []string{"[0]: rank 0 of 2 default [] buffered"}},
+		{"no_python spelling", []string{"--no_python", "python3", "-u", "prog.py"}, []string{"[1]: rank 1 of 2 default [] unbuffered"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(slimerun, append([]string{"-q", "--standalone", "--nproc-per-node", "2"}, tc.args...)...)
+			cmd.Dir = dir
+			// Unbuffered output must come from -u, not the environment.
+			cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "PYTHONUNBUFFERED=") }), "PYTHONPATH="+dir)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("want %q in:\n%s", w, out)
+				}
+			}
+		})
+	}
+	t.Run("module and no python", func(t *testing.T) {
+		out, err := exec.Command(slimerun, "--standalone", "-m", "--no-python", "pkg.mod").CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--module") {
+			t.Fatalf("%v, want exit 2 naming --module:\n%s", err, out)
+		}
+	})
+}
