@@ -1470,6 +1470,9 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 		if (redir|tee)&s.bit != 0 {
 			f, err := openLog(cfg, attempt, local, s.name)
 			if err != nil {
+				for _, f := range w.files { // the stream's before
+					f.Close()
+				}
 				return nil, err
 			}
 			w.files = append(w.files, f)

@@ -214,3 +214,23 @@ func TestRootCausePrefersSignal(t *testing.T) {
 		t.Fatalf("err = %v; want rank 2 killed by SIGKILL", err)
 	}
 }
+
+// TestLogOpenFailureClosesLogs: a worker whose stderr log cannot be made
+// (a directory of that name) fails the job, and the stdout log opened
+// just before is closed, not leaked (the launcher may run many jobs).
+func TestLogOpenFailureClosesLogs(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "logfail", "attempt_0", "0", "stderr.log"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := run(t, Config{NProcPerNode: 1, LogDir: dir, RunID: "logfail", Redirects: []Std{Stdout | Stderr}}, "true")
+	if err == nil {
+		t.Fatal("the job ran without its stderr log")
+	}
+	fds, _ := os.ReadDir("/proc/self/fd")
+	for _, fd := range fds {
+		if target, _ := os.Readlink("/proc/self/fd/" + fd.Name()); strings.HasPrefix(target, dir) {
+			t.Errorf("descriptor %s still open on %s after the job failed (%v)", fd.Name(), target, err)
+		}
+	}
+}
