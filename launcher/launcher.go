@@ -126,6 +126,10 @@ type Config struct {
 	// files only; Tee to the log files and the console. Index: local rank;
 	// ranks past the end get neither.
 	Redirects, Tee []Std
+	// ConsoleRanks, when not nil, are the local ranks whose streams reach
+	// the console (torchrun's --local-ranks-filter); the others' go to
+	// their log files only, if redirected or teed, else nowhere.
+	ConsoleRanks []int
 	// MaxRestarts is how many times a failed group is restarted.
 	MaxRestarts int
 	// MonitorInterval is how often the launcher checks its workers.
@@ -1478,7 +1482,7 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 			w.files = append(w.files, f)
 			outs = append(outs, f)
 		}
-		if redir&s.bit == 0 || tee&s.bit != 0 {
+		if (redir&s.bit == 0 || tee&s.bit != 0) && (cfg.ConsoleRanks == nil || slices.Contains(cfg.ConsoleRanks, local)) {
 			pw := &prefixWriter{mu: consoleMu, out: s.console, prefix: prefix}
 			w.consoles = append(w.consoles, pw)
 			outs = append(outs, pw)

@@ -66,6 +66,7 @@ func run(args []string) int {
 	fs.StringVar(&cfg.LogDir, "log-dir", "", "directory for redirected and teed worker output")
 	redirects := fs.StringP("redirects", "r", "0", "send worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank, 0:1,1:3")
 	tee := fs.StringP("tee", "t", "0", "copy worker streams to log files as well as the console (codes as --redirects)")
+	ranksFilter := fs.String("local-ranks-filter", "", "only these local ranks' streams reach the console, e.g. 0 or 0,2 (torchrun's); the others' still go to their log files with --redirects or --tee")
 	fs.IntVar(&cfg.MaxRestarts, "max-restarts", 0, "restarts of the worker group after a failure")
 	// torchrun's --monitor-interval is seconds (0.1); a Go duration works too.
 	cfg.MonitorInterval, cfg.StopGrace, cfg.RdzvTimeout = 100*time.Millisecond, 5*time.Second, 5*time.Minute
@@ -134,6 +135,16 @@ func run(args []string) int {
 	}
 	if cfg.Tee, err = parseStd(*tee, cfg.NProcPerNode); err != nil {
 		return fail("--tee: %v", err)
+	}
+	if fs.Changed("local-ranks-filter") {
+		cfg.ConsoleRanks = []int{}
+		for part := range strings.SplitSeq(*ranksFilter, ",") {
+			r, err := strconv.Atoi(strings.TrimSpace(part))
+			if err != nil || r < 0 || r >= cfg.NProcPerNode {
+				return fail("--local-ranks-filter %q: %q is not a local rank of 0 to %d", *ranksFilter, part, cfg.NProcPerNode-1)
+			}
+			cfg.ConsoleRanks = append(cfg.ConsoleRanks, r)
+		}
 	}
 	switch *bindTo {
 	case "none":

@@ -60,3 +60,26 @@ func TestPythonPrograms(t *testing.T) {
 		}
 	})
 }
+
+// --local-ranks-filter, as torchrun's: only the listed local ranks reach
+// the console; a teed rank's log still gets its lines; a rank the node
+// does not run is refused.
+func TestLocalRanksFilter(t *testing.T) {
+	dir := t.TempDir()
+	out, err := exec.Command(slimerun, "-q", "--standalone", "--nproc-per-node", "3", "--local-ranks-filter", "0,2",
+		"--tee", "1", "--log-dir", dir, "--rdzv-id", "filter", "sh", "-c", `echo "hello from $RANK"`).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "[0]: hello from 0") || !strings.Contains(string(out), "[2]: hello from 2") || strings.Contains(string(out), "hello from 1") {
+		t.Fatalf("want ranks 0 and 2 on the console, not 1:\n%s", out)
+	}
+	log, err := os.ReadFile(filepath.Join(dir, "filter", "attempt_0", "1", "stdout.log"))
+	if err != nil || !strings.Contains(string(log), "hello from 1") {
+		t.Fatalf("rank 1's teed log: %q, %v", log, err)
+	}
+	out, err = exec.Command(slimerun, "--standalone", "--nproc-per-node", "2", "--local-ranks-filter", "0,2", "true").CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--local-ranks-filter") {
+		t.Fatalf("%v, want exit 2 naming --local-ranks-filter:\n%s", err, out)
+	}
+}
