@@ -83,3 +83,26 @@ func TestLocalRanksFilter(t *testing.T) {
 		t.Fatalf("%v, want exit 2 naming --local-ranks-filter:\n%s", err, out)
 	}
 }
+
+// An unmodified torch.distributed script given as torchrun is given it
+// (slimerun train.py): it runs under the python3 on PATH, here Debian's,
+// which has torch.
+func TestTorchScript(t *testing.T) {
+	const py = "/usr/bin/python3"
+	if out, err := exec.Command(py, "-c", "import torch.distributed").CombinedOutput(); err != nil {
+		if os.Getenv("SLIME_REQUIRE_TORCH") == "1" {
+			t.Fatalf("SLIME_REQUIRE_TORCH=1 but %s cannot import torch: %v\n%s", py, err, out)
+		}
+		t.Skipf("no torch for %s: %v", py, err)
+	}
+	script, err := filepath.Abs("../../launcher/testdata/torch_allgather.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(slimerun, "-q", "--standalone", "--nproc-per-node", "2", script, "5")
+	cmd.Env = append(os.Environ(), "PATH=/usr/bin:"+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "PASS rank 0") || !strings.Contains(string(out), "PASS rank 1") {
+		t.Fatalf("%v, want PASS from ranks 0 and 1:\n%s", err, out)
+	}
+}
