@@ -2,6 +2,7 @@ package shm
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"regexp"
 	"strconv"
@@ -35,10 +36,21 @@ func ownerTag() (string, error) {
 // startTime reads field 22 of /proc/<pid>/stat. The second field, the
 // command name, may hold spaces and parentheses, so fields are counted
 // from the last ')'.
+//
+// A process that has exited but is not reaped yet (a zombie, as a killed
+// launcher's workers are until init reaps them) counts as gone: an error
+// for which os.IsNotExist holds. It holds no files, and its pid is not
+// given out again until it is reaped. A zombie whose other threads still
+// run (machine.Alive) is alive.
 func startTime(pid string) (uint64, error) {
 	b, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
 		return 0, err
+	}
+	if f, ok := machine.StatFields(b); ok && len(f) > 0 && f[0] == "Z" {
+		if n, err := strconv.Atoi(pid); err == nil && !machine.Alive(n) {
+			return 0, fs.ErrNotExist
+		}
 	}
 	return parseStartTime(pid, b)
 }

@@ -13,10 +13,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/machine"
 )
 
-// testPrefix starts every name these tests make, so that leftovers are
-// recognisable (and swept: the test process is their owner).
 // testPrefix starts the names a test makes: under testSweepPrefix, which
 // only this package's sweeps look at, so that tests of other packages
 // running at the same time (whose Init sweeps /dev/shm) leave them alone.
@@ -93,13 +93,21 @@ func TestSweepOrphansKilledCreator(t *testing.T) {
 		t.Fatalf("segment %s of a live process removed", name)
 	}
 	cmd.Process.Signal(syscall.SIGKILL)
-	cmd.Wait() // reaped: its pid no longer exists
+	// Not reaped yet (a zombie, as the child of a killed launcher is until
+	// init reaps it): it holds nothing and its pid is not given out again,
+	// so it is gone.
+	for deadline := time.Now().Add(10 * time.Second); machine.Alive(cmd.Process.Pid); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the killed child did not become a zombie")
+		}
+	}
 	removed, err = SweepOrphans()
+	cmd.Wait()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Contains(removed, name) || exists(name) {
-		t.Fatalf("segment %s of a killed process not removed (removed %v)", name, removed)
+		t.Fatalf("segment %s of a killed, unreaped process not removed (removed %v)", name, removed)
 	}
 }
 
