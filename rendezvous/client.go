@@ -170,20 +170,25 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 	if left <= 0 {
 		// Nothing is sent: the connection stays usable (a socket
 		// deadline already past would fail the write and give it up).
-		return message{}, fmt.Errorf("%w: %s %q at %s", ErrTimeout, op(req.Code), req.Keys, c.addr)
+		return message{}, fmt.Errorf("%w: %s %s at %s", ErrTimeout, op(req.Code), keysText(req.Keys), c.addr)
 	}
 	// Another call may hold the connection (a Get blocked on its key):
 	// wait for it until this call's deadline, no longer.
 	if err := c.acquire(ctx, left); err != nil {
 		if err == context.Canceled {
-			return message{}, fmt.Errorf("rendezvous: %s %q at %s: %w", op(req.Code), req.Keys, c.addr, err)
+			return message{}, fmt.Errorf("rendezvous: %s %s at %s: %w", op(req.Code), keysText(req.Keys), c.addr, err)
 		}
-		return message{}, fmt.Errorf("%w: %s %q at %s: another call held the connection past the deadline", ErrTimeout, op(req.Code), req.Keys, c.addr)
+		return message{}, fmt.Errorf("%w: %s %s at %s: another call held the connection past the deadline", ErrTimeout, op(req.Code), keysText(req.Keys), c.addr)
 	}
 	defer func() { <-c.lock }()
 	if left = time.Until(deadline); left <= 0 {
 		// As above: nothing sent, the connection kept.
-		return message{}, fmt.Errorf("%w: %s %q at %s", ErrTimeout, op(req.Code), req.Keys, c.addr)
+		return message{}, fmt.Errorf("%w: %s %s at %s", ErrTimeout, op(req.Code), keysText(req.Keys), c.addr)
+	}
+	if err := ctx.Err(); err == context.Canceled {
+		// Cancelled before anything was sent: the connection is kept
+		// (cancelled mid-call it could not be).
+		return message{}, fmt.Errorf("rendezvous: %s %s at %s: %w", op(req.Code), keysText(req.Keys), c.addr, err)
 	}
 	if blocking {
 		req.TimeoutMS = uint32(min(max(left.Milliseconds(), 1), 1<<31))
@@ -227,7 +232,7 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 			// The connection is mid-frame: it cannot be reused.
 			c.broken = fmt.Errorf("%w: %s: an earlier call was cancelled", ErrConnLost, c.addr)
 			c.conn.Close()
-			return message{}, fmt.Errorf("rendezvous: %s %q at %s: %w", op(req.Code), req.Keys, c.addr, ctx.Err())
+			return message{}, fmt.Errorf("rendezvous: %s %s at %s: %w", op(req.Code), keysText(req.Keys), c.addr, ctx.Err())
 		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, errMalformed) {
 			err = errServerClosed
@@ -238,15 +243,15 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 	}
 	switch resp.Code {
 	case statusTimeout:
-		return resp, fmt.Errorf("%w: %s %q at %s after %v", ErrTimeout, op(req.Code), req.Keys, c.addr, time.Duration(req.TimeoutMS)*time.Millisecond)
+		return resp, fmt.Errorf("%w: %s %s at %s after %v", ErrTimeout, op(req.Code), keysText(req.Keys), c.addr, time.Duration(req.TimeoutMS)*time.Millisecond)
 	case statusBadRequest:
-		return resp, fmt.Errorf("%w: %s %q at %s: %s", ErrBadRequest, op(req.Code), req.Keys, c.addr, resp.Value)
+		return resp, fmt.Errorf("%w: %s %s at %s: %s", ErrBadRequest, op(req.Code), keysText(req.Keys), c.addr, resp.Value)
 	case statusAborted:
 		ae := &AbortError{Rank: int(resp.N), Reason: string(resp.Value)}
 		if len(resp.Keys) == 1 {
 			ae.Prefix = resp.Keys[0]
 		}
-		return resp, fmt.Errorf("rendezvous: %s %q at %s: %w", op(req.Code), req.Keys, c.addr, ae)
+		return resp, fmt.Errorf("rendezvous: %s %s at %s: %w", op(req.Code), keysText(req.Keys), c.addr, ae)
 	}
 	// The response aliases c.buf; copy what outlives the lock.
 	resp.Value = append([]byte(nil), resp.Value...)
@@ -313,15 +318,83 @@ func (c *Client) CompareAndSet(ctx context.Context, key string, expected, desire
 }
 
 // Wait blocks until every key exists or ctx's deadline passes ([ErrTimeout]).
+// Keys that one frame cannot carry (more than MaxCallKeys, or more bytes
+// than a frame's key list holds) are waited for a frame's worth at a time,
+// all within the one deadline.
 func (c *Client) Wait(ctx context.Context, keys ...string) error {
-	_, err := c.call(ctx, &message{Code: uint8(opWait), Keys: keys}, true)
-	return err
+	if frameKeys(keys) == len(keys) {
+		_, err := c.call(ctx, &message{Code: uint8(opWait), Keys: keys}, true)
+		return err
+	}
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	for len(keys) > 0 {
+		n := frameKeys(keys)
+		if _, err := c.call(ctx, &message{Code: uint8(opWait), Keys: keys[:n]}, true); err != nil {
+			return err
+		}
+		keys = keys[n:]
+	}
+	return nil
 }
 
-// Check reports whether every key exists, without waiting.
+// Check reports whether every key exists, without waiting (a frame's worth
+// of keys at a time, as Wait).
 func (c *Client) Check(ctx context.Context, keys ...string) (bool, error) {
-	resp, err := c.call(ctx, &message{Code: uint8(opCheck), Keys: keys}, false)
-	return err == nil && resp.Code == statusOK, err
+	if frameKeys(keys) == len(keys) {
+		resp, err := c.call(ctx, &message{Code: uint8(opCheck), Keys: keys}, false)
+		return err == nil && resp.Code == statusOK, err
+	}
+	ctx, cancel := c.bounded(ctx)
+	defer cancel()
+	for len(keys) > 0 {
+		n := frameKeys(keys)
+		resp, err := c.call(ctx, &message{Code: uint8(opCheck), Keys: keys[:n]}, false)
+		if err != nil || resp.Code != statusOK {
+			return false, err
+		}
+		keys = keys[n:]
+	}
+	return true, nil
+}
+
+// bounded is ctx with the client's timeout as its deadline when it has
+// none: the frames of one Wait or Check share it.
+func (c *Client) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	t := c.Timeout
+	if t <= 0 {
+		t = DefaultTimeout
+	}
+	return context.WithTimeout(ctx, t)
+}
+
+// frameKeys is how many of keys, from the first, one frame carries: at
+// most MaxCallKeys, whose length-prefixed bytes fit half a frame's key
+// list (a key longer than a server takes goes alone, to be refused).
+func frameKeys(keys []string) int {
+	n, bytes := 0, 0
+	for n < len(keys) && n < MaxCallKeys {
+		bytes += 2 + len(keys[n])
+		if n > 0 && bytes > maxKeyListBytes/2 {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// keysText is keys for an error message: all of a few, else the first
+// ones and how many more (a barrier's wait may name thousands).
+func keysText(keys []string) string {
+	const show = 4
+	if len(keys) <= 2*show {
+		return fmt.Sprintf("%q", keys)
+	}
+	q := fmt.Sprintf("%q", keys[:show])
+	return fmt.Sprintf("%s … and %d more]", q[:len(q)-1], len(keys)-show)
 }
 
 // Delete removes key and reports whether it existed.

@@ -1,36 +1,74 @@
 package rendezvous
 
 import (
+	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
 
-// TestWaitTooManyKeys: the wire carries a frame's key count in 16 bits; a
-// Wait or Check on more keys is refused at once (ErrBadRequest, naming
-// the count) and sends nothing, so that the connection stays usable. (It
-// sent the count cut to 16 bits: the store read a malformed frame and
-// hung up, and the caller saw "connection to store lost".)
-func TestWaitTooManyKeys(t *testing.T) {
+// TestWaitManyKeys: a frame carries at most MaxCallKeys keys and
+// maxKeyListBytes of them; a Wait or Check on more (by count, or by bytes:
+// a barrier of many ranks whose keys carry a long run id) goes as several
+// frames within one deadline. (A count past 16 bits was sent cut: the
+// store read a malformed frame and hung up; a key list past its bytes was
+// refused.) An error names a few of the keys, not all of them.
+func TestWaitManyKeys(t *testing.T) {
 	_, dial := start(t)
 	c := dial()
-	keys := make([]string, 1<<16+1)
-	for i := range keys {
-		keys[i] = "k"
+	if err := c.Set(ctxT(t, 5*time.Second), "k", []byte("v")); err != nil {
+		t.Fatal(err)
 	}
-	if err := c.Wait(ctxT(t, 5*time.Second), keys...); !errors.Is(err, ErrBadRequest) {
-		t.Errorf("wait on %d keys: %v, want ErrBadRequest", len(keys), err)
+	many := make([]string, 1<<16+1)
+	for i := range many {
+		many[i] = "k"
 	}
-	if _, err := c.Check(ctxT(t, 5*time.Second), keys...); !errors.Is(err, ErrBadRequest) {
-		t.Errorf("check on %d keys: %v, want ErrBadRequest", len(keys), err)
+	if err := c.Wait(ctxT(t, 30*time.Second), many...); err != nil {
+		t.Errorf("wait on %d keys: %v", len(many), err)
 	}
-	if err := c.Barrier(ctxT(t, 5*time.Second), "b", 0, len(keys)); !errors.Is(err, ErrBadRequest) {
-		t.Errorf("barrier of %d members: %v, want ErrBadRequest", len(keys), err)
+	if ok, err := c.Check(ctxT(t, 30*time.Second), many...); !ok || err != nil {
+		t.Errorf("check on %d keys: %v %v", len(many), ok, err)
+	}
+	// 2600 keys of 4000 bytes: 10 MB, more than a frame carries.
+	long := make([]string, 2600)
+	for i := range long {
+		long[i] = strings.Repeat("x", 3990) + strconv.Itoa(1_000_000+i)
+		if err := c.Set(ctxT(t, 5*time.Second), long[i], nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Wait(ctxT(t, 30*time.Second), long...); err != nil {
+		t.Errorf("wait on %d keys of %d bytes: %v", len(long), len(long[0]), err)
+	}
+	if ok, err := c.Check(ctxT(t, 30*time.Second), append(long, "missing")...); ok || err != nil {
+		t.Errorf("check with one key missing: %v %v, want false", ok, err)
+	}
+	err := c.Wait(ctxT(t, 300*time.Millisecond), append(long, "missing")...)
+	if !errors.Is(err, ErrTimeout) || len(err.Error()) > 64<<10 || !strings.Contains(err.Error(), "more]") {
+		t.Errorf("wait with one key missing: %d bytes of error (%.200s…), want ErrTimeout naming a few keys", len(err.Error()), err)
+	}
+	if err := c.Barrier(ctxT(t, 5*time.Second), "b", 0, MaxCallKeys+1); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("barrier of %d members: %v, want ErrBadRequest", MaxCallKeys+1, err)
 	}
 	if err := c.Set(ctxT(t, 5*time.Second), "k", []byte("v")); err != nil {
-		t.Fatalf("set after the refused calls: %v", err)
+		t.Fatalf("set after: %v", err)
 	}
-	if err := c.Wait(ctxT(t, 5*time.Second), keys[:1<<16-1]...); err != nil {
-		t.Errorf("wait on %d keys, the most a frame carries: %v", 1<<16-1, err)
+}
+
+// TestCancelledBeforeSending: a call whose context is already cancelled
+// sends nothing and keeps the connection for the next call (it gave the
+// connection up as if cancelled mid-call).
+func TestCancelledBeforeSending(t *testing.T) {
+	_, dial := start(t)
+	c := dial()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := c.Set(ctx, "k", []byte("v")); !errors.Is(err, context.Canceled) {
+		t.Fatalf("set with a cancelled context: %v, want context.Canceled", err)
+	}
+	if err := c.Set(ctxT(t, 5*time.Second), "k", []byte("v")); err != nil {
+		t.Fatalf("set after a cancelled one: %v", err)
 	}
 }
