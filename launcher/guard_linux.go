@@ -28,7 +28,7 @@ import (
 // shared-memory segments until the next job on the host sweeps them.
 //
 // So each Run starts a guard: the same executable again (it runs from
-// this package's init when guardEnv is set), in a process group of its
+// this package's init, given guardArg and guardEnv), in a process group of its
 // own, ignoring the terminal's signals, that reads the launcher's list of
 // worker process groups from a pipe only the launcher holds ("+PID" when
 // a worker starts, "-PID" once the launcher has dealt with its group and
@@ -42,16 +42,21 @@ import (
 // kernel does not give a new process the group's id while the group has
 // members, and gives ids out in turn, so the id is still the job's.
 
-// guardEnv makes a process started from an executable that links this
-// package a guard, reading its list on stdin.
-const guardEnv = "SLIME_LAUNCHER_GUARD"
+// guardEnv, with guardArg as the only argument, makes a process started
+// from an executable that links this package a guard, reading its list on
+// stdin. Both: an environment that a program passes on to its children
+// alone does not turn them into guards.
+const (
+	guardEnv = "SLIME_LAUNCHER_GUARD"
+	guardArg = "-slimego-launcher-guard"
+)
 
 // guardGrace bounds how long a guard keeps killing what is left in the
 // groups (processes that fork while being killed) before it sweeps.
 const guardGrace = 5 * time.Second
 
 func init() {
-	if os.Getenv(guardEnv) == "1" {
+	if len(os.Args) == 2 && os.Args[1] == guardArg && os.Getenv(guardEnv) == "1" {
 		os.Exit(runGuard(os.Stdin, os.Stderr))
 	}
 }
@@ -64,18 +69,16 @@ type guard struct {
 	cmd *exec.Cmd
 }
 
-// startGuard starts the guard process, or returns nil and why not.
+// startGuard starts the guard process, or returns nil and why not. It
+// runs this process's own executable file (/proc/self/exe: the file that
+// was started, even if replaced or removed since).
 func startGuard() (*guard, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	cmd := exec.Command(exe)
+	cmd := exec.Command("/proc/self/exe", guardArg)
 	cmd.Env = append(os.Environ(), guardEnv+"=1")
 	cmd.Stdin, cmd.Stderr = r, os.Stderr
 	// A group of its own: a signal to the launcher's group (the

@@ -340,3 +340,14 @@ func TestStdBeyondNode(t *testing.T) {
 		t.Error("parseStd(0:1,5:9): a bad code for an absent rank was accepted")
 	}
 }
+
+// A slimerun that inherits the guard's environment variable (a guard's
+// variable passed on by some program) is still slimerun: it runs the job.
+func TestGuardEnvInherited(t *testing.T) {
+	cmd := exec.Command(slimerun, "-q", "--standalone", "sh", "-c", "echo ran")
+	cmd.Env = append(os.Environ(), "SLIME_LAUNCHER_GUARD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "[0]: ran") {
+		t.Fatalf("%v, want the job run:\n%s", err, out)
+	}
+}
