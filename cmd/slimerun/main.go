@@ -245,7 +245,9 @@ func (d *seconds) Set(s string) error {
 		return nil
 	}
 	f, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsNaN(f) || math.Abs(f) > math.MaxInt64/float64(time.Second) {
+	// 2^63 ns and past it do not fit a duration (MaxInt64 as a float64
+	// rounds up to 2^63).
+	if err != nil || math.IsNaN(f) || math.Abs(f)*float64(time.Second) >= math.MaxInt64 {
 		return errors.New(`want seconds ("0.1") or a duration ("100ms", "5m")`)
 	}
 	*d = seconds(f * float64(time.Second))

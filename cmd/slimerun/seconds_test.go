@@ -27,6 +27,8 @@ func TestDurationsInSeconds(t *testing.T) {
 		{[]string{"--monitor-interval", "NaN"}, `invalid argument "NaN" for "--monitor-interval"`},
 		{[]string{"--stop-grace", "Inf"}, `invalid argument "Inf" for "--stop-grace"`},
 		{[]string{"--rdzv-timeout", "1e300"}, `invalid argument "1e300" for "--rdzv-timeout"`},
+		// Rounds to 2^63 ns, one past the largest duration.
+		{[]string{"--rdzv-timeout", "9223372036.8547758"}, `invalid argument "9223372036.8547758" for "--rdzv-timeout"`},
 		{[]string{"--rdzv-timeout", "soon"}, `invalid argument "soon" for "--rdzv-timeout"`},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
