@@ -818,8 +818,10 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 			dl = d
 		}
 		// The handshake waits on the socket's deadline alone: a cancel of
-		// ctx (which has no deadline of its own) cuts it short at once.
-		stop := context.AfterFunc(ctx, func() { tc.SetDeadline(time.Unix(1, 0)) })
+		// ctx (which has no deadline of its own) cuts it short at once by
+		// closing the socket (a past deadline would not do: the handshake
+		// sets and clears deadlines of its own).
+		stop := context.AfterFunc(ctx, func() { tc.Close() })
 		// failed is the error of a step of the handshake that failed
 		// with err: sentinel, unless ctx ended meanwhile or the peer
 		// said nothing within the deadline (a process stopped or stuck,
