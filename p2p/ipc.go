@@ -278,9 +278,9 @@ func (c *conn) ipcGranted(h header, p *part) error {
 }
 
 // ipcChunk is the most one device copy of ipcCopy moves. Each copy is
-// enqueued and then waited for, a fixed cost of some microseconds that a
-// chunk of process_vm's size (cmaChunk) would pay for every few
-// microseconds of copying between device memories; a cancelled transfer
+// enqueued and then waited for, a fixed cost per call, which chunks of
+// process_vm's size (cmaChunk) would pay sixteen times for 64 MiB of
+// device memory that copies in tens of microseconds; a cancelled transfer
 // waits for at most one chunk's copy (under a millisecond over NVLink,
 // some milliseconds over PCIe). A variable so that tests cross chunks
 // with small regions.
