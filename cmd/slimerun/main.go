@@ -192,9 +192,9 @@ func run(args []string) int {
 	case *module && *noPython:
 		return fail("--module (-m) runs a Python module, --no-python the program as it is: give one")
 	case *module:
-		cfg.Program, cfg.Args = "python3", append([]string{"-u", "-m", cfg.Program}, cfg.Args...)
+		cfg.Program, cfg.Args = python(), append([]string{"-u", "-m", cfg.Program}, cfg.Args...)
 	case !*noPython && strings.HasSuffix(cfg.Program, ".py"):
-		cfg.Program, cfg.Args = "python3", append([]string{"-u", cfg.Program}, cfg.Args...)
+		cfg.Program, cfg.Args = python(), append([]string{"-u", cfg.Program}, cfg.Args...)
 	}
 	if !*quiet {
 		cfg.Logf = func(format string, a ...any) { fmt.Fprintf(os.Stderr, "slimerun: "+format+"\n", a...) }
@@ -229,6 +229,15 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "slimerun:", err)
 		return 1
 	}
+}
+
+// python is the interpreter of a Python program: PYTHON_EXEC, as
+// torchrun reads it, else the python3 on PATH.
+func python() string {
+	if p := os.Getenv("PYTHON_EXEC"); p != "" {
+		return p
+	}
+	return "python3"
 }
 
 // seconds is a duration flag that takes torchrun's number of seconds

@@ -11,7 +11,8 @@ import (
 
 // A Python program runs as torchrun runs it: a script ending in .py (not
 // executable, no #! line) under python3 -u, -m/--module a module, and
-// --no-python runs the program as it is; ROLE_NAME is --role's
+// --no-python runs the program as it is, PYTHON_EXEC names the
+// interpreter; ROLE_NAME is --role's
 // (torchrun's default "default"), and --start-method is accepted.
 func TestPythonPrograms(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
@@ -27,6 +28,7 @@ func TestPythonPrograms(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(dir, "pkg", "__init__.py"), nil, 0o644)
 	os.WriteFile(filepath.Join(dir, "pkg", "mod.py"), []byte(body), 0o644)
+	os.WriteFile(filepath.Join(dir, "wrapped-python"), []byte("#!/bin/sh\necho wrapped\nexec python3 \"$@\"\n"), 0o755)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -35,6 +37,7 @@ func TestPythonPrograms(t *testing.T) {
 		{"script", []string{"prog.py", "--x", "1"}, []string{"[0]: rank 0 of 2 default ['--x', '1'] unbuffered", "[1]: rank 1 of 2 default ['--x', '1'] unbuffered"}},
 		{"module", []string{"--role", "trainer", "--start-method", "spawn", "-m", "pkg.mod", "y"}, []string{"[0]: rank 0 of 2 trainer ['y'] unbuffered", "[1]: rank 1 of 2 trainer ['y'] unbuffered"}},
 		{"no python", []string{"--no-python", "python3", "prog.py"}, []string{"[0]: rank 0 of 2 default [] buffered"}},
+		{"PYTHON_EXEC", []string{"prog.py"}, []string{"[0]: wrapped", "[1]: rank 1 of 2 default [] unbuffered"}},
 		{"no_python spelling", []string{"--no_python", "python3", "-u", "prog.py"}, []string{"[1]: rank 1 of 2 default [] unbuffered"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -42,6 +45,9 @@ func TestPythonPrograms(t *testing.T) {
 			cmd.Dir = dir
 			// Unbuffered output must come from -u, not the environment.
 			cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "PYTHONUNBUFFERED=") }), "PYTHONPATH="+dir)
+			if tc.name == "PYTHON_EXEC" { // the interpreter torchrun's users name
+				cmd.Env = append(cmd.Env, "PYTHON_EXEC="+filepath.Join(dir, "wrapped-python"))
+			}
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				t.Fatalf("%v\n%s", err, out)
