@@ -96,6 +96,8 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--standalone", "--node-rank", "1", "true"}, "--standalone runs one node"},
 		{[]string{"--rdzv-endpoint", "[::1", "true"}, "want host[:port]"},
 		{[]string{"--rdzv-endpoint", "a:1:2", "true"}, "want host[:port]"},
+		// Port 0 was taken as 29500 without a word.
+		{[]string{"--master-port", "0", "true"}, "--master-port 0: a free port is for --standalone"},
 		// Values that were taken as the default without a word (a grace
 		// of 0 waited 5 s, a join timeout of 0 five minutes).
 		{[]string{"--standalone", "--stop-grace", "0", "true"}, "--stop-grace 0s: want a positive duration"},

@@ -178,6 +178,9 @@ func run(args []string) int {
 	if cfg.Standalone && !fs.Changed("master-port") && *endpoint == "" {
 		cfg.MasterPort = 0
 	}
+	if cfg.MasterPort == 0 && !cfg.Standalone {
+		return fail("--master-port 0: a free port is for --standalone (every node must be given node 0's port)")
+	}
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return 2
