@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -70,5 +71,29 @@ func TestCancelledBeforeSending(t *testing.T) {
 	}
 	if err := c.Set(ctxT(t, 5*time.Second), "k", []byte("v")); err != nil {
 		t.Fatalf("set after a cancelled one: %v", err)
+	}
+}
+
+// TestAddOverflow: an Add past the counter's range is refused
+// (ErrBadRequest) and leaves it as it was; it wrapped round before.
+func TestAddOverflow(t *testing.T) {
+	_, dial := start(t)
+	c := dial()
+	if _, err := c.Add(ctxT(t, 5*time.Second), "n", math.MaxInt64-1); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []int64{2, math.MaxInt64} {
+		if n, err := c.Add(ctxT(t, 5*time.Second), "n", d); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("add %d to %d: %d, %v, want ErrBadRequest", d, int64(math.MaxInt64-1), n, err)
+		}
+	}
+	if n, err := c.Add(ctxT(t, 5*time.Second), "n", 1); err != nil || n != math.MaxInt64 {
+		t.Errorf("add 1 after the refusals: %d, %v, want %d", n, err, int64(math.MaxInt64))
+	}
+	if _, err := c.Add(ctxT(t, 5*time.Second), "m", math.MinInt64); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Add(ctxT(t, 5*time.Second), "m", -1); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("add -1 to MinInt64: %d, %v, want ErrBadRequest", n, err)
 	}
 }

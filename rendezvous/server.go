@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -498,6 +499,9 @@ func (s *Server) apply(req *message) (resp message, block bool) {
 				return bad("add: key %q holds %q, not an integer", req.Keys[0], v), false
 			}
 			cur = n
+		}
+		if req.N > 0 && cur > math.MaxInt64-req.N || req.N < 0 && cur < math.MinInt64-req.N {
+			return bad("add %d to %q (%d): past the counter's range", req.N, req.Keys[0], cur), false
 		}
 		cur += req.N
 		if why := s.put(req.Keys[0], strconv.AppendInt(nil, cur, 10)); why != "" {
