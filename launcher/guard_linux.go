@@ -7,12 +7,16 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/shm"
@@ -134,6 +138,11 @@ func (g *guard) close() {
 // It returns the process's exit code.
 func runGuard(in io.Reader, errs io.Writer) int {
 	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
+	// Named for ps (it would show "exe", the file it was started as).
+	if name, err := unix.BytePtrFromString("slimerun-guard"); err == nil {
+		unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(name)), 0, 0, 0)
+		runtime.KeepAlive(name)
+	}
 	launcher := os.Getppid() // before it dies (then the parent is another)
 	var groups []int
 	sc := bufio.NewScanner(in)

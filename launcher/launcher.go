@@ -163,8 +163,8 @@ const (
 
 // MaxWorkers bounds a job's workers, every node's together, and so its
 // nodes: the store's barriers (the launchers' of the nodes, a
-// communicator's of its ranks) wait for every member in one call, which
-// names at most rendezvous.MaxCallKeys keys.
+// communicator's of its ranks) have at most rendezvous.MaxCallKeys
+// members.
 const MaxWorkers = rendezvous.MaxCallKeys
 
 // numCPU is runtime.NumCPU; tests replace it.

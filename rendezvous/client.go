@@ -377,7 +377,7 @@ func (c *Client) bounded(ctx context.Context) (context.Context, context.CancelFu
 func frameKeys(keys []string) int {
 	n, bytes := 0, 0
 	for n < len(keys) && n < MaxCallKeys {
-		bytes += 2 + len(keys[n])
+		bytes += lengthPrefix + len(keys[n])
 		if n > 0 && bytes > maxKeyListBytes/2 {
 			break
 		}
@@ -387,13 +387,14 @@ func frameKeys(keys []string) int {
 }
 
 // keysText is keys for an error message: all of a few, else the first
-// ones and how many more (a barrier's wait may name thousands).
+// ones and how many more (a barrier's wait may name thousands), each cut
+// to its first 120 characters.
 func keysText(keys []string) string {
 	const show = 4
 	if len(keys) <= 2*show {
-		return fmt.Sprintf("%q", keys)
+		return fmt.Sprintf("%.120q", keys)
 	}
-	q := fmt.Sprintf("%q", keys[:show])
+	q := fmt.Sprintf("%.120q", keys[:show])
 	return fmt.Sprintf("%s … and %d more]", q[:len(q)-1], len(keys)-show)
 }
 
@@ -429,6 +430,10 @@ type MissingError struct {
 }
 
 func (e *MissingError) Error() string {
+	const show = 16
+	if len(e.Missing) > show {
+		return fmt.Sprintf("rendezvous: barrier %q: %v and %d more never arrived: %v", e.Name, e.Missing[:show], len(e.Missing)-show, e.Err)
+	}
 	return fmt.Sprintf("rendezvous: barrier %q: %v never arrived: %v", e.Name, e.Missing, e.Err)
 }
 
@@ -454,13 +459,15 @@ func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
 		return nil
 	}
 	var missing []int
+	// A fresh context, the caller's having usually expired by now, for
+	// all the checks together: the report of a barrier of many members
+	// (a check each) takes seconds at most.
+	check, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	for i, k := range keys {
-		// A fresh context: the caller's has usually expired by now.
-		check, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		ok, cerr := c.Check(check, k)
-		cancel()
 		if cerr != nil {
-			break // the connection is gone: report what is known
+			break // the connection is gone or the time is up: report what is known
 		}
 		if !ok {
 			missing = append(missing, i)

@@ -97,3 +97,20 @@ func TestAddOverflow(t *testing.T) {
 		t.Errorf("add -1 to MinInt64: %d, %v, want ErrBadRequest", n, err)
 	}
 }
+
+// TestBarrierReportBounded: a barrier of many members that mostly never
+// came reports within seconds after its deadline, naming a few of them
+// and how many more (it named every one, in an error of 382 KB).
+func TestBarrierReportBounded(t *testing.T) {
+	_, dial := start(t)
+	c := dial()
+	start := time.Now()
+	err := c.Barrier(ctxT(t, 300*time.Millisecond), "b", 0, 20000)
+	var me *MissingError
+	if !errors.As(err, &me) || len(err.Error()) > 4<<10 || !strings.Contains(err.Error(), "more never arrived") {
+		t.Fatalf("%.300v (%d bytes), want a MissingError naming a few members", err, len(err.Error()))
+	}
+	if d := time.Since(start); d > 8*time.Second {
+		t.Errorf("the report took %v", d)
+	}
+}

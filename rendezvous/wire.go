@@ -41,8 +41,9 @@ const (
 
 	// MaxKeyBytes is the longest key a server accepts.
 	MaxKeyBytes = 4 << 10
-	// MaxCallKeys is the most keys one call (Wait, Check) may name: a
-	// frame carries its key count in 16 bits.
+	// MaxCallKeys is the most keys one frame carries (its key count is
+	// 16 bits): a Wait or Check on more goes as several frames, and a
+	// Barrier has at most this many members.
 	MaxCallKeys = 1<<16 - 1
 	// maxKeyListBytes bounds the keys of one frame, length prefixes
 	// included: a Wait on 65535 keys of 60 bytes fits.
