@@ -893,22 +893,22 @@ func P2PTargets(rs []P2PResult) []string {
 		case r.S == 8 && r.Batch == 1:
 			if t := next(i-1, "tcp", "pingpong-paired", 8); t != nil && t.P50 > 0 {
 				x := r.P50 / t.P50
-				out = append(out, fmt.Sprintf("target 8-byte read p50 / TCP ping-pong p50 = %.2f / %.2f us = %.2f (<= 1.2: %s; %s)", r.P50, t.P50, x, verdict(x <= 1.2), r.Transport))
+				out = append(out, fmt.Sprintf("target 8-byte read p50 / TCP ping-pong p50 = %.2f / %.2f us = %.3f (<= 1.2: %s; %s)", r.P50, t.P50, x, verdict(x <= 1.2), r.Transport))
 			}
 		case r.Transport == "tcp" && r.Batch == 1 && r.S >= 1<<20:
 			if t := next(i-1, "tcp", "oneway-paired", n); t != nil && t.GBps > 0 {
 				x := r.GBps / t.GBps
-				out = append(out, fmt.Sprintf("target read %s batch 1 / raw TCP = %.3f / %.3f GB/s = %.2f (>= 0.9 across hosts: %s)", bytesize.Format(r.S), r.GBps, t.GBps, x, verdict(x >= 0.9)))
+				out = append(out, fmt.Sprintf("target read %s batch 1 / raw TCP = %.3f / %.3f GB/s = %.3f (>= 0.9 across hosts: %s)", bytesize.Format(r.S), r.GBps, t.GBps, x, verdict(x >= 0.9)))
 			}
 		case r.Transport == "tcp" && r.Batch == 64 && r.S == 64<<10:
 			if t := next(i-1, "tcp", "oneway-paired", n); t != nil && t.GBps > 0 {
 				x := r.GBps / t.GBps
-				out = append(out, fmt.Sprintf("target read 64 x 64K / raw TCP 4M = %.3f / %.3f GB/s = %.2f (>= 0.8 across hosts: %s)", r.GBps, t.GBps, x, verdict(x >= 0.8)))
+				out = append(out, fmt.Sprintf("target read 64 x 64K / raw TCP 4M = %.3f / %.3f GB/s = %.3f (>= 0.8 across hosts: %s)", r.GBps, t.GBps, x, verdict(x >= 0.8)))
 			}
 		case (r.Transport == "cma" || r.Transport == "shm") && r.Batch == 1 && r.S >= 1<<20:
 			if m := next(i+1, "memcpy", "copy-paired", n); m != nil && m.GBps > 0 {
 				x := r.GBps / m.GBps
-				out = append(out, fmt.Sprintf("target read %s same host / memcpy = %.3f / %.3f GB/s = %.2f (>= 0.8: %s)", bytesize.Format(r.S), r.GBps, m.GBps, x, verdict(x >= 0.8)))
+				out = append(out, fmt.Sprintf("target read %s same host / memcpy = %.3f / %.3f GB/s = %.3f (>= 0.8: %s)", bytesize.Format(r.S), r.GBps, m.GBps, x, verdict(x >= 0.8)))
 			}
 		}
 	}

@@ -196,3 +196,25 @@ func p2pRanks(t *testing.T, cfg P2PConfig) [][]P2PResult {
 	})
 	return rows
 }
+
+// TestP2PTargetsVerdict: a ratio just past a target reads as past it (it
+// was printed to two places, "1.20 (<= 1.2: NOT met)").
+func TestP2PTargetsVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		read, pingpong float64
+		want           string
+	}{
+		{47.86, 39.76, "= 1.204 (<= 1.2: NOT met; tcp)"},
+		{47.70, 39.76, "= 1.200 (<= 1.2: met; tcp)"},
+		{44.81, 39.58, "= 1.132 (<= 1.2: met; tcp)"},
+	} {
+		rs := []P2PResult{
+			{Impl: "tcp", Op: "pingpong-paired", S: 8, Batch: 1, P50: tc.pingpong},
+			{Impl: "p2p", Op: "read-paired", S: 8, Batch: 1, P50: tc.read, Transport: "tcp"},
+		}
+		got := P2PTargets(rs)
+		if len(got) != 1 || !strings.HasSuffix(got[0], tc.want) {
+			t.Errorf("%v / %v: %q, want one line ending %q", tc.read, tc.pingpong, got, tc.want)
+		}
+	}
+}
