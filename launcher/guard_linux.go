@@ -75,8 +75,10 @@ type guard struct {
 
 // startGuard starts the guard process, or returns nil and why not. It
 // runs this process's own executable file (/proc/self/exe: the file that
-// was started, even if replaced or removed since).
-func startGuard() (*guard, error) {
+// was started, even if replaced or removed since). The guard says what it
+// did on stderr: the launcher's console when that is a file, else this
+// process's standard error.
+func startGuard(stderr io.Writer) (*guard, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -85,6 +87,9 @@ func startGuard() (*guard, error) {
 	cmd := exec.Command("/proc/self/exe", guardArg)
 	cmd.Env = append(os.Environ(), guardEnv+"=1")
 	cmd.Stdin, cmd.Stderr = r, os.Stderr
+	if f, ok := stderr.(*os.File); ok {
+		cmd.Stderr = f
+	}
 	// A group of its own: a signal to the launcher's group (the
 	// terminal's ^C, a kill of the group) does not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

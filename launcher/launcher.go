@@ -467,7 +467,7 @@ func Run(ctx context.Context, cfg Config) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
 	sweepOrphans(&cfg)
-	g, err := startGuard()
+	g, err := startGuard(cfg.Stderr)
 	if err != nil {
 		cfg.Logf("no guard process (what the workers leave is not cleaned up if slimerun is killed): %v", err)
 	}
