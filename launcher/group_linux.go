@@ -71,9 +71,10 @@ func waitExited(pid int) (syscall.WaitStatus, error) {
 
 // groupMembers returns, for each of the process groups pgids, the pids of
 // its members that are alive (not zombies: a zombie whose threads still
-// run, its main thread gone, is alive), less the group's leader, by
-// reading /proc: what the workers left behind once they have exited.
-func groupMembers(pgids []int) (map[int][]int, error) {
+// run, its main thread gone, is alive), less the group's leader unless
+// leaders, by reading /proc: what the workers left behind once they have
+// exited (the guard counts a leader that still runs too).
+func groupMembers(pgids []int, leaders bool) (map[int][]int, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
@@ -96,7 +97,7 @@ func groupMembers(pgids []int) (map[int][]int, error) {
 			continue
 		}
 		pgrp, err := strconv.Atoi(f[2])
-		if err != nil || pgrp == pid || !slices.Contains(pgids, pgrp) {
+		if err != nil || pgrp == pid && !leaders || !slices.Contains(pgids, pgrp) {
 			continue
 		}
 		out[pgrp] = append(out[pgrp], pid)

@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -18,7 +17,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/shm"
 )
 
@@ -148,7 +146,7 @@ func runGuard(in io.Reader, errs io.Writer) int {
 		unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(name)), 0, 0, 0)
 		runtime.KeepAlive(name)
 	}
-	launcher := os.Getppid() // before it dies (then the parent is another)
+	parent := os.Getppid() // the launcher's pid, read before it dies
 	var groups []int
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -176,7 +174,7 @@ func runGuard(in io.Reader, errs io.Writer) int {
 	removed, _ := shm.SweepOrphans()
 	if len(killed) > 0 || len(removed) > 0 {
 		fmt.Fprintf(errs, "slimerun: the launcher (pid %d) died with its job running: killed what its workers left in process groups %v (%d process(es)); removed %d shared-memory segment(s)\n",
-			launcher, groups, len(killed), len(removed))
+			parent, groups, len(killed), len(removed))
 	}
 	return 0
 }
@@ -187,7 +185,7 @@ func killGroups(groups []int, grace time.Duration) []int {
 	var seen []int
 	deadline := time.Now().Add(grace)
 	for {
-		left, err := liveInGroups(groups)
+		left, err := groupMembers(groups, true)
 		if err != nil || len(left) == 0 {
 			return seen
 		}
@@ -204,23 +202,4 @@ func killGroups(groups []int, grace time.Duration) []int {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// liveInGroups is groupMembers with each group's leader too, when it is
-// still alive (a worker whose Pdeathsig has not ended it yet).
-func liveInGroups(groups []int) (map[int][]int, error) {
-	left, err := groupMembers(groups)
-	if err != nil {
-		return nil, err
-	}
-	for _, g := range groups {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(g) + "/stat")
-		if err != nil {
-			continue
-		}
-		if f, ok := machine.StatFields(b); ok && len(f) >= 3 && f[2] == strconv.Itoa(g) && !strings.HasPrefix(f[0], "Z") && machine.Alive(g) {
-			left[g] = append(left[g], g)
-		}
-	}
-	return left, nil
 }

@@ -1215,7 +1215,7 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 			if killed {
 				break
 			}
-			left, err := groupMembers(workerPids(workers))
+			left, err := groupMembers(workerPids(workers), false)
 			if err != nil {
 				// Nothing can be told: end every group now.
 				cfg.Logf("node %d: reading /proc for what the workers left: %v; killing their process groups", cfg.NodeRank, err)
