@@ -19,6 +19,7 @@ import (
 
 	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/auth"
+	"github.com/slimego/slimego/internal/testbin"
 	"github.com/slimego/slimego/kernels"
 	"golang.org/x/sys/unix"
 )
@@ -2678,24 +2679,13 @@ func TestPeerImm(t *testing.T) {
 // still accepts its connections).
 func stalledAcceptor(t *testing.T, proven bool) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { c.Close() })
-			if proven {
-				go auth.Accept(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second))
-			}
+	var handle func(net.Conn)
+	if proven {
+		handle = func(c net.Conn) {
+			auth.Accept(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second))
 		}
-	}()
-	return ln.Addr().String()
+	}
+	return testbin.Serve(t, handle)
 }
 
 // TestConnectStalledPeer: Connect to a peer that accepts the connection

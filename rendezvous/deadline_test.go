@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/internal/auth"
+	"github.com/slimego/slimego/internal/testbin"
 )
 
 // hungStore listens on loopback, passes the handshake of every connection
@@ -17,26 +18,11 @@ import (
 // went down.
 func hungStore(t *testing.T, a Auth) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { c.Close() })
-			go func() {
-				if auth.Accept(c, a.key(), purpose, time.Now().Add(5*time.Second)) == nil {
-					io.Copy(io.Discard, c)
-				}
-			}()
+	return testbin.Serve(t, func(c net.Conn) {
+		if auth.Accept(c, a.key(), purpose, time.Now().Add(5*time.Second)) == nil {
+			io.Copy(io.Discard, c)
 		}
-	}()
-	return ln.Addr().String()
+	})
 }
 
 // TestCallEndsByDeadlineOnHungStore: a call that the store answers at once

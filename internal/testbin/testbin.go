@@ -120,3 +120,48 @@ func Outlived(t testing.TB, pidFile string, until time.Time) (pid int, outlived 
 	syscall.Kill(pid, syscall.SIGKILL)
 	return pid, true
 }
+
+// Serve listens on a loopback port and runs handle in a goroutine of its
+// own for every connection it accepts (nil: hold the connection, saying
+// nothing), until the test ends; then it closes the listener and every
+// connection. It returns the listener's address: a peer or store that
+// accepts and then stalls, for the tests of what waits on one.
+func Serve(t testing.TB, handle func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	closed := false
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		closed = true
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			if closed { // accepted as the test ended
+				mu.Unlock()
+				c.Close()
+				return
+			}
+			conns = append(conns, c)
+			mu.Unlock()
+			if handle != nil {
+				go handle(c)
+			}
+		}
+	}()
+	return ln.Addr().String()
+}
