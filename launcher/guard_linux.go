@@ -171,10 +171,14 @@ func runGuard(in io.Reader, errs io.Writer) int {
 		return 0
 	}
 	killed := killGroups(groups, guardGrace)
-	removed, _ := shm.SweepOrphans()
+	removed, err := shm.SweepOrphans()
 	if len(killed) > 0 || len(removed) > 0 {
 		fmt.Fprintf(errs, "slimerun: the launcher (pid %d) died with its job running: killed what its workers left in process groups %v (%d process(es)); removed %d shared-memory segment(s)\n",
 			parent, groups, len(killed), len(removed))
+	}
+	if err != nil {
+		fmt.Fprintf(errs, "slimerun: the guard of the launcher (pid %d): sweeping the job's shared memory: %v\n", parent, err)
+		return 1
 	}
 	return 0
 }
