@@ -322,40 +322,35 @@ func (c *Client) CompareAndSet(ctx context.Context, key string, expected, desire
 // than a frame's key list holds) are waited for a frame's worth at a time,
 // all within the one deadline.
 func (c *Client) Wait(ctx context.Context, keys ...string) error {
-	if frameKeys(keys) == len(keys) {
-		_, err := c.call(ctx, &message{Code: uint8(opWait), Keys: keys}, true)
-		return err
-	}
-	ctx, cancel := c.bounded(ctx)
-	defer cancel()
-	for len(keys) > 0 {
-		n := frameKeys(keys)
-		if _, err := c.call(ctx, &message{Code: uint8(opWait), Keys: keys[:n]}, true); err != nil {
-			return err
-		}
-		keys = keys[n:]
-	}
-	return nil
+	_, err := c.allKeys(ctx, opWait, keys)
+	return err
 }
 
 // Check reports whether every key exists, without waiting (a frame's worth
 // of keys at a time, as Wait).
 func (c *Client) Check(ctx context.Context, keys ...string) (bool, error) {
-	if frameKeys(keys) == len(keys) {
-		resp, err := c.call(ctx, &message{Code: uint8(opCheck), Keys: keys}, false)
-		return err == nil && resp.Code == statusOK, err
+	return c.allKeys(ctx, opCheck, keys)
+}
+
+// allKeys runs op (opWait, which blocks, or opCheck) on keys, one frame's
+// worth at a time within one deadline, and reports whether every frame
+// was answered statusOK; it stops at the first that was not.
+func (c *Client) allKeys(ctx context.Context, code op, keys []string) (bool, error) {
+	if frameKeys(keys) < len(keys) {
+		var cancel context.CancelFunc
+		ctx, cancel = c.bounded(ctx)
+		defer cancel()
 	}
-	ctx, cancel := c.bounded(ctx)
-	defer cancel()
-	for len(keys) > 0 {
+	for {
 		n := frameKeys(keys)
-		resp, err := c.call(ctx, &message{Code: uint8(opCheck), Keys: keys[:n]}, false)
+		resp, err := c.call(ctx, &message{Code: uint8(code), Keys: keys[:n]}, code == opWait)
 		if err != nil || resp.Code != statusOK {
 			return false, err
 		}
-		keys = keys[n:]
+		if keys = keys[n:]; len(keys) == 0 {
+			return true, nil
+		}
 	}
-	return true, nil
 }
 
 // bounded is ctx with the client's timeout as its deadline when it has
