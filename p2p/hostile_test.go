@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -341,46 +342,19 @@ func TestForgedSameHostInfo(t *testing.T) {
 // dials. It returns the peer's Info.
 func dupTarget(t *testing.T, name string, dups int) []byte {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	ended := false
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		ended = true
-		for _, c := range conns {
-			c.Close()
+	k := auth.NewKey(testAuth().Secret, testAuth().Job)
+	var hellos atomic.Int32
+	addr := testbin.Serve(t, func(c net.Conn) {
+		if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
+			return
 		}
-		mu.Unlock()
+		st := stOK
+		if int(hellos.Add(1)) <= dups {
+			st = stDup
+		}
+		answerHello(c, st)
 	})
-	go func() {
-		k := auth.NewKey(testAuth().Secret, testAuth().Job)
-		for i := 0; ; i++ {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			if ended {
-				c.Close()
-			}
-			mu.Unlock()
-			if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
-				continue
-			}
-			st := stOK
-			if i < dups {
-				st = stDup
-			}
-			answerHello(c, st)
-		}
-	}()
-	in := info{name: name, addr: ln.Addr().String()}
+	in := info{name: name, addr: addr}
 	return in.encode()
 }
 
