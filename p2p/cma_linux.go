@@ -243,7 +243,7 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 		// Not a process on this host that could copy through the
 		// addresses (a member elsewhere, or one giving another pid):
 		// the request goes over TCP, as one for GPU memory does.
-		l.e.release(regs)
+		l.e.release(l.p, regs)
 		l.enqueue(c.idx, frame{kind: kResp, sub: sub, id: id, status: stNotHost})
 		return
 	}
@@ -252,7 +252,7 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 		// GPU memory: IPC handles (ipc.go); anything else over TCP.
 		var ok bool
 		if iov, ok = ipcRecords(segs); !ok {
-			l.e.release(regs)
+			l.e.release(l.p, regs)
 			l.enqueue(c.idx, frame{kind: kResp, sub: sub, id: id, status: stNotHost})
 			return
 		}
@@ -264,7 +264,7 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 			break
 		}
 		if s.d != nil { // GPU memory has no address to lend: over TCP instead
-			l.e.release(regs)
+			l.e.release(l.p, regs)
 			l.enqueue(c.idx, frame{kind: kResp, sub: sub, id: id, status: stNotHost})
 			return
 		}
@@ -281,7 +281,7 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 	l.mu.Lock()
 	if l.err != nil || l.grants[id] != nil {
 		l.mu.Unlock()
-		l.e.release(regs)
+		l.e.release(l.p, regs)
 		return
 	}
 	if len(l.grants) >= maxGrants || l.grantRefs+len(regs) > maxGrantRefs {
@@ -289,7 +289,7 @@ func (c *conn) grant(id uint64, sub uint8, segs []seg, regs []*Region) {
 		// would make this side hold memory without end): the request
 		// goes over TCP instead, as one for GPU memory does.
 		l.mu.Unlock()
-		l.e.release(regs)
+		l.e.release(l.p, regs)
 		l.enqueue(c.idx, frame{kind: kResp, sub: sub, id: id, status: stNotHost})
 		return
 	}
@@ -379,7 +379,7 @@ func (l *link) released(id uint64) {
 	delete(l.leased, id)
 	l.grantRefs -= len(regs)
 	l.mu.Unlock()
-	l.e.release(regs)
+	l.e.release(l.p, regs)
 }
 
 // grantIov is one range of a grant (see rReadV): at addr in the peer's

@@ -15,6 +15,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -242,6 +243,9 @@ type Region struct {
 	size int
 	mu   sync.Mutex
 	refs int // requests served on it now (as a target)
+	// holders counts refs by the peer whose request took them, so that a
+	// Deregister or Close that gives up can say which peers hold it.
+	holders map[*Peer]int
 	// users are this side's transfers that read or write it.
 	users   map[*part]struct{}
 	closed  atomic.Bool
@@ -413,7 +417,7 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	case <-r.drained:
 		return nil
 	case <-ctx.Done():
-		return opErr("deregister", "", r.label(), ended(ctx), "a peer's request still uses it")
+		return opErr("deregister", r.holderNames(), r.label(), ended(ctx), "a request of the peer still uses it")
 	}
 }
 
@@ -453,7 +457,20 @@ func (e *Endpoint) bound(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(ctx, e.opts.Timeout)
 }
 
-// acquire checks the descriptors of a request as its target: every region
+// holderNames names the peers whose requests hold r now, comma-separated
+// in order ("" when none does).
+func (r *Region) holderNames() string {
+	r.mu.Lock()
+	names := make([]string, 0, len(r.holders))
+	for p := range r.holders {
+		names = append(names, p.name)
+	}
+	r.mu.Unlock()
+	slices.Sort(names)
+	return strings.Join(slices.Compact(names), ",")
+}
+
+// acquire checks the descriptors of a request of peer p as its target: every region
 // registered and not deregistered, every key right (compared in constant
 // time), every range inside its region. On success it takes a reference on
 // each region the ranges lie in, once per run of descriptors in one region
@@ -461,7 +478,7 @@ func (e *Endpoint) bound(ctx context.Context) (context.Context, context.CancelFu
 // of many pages of one region costs one reference, not one per page), and
 // returns the memory of each range; on failure it takes nothing and says
 // why.
-func (e *Endpoint) acquire(ds []desc, segs []seg, regs []*Region) ([]seg, []*Region, uint8, string) {
+func (e *Endpoint) acquire(p *Peer, ds []desc, segs []seg, regs []*Region) ([]seg, []*Region, uint8, string) {
 	segs, regs = segs[:0], regs[:0]
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -497,15 +514,23 @@ func (e *Endpoint) acquire(ds []desc, segs []seg, regs []*Region) ([]seg, []*Reg
 	for _, r := range regs {
 		r.mu.Lock()
 		r.refs++
+		if r.holders == nil {
+			r.holders = make(map[*Peer]int)
+		}
+		r.holders[p]++
 		r.mu.Unlock()
 	}
 	return segs, regs, stOK, ""
 }
 
-func (e *Endpoint) release(regs []*Region) {
+// release drops the references acquire took on regs for peer p.
+func (e *Endpoint) release(p *Peer, regs []*Region) {
 	for _, r := range regs {
 		r.mu.Lock()
 		r.refs--
+		if r.holders[p]--; r.holders[p] <= 0 {
+			delete(r.holders, p)
+		}
 		if r.refs == 0 && r.closed.Load() {
 			select {
 			case <-r.drained:
@@ -1352,7 +1377,7 @@ func (e *Endpoint) Close() error {
 	// Lent memory is released a heartbeat after its link's end at the
 	// latest (fail), the links' own references when their goroutines end.
 	if r := drained(2 * e.opts.Heartbeat); r != nil {
-		return opErr("close", "", r.label(), ErrTimeout, "a peer may still use it")
+		return opErr("close", r.holderNames(), r.label(), ErrTimeout, "a request of the peer may still use it")
 	}
 	return nil
 }

@@ -677,8 +677,9 @@ func TestGrantOutlivesLink(t *testing.T) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	if err := b.Deregister(dctx, r); !errors.Is(err, ErrTimeout) {
-		t.Fatalf("Deregister with a grant outstanding when the link failed: %v, want ErrTimeout", err)
+	var oe *OpError
+	if err := b.Deregister(dctx, r); !errors.Is(err, ErrTimeout) || !errors.As(err, &oe) || oe.Peer != "peer1" {
+		t.Fatalf("Deregister with a grant outstanding when the link failed: %v, want ErrTimeout naming peer1, which holds it", err)
 	}
 }
 
@@ -2547,8 +2548,9 @@ func TestEndedByCancel(t *testing.T) {
 			if _, err := a.Connect(tc.ctx(), "nobody"); !errors.Is(err, tc.want) {
 				t.Errorf("Connect: %v, want %v", err, tc.want)
 			}
-			if err := a.Deregister(tc.ctx(), stalled(t, "peer-"+tc.name)); !errors.Is(err, tc.want) {
-				t.Errorf("Deregister: %v, want %v", err, tc.want)
+			var oe *OpError
+			if err := a.Deregister(tc.ctx(), stalled(t, "peer-"+tc.name)); !errors.Is(err, tc.want) || !errors.As(err, &oe) || oe.Peer != "peer-"+tc.name {
+				t.Errorf("Deregister: %v, want %v naming peer-%s, whose write holds the region", err, tc.want, tc.name)
 			}
 		})
 	}

@@ -383,7 +383,7 @@ func (l *link) fail(err error) {
 		// wait).
 		go func() {
 			waitExit(exited, l.hb)
-			l.e.release(lent)
+			l.e.release(l.p, lent)
 		}()
 	}
 	for _, c := range l.conns {
@@ -581,7 +581,7 @@ func appendHeader(b []byte, h header) []byte {
 // dropJob releases what a job that will never be written holds.
 func dropJob(l *link, j job) {
 	if s, ok := j.(serveRead); ok {
-		l.e.release(s.regs)
+		l.e.release(l.p, s.regs)
 		l.mu.Lock()
 		delete(l.serving, s.id)
 		l.mu.Unlock()
@@ -999,7 +999,7 @@ type serveRead struct {
 }
 
 func (j serveRead) write(c *conn) error {
-	defer c.l.e.release(j.regs)
+	defer c.l.e.release(c.l.p, j.regs)
 	defer func() {
 		c.l.mu.Lock()
 		delete(c.l.serving, j.id)
@@ -1306,7 +1306,7 @@ func (c *conn) dispatch(h header) error {
 		}
 		var st uint8
 		var why string
-		c.segs, c.regs, st, why = l.e.acquire(c.descs, c.segs, c.regs)
+		c.segs, c.regs, st, why = l.e.acquire(l.p, c.descs, c.segs, c.regs)
 		if st == stOK {
 			c.segs = stripe(c.segs, lo, h.a)
 		}
@@ -1328,7 +1328,7 @@ func (c *conn) dispatch(h header) error {
 		}
 		if h.sub == rRead {
 			if c.serveNow(h.id, h.a) {
-				l.e.release(c.regs)
+				l.e.release(l.p, c.regs)
 				return nil
 			}
 			segs := append([]seg(nil), c.segs...)
@@ -1352,7 +1352,7 @@ func (c *conn) dispatch(h header) error {
 						// Nothing is written from here on (the rest is
 						// read to nowhere): Deregister need not wait for
 						// the peer's remaining bytes.
-						l.e.release(regs)
+						l.e.release(l.p, regs)
 					}
 					return false
 				}
@@ -1360,7 +1360,7 @@ func (c *conn) dispatch(h header) error {
 			return true
 		})
 		if !closed {
-			l.e.release(regs)
+			l.e.release(l.p, regs)
 		}
 		if st == stDevice && err == nil && !closed {
 			l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id, status: stDevice})
