@@ -435,7 +435,7 @@ func (c *conn) granted(h header, p *part) error {
 		err := l.grantCopy(p, rem, write)
 		l.enqueue(idx, frame{kind: kRelease, id: h.id})
 		if err != nil {
-			p.finish(opErr(p.f.op, l.p.name, p.f.region, ErrPeerLost, "copying through the grant: %v", err))
+			p.finish(opErr(p.f.op, l.p.name, p.f.label(), ErrPeerLost, "copying through the grant: %v", err))
 			return
 		}
 		if lerr := l.failed(); lerr != nil { // as leaseCopy: a peer's mapping outlives it

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,7 +15,7 @@ import (
 // several connections.
 type Future struct {
 	op, peer  string
-	region    string // the remote region a one-sided batch names, if one, for errors
+	region    string // the remote region a one-sided batch names, if one, for errors (label)
 	transport string
 	shm       atomic.Bool // a part copied through a mapping of the peer's Shared memory
 	done      chan struct{}
@@ -31,10 +32,30 @@ type Future struct {
 	// (park), which whoever closes done then wakes.
 	fin atomic.Bool
 	ev  atomic.Pointer[waker]
+	// one is the storage of a one-sided call's first part and of the
+	// first elements of its slices, so that a batch of one operation in
+	// one request (the common small call) allocates the Future alone
+	// (Peer.oneSided).
+	one struct {
+		part  part
+		parts [1]*part
+		descs [1]desc
+		local [1]seg
+		regs  [1]*Region
+	}
 }
 
 func newFuture(op, peer, transport string) *Future {
 	return &Future{op: op, peer: peer, transport: transport, done: make(chan struct{})}
+}
+
+// label is the remote region f names, quoted, as errors name it ("" for
+// none). It is quoted here, when an error is made, not for every call.
+func (f *Future) label() string {
+	if f.region == "" {
+		return ""
+	}
+	return strconv.Quote(f.region)
 }
 
 // failed returns a Future that is already done with err.
@@ -52,7 +73,7 @@ func (f *Future) named(err error) error {
 	err = asOp(f.op, f.peer, err)
 	if oe, ok := err.(*OpError); ok && oe.Region == "" && f.region != "" {
 		c := *oe // the link's error is every transfer's: not changed in place
-		c.Region = f.region
+		c.Region = f.label()
 		return &c
 	}
 	return err
@@ -142,7 +163,7 @@ func (f *Future) park(ctx context.Context, w *waker, timeout time.Duration) (boo
 		dl = time.Now().Add(timeout)
 	}
 	if ctx.Done() != nil { // it can be cancelled
-		stop := context.AfterFunc(ctx, w.wake)
+		stop := context.AfterFunc(ctx, w.wakeFn)
 		defer stop()
 	}
 	w.f.SetReadDeadline(dl)
@@ -150,7 +171,7 @@ func (f *Future) park(ctx context.Context, w *waker, timeout time.Duration) (boo
 	f.ev.Store(w)
 	defer f.ev.Store(nil)
 	for !f.fin.Load() {
-		err := w.wait()
+		err := w.wait(&f.fin)
 		switch {
 		case f.fin.Load():
 		case ctx.Err() != nil:
@@ -171,7 +192,7 @@ func (f *Future) end(cause error) {
 	if cause == context.DeadlineExceeded {
 		sentinel = ErrTimeout
 	}
-	err := opErr(f.op, f.peer, f.region, sentinel, "the wait ended: %v", cause)
+	err := opErr(f.op, f.peer, f.label(), sentinel, "the wait ended: %v", cause)
 	for _, p := range f.parts {
 		p.finish(err)
 	}

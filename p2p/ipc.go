@@ -269,7 +269,7 @@ func (c *conn) ipcGranted(h header, p *part) error {
 		l.unrefIPC(maps)
 		l.enqueue(idx, frame{kind: kRelease, id: h.id})
 		if err != nil {
-			p.finish(opErr(p.f.op, l.p.name, p.f.region, ErrInvalid, "copying GPU memory through the peer's IPC grant: %v", err))
+			p.finish(opErr(p.f.op, l.p.name, p.f.label(), ErrInvalid, "copying GPU memory through the peer's IPC grant: %v", err))
 			return
 		}
 		p.finish(nil)

@@ -417,7 +417,7 @@ func (l *link) leaseCopy(p *part, j leaseJob, pins []*lease, write bool) {
 		err := ipcCopy(p, j.recs, j.maps, write)
 		l.unpinLeases(pins)
 		if err != nil {
-			p.finish(opErr(p.f.op, l.p.name, p.f.region, ErrInvalid, "copying GPU memory through a lease: %v", err))
+			p.finish(opErr(p.f.op, l.p.name, p.f.label(), ErrInvalid, "copying GPU memory through a lease: %v", err))
 			return
 		}
 		p.finish(nil)
@@ -427,7 +427,7 @@ func (l *link) leaseCopy(p *part, j leaseJob, pins []*lease, write bool) {
 	err := l.grantCopy(p, rem, write)
 	l.unpinLeases(pins)
 	if err != nil {
-		p.finish(opErr(p.f.op, l.p.name, p.f.region, ErrPeerLost, "copying through a lease: %v", err))
+		p.finish(opErr(p.f.op, l.p.name, p.f.label(), ErrPeerLost, "copying through a lease: %v", err))
 		return
 	}
 	// A copy through a mapping of the peer's Shared memory succeeds into

@@ -267,6 +267,13 @@ type conn struct {
 	bufs    net.Buffers
 	rc      syscall.RawConn // for direct's non-blocking writes
 	dbuf    []byte          // direct's frames, built by whoever holds busy
+	// writeFn is writeOnce as a func value made once (a closure made per
+	// write would be allocated per write); wb, wn and werr are its
+	// argument and results, used by whoever holds busy.
+	writeFn func(fd uintptr) bool
+	wb      []byte
+	wn      int
+	werr    error
 	// ahead: the last frame read had a small payload (or none), so the
 	// next header is read with what follows it (inter.Reader.ReadAhead);
 	// after a large one it is read alone, so that a large payload is read
@@ -290,6 +297,7 @@ func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, hb time.Duration) *link {
 		tc.SetWriteBuffer(inter.DefaultSockBuf)
 		c := &conn{l: l, idx: i, c: tc, rd: inter.NewReader(tc, inter.DefaultLowat), wake: make(chan struct{}, 1), ahead: true}
 		c.rc, _ = tc.SyscallConn()
+		c.writeFn = c.writeOnce
 		c.waker = newWaker()
 		l.conns = append(l.conns, c)
 	}
@@ -528,8 +536,6 @@ func (c *conn) direct(answer bool, fill func(b []byte) []byte) bool {
 // writeNow is one non-blocking write of b: it returns what the socket
 // took (0 when its buffer is full).
 func (c *conn) writeNow(b []byte) (int, error) {
-	var n int
-	var werr error
 	if c.wdl {
 		// A deadline an earlier frame set (send) may have passed long
 		// ago, on an idle link; the runtime would fail this write for
@@ -538,23 +544,31 @@ func (c *conn) writeNow(b []byte) (int, error) {
 		c.wdl = false
 	}
 	raceio.Release()
-	err := c.rc.Write(func(fd uintptr) bool {
-		for {
-			m, e := unix.Write(int(fd), b)
-			switch e {
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				m, e = 0, nil
-			}
-			n, werr = max(m, 0), e
-			return true
-		}
-	})
+	c.wb = b
+	err := c.rc.Write(c.writeFn)
+	c.wb = nil // keep no buffer alive
+	n, werr := c.wn, c.werr
+	c.wn, c.werr = 0, nil
 	if err != nil {
 		return 0, err
 	}
 	return n, werr
+}
+
+// writeOnce is writeNow's one write of c.wb, whose results it leaves in
+// c.wn and c.werr; it never waits (EAGAIN: nothing taken).
+func (c *conn) writeOnce(fd uintptr) bool {
+	for {
+		m, e := unix.Write(int(fd), c.wb)
+		switch e {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			m, e = 0, nil
+		}
+		c.wn, c.werr = max(m, 0), e
+		return true
+	}
 }
 
 // rawJob is the rest of a direct write that the socket did not take.
@@ -1478,7 +1492,7 @@ func (c *conn) overTCP(p *part) {
 }
 
 func (c *conn) refusal(p *part, st uint8) error {
-	region := p.f.region
+	region := p.f.label()
 	if region == "" && len(p.descs) == 1 {
 		region = "id " + itoa(p.descs[0].region)
 	}

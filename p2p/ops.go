@@ -2,7 +2,6 @@ package p2p
 
 import (
 	"fmt"
-	"strconv"
 
 	"github.com/slimego/slimego/inter"
 )
@@ -75,7 +74,7 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	l := p.l
 	f := newFuture(op, p.name, l.name())
 	if name := ops[0].Remote.Name; name != "" {
-		f.region = strconv.Quote(name)
+		f.region = name // quoted when an error names it (label)
 	}
 	for _, o := range ops[1:] {
 		if o.Remote.ID != ops[0].Remote.ID {
@@ -125,15 +124,26 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	// Every request carries the whole batch's descriptors, so that the
 	// target accepts or refuses every stripe alike: a refused batch writes
 	// nothing anywhere.
-	descs := make([]desc, len(ops))
+	descs := f.one.descs[:0:1]
+	if len(ops) > 1 {
+		descs = make([]desc, len(ops))
+	}
+	descs = descs[:len(ops)]
 	for i, o := range ops {
 		descs[i] = desc{region: o.Remote.ID, key: o.Remote.Key, off: uint64(o.RemoteOff), len: uint64(o.Len)}
 	}
-	var parts []*part
+	parts := f.one.parts[:0:1]
 	i, off := 0, 0 // the op and the offset in it where the next stripe starts
 	for s := range k {
 		lo, hi := inter.Stripe(int(total), k, s)
-		pt := &part{l: l, f: f, kind: kind, sub: sub, ch: (first + s) % n, lo: uint64(lo), total: uint64(hi - lo), descs: descs, active: true}
+		var pt *part
+		if s == 0 {
+			pt = &f.one.part
+			pt.local, pt.regs = f.one.local[:0:1], f.one.regs[:0:1]
+		} else {
+			pt = new(part)
+		}
+		pt.l, pt.f, pt.kind, pt.sub, pt.ch, pt.lo, pt.total, pt.descs, pt.active = l, f, kind, sub, (first+s)%n, uint64(lo), uint64(hi-lo), descs, true
 		for need := hi - lo; need > 0; {
 			o := ops[i]
 			m := min(need, o.Len-off)

@@ -3,6 +3,7 @@ package p2p
 import (
 	"os"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,11 +19,19 @@ import (
 // request. A goroutine parked in the poller is instead found by the
 // completing goroutine's own thread when that parks (the connection's
 // reader, reading its next header), as a plain socket's reader is. The
-// cost is two eventfd system calls per wake-up: where no processor is
-// idle, no spinning thread would start, and the channel is the cheaper
-// (docs/P2P.md).
+// cost is two eventfd system calls per wake-up (the write, and the read
+// that takes the count): where no processor is idle, no spinning thread
+// would start, and the channel is the cheaper (docs/P2P.md).
 type waker struct {
-	f *os.File
+	f  *os.File
+	rc syscall.RawConn // f's, for wait
+	// readFn is take as a func value made once (a method value made per
+	// wait would be allocated per wait); first and done are its holder's
+	// wait's state.
+	readFn func(fd uintptr) bool
+	wakeFn func() // wake, made once (for context.AfterFunc)
+	first  bool
+	done   *atomic.Bool
 	// busy: a Wait holds the waker (one at a time; the others wait on
 	// their Future's channel).
 	busy atomic.Bool
@@ -38,7 +47,16 @@ func newWaker() *waker {
 	if err != nil {
 		return nil
 	}
-	return &waker{f: os.NewFile(uintptr(fd), "p2p-waker")}
+	w := &waker{f: os.NewFile(uintptr(fd), "p2p-waker")}
+	rc, err := w.f.SyscallConn()
+	if err != nil {
+		w.f.Close()
+		return nil
+	}
+	w.rc = rc
+	w.readFn = w.take
+	w.wakeFn = w.wake
+	return w
 }
 
 var wakeOne = [8]byte{1}
@@ -48,11 +66,31 @@ var wakeOne = [8]byte{1}
 // and ignores; one after close does nothing.
 func (w *waker) wake() { w.f.Write(wakeOne[:]) }
 
-// wait blocks until the counter is not zero, or the read deadline set on
-// w.f passes, and takes the count.
-func (w *waker) wait() error {
-	_, err := w.f.Read(w.rb[:])
+// wait blocks until done holds or the counter is written, or the read
+// deadline set on w.f passes, and takes the count. While done does not
+// hold it parks in the poller without reading first (a read would only
+// find the counter empty): the completing goroutine sets done before it
+// writes, and every write to an eventfd is an edge for the poller, so a
+// write after the poller's state was reset (RawConn.Read resets it before
+// the first take) wakes this wait, and one before it finds done set.
+func (w *waker) wait(done *atomic.Bool) error {
+	w.first, w.done = true, done
+	err := w.rc.Read(w.readFn)
+	w.done = nil
 	return err
+}
+
+// take is wait's step: on its first call it parks (false) unless done
+// holds; after a wake-up it takes the count, if any, and ends the wait.
+func (w *waker) take(fd uintptr) bool {
+	if w.first {
+		w.first = false
+		if !w.done.Load() {
+			return false
+		}
+	}
+	unix.Read(int(fd), w.rb[:]) // EAGAIN: a wake-up without a count (an earlier one's edge)
+	return true
 }
 
 // close releases the descriptor: a holder's wait returns an error, and

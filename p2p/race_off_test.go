@@ -1,0 +1,6 @@
+//go:build !race
+
+package p2p
+
+// raceEnabled: the tests are built with -race.
+const raceEnabled = false
