@@ -521,14 +521,33 @@ func Run(ctx context.Context, cfg Config) error {
 		if removed, _ := shm.RemovePrefix(shm.JobPrefix(cfg.RunID)); len(removed) > 0 {
 			cfg.Logf("removed %d shared-memory segment(s) the workers left: %v", len(removed), removed)
 		}
+		if betweenAttempts != nil {
+			betweenAttempts(sigs)
+		}
 		var we *WorkerError
 		var re *RemoteError
 		if err == nil || !errors.As(err, &we) && !errors.As(err, &re) || attempt >= cfg.MaxRestarts {
 			return err
 		}
+		// A signal that came after the attempt's last worker ended stops
+		// the job here, before another attempt's workers start.
+		select {
+		case s := <-sigs:
+			if cfg.NNodes > 1 { // the other nodes' next attempt waits for this one's workers
+				j.abort(attempt+1, cfg.NodeRank*cfg.NProcPerNode, fmt.Sprintf("node %d was interrupted by %v", cfg.NodeRank, s), true)
+				j.aborts.Wait()
+			}
+			return fmt.Errorf("launcher: node %d: %w before restarting the workers after: %v", cfg.NodeRank, &ErrInterrupted{Signal: s}, err)
+		default:
+		}
 		cfg.Logf("%v; restarting the workers (%d of %d restarts)", err, attempt+1, cfg.MaxRestarts)
 	}
 }
+
+// betweenAttempts, when a test sets it, runs after each attempt, before
+// the launcher decides whether to restart (a signal put in sigs then
+// arrives between two attempts).
+var betweenAttempts func(sigs chan<- os.Signal)
 
 // storeGrace is how long node 0's store outlives its own workers, waiting
 // for the other nodes' launchers and workers to hang up: none on one node.

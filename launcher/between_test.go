@@ -1,0 +1,30 @@
+package launcher
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestSignalBetweenAttempts: a signal that arrives after an attempt's
+// workers have all ended, before the launcher restarts them, stops the job
+// there: no worker of the next attempt starts, and the error is the
+// interruption (slimerun exits 128+signal), naming the failure before it.
+func TestSignalBetweenAttempts(t *testing.T) {
+	betweenAttempts = func(sigs chan<- os.Signal) {
+		betweenAttempts = nil // the first attempt's end only
+		sigs <- syscall.SIGTERM
+	}
+	t.Cleanup(func() { betweenAttempts = nil })
+	out, _, err := run(t, Config{NProcPerNode: 2, MaxRestarts: 3},
+		`echo attempt=$TORCHELASTIC_RESTART_COUNT; exit 3`)
+	var ie *ErrInterrupted
+	if !errors.As(err, &ie) || ie.Signal != syscall.SIGTERM || !strings.Contains(err.Error(), "exit") {
+		t.Errorf("err = %v; want an interruption by SIGTERM naming the first attempt's failure", err)
+	}
+	if !strings.Contains(out, "attempt=0") || strings.Contains(out, "attempt=1") {
+		t.Errorf("a worker of the next attempt started after the signal:\n%s", out)
+	}
+}
