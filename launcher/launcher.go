@@ -232,13 +232,30 @@ type RemoteError struct {
 	Rank, Node int // Node is -1 where the rank is not the job's
 	Attempt    int
 	Reason     string
+	// Interrupted: node Node's launcher was told to stop (a signal), not
+	// failed; the job ends everywhere, with no restart.
+	Interrupted bool
 }
 
 func (e *RemoteError) Error() string {
-	if e.Node < 0 { // a rank outside the job: a member's abort, not a launcher's
+	switch {
+	case e.Node < 0: // a rank outside the job: a member's abort, not a launcher's
 		return fmt.Sprintf("rank %d was reported failed: %.512s; this node's workers were stopped", e.Rank, e.Reason)
+	case e.Interrupted:
+		return fmt.Sprintf("%.512s; this node's workers were stopped", e.Reason)
 	}
 	return fmt.Sprintf("a worker of node %d failed: %.512s; this node's workers were stopped", e.Node, e.Reason)
+}
+
+// interruptedReason is the reason a node's launcher gives the others when
+// a signal stops it; isInterrupted recognizes it, from node's first rank
+// (an abort of another rank, or any other reason, is a failure).
+func interruptedReason(node int, s os.Signal) string {
+	return fmt.Sprintf("node %d was interrupted by %v", node, s)
+}
+
+func isInterrupted(node int, reason string) bool {
+	return node >= 0 && strings.HasPrefix(reason, fmt.Sprintf("node %d was interrupted by ", node))
 }
 
 // failedPrefix is the store prefix that a node aborts, with the rank and
@@ -529,12 +546,15 @@ func Run(ctx context.Context, cfg Config) error {
 		if err == nil || !errors.As(err, &we) && !errors.As(err, &re) || attempt >= cfg.MaxRestarts {
 			return err
 		}
+		if re != nil && re.Interrupted { // another node was stopped: so is the job
+			return err
+		}
 		// A signal that came after the attempt's last worker ended stops
 		// the job here, before another attempt's workers start.
 		select {
 		case s := <-sigs:
 			if cfg.NNodes > 1 { // the other nodes' next attempt waits for this one's workers
-				j.abort(attempt+1, cfg.NodeRank*cfg.NProcPerNode, fmt.Sprintf("node %d was interrupted by %v", cfg.NodeRank, s), true)
+				j.abort(attempt+1, cfg.NodeRank*cfg.NProcPerNode, interruptedReason(cfg.NodeRank, s), true)
 				j.aborts.Wait()
 			}
 			return fmt.Errorf("launcher: node %d: %w before restarting the workers after: %v", cfg.NodeRank, &ErrInterrupted{Signal: s}, err)
@@ -1288,7 +1308,8 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 			if node != cfg.NodeRank && first == nil && !stopping {
 				// The next tick stops the workers, as after a failure
 				// here: those that saw it too have that long to say so.
-				first = &RemoteError{Rank: ae.Rank, Node: node, Attempt: attempt, Reason: ae.Reason}
+				first = &RemoteError{Rank: ae.Rank, Node: node, Attempt: attempt, Reason: ae.Reason,
+					Interrupted: ae.Rank == node*cfg.NProcPerNode && isInterrupted(node, ae.Reason)}
 				cfg.Logf("node %d: %v", cfg.NodeRank, first)
 			}
 		case <-tick.C:
@@ -1299,7 +1320,7 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 			if first == nil {
 				first = &ErrInterrupted{Signal: s}
 				if cfg.NNodes > 1 { // the other nodes stop theirs too
-					j.abort(attempt, cfg.NodeRank*cfg.NProcPerNode, fmt.Sprintf("node %d was interrupted by %v", cfg.NodeRank, s), true)
+					j.abort(attempt, cfg.NodeRank*cfg.NProcPerNode, interruptedReason(cfg.NodeRank, s), true)
 				}
 			}
 			if stopping {

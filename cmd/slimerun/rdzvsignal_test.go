@@ -87,8 +87,16 @@ func text(f *os.File) string {
 // TestSignalStopsOtherNodes: SIGTERM to one node's slimerun once the
 // workers run stops that node's workers and the other nodes' too (a
 // worker stuck outside any collective call would otherwise keep its node
-// running): node 0 ends within seconds, naming node 1's signal.
+// running): node 0 ends within seconds, naming node 1's signal. With
+// restarts left, node 0 does not restart its workers either (they would
+// wait for node 1's in the next attempt's rendezvous until its timeout).
 func TestSignalStopsOtherNodes(t *testing.T) {
+	for _, restarts := range []string{"0", "3"} {
+		t.Run("max-restarts="+restarts, func(t *testing.T) { signalStopsOtherNodes(t, restarts) })
+	}
+}
+
+func signalStopsOtherNodes(t *testing.T, restarts string) {
 	port := freePortString(t)
 	dir := t.TempDir()
 	var outs [2]*os.File
@@ -96,12 +104,12 @@ func TestSignalStopsOtherNodes(t *testing.T) {
 	var cmds [2]*exec.Cmd
 	for n := range 2 {
 		cmds[n], outs[n], dones[n] = startSlimerun(t, "stop-others", "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
-			"--master-addr", "127.0.0.1", "--master-port", port, "--stop-grace", "1s",
-			"sh", "-c", "touch "+dir+"/up.$RANK; exec sleep 60")
+			"--master-addr", "127.0.0.1", "--master-port", port, "--stop-grace", "1s", "--max-restarts", restarts,
+			"sh", "-c", "touch "+dir+"/up.$RANK.$TORCHELASTIC_RESTART_COUNT; exec sleep 60")
 	}
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		_, e0 := os.Stat(dir + "/up.0")
-		_, e1 := os.Stat(dir + "/up.1")
+		_, e0 := os.Stat(dir + "/up.0.0")
+		_, e1 := os.Stat(dir + "/up.1.0")
 		if e0 == nil && e1 == nil {
 			break
 		}
@@ -129,6 +137,9 @@ func TestSignalStopsOtherNodes(t *testing.T) {
 	}
 	if !strings.Contains(text(outs[0]), "node 1 was interrupted by terminated") {
 		t.Errorf("node 0 does not name node 1's signal:\n%s", text(outs[0]))
+	}
+	if m, _ := filepath.Glob(dir + "/up.*.[1-9]"); len(m) > 0 || strings.Contains(text(outs[0]), "restarting") {
+		t.Errorf("workers were restarted after node 1's signal (%v):\n%s", m, text(outs[0]))
 	}
 }
 
