@@ -163,6 +163,7 @@ func (f *Future) park(ctx context.Context, w *waker, timeout time.Duration) (boo
 		dl = time.Now().Add(timeout)
 	}
 	if ctx.Done() != nil { // it can be cancelled
+		w.cancelled.Store(false) // an earlier holder's, if its AfterFunc ran late
 		stop := context.AfterFunc(ctx, w.wakeFn)
 		defer stop()
 	}
@@ -180,6 +181,16 @@ func (f *Future) park(ctx context.Context, w *waker, timeout time.Duration) (boo
 			return true, context.DeadlineExceeded
 		case err != nil:
 			return false, nil
+		case w.cancelled.Load():
+			// An earlier holder's cancel, late (its AfterFunc had
+			// started when its wait ended): cleared, or wait would not
+			// park again. This ctx's own cancel sets Err before it runs
+			// wakeFn, so one that comes after the check below sets the
+			// flag again, after this clear.
+			w.cancelled.Store(false)
+			if err := ctx.Err(); err != nil {
+				return true, err
+			}
 		}
 	}
 	return true, nil

@@ -29,9 +29,13 @@ type waker struct {
 	// wait would be allocated per wait); first and done are its holder's
 	// wait's state.
 	readFn func(fd uintptr) bool
-	wakeFn func() // wake, made once (for context.AfterFunc)
-	first  bool
-	done   *atomic.Bool
+	// wakeFn, made once, is what a cancelled context calls
+	// (context.AfterFunc): it sets cancelled, which wait checks before it
+	// parks, and wakes the holder.
+	wakeFn    func()
+	cancelled atomic.Bool
+	first     bool
+	done      *atomic.Bool
 	// busy: a Wait holds the waker (one at a time; the others wait on
 	// their Future's channel).
 	busy atomic.Bool
@@ -55,7 +59,7 @@ func newWaker() *waker {
 	}
 	w.rc = rc
 	w.readFn = w.take
-	w.wakeFn = w.wake
+	w.wakeFn = func() { w.cancelled.Store(true); w.wake() }
 	return w
 }
 
@@ -67,12 +71,14 @@ var wakeOne = [8]byte{1}
 func (w *waker) wake() { w.f.Write(wakeOne[:]) }
 
 // wait blocks until done holds or the counter is written, or the read
-// deadline set on w.f passes, and takes the count. While done does not
-// hold it parks in the poller without reading first (a read would only
-// find the counter empty): the completing goroutine sets done before it
-// writes, and every write to an eventfd is an edge for the poller, so a
-// write after the poller's state was reset (RawConn.Read resets it before
-// the first take) wakes this wait, and one before it finds done set.
+// deadline set on w.f passes, and takes the count. While neither done nor
+// cancelled holds it parks in the poller without reading first (a read
+// would only find the counter empty): whoever writes sets one of them
+// first (the completing goroutine done, a cancelled context's wakeFn
+// cancelled), and every write to an eventfd is an edge for the poller, so
+// a write after the poller's state was reset (RawConn.Read resets it
+// before the first take) wakes this wait, and one before it finds the
+// flag set.
 func (w *waker) wait(done *atomic.Bool) error {
 	w.first, w.done = true, done
 	err := w.rc.Read(w.readFn)
@@ -85,7 +91,7 @@ func (w *waker) wait(done *atomic.Bool) error {
 func (w *waker) take(fd uintptr) bool {
 	if w.first {
 		w.first = false
-		if !w.done.Load() {
+		if !w.done.Load() && !w.cancelled.Load() {
 			return false
 		}
 	}
