@@ -417,7 +417,8 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	case <-r.drained:
 		return nil
 	case <-ctx.Done():
-		return opErr("deregister", r.holderNames(), r.label(), ended(ctx), "a request of the peer still uses it")
+		peer, who := r.holding()
+		return opErr("deregister", peer, r.label(), ended(ctx), "%s still uses it", who)
 	}
 }
 
@@ -457,9 +458,10 @@ func (e *Endpoint) bound(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(ctx, e.opts.Timeout)
 }
 
-// holderNames names the peers whose requests hold r now, comma-separated
-// in order ("" when none does).
-func (r *Region) holderNames() string {
+// holding names the peers whose requests hold r now: peer is the first
+// of their names in order ("" when none does), who says whose requests
+// they are, for an error's text.
+func (r *Region) holding() (peer, who string) {
 	r.mu.Lock()
 	names := make([]string, 0, len(r.holders))
 	for p := range r.holders {
@@ -467,7 +469,18 @@ func (r *Region) holderNames() string {
 	}
 	r.mu.Unlock()
 	slices.Sort(names)
-	return strings.Join(slices.Compact(names), ",")
+	names = slices.Compact(names)
+	switch len(names) {
+	case 0:
+		return "", "a peer's request"
+	case 1:
+		return names[0], "a request of the peer"
+	}
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = strconv.Quote(n)
+	}
+	return names[0], "requests of peers " + strings.Join(quoted, ", ")
 }
 
 // acquire checks the descriptors of a request of peer p as its target: every region
@@ -1377,7 +1390,8 @@ func (e *Endpoint) Close() error {
 	// Lent memory is released a heartbeat after its link's end at the
 	// latest (fail), the links' own references when their goroutines end.
 	if r := drained(2 * e.opts.Heartbeat); r != nil {
-		return opErr("close", r.holderNames(), r.label(), ErrTimeout, "a request of the peer may still use it")
+		peer, who := r.holding()
+		return opErr("close", peer, r.label(), ErrTimeout, "%s may still use it", who)
 	}
 	return nil
 }
