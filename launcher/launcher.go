@@ -235,6 +235,12 @@ type RemoteError struct {
 	// Interrupted: node Node's launcher was told to stop (a signal), not
 	// failed; the job ends everywhere, with no restart.
 	Interrupted bool
+	// NotStarted: node Node's launcher could not start rank Rank (its
+	// program, its interpreter or its log file is missing there, or the
+	// system refused a process); the job ends everywhere, with no
+	// restart, as it does on that node: another attempt would wait for
+	// workers that node does not start.
+	NotStarted bool
 }
 
 func (e *RemoteError) Error() string {
@@ -243,6 +249,8 @@ func (e *RemoteError) Error() string {
 		return fmt.Sprintf("rank %d was reported failed: %.512s; this node's workers were stopped", e.Rank, e.Reason)
 	case e.Interrupted:
 		return fmt.Sprintf("%.512s; this node's workers were stopped", e.Reason)
+	case e.NotStarted:
+		return fmt.Sprintf("node %d could not start its workers: %.512s; this node's workers were stopped", e.Node, e.Reason)
 	}
 	return fmt.Sprintf("a worker of node %d failed: %.512s; this node's workers were stopped", e.Node, e.Reason)
 }
@@ -256,6 +264,17 @@ func interruptedReason(node int, s os.Signal) string {
 
 func isInterrupted(node int, reason string) bool {
 	return node >= 0 && strings.HasPrefix(reason, fmt.Sprintf("node %d was interrupted by ", node))
+}
+
+// startError is the error, and the reason given the other nodes, of a
+// worker that could not be started; isStartFailure recognizes that reason
+// for rank.
+func startError(rank int, err error) error {
+	return fmt.Errorf("launcher: start rank %d: %w", rank, err)
+}
+
+func isStartFailure(rank int, reason string) bool {
+	return rank >= 0 && strings.HasPrefix(reason, fmt.Sprintf("launcher: start rank %d: ", rank))
 }
 
 // failedPrefix is the store prefix that a node aborts, with the rank and
@@ -546,7 +565,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err == nil || !errors.As(err, &we) && !errors.As(err, &re) || attempt >= cfg.MaxRestarts {
 			return err
 		}
-		if re != nil && re.Interrupted { // another node was stopped: so is the job
+		if re != nil && (re.Interrupted || re.NotStarted) { // another node was stopped, or did not start its workers: so is the job
 			return err
 		}
 		// A signal that came after the attempt's last worker ended stops
@@ -1309,7 +1328,8 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 				// The next tick stops the workers, as after a failure
 				// here: those that saw it too have that long to say so.
 				first = &RemoteError{Rank: ae.Rank, Node: node, Attempt: attempt, Reason: ae.Reason,
-					Interrupted: ae.Rank == node*cfg.NProcPerNode && isInterrupted(node, ae.Reason)}
+					Interrupted: ae.Rank == node*cfg.NProcPerNode && isInterrupted(node, ae.Reason),
+					NotStarted:  node >= 0 && isStartFailure(ae.Rank, ae.Reason)}
 				cfg.Logf("node %d: %v", cfg.NodeRank, first)
 			}
 		case <-tick.C:
@@ -1538,7 +1558,7 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 		for _, f := range w.files {
 			f.Close()
 		}
-		return nil, fmt.Errorf("launcher: start rank %d: %w", rank, err)
+		return nil, startError(rank, err)
 	}
 	return w, nil
 }

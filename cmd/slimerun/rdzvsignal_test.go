@@ -173,3 +173,56 @@ func startSlimerun(t *testing.T, secret string, args ...string) (cmd *exec.Cmd, 
 	t.Cleanup(func() { cmd.Process.Kill(); done <- <-done; out.Close() })
 	return cmd, out, done
 }
+
+// TestStartFailureStopsOtherNodes: a node that cannot start its workers
+// (here its program names an interpreter that does not exist) ends the job on every node,
+// with or without restarts left: node 0 stops its running workers and
+// ends within seconds naming node 1's rank and why it did not start,
+// rather than restarting them into a rendezvous that node 1 never joins
+// (and failing only at its timeout).
+func TestStartFailureStopsOtherNodes(t *testing.T) {
+	for _, restarts := range []string{"0", "3"} {
+		t.Run("max-restarts="+restarts, func(t *testing.T) { startFailureStopsOtherNodes(t, restarts) })
+	}
+}
+
+func startFailureStopsOtherNodes(t *testing.T, restarts string) {
+	port := freePortString(t)
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "no-such-program")
+	prog := filepath.Join(dir, "prog")
+	if err := os.WriteFile(prog, []byte("#!"+missing+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var outs [2]*os.File
+	var dones [2]chan error
+	t0 := time.Now()
+	for n, prog := range [][]string{{"sh", "-c", "touch " + dir + "/up.$RANK.$TORCHELASTIC_RESTART_COUNT; exec sleep 60"}, {prog}} {
+		_, outs[n], dones[n] = startSlimerun(t, "start-fails", append([]string{"--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
+			"--master-addr", "127.0.0.1", "--master-port", port, "--stop-grace", "1s", "--max-restarts", restarts, "--rdzv-timeout", "60s"}, prog...)...)
+	}
+	for n := range 2 {
+		select {
+		case err := <-dones[n]:
+			dones[n] <- err
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			}
+			if code != 1 {
+				t.Errorf("node %d: exit %d, want 1:\n%s", n, code, text(outs[n]))
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("node %d still runs %v after the start:\nnode 0:\n%s\nnode 1:\n%s", n, time.Since(t0).Round(time.Millisecond), text(outs[0]), text(outs[1]))
+		}
+	}
+	for n := range 2 {
+		if s := text(outs[n]); !strings.Contains(s, "start rank 1") || !strings.Contains(s, prog+": no such file") {
+			t.Errorf("node %d does not name rank 1's start and its program:\n%s", n, s)
+		}
+	}
+	if m, _ := filepath.Glob(dir + "/up.*.[1-9]"); len(m) > 0 || strings.Contains(text(outs[0]), "restarting") {
+		t.Errorf("workers were restarted after node 1's start failed (%v):\n%s", m, text(outs[0]))
+	}
+	t.Logf("node 0:\n%snode 1:\n%s", text(outs[0]), text(outs[1]))
+}
