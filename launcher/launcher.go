@@ -444,8 +444,13 @@ type job struct {
 	workerAddr string
 	torchPort  int
 	srv        *rendezvous.Server // node 0
-	client     *rendezvous.Client // the other nodes: aborts and blame reads
-	aborts     sync.WaitGroup
+	// noProgram is why Program cannot be run on this node, across nodes:
+	// the node claims its rank and then calls the rendezvous off with it
+	// (joinNodes), so that the other nodes fail at once naming it, not
+	// at their rendezvous timeout.
+	noProgram error
+	client    *rendezvous.Client // the other nodes: aborts and blame reads
+	aborts    sync.WaitGroup
 	// lastAbort is closed when the latest abort sent through client has
 	// returned (nil: none yet); the next one waits for it (abort).
 	lastAbort chan struct{}
@@ -474,9 +479,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.defaults(); err != nil {
 		return err
 	}
+	var noProgram error
 	if cfg.Program != "" {
 		if _, err := exec.LookPath(cfg.Program); err != nil {
-			return fmt.Errorf("%w: %v", ErrBadConfig, err)
+			noProgram = fmt.Errorf("%w: %v", ErrBadConfig, err)
+			if cfg.NNodes == 1 {
+				return noProgram
+			}
 		}
 	}
 	if cfg.RunID == "" {
@@ -508,7 +517,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Logf("no guard process (what the workers leave is not cleaned up if slimerun is killed): %v", err)
 	}
 	defer g.close()
-	j := &job{cfg: &cfg, bindHost: "127.0.0.1", workerAddr: "127.0.0.1", guard: g}
+	j := &job{cfg: &cfg, bindHost: "127.0.0.1", workerAddr: "127.0.0.1", guard: g, noProgram: noProgram}
 	if cfg.NNodes > 1 {
 		j.workerAddr = cfg.MasterAddr
 		if cfg.NodeRank == 0 {
@@ -782,6 +791,35 @@ func (j *job) joinInterruptible(ctx context.Context, sigs chan os.Signal) error 
 	}
 }
 
+// tellLateNodes, on node 0 once it has called the rendezvous off, serves
+// the store for up to lateGrace more, until every other node has claimed
+// its rank (and so hears of the call-off at its next wait): a node
+// started just after node 0 would otherwise find the store gone and fail
+// only at its rendezvous timeout. A node later still does.
+func (j *job) tellLateNodes(ctx context.Context, st *rendezvous.Client) {
+	ctx, cancel := context.WithTimeout(ctx, lateGrace)
+	defer cancel()
+	for n := 1; n < j.cfg.NNodes; n++ {
+		for {
+			ok, err := st.Check(ctx, claimKey(j.cfg.RunID, n))
+			if err != nil {
+				return
+			}
+			if ok {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// lateGrace bounds tellLateNodes.
+const lateGrace = 10 * time.Second
+
 // joinNodes waits until every node's launcher has reached the store, so
 // that a node that never arrives is reported by rank. Each node first
 // claims its node rank (claimKey), publishing its node and worker counts:
@@ -895,6 +933,13 @@ func (j *job) joinNodes(ctx context.Context) error {
 		if n0.NNodes != self.NNodes || n0.NProcPerNode != self.NProcPerNode {
 			return fail(fmt.Errorf("node %d (%s) was given %s, node 0 (%s) %s: every node must be given the same", cfg.NodeRank, self.who(), self.given(), n0.who(), n0.given()))
 		}
+	}
+	if j.noProgram != nil {
+		err := fail(fmt.Errorf("node %d cannot run the program: %w", cfg.NodeRank, j.noProgram))
+		if j.srv != nil {
+			j.tellLateNodes(ctx, st)
+		}
+		return err
 	}
 	mine := cfg.cpus
 	if !cfg.BindToCore {
