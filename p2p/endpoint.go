@@ -741,7 +741,11 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 				why = dupWhy
 			}
 			err := opErr("connect", in.name, "", ended(ctx), "%s", why)
-			e.dropPeer(p, err)
+			if dial {
+				// Only the Connect that dials gives the peer up: another
+				// waiting for its link ends alone, at its own deadline.
+				e.dropPeer(p, err)
+			}
 			return nil, err
 		}
 	}

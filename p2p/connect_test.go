@@ -1,0 +1,88 @@
+package p2p
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/auth"
+)
+
+// slowAcceptor proves itself and answers the hello after delay: a peer
+// that is slow to link (a loaded machine), not a dead one.
+func slowAcceptor(t *testing.T, delay time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+			go func() {
+				k := auth.NewKey(testAuth().Secret, testAuth().Job)
+				if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
+					c.Close()
+					return
+				}
+				time.Sleep(delay)
+				answerHello(c, stOK)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestConcurrentConnectShortDeadline: two Connects to one peer, the
+// first with a long deadline (it dials), the second with a short one
+// (it waits for the first's link). The second's deadline ends the second
+// alone: the first, whose own context is live, links.
+func TestConcurrentConnectShortDeadline(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	in := info{name: "slow", addr: slowAcceptor(t, 600*time.Millisecond)}
+	long := make(chan error, 1)
+	go func() {
+		_, err := a.ConnectInfo(ctx, in.encode())
+		long <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the first is dialing
+	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err := a.ConnectInfo(sctx, in.encode())
+	cancel()
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("the short Connect: %v, want ErrTimeout", err)
+	}
+	if err := <-long; err != nil {
+		t.Fatalf("a Connect with 20 s left failed because another Connect's 100 ms deadline passed: %v", err)
+	}
+}
+
+// TestConcurrentConnectCancel: as above with the second Connect
+// cancelled by its caller.
+func TestConcurrentConnectCancel(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	in := info{name: "slow", addr: slowAcceptor(t, 600*time.Millisecond)}
+	long := make(chan error, 1)
+	go func() {
+		_, err := a.ConnectInfo(ctx, in.encode())
+		long <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	cctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(50*time.Millisecond, cancel)
+	if _, err := a.ConnectInfo(cctx, in.encode()); !errors.Is(err, ErrCancelled) {
+		t.Fatalf("the cancelled Connect: %v, want ErrCancelled", err)
+	}
+	if err := <-long; err != nil {
+		t.Fatalf("a Connect whose context is live failed because another Connect was cancelled: %v", err)
+	}
+}
