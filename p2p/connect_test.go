@@ -86,3 +86,44 @@ func TestConcurrentConnectCancel(t *testing.T) {
 		t.Fatalf("a Connect whose context is live failed because another Connect was cancelled: %v", err)
 	}
 }
+
+// TestConnectInfoOfAnotherName: Connect(name) takes the Info stored
+// under name; an Info there that names another endpoint (a stale or
+// tampered entry) is not that endpoint's: Connect must not return a
+// link to another endpoint than the one it was asked for, nor replace
+// that endpoint's region table with what the entry under name says.
+func TestConnectInfoOfAnotherName(t *testing.T) {
+	_, st := storeFor(t)
+	ctx := ctxT(t, 20*time.Second)
+	a := published(t, ctx, st, "a", nil)
+	b := published(t, ctx, st, "b", nil)
+	kv, _ := b.Register("kv", make([]byte, 4096))
+	scratch, _ := b.Register("scratch", make([]byte, 4096))
+	if err := b.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ab, err := a.Connect(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Under "x": b's Info with its regions' names swapped.
+	in, _ := decodeInfo(b.Info())
+	for i := range in.regions {
+		switch in.regions[i].Name {
+		case "kv":
+			in.regions[i].Name = "scratch"
+		case "scratch":
+			in.regions[i].Name = "kv"
+		}
+	}
+	if err := st.Set(ctx, "p2p/info/x", in.encode()); err != nil {
+		t.Fatal(err)
+	}
+	p, err := a.Connect(ctx, "x")
+	if err == nil && p.Name() != "x" {
+		t.Errorf("Connect(%q) returned the link to %q", "x", p.Name())
+	}
+	if r, _ := ab.Remote("kv"); r.ID != kv.Remote().ID {
+		t.Errorf("after Connect(%q), peer b's region \"kv\" is id %d (b's %q is %d, its \"kv\" %d)", "x", r.ID, "scratch", scratch.Remote().ID, kv.Remote().ID)
+	}
+}

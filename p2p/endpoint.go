@@ -675,6 +675,9 @@ func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
 		}
 		return nil, opErr("connect", name, "", ErrPeerLost, "the store: %v", err)
 	}
+	if in, err := decodeInfo(v); err == nil && in.name != name {
+		return nil, opErr("connect", name, "", ErrInvalid, "the info stored under %q is endpoint %q's", name, in.name)
+	}
 	return e.ConnectInfo(ctx, v)
 }
 
