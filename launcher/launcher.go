@@ -673,6 +673,10 @@ const freePortMin = 10000
 // gives up the rendezvous aborts it, so that the others fail at once.
 func nodesPrefix(runID string) string { return "slimerun/" + runID + "/" }
 
+// nodesBarrier is the barrier every node's launcher joins once it has
+// claimed its rank and published its placement (joinNodes).
+func nodesBarrier(runID string) string { return nodesPrefix(runID) + "nodes" }
+
 // claimKey is where the launcher that takes node rank n records itself
 // (nodeInfo), once: a second launcher given the same rank finds it taken.
 func claimKey(runID string, n int) string { return nodesPrefix(runID) + "node/" + strconv.Itoa(n) }
@@ -792,16 +796,20 @@ func (j *job) joinInterruptible(ctx context.Context, sigs chan os.Signal) error 
 }
 
 // tellLateNodes, on node 0 once it has called the rendezvous off, serves
-// the store for up to lateGrace more, until every other node has claimed
-// its rank (and so hears of the call-off at its next wait): a node
-// started just after node 0 would otherwise find the store gone and fail
-// only at its rendezvous timeout. A node later still does.
+// the store for up to lateGrace more, until every other node has reached
+// the node barrier (and so hears of the call-off in its wait there, on a
+// connection the store's Shutdown still serves): a node started just
+// after node 0 would otherwise find the store gone and fail only at its
+// rendezvous timeout. Its claim is not enough: between the claim and the
+// barrier a node dials a second connection (job.watch), which a store
+// that stopped listening refuses until that node's timeout. A node later
+// still does.
 func (j *job) tellLateNodes(ctx context.Context, st *rendezvous.Client) {
 	ctx, cancel := context.WithTimeout(ctx, lateGrace)
 	defer cancel()
 	for n := 1; n < j.cfg.NNodes; n++ {
 		for {
-			ok, err := st.Check(ctx, claimKey(j.cfg.RunID, n))
+			ok, err := st.Check(ctx, nodesBarrier(j.cfg.RunID)+"/"+strconv.Itoa(n)) // what Barrier sets on arrival
 			if err != nil {
 				return
 			}
@@ -954,7 +962,7 @@ func (j *job) joinNodes(ctx context.Context) error {
 	if j.watch, err = rendezvous.Dial(ctx, addr, cfg.auth()); err != nil {
 		return fail(fmt.Errorf("connect to watch the other nodes' workers: %w", err))
 	}
-	if err := st.Barrier(ctx, nodesPrefix(cfg.RunID)+"nodes", cfg.NodeRank, cfg.NNodes); err != nil {
+	if err := st.Barrier(ctx, nodesBarrier(cfg.RunID), cfg.NodeRank, cfg.NNodes); err != nil {
 		if ae, ok := errors.AsType[*rendezvous.AbortError](err); ok {
 			return fmt.Errorf("launcher: node %d: the rendezvous was called off: %w", cfg.NodeRank, ae)
 		}

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// delayProxy forwards every connection it accepts to upstream, each chunk
+// delay later in either direction: a network link with a round trip of
+// 2×delay. A connection it cannot forward is closed, as a refused one.
+func delayProxy(t *testing.T, upstream string, delay time.Duration) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	pipe := func(dst, src net.Conn) {
+		defer dst.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				time.Sleep(delay)
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				if err != io.EOF {
+					return
+				}
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				u, err := net.Dial("tcp", upstream)
+				if err != nil {
+					c.Close()
+					return
+				}
+				go pipe(u, c)
+				pipe(c, u)
+			}()
+		}
+	}()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+// TestMissingProgramOnNode0ReachesRemoteNode: node 0 lacks the program;
+// node 1 reaches it over a link with a 30 ms round trip (any network
+// between two machines, or a loaded host). Node 1 must fail within seconds
+// naming node 0 and the program, as it does on loopback
+// (TestMissingProgramCallsOffRendezvous), not at its rendezvous timeout.
+func TestMissingProgramOnNode0ReachesRemoteNode(t *testing.T) {
+	port := freePortString(t)
+	missing := filepath.Join(t.TempDir(), "no-such-program")
+	common := []string{"--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--rdzv-id", "p" + port, "--rdzv-timeout", "60s"}
+	_, out0, done0 := startSlimerun(t, "no-program", append(append([]string{"--node-rank", "0", "--master-port", port}, common...), missing)...)
+	// Node 0's store is up before node 1 starts (node 1 would wait for it anyway).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 0's store did not come up:\n%s", text(out0))
+		}
+	}
+	proxied := delayProxy(t, "127.0.0.1:"+port, 15*time.Millisecond)
+	t0 := time.Now()
+	_, out1, done1 := startSlimerun(t, "no-program", append(append([]string{"--node-rank", "1", "--master-port", proxied}, common...), "true")...)
+	for n, c := range []struct {
+		done chan error
+		want int
+	}{{done0, 2}, {done1, 1}} {
+		select {
+		case err := <-c.done:
+			c.done <- err
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			}
+			if code != c.want {
+				t.Errorf("node %d: exit %d, want %d", n, code, c.want)
+			}
+		case <-time.After(25 * time.Second):
+			t.Fatalf("node %d still runs %v after node 1's start:\nnode 0:\n%s\nnode 1:\n%s", n, time.Since(t0).Round(time.Millisecond), text(out0), text(out1))
+		}
+	}
+	if s := text(out1); !strings.Contains(s, "node 0") || !strings.Contains(s, missing) {
+		t.Errorf("node 1 does not name node 0 and the program:\n%s", s)
+	}
+	t.Logf("node 1 ended after %v\nnode 0:\n%snode 1:\n%s", time.Since(t0).Round(time.Millisecond), text(out0), text(out1))
+	_ = os.Getpid
+}
