@@ -553,7 +553,19 @@ func Run(ctx context.Context, cfg Config) error {
 			j.watch.Close()
 		}
 	}()
+	if noProgram != nil {
+		// Said now: the rendezvous that tells the other nodes may wait
+		// for node 0's store up to RdzvTimeout.
+		cfg.Logf("node %d: %v; calling the rendezvous off", cfg.NodeRank, noProgram)
+	}
 	if err := j.joinInterruptible(ctx, sigs); err != nil {
+		_, intr := errors.AsType[*ErrInterrupted](err)
+		if noProgram != nil && !intr && !errors.Is(err, ErrBadConfig) {
+			// The rendezvous failed before it could be called off (node
+			// 0's store never came, the rank was taken): the program is
+			// still why this node does not run, bad usage as on one node.
+			return fmt.Errorf("launcher: node %d: %w (and the other nodes could not be told: %v)", cfg.NodeRank, noProgram, err)
+		}
 		return err
 	}
 	if j.client != nil {

@@ -108,3 +108,28 @@ func TestMissingProgramOnNode0ReachesRemoteNode(t *testing.T) {
 	t.Logf("node 1 ended after %v\nnode 0:\n%snode 1:\n%s", time.Since(t0).Round(time.Millisecond), text(out0), text(out1))
 	_ = os.Getpid
 }
+
+// TestMissingProgramWithoutNode0: node 1 lacks the program and node 0's
+// store never comes. It is still bad usage (exit 2) naming the program,
+// as before 703a501, not "store unreachable" (exit 1) after the rendezvous
+// timeout with no word of the program.
+func TestMissingProgramWithoutNode0(t *testing.T) {
+	port := freePortString(t)
+	missing := filepath.Join(t.TempDir(), "no-such-program")
+	_, out, done := startSlimerun(t, "no-program", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
+		"--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-timeout", "3s", missing)
+	select {
+	case err := <-done:
+		done <- err
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		if s := text(out); code != 2 || !strings.Contains(s, missing) {
+			t.Errorf("exit %d, want 2 naming %s:\n%s", code, missing, s)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("still runs:\n%s", text(out))
+	}
+	t.Logf("\n%s", text(out))
+}
