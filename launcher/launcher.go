@@ -1019,12 +1019,18 @@ func (j *job) joinNodes(ctx context.Context) error {
 // A failure (failed) is also told to the other nodes' launchers
 // (failedPrefix).
 func (j *job) abort(attempt, rank int, reason string, failed bool) {
+	// A failure reaches the other nodes' launchers (failedPrefix) before
+	// the attempt's waits fail: a worker there that the attempt's abort
+	// fails would otherwise be reported first, as a failure of its own
+	// node, and the store would keep that report, not this one (a
+	// start failure or a signal here, which must end the job everywhere,
+	// would then read as a worker's failure, which restarts it).
 	prefix := rendezvous.AttemptPrefix(j.cfg.RunID, attempt)
 	if j.srv != nil {
-		j.srv.Abort(prefix, rank, reason)
 		if failed {
 			j.srv.Abort(failedPrefix(j.cfg.RunID, attempt), rank, reason)
 		}
+		j.srv.Abort(prefix, rank, reason)
 		return
 	}
 	if j.client == nil {
@@ -1048,13 +1054,13 @@ func (j *job) abort(attempt, rank int, reason string, failed bool) {
 		if testHookAbort != nil {
 			testHookAbort(rank)
 		}
-		if err := j.client.Abort(ctx, prefix, rank, reason); err != nil {
-			j.cfg.Logf("node %d: could not tell the store that %s: %v", j.cfg.NodeRank, reason, err)
-		}
 		if failed {
 			if err := j.client.Abort(ctx, failedPrefix(j.cfg.RunID, attempt), rank, reason); err != nil {
 				j.cfg.Logf("node %d: could not tell the other nodes that %s: %v", j.cfg.NodeRank, reason, err)
 			}
+		}
+		if err := j.client.Abort(ctx, prefix, rank, reason); err != nil {
+			j.cfg.Logf("node %d: could not tell the store that %s: %v", j.cfg.NodeRank, reason, err)
 		}
 	}()
 }

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+
+	"github.com/slimego/slimego/rendezvous"
 	"io"
 	"net"
 	"os"
@@ -132,4 +135,75 @@ func TestMissingProgramWithoutNode0(t *testing.T) {
 		t.Fatalf("still runs:\n%s", text(out))
 	}
 	t.Logf("\n%s", text(out))
+}
+
+// waitPeerWorker is a worker that waits, in the launcher's store, for a
+// key of its attempt that no rank sets (as a worker's Init waits for its
+// peers), and fails (exit 1) when the attempt is aborted.
+func waitPeerWorker() int {
+	run, restart := os.Getenv("SLIME_RUN_ID"), os.Getenv("SLIME_RESTART_COUNT")
+	os.WriteFile(filepath.Join(os.Getenv("SLIMERUN_TEST_DIR"), "up."+os.Getenv("RANK")+"."+restart), nil, 0o600)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := rendezvous.Dial(ctx, net.JoinHostPort(os.Getenv("MASTER_ADDR"), os.Getenv("SLIME_STORE_PORT")),
+		rendezvous.Auth{Secret: []byte(os.Getenv("SLIME_JOB_SECRET")), Job: run})
+	if err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		return 1
+	}
+	n, _ := strconv.Atoi(restart)
+	err = st.Wait(ctx, rendezvous.AttemptPrefix(run, n)+"peer")
+	os.Stderr.WriteString("worker: " + err.Error() + "\n")
+	return 1
+}
+
+// TestStartFailureStopsOtherNodesWhoseWorkersWait: as
+// TestStartFailureStopsOtherNodes, but node 0's worker waits for its peers
+// in the store (as every real worker's Init does), and node 1 reaches node
+// 0 over a slow link. Node 1's start failure aborts the attempt, which
+// fails node 0's worker before node 1's second abort (the failure report)
+// arrives: node 0 must still not restart into a rendezvous node 1 never
+// joins.
+func TestStartFailureStopsOtherNodesWhoseWorkersWait(t *testing.T) {
+	port := freePortString(t)
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "prog")
+	if err := os.WriteFile(prog, []byte("#!"+filepath.Join(dir, "no-such-interpreter")+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--rdzv-id", "p" + port,
+		"--rdzv-timeout", "60s", "--stop-grace", "1s", "--max-restarts", "3"}
+	_, out0, done0 := startSlimerun(t, "start-fails", append(append([]string{"--node-rank", "0", "--master-port", port}, common...),
+		"env", "SLIMERUN_TEST_WORKER=waitpeer", "SLIMERUN_TEST_DIR="+dir, self)...)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 0's store did not come up:\n%s", text(out0))
+		}
+	}
+	proxied := delayProxy(t, "127.0.0.1:"+port, 100*time.Millisecond)
+	_, out1, done1 := startSlimerun(t, "start-fails", append(append([]string{"--node-rank", "1", "--master-port", proxied}, common...), prog)...)
+	t0 := time.Now()
+	for n, done := range []chan error{done0, done1} {
+		select {
+		case err := <-done:
+			done <- err
+		case <-time.After(30 * time.Second):
+			t.Fatalf("node %d still runs %v:\nnode 0:\n%s\nnode 1:\n%s", n, time.Since(t0).Round(time.Millisecond), text(out0), text(out1))
+		}
+	}
+	if m, _ := filepath.Glob(dir + "/up.*.[1-9]"); len(m) > 0 || strings.Contains(text(out0), "restarting") {
+		t.Errorf("node 0 restarted its workers after node 1's start failed (%v):\n%s", m, text(out0))
+	}
+	if s := text(out0); !strings.Contains(s, "start rank 1") {
+		t.Errorf("node 0 does not name rank 1's start:\n%s", s)
+	}
+	t.Logf("node 0:\n%snode 1:\n%s", text(out0), text(out1))
 }

@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("SLIMERUN_TEST_WORKER") == "shm" {
 		os.Exit(shmWorker())
 	}
+	if os.Getenv("SLIMERUN_TEST_WORKER") == "waitpeer" {
+		os.Exit(waitPeerWorker())
+	}
 	dir, err := testbin.Build()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
