@@ -821,7 +821,7 @@ func (j *job) tellLateNodes(ctx context.Context, st *rendezvous.Client) {
 	defer cancel()
 	for n := 1; n < j.cfg.NNodes; n++ {
 		for {
-			ok, err := st.Check(ctx, nodesBarrier(j.cfg.RunID)+"/"+strconv.Itoa(n)) // what Barrier sets on arrival
+			ok, err := st.Check(ctx, rendezvous.BarrierKey(nodesBarrier(j.cfg.RunID), n))
 			if err != nil {
 				return
 			}

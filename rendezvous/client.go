@@ -434,6 +434,11 @@ func (e *MissingError) Error() string {
 
 func (e *MissingError) Unwrap() error { return e.Err }
 
+// BarrierKey is the key member me sets when it reaches barrier name
+// (Barrier): whoever can Check it knows that member has arrived, and
+// waits in the barrier or has passed it.
+func BarrierKey(name string, me int) string { return name + "/" + strconv.Itoa(me) }
+
 // Barrier records that member me of size has reached name, then waits until
 // every member has. If the wait fails it returns a *MissingError naming the
 // members that never arrived.
@@ -441,13 +446,12 @@ func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
 	if size > MaxCallKeys {
 		return fmt.Errorf("%w: barrier %q of %d members at %s: a barrier waits for at most %d", ErrBadRequest, name, size, c.addr, MaxCallKeys)
 	}
-	base := name + "/"
-	if err := c.Set(ctx, base+strconv.Itoa(me), nil); err != nil {
+	if err := c.Set(ctx, BarrierKey(name, me), nil); err != nil {
 		return err
 	}
 	keys := make([]string, size)
 	for i := range keys {
-		keys[i] = base + strconv.Itoa(i)
+		keys[i] = BarrierKey(name, i)
 	}
 	err := c.Wait(ctx, keys...)
 	if err == nil {

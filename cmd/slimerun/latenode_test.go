@@ -109,7 +109,6 @@ func TestMissingProgramOnNode0ReachesRemoteNode(t *testing.T) {
 		t.Errorf("node 1 does not name node 0 and the program:\n%s", s)
 	}
 	t.Logf("node 1 ended after %v\nnode 0:\n%snode 1:\n%s", time.Since(t0).Round(time.Millisecond), text(out0), text(out1))
-	_ = os.Getpid
 }
 
 // TestMissingProgramWithoutNode0: node 1 lacks the program and node 0's
