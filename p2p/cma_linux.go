@@ -8,7 +8,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 	"unsafe"
 
@@ -483,7 +482,7 @@ func (l *link) grantCopy(p *part, rem []grantIov, write bool) error {
 		if n == 0 {
 			return nil
 		}
-		err := vmCopy(&p.mu, &p.active, l.pid, liov, riov, n, write)
+		err := vmCopy(p, l.pid, liov, riov, n, write)
 		liov, riov, n = liov[:0], riov[:0], 0
 		return err
 	}
@@ -528,12 +527,18 @@ func (l *link) grantCopy(p *part, rem []grantIov, write bool) error {
 	return flush()
 }
 
-// vmCopy moves n bytes between liov (here) and riov (in pid) under mu,
-// if *active, retrying after short copies.
-func vmCopy(mu *sync.Mutex, active *bool, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int, write bool) error {
-	mu.Lock()
-	defer mu.Unlock()
-	for n > 0 && *active {
+// vmCopy moves n bytes between liov (here) and riov (in pid) under p's
+// lock, while p is active, retrying after short copies. It marks p as
+// copying first (see part.copying), and copies nothing once p is ending.
+func vmCopy(p *part, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int, write bool) error {
+	p.copying.Store(true)
+	defer p.copying.Store(false)
+	if p.ending.Load() {
+		return nil // as for a part no longer active: its finisher reports
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for n > 0 && p.active {
 		var m int
 		var err error
 		if write {

@@ -410,9 +410,16 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	if r == nil || r.e != e {
 		return opErr("deregister", "", "", ErrInvalid, "not a region of this endpoint")
 	}
-	e.withdraw(r)
+	held := e.withdraw(r)
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
+	for _, p := range held {
+		select {
+		case <-p.f.done:
+		case <-ctx.Done():
+			return opErr("deregister", p.f.peer, r.label(), ended(ctx), "this endpoint's %s from the peer is held up in the kernel by the peer's memory (a same-host copy whose pages do not come)", p.f.op)
+		}
+	}
 	select {
 	case <-r.drained:
 		return nil
@@ -424,8 +431,10 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 
 // withdraw is Deregister up to its wait: r is refused to new requests,
 // this side's transfers on it fail, and the peers' leases of it are
-// revoked; r.drained closes once nothing touches its memory.
-func (e *Endpoint) withdraw(r *Region) {
+// revoked; r.drained closes once the peers' requests let go of its memory,
+// and this side's transfers have once their parts in held (those whose
+// same-host copy was in the kernel: part.finish) are done.
+func (e *Endpoint) withdraw(r *Region) (held []*part) {
 	e.mu.Lock()
 	if e.regs[r.id] == r { // not withdrawn before: the name is r's
 		delete(e.regs, r.id)
@@ -443,11 +452,14 @@ func (e *Endpoint) withdraw(r *Region) {
 	}
 	r.mu.Unlock()
 	for _, p := range users {
-		p.finish(opErr(p.f.op, p.f.peer, r.label(), ErrClosed, "the region was deregistered during the transfer"))
+		if p.finish(opErr(p.f.op, p.f.peer, r.label(), ErrClosed, "the region was deregistered during the transfer")) {
+			held = append(held, p)
+		}
 	}
 	if first {
 		e.revokeLeases(r)
 	}
+	return held
 }
 
 // bound is ctx, bounded by Options.Timeout when it has no deadline.
@@ -1370,17 +1382,37 @@ func (e *Endpoint) Close() error {
 		}
 	}
 	gave.Wait()
+	var held []*part
 	for _, r := range regs {
-		e.withdraw(r)
+		held = append(held, e.withdraw(r)...)
 	}
-	drained := func(d time.Duration) *Region {
+	drained := func(d time.Duration) error {
 		t := time.NewTimer(d)
 		defer t.Stop()
-		for _, r := range regs {
+		// in reports whether ch is closed before t fires (preferred when
+		// both are: the timer of a spent bound fires at once).
+		in := func(ch <-chan struct{}) bool {
 			select {
-			case <-r.drained:
+			case <-ch:
+				return true
+			default:
+			}
+			select {
+			case <-ch:
+				return true
 			case <-t.C:
-				return r
+				return false
+			}
+		}
+		for _, r := range regs {
+			if !in(r.drained) {
+				peer, who := r.holding()
+				return opErr("close", peer, r.label(), ErrTimeout, "%s may still use it", who)
+			}
+		}
+		for _, p := range held {
+			if !in(p.f.done) {
+				return opErr("close", p.f.peer, p.f.label(), ErrTimeout, "this endpoint's %s from the peer is held up in the kernel by the peer's memory (a same-host copy whose pages do not come): its local memory may still be written", p.f.op)
 			}
 		}
 		return nil
@@ -1393,14 +1425,21 @@ func (e *Endpoint) Close() error {
 			e.dropPeer(p, opErr("connect", p.name, "", ErrClosed, "the endpoint was closed"))
 		}
 	}
-	e.wg.Wait()
+	// The links' goroutines end within a chunk of their copies, except a
+	// same-host copy that the peer's memory holds up in the kernel (its
+	// part is in held): drained below reports it.
+	bound := time.Now().Add(2 * e.opts.Heartbeat)
+	stopped := make(chan struct{})
+	go func() { e.wg.Wait(); close(stopped) }()
+	t := time.NewTimer(time.Until(bound))
+	select {
+	case <-stopped:
+	case <-t.C:
+	}
+	t.Stop()
 	// Lent memory is released a heartbeat after its link's end at the
 	// latest (fail), the links' own references when their goroutines end.
-	if r := drained(2 * e.opts.Heartbeat); r != nil {
-		peer, who := r.holding()
-		return opErr("close", peer, r.label(), ErrTimeout, "%s may still use it", who)
-	}
-	return nil
+	return drained(max(time.Until(bound), 0))
 }
 
 func itoa(n uint64) string { return strconv.FormatUint(n, 10) }

@@ -108,6 +108,11 @@ func (f *Future) partDone(err error) {
 // ErrTimeout; once it has returned nothing of the transfer touches this
 // side's memory any more (a late answer is dropped), so the buffers may be
 // reused at once. A Write's bytes in the peer's region are then undefined.
+// The one exception: a same-host copy that the peer's memory holds up in
+// the kernel (its pages do not come: a userfaultfd's, a file's on a hung
+// file system) cannot be stopped; Wait then returns ErrCancelled or
+// ErrTimeout saying so, stallGrace after ctx ended, and the Future is not
+// done: its local memory may still be written until Done is closed.
 func (f *Future) Wait(ctx context.Context) error {
 	if f == nil {
 		return opErr("wait", "", "", ErrInvalid, "a nil Future")
@@ -121,7 +126,7 @@ func (f *Future) Wait(ctx context.Context) error {
 		select {
 		case <-f.done:
 		case <-ctx.Done():
-			f.end(ctx.Err())
+			return f.end(ctx.Err())
 		}
 		return f.result()
 	}
@@ -132,7 +137,7 @@ func (f *Future) Wait(ctx context.Context) error {
 			w.busy.Store(false)
 			if ok {
 				if ended != nil {
-					f.end(ended)
+					return f.end(ended)
 				}
 				return f.result()
 			}
@@ -144,7 +149,7 @@ func (f *Future) Wait(ctx context.Context) error {
 	select {
 	case <-f.done:
 	case <-ctx.Done():
-		f.end(ctx.Err())
+		return f.end(ctx.Err())
 	}
 	return f.result()
 }
@@ -197,18 +202,39 @@ func (f *Future) park(ctx context.Context, w *waker, timeout time.Duration) (boo
 }
 
 // end cancels f, whose wait ended with cause (ctx's error), and returns
-// once every part is finished.
-func (f *Future) end(cause error) {
+// Wait's error once every part is finished, or once stallGrace has passed
+// where a part's same-host copy was in the kernel (part.finish) and has
+// not returned: then f is not done, and the error says so.
+func (f *Future) end(cause error) error {
 	sentinel := ErrCancelled
 	if cause == context.DeadlineExceeded {
 		sentinel = ErrTimeout
 	}
 	err := opErr(f.op, f.peer, f.label(), sentinel, "the wait ended: %v", cause)
+	later := false
 	for _, p := range f.parts {
-		p.finish(err)
+		if p.finish(err) {
+			later = true
+		}
 	}
-	<-f.done // every part is finished: this does not block
+	if !later {
+		<-f.done // every part is finished: this does not block
+		return f.result()
+	}
+	t := time.NewTimer(stallGrace)
+	defer t.Stop()
+	select {
+	case <-f.done:
+		return f.result()
+	case <-t.C:
+		return opErr(f.op, f.peer, f.label(), sentinel, "the wait ended (%v), but a same-host copy is held up in the kernel by the peer's memory (its pages do not come): this side's memory may still be written until the transfer is done (Future.Done)", cause)
+	}
 }
+
+// stallGrace is how long a Wait whose context ended waits for a
+// same-host copy in the kernel to return (a chunk takes milliseconds)
+// before it reports the copy as held up.
+const stallGrace = 100 * time.Millisecond
 
 func (f *Future) result() error {
 	f.mu.Lock()

@@ -1007,8 +1007,14 @@ type uffdTarget struct {
 
 func newUffdTarget(t *testing.T) uffdTarget {
 	t.Helper()
+	return newUffdTargetOpts(t, Options{Name: "a", Auth: testAuth(), Channels: 1})
+}
+
+// newUffdTargetOpts is newUffdTarget with a's Options.
+func newUffdTargetOpts(t *testing.T, opts Options) uffdTarget {
+	t.Helper()
 	ctx := ctxT(t, 30*time.Second)
-	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+	a := endpoint(t, ctx, opts)
 	src, pages := uffdRegion(t, 1<<16)
 	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 16}
 	p, c := fakeSameHostTarget(t, ctx, a, rr)

@@ -117,10 +117,42 @@ type part struct {
 	withImm bool
 	regs    []*Region // this side's regions (Deregister fails the part)
 	cts     bool      // a send: the receiver is ready
+	// copying: a process_vm copy of p's is in the kernel, or about to
+	// take mu for one (vmCopy); ending: p is being finished. A copy can be
+	// held up without bound by the peer's memory (pages a userfaultfd
+	// holds back, a file on a hung file system), and it holds mu: finish
+	// then leaves the part to a goroutine that waits for the copy, rather
+	// than wait itself. Each side stores its flag before it loads the
+	// other's, so that a copy that finish did not see starts no more.
+	copying, ending atomic.Bool
+	// failed is the error of the first finish that came with one: a
+	// finish whose copy is in the kernel ends p later (finishNow), and a
+	// success that the copy reports meanwhile must not win over it.
+	failed atomic.Pointer[error]
 }
 
-// finish ends p with err (nil: success) unless it has ended already.
-func (p *part) finish(err error) {
+// finish ends p with err (nil: success) unless it has ended already. It
+// reports true when it could not end p at once because a same-host copy
+// of p's is in the kernel: a goroutine of its own ends p when the copy
+// returns (Future.end bounds the wait for it).
+func (p *part) finish(err error) (later bool) {
+	if err != nil {
+		p.failed.CompareAndSwap(nil, &err)
+	}
+	p.ending.Store(true)
+	if p.copying.Load() {
+		go p.finishNow(err)
+		return true
+	}
+	p.finishNow(err)
+	return false
+}
+
+// finishNow is finish, waiting for p's lock.
+func (p *part) finishNow(err error) {
+	if e := p.failed.Load(); err == nil && e != nil {
+		err = *e
+	}
 	p.mu.Lock()
 	if !p.active {
 		p.mu.Unlock()
