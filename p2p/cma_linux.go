@@ -531,8 +531,8 @@ func (l *link) grantCopy(p *part, rem []grantIov, write bool) error {
 // lock, while p is active, retrying after short copies. It marks p as
 // copying first (see part.copying), and copies nothing once p is ending.
 func vmCopy(p *part, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int, write bool) error {
-	p.copying.Store(true)
-	defer p.copying.Store(false)
+	p.copying.Add(1)
+	defer p.copying.Add(-1)
 	if p.ending.Load() {
 		return nil // as for a part no longer active: its finisher reports
 	}

@@ -1354,7 +1354,9 @@ func (e *Endpoint) immsEnded(q *immQueue, err error) {
 // still lent then (a peer that did not answer) is waited for until the
 // peer's process has exited or another heartbeat has passed (ErrTimeout
 // if something still holds a region after that: its memory must not be
-// reused).
+// reused). A same-host copy that a peer's memory holds up in the kernel
+// is waited for as long, then reported the same way (ErrTimeout: its
+// local memory may still be written).
 func (e *Endpoint) Close() error {
 	e.mu.Lock()
 	if e.shut {
@@ -1439,7 +1441,17 @@ func (e *Endpoint) Close() error {
 	t.Stop()
 	// Lent memory is released a heartbeat after its link's end at the
 	// latest (fail), the links' own references when their goroutines end.
-	return drained(max(time.Until(bound), 0))
+	if err := drained(max(time.Until(bound), 0)); err != nil {
+		return err
+	}
+	select {
+	case <-stopped:
+		return nil
+	default:
+		// A copy held up in the kernel whose part is in no list of
+		// Close's (its region was deregistered before, with ErrTimeout).
+		return opErr("close", "", "", ErrTimeout, "a goroutine of the endpoint has not ended: a same-host copy is held up in the kernel by a peer's memory, and this side's memory may still be written")
+	}
 }
 
 func itoa(n uint64) string { return strconv.FormatUint(n, 10) }

@@ -124,7 +124,12 @@ type part struct {
 	// then leaves the part to a goroutine that waits for the copy, rather
 	// than wait itself. Each side stores its flag before it loads the
 	// other's, so that a copy that finish did not see starts no more.
-	copying, ending atomic.Bool
+	// copying counts the copies (a peer may answer a request twice: two
+	// goroutines copy the part), so that one that finds p ending does not
+	// clear the mark of another still in the kernel.
+	copying atomic.Int32
+	ending  atomic.Bool
+	handed  atomic.Bool // finish has left p to a goroutine (finishNow)
 	// failed is the error of the first finish that came with one: a
 	// finish whose copy is in the kernel ends p later (finishNow), and a
 	// success that the copy reports meanwhile must not win over it.
@@ -137,11 +142,14 @@ type part struct {
 // returns (Future.end bounds the wait for it).
 func (p *part) finish(err error) (later bool) {
 	if err != nil {
-		p.failed.CompareAndSwap(nil, &err)
+		e := err // only a failure's error goes to the heap: finish(nil) allocates nothing
+		p.failed.CompareAndSwap(nil, &e)
 	}
 	p.ending.Store(true)
-	if p.copying.Load() {
-		go p.finishNow(err)
+	if p.copying.Load() > 0 {
+		if !p.handed.Swap(true) { // one goroutine waits for the copy, however often Wait is retried
+			go p.finishNow(err)
+		}
 		return true
 	}
 	p.finishNow(err)
