@@ -106,6 +106,9 @@ demo: build
 test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
+	# The allocation counts, which the race detector's own allocations
+	# hide (they skip under -race).
+	$(GO) test -count=1 -run 'Allocs$$' ./p2p
 
 # Nodes in network namespaces joined by veth pairs (root and iproute2).
 test-netns:
