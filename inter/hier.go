@@ -170,31 +170,49 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 		runtime.Gosched()
 	}
 	if err := note(o.ops[0].Run(ctx)); err != nil {
-		return o.fail(err, -1)
+		return o.failDrained(err, -1, 0, 0)
 	}
 	for k, p := range h.peers {
 		if rerr := h.t.WaitRecv(p); rerr != nil {
 			if !errors.Is(rerr, fault.ErrSizeMismatch) {
-				return o.fail(rerr, p)
+				return o.failDrained(rerr, p, k+1, 0)
 			}
 			if mismatch == nil {
 				mismatch = &fault.OpError{Op: o.name, Rank: h.rank, Peer: p, Err: rerr}
 			}
 			if err := note(o.ops[k+1].RunMismatched(ctx)); err != nil {
-				return o.fail(err, -1)
+				return o.failDrained(err, -1, k+1, 0)
 			}
 			continue
 		}
 		if err := note(o.ops[k+1].Run(ctx)); err != nil {
-			return o.fail(err, -1)
+			return o.failDrained(err, -1, k+1, 0)
 		}
 	}
-	for _, p := range h.peers {
+	for i, p := range h.peers {
 		if err := h.t.WaitSend(p); err != nil {
-			return o.fail(err, p)
+			return o.failDrained(err, p, len(h.peers), i+1)
 		}
 	}
 	return mismatch
+}
+
+// failDrained is fail, and then collects the transfers still in flight:
+// the receives from peers[recvd:] and the sends to peers[sent:]. A
+// receive not collected would go on writing dst after Run returned (and
+// a send reading src), until its peer's bytes or the call's deadline
+// came; the node's other ranks are told first (fail), so that they do
+// not wait for this one meanwhile.
+func (o *HierOpOver[M]) failDrained(err error, peer, recvd, sent int) error {
+	err = o.fail(err, peer)
+	h := o.h
+	for _, p := range h.peers[recvd:] {
+		h.t.WaitRecv(p)
+	}
+	for _, p := range h.peers[sent:] {
+		h.t.WaitSend(p)
+	}
+	return err
 }
 
 // own is this rank's block of dst.
