@@ -17,11 +17,13 @@
 // The server bounds what any client, even one that passed the handshake,
 // can make it hold ([ServerConfig]): the size of a value (1 MiB by default)
 // and of a key ([MaxKeyBytes]), the keys and bytes stored (64 Ki keys,
-// 64 MiB), the connections served at once (1024), and the time a begun
-// frame may take to arrive (10 s). A frame larger than the value limit
-// allows is refused before anything is allocated for it, and one large
-// frame does not pin its memory for the connection's life. A wait whose
-// client hangs up ends at once, freeing its connection.
+// 64 MiB), the key bytes that blocked requests hold while they wait (as
+// many as the bytes stored: beyond them a wait is refused), the
+// connections served at once (16384), and the time a begun frame may take
+// to arrive (10 s). A frame larger than the value limit allows is refused
+// before anything is allocated for it, and one large frame does not pin
+// its memory for the connection's life, nor while its request waits. A
+// wait whose client hangs up ends at once, freeing its connection.
 //
 // The wire format is versioned and length-prefixed; see wire.go.
 package rendezvous

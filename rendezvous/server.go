@@ -32,8 +32,11 @@ type Server struct {
 	pending []pendingConn // connections in their handshake, oldest first
 	aborts  []abortRecord // oldest first, at most maxAborts
 	waiting int           // requests blocked in handle
-	closed  bool
-	wg      sync.WaitGroup
+	// waitingKeys sums the key bytes of the requests blocked in handle,
+	// which they hold for as long as they wait: at most MaxTotalBytes.
+	waitingKeys int64
+	closed      bool
+	wg          sync.WaitGroup
 }
 
 // Auth is what every connection to a store must prove it holds: the job's
@@ -63,7 +66,10 @@ type ServerConfig struct {
 	// [MaxKeyBytes] long.
 	MaxValueBytes int
 	// MaxTotalBytes bounds the keys and values stored, summed (default
-	// DefaultMaxTotalBytes); a set beyond it is refused.
+	// DefaultMaxTotalBytes); a set beyond it is refused. It bounds as well,
+	// apart, the keys of the requests blocked at once (Get, Wait), which
+	// they hold for as long as they wait: a wait beyond it is refused
+	// (ErrBadRequest).
 	MaxTotalBytes int64
 	// MaxKeys bounds how many keys the store holds (default
 	// DefaultMaxKeys); a set of a new key beyond it is refused.
@@ -341,6 +347,12 @@ func (s *Server) serve(c net.Conn) {
 			// No frame is being read while the request is handled: the
 			// hang-up watch must not time out.
 			c.SetReadDeadline(time.Time{})
+			// The request holds what it needs (its keys copied): a
+			// large frame's buffer is let go before it may block for
+			// as long as its timeout.
+			if cap(buf) > keepBufBytes {
+				buf = nil
+			}
 			w := hangupWatch{c: c, r: r}
 			resp = s.handle(&req, &w)
 			w.stop()
@@ -374,6 +386,14 @@ func (s *Server) handle(req *message, w *hangupWatch) message {
 		defer t.Stop()
 		deadline = t.C
 	}
+	var held int64 // the key bytes counted in s.waitingKeys
+	defer func() {
+		if held > 0 {
+			s.mu.Lock()
+			s.waitingKeys -= held
+			s.mu.Unlock()
+		}
+	}()
 	for {
 		s.mu.Lock()
 		resp, block := s.apply(req)
@@ -394,6 +414,18 @@ func (s *Server) handle(req *message, w *hangupWatch) message {
 		if deadline == nil { // zero timeout: do not block at all
 			s.mu.Unlock()
 			return message{Code: statusTimeout}
+		}
+		if held == 0 {
+			for _, k := range req.Keys {
+				held += int64(len(k))
+			}
+			if s.waitingKeys+held > s.cfg.MaxTotalBytes {
+				n, mine := s.waitingKeys, held
+				held = 0
+				s.mu.Unlock()
+				return message{Code: statusBadRequest, Value: fmt.Appendf(nil, "the blocked requests would hold %d bytes of keys with this one's %d, beyond the server's %d-byte limit (MaxTotalBytes)", n+mine, mine, s.cfg.MaxTotalBytes)}
+			}
+			s.waitingKeys += held
 		}
 		s.waiting++
 		s.mu.Unlock()

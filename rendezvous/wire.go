@@ -172,6 +172,12 @@ func decode(body []byte) (message, error) {
 		if uint64(n) > uint64(len(rest)) {
 			return nil, fmt.Errorf("%w: %s of %d bytes overruns the frame", errMalformed, what, n)
 		}
+		if n == 0 {
+			// nil, not an empty slice of the frame: that would keep the
+			// frame's whole buffer alive for as long as the message lives
+			// (a blocked request's, its timeout).
+			return nil, nil
+		}
 		f := rest[:n:n]
 		rest = rest[n:]
 		return f, nil
