@@ -32,6 +32,9 @@ type Server struct {
 	pending []pendingConn // connections in their handshake, oldest first
 	aborts  []abortRecord // oldest first, at most maxAborts
 	waiting int           // requests blocked in handle
+	// abortSeq counts the aborts recorded, deleteSeq the keys deleted
+	// (abortedWait).
+	abortSeq, deleteSeq uint64
 	// waitingKeys sums the key bytes of the requests blocked in handle,
 	// which they hold for as long as they wait: at most MaxTotalBytes.
 	waitingKeys int64
@@ -387,6 +390,7 @@ func (s *Server) handle(req *message, w *hangupWatch) message {
 		deadline = t.C
 	}
 	var held int64 // the key bytes counted in s.waitingKeys
+	var seen waitScan
 	defer func() {
 		if held > 0 {
 			s.mu.Lock()
@@ -398,7 +402,7 @@ func (s *Server) handle(req *message, w *hangupWatch) message {
 		s.mu.Lock()
 		resp, block := s.apply(req)
 		if block {
-			if a, ok := s.abortedWait(req); ok {
+			if a, ok := s.abortedWait(req, &seen); ok {
 				s.mu.Unlock()
 				return message{Code: statusAborted, Keys: []string{a.prefix}, N: int64(a.rank), Value: []byte(a.reason)}
 			}
@@ -581,6 +585,7 @@ func (s *Server) apply(req *message) (resp message, block bool) {
 		}
 		s.bytes -= int64(len(req.Keys[0]) + len(v))
 		delete(s.data, req.Keys[0])
+		s.deleteSeq++
 		s.notify()
 		return message{Code: statusOK}, false
 	case opNumKeys:
@@ -651,7 +656,15 @@ type abortRecord struct {
 	prefix string
 	rank   int
 	reason string
+	seq    uint64 // the server's abortSeq when it was recorded
 }
+
+// waitScan is what a blocked request's last abortedWait saw: the aborts
+// recorded and the keys deleted by then. A request's missing keys only
+// shrink while no key is deleted, so that it need check only the aborts
+// recorded since: each wake-up of a wait on many keys then costs its keys
+// times the new aborts (usually none), not times all of them.
+type waitScan struct{ aborts, deletes uint64 }
 
 // Abort fails, at once, every blocking request (Get, Wait) on a key that
 // starts with prefix and does not exist: those waiting now wake up, and
@@ -677,22 +690,32 @@ func (s *Server) abort(prefix string, rank int, reason string) {
 	if len(s.aborts) >= maxAborts {
 		s.aborts = append(s.aborts[:0], s.aborts[1:]...)
 	}
-	s.aborts = append(s.aborts, abortRecord{prefix: prefix, rank: rank, reason: reason})
+	s.abortSeq++
+	s.aborts = append(s.aborts, abortRecord{prefix: prefix, rank: rank, reason: reason, seq: s.abortSeq})
 	s.notify()
 }
 
 // abortedWait reports, under s.mu, the abort that fails blocking request
 // req: the first recorded abort whose prefix starts one of req's missing
 // keys.
-func (s *Server) abortedWait(req *message) (abortRecord, bool) {
-	if len(s.aborts) == 0 {
+func (s *Server) abortedWait(req *message, seen *waitScan) (abortRecord, bool) {
+	since := seen.aborts
+	if seen.deletes != s.deleteSeq {
+		since = 0 // a key deleted since may be missing now: check it against every abort
+	}
+	*seen = waitScan{aborts: s.abortSeq, deletes: s.deleteSeq}
+	if len(s.aborts) == 0 || s.aborts[len(s.aborts)-1].seq <= since {
 		return abortRecord{}, false
+	}
+	first := 0 // the first abort recorded after since
+	for first < len(s.aborts) && s.aborts[first].seq <= since {
+		first++
 	}
 	for _, k := range req.Keys {
 		if _, ok := s.data[k]; ok {
 			continue
 		}
-		for _, a := range s.aborts {
+		for _, a := range s.aborts[first:] {
 			if strings.HasPrefix(k, a.prefix) {
 				return a, true
 			}
