@@ -40,50 +40,46 @@ func slowAcceptor(t *testing.T, delay time.Duration) string {
 	return ln.Addr().String()
 }
 
-// TestConcurrentConnectShortDeadline: two Connects to one peer, the
-// first with a long deadline (it dials), the second with a short one
-// (it waits for the first's link). The second's deadline ends the second
-// alone: the first, whose own context is live, links.
-func TestConcurrentConnectShortDeadline(t *testing.T) {
-	ctx := ctxT(t, 20*time.Second)
-	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	in := info{name: "slow", addr: slowAcceptor(t, 600*time.Millisecond)}
-	long := make(chan error, 1)
-	go func() {
-		_, err := a.ConnectInfo(ctx, in.encode())
-		long <- err
-	}()
-	time.Sleep(100 * time.Millisecond) // the first is dialing
-	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	_, err := a.ConnectInfo(sctx, in.encode())
-	cancel()
-	if !errors.Is(err, ErrTimeout) {
-		t.Fatalf("the short Connect: %v, want ErrTimeout", err)
-	}
-	if err := <-long; err != nil {
-		t.Fatalf("a Connect with 20 s left failed because another Connect's 100 ms deadline passed: %v", err)
-	}
-}
-
-// TestConcurrentConnectCancel: as above with the second Connect
-// cancelled by its caller.
-func TestConcurrentConnectCancel(t *testing.T) {
-	ctx := ctxT(t, 20*time.Second)
-	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-	in := info{name: "slow", addr: slowAcceptor(t, 600*time.Millisecond)}
-	long := make(chan error, 1)
-	go func() {
-		_, err := a.ConnectInfo(ctx, in.encode())
-		long <- err
-	}()
-	time.Sleep(100 * time.Millisecond)
-	cctx, cancel := context.WithCancel(ctx)
-	time.AfterFunc(50*time.Millisecond, cancel)
-	if _, err := a.ConnectInfo(cctx, in.encode()); !errors.Is(err, ErrCancelled) {
-		t.Fatalf("the cancelled Connect: %v, want ErrCancelled", err)
-	}
-	if err := <-long; err != nil {
-		t.Fatalf("a Connect whose context is live failed because another Connect was cancelled: %v", err)
+// TestConcurrentConnect: two Connects to one peer, the first with a long
+// deadline (it dials), the second ended first by its own context (a
+// short deadline, or its caller's cancel) while it waits for the first's
+// link. That ends the second alone: the first, whose context is live,
+// links.
+func TestConcurrentConnect(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		short func(ctx context.Context) (context.Context, context.CancelFunc)
+		want  error
+	}{
+		{"deadline", func(ctx context.Context) (context.Context, context.CancelFunc) {
+			return context.WithTimeout(ctx, 100*time.Millisecond)
+		}, ErrTimeout},
+		{"cancel", func(ctx context.Context) (context.Context, context.CancelFunc) {
+			cctx, cancel := context.WithCancel(ctx)
+			time.AfterFunc(50*time.Millisecond, cancel)
+			return cctx, cancel
+		}, ErrCancelled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t, 20*time.Second)
+			a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+			in := info{name: "slow", addr: slowAcceptor(t, 600*time.Millisecond)}
+			long := make(chan error, 1)
+			go func() {
+				_, err := a.ConnectInfo(ctx, in.encode())
+				long <- err
+			}()
+			time.Sleep(100 * time.Millisecond) // the first is dialing
+			sctx, cancel := tc.short(ctx)
+			_, err := a.ConnectInfo(sctx, in.encode())
+			cancel()
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("the second Connect: %v, want %v", err, tc.want)
+			}
+			if err := <-long; err != nil {
+				t.Fatalf("a Connect with 20 s left failed because another Connect's context ended (%s): %v", tc.name, err)
+			}
+		})
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -64,6 +63,21 @@ func delayProxy(t *testing.T, upstream string, delay time.Duration) string {
 	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 }
 
+// storeUp waits (up to 10 s) until node 0's store listens on port of
+// loopback; out is node 0's output, for the failure.
+func storeUp(t *testing.T, port string, out *os.File) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 0's store did not come up:\n%s", text(out))
+		}
+	}
+}
+
 // TestMissingProgramOnNode0ReachesRemoteNode: node 0 lacks the program;
 // node 1 reaches it over a link with a 30 ms round trip (any network
 // between two machines, or a loaded host). Node 1 must fail within seconds
@@ -75,15 +89,7 @@ func TestMissingProgramOnNode0ReachesRemoteNode(t *testing.T) {
 	common := []string{"--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--rdzv-id", "p" + port, "--rdzv-timeout", "60s"}
 	_, out0, done0 := startSlimerun(t, "no-program", append(append([]string{"--node-rank", "0", "--master-port", port}, common...), missing)...)
 	// Node 0's store is up before node 1 starts (node 1 would wait for it anyway).
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node 0's store did not come up:\n%s", text(out0))
-		}
-	}
+	storeUp(t, port, out0)
 	proxied := delayProxy(t, "127.0.0.1:"+port, 15*time.Millisecond)
 	t0 := time.Now()
 	_, out1, done1 := startSlimerun(t, "no-program", append(append([]string{"--node-rank", "1", "--master-port", proxied}, common...), "true")...)
@@ -91,18 +97,12 @@ func TestMissingProgramOnNode0ReachesRemoteNode(t *testing.T) {
 		done chan error
 		want int
 	}{{done0, 2}, {done1, 1}} {
-		select {
-		case err := <-c.done:
-			c.done <- err
-			code := 0
-			if ee, ok := err.(*exec.ExitError); ok {
-				code = ee.ExitCode()
-			}
-			if code != c.want {
-				t.Errorf("node %d: exit %d, want %d", n, code, c.want)
-			}
-		case <-time.After(25 * time.Second):
+		code, ok := exited(c.done, 25*time.Second)
+		if !ok {
 			t.Fatalf("node %d still runs %v after node 1's start:\nnode 0:\n%s\nnode 1:\n%s", n, time.Since(t0).Round(time.Millisecond), text(out0), text(out1))
+		}
+		if code != c.want {
+			t.Errorf("node %d: exit %d, want %d", n, code, c.want)
 		}
 	}
 	if s := text(out1); !strings.Contains(s, "node 0") || !strings.Contains(s, missing) {
@@ -120,18 +120,12 @@ func TestMissingProgramWithoutNode0(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "no-such-program")
 	_, out, done := startSlimerun(t, "no-program", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
 		"--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-timeout", "3s", missing)
-	select {
-	case err := <-done:
-		done <- err
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		}
-		if s := text(out); code != 2 || !strings.Contains(s, missing) {
-			t.Errorf("exit %d, want 2 naming %s:\n%s", code, missing, s)
-		}
-	case <-time.After(20 * time.Second):
+	code, ok := exited(done, 20*time.Second)
+	if !ok {
 		t.Fatalf("still runs:\n%s", text(out))
+	}
+	if s := text(out); code != 2 || !strings.Contains(s, missing) {
+		t.Errorf("exit %d, want 2 naming %s:\n%s", code, missing, s)
 	}
 	t.Logf("\n%s", text(out))
 }
@@ -178,23 +172,12 @@ func TestStartFailureStopsOtherNodesWhoseWorkersWait(t *testing.T) {
 		"--rdzv-timeout", "60s", "--stop-grace", "1s", "--max-restarts", "3"}
 	_, out0, done0 := startSlimerun(t, "start-fails", append(append([]string{"--node-rank", "0", "--master-port", port}, common...),
 		"env", "SLIMERUN_TEST_WORKER=waitpeer", "SLIMERUN_TEST_DIR="+dir, self)...)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node 0's store did not come up:\n%s", text(out0))
-		}
-	}
+	storeUp(t, port, out0)
 	proxied := delayProxy(t, "127.0.0.1:"+port, 100*time.Millisecond)
 	_, out1, done1 := startSlimerun(t, "start-fails", append(append([]string{"--node-rank", "1", "--master-port", proxied}, common...), prog)...)
 	t0 := time.Now()
 	for n, done := range []chan error{done0, done1} {
-		select {
-		case err := <-done:
-			done <- err
-		case <-time.After(30 * time.Second):
+		if _, ok := exited(done, 30*time.Second); !ok {
 			t.Fatalf("node %d still runs %v:\nnode 0:\n%s\nnode 1:\n%s", n, time.Since(t0).Round(time.Millisecond), text(out0), text(out1))
 		}
 	}

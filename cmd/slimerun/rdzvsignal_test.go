@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -52,20 +53,11 @@ func TestSignalDuringRendezvous(t *testing.T) {
 			t0 := time.Now()
 			n1.Process.Signal(sig)
 			wait := func(done chan error, what string, out *os.File) int {
-				select {
-				case err := <-done:
-					done <- err // for the cleanup
-					if ee, ok := err.(*exec.ExitError); ok {
-						return ee.ExitCode()
-					}
-					if err != nil {
-						t.Fatalf("%s: %v", what, err)
-					}
-					return 0
-				case <-time.After(15 * time.Second):
+				code, ok := exited(done, 15*time.Second)
+				if !ok {
 					t.Fatalf("%s still runs %v after node 1's %v\n%s", what, time.Since(t0).Round(time.Millisecond), sig, text(out))
 				}
-				return 0
+				return code
 			}
 			if code := wait(done1, "node 1", out1); code != 128+int(sig) || !strings.Contains(text(out1), "interrupted by") {
 				t.Errorf("node 1: exit %d, want %d saying it was interrupted:\n%s", code, 128+int(sig), text(out1))
@@ -75,6 +67,26 @@ func TestSignalDuringRendezvous(t *testing.T) {
 			}
 			t.Logf("node 1:\n%snode 0:\n%s", text(out1), text(out0))
 		})
+	}
+}
+
+// exited waits up to within for a slimerun of startSlimerun's to end:
+// its exit code (0 for success, -1 where it did not run), or ok false
+// while it still runs. done gets the result back, for the cleanup.
+func exited(done chan error, within time.Duration) (code int, ok bool) {
+	select {
+	case err := <-done:
+		done <- err
+		var ee *exec.ExitError
+		switch {
+		case errors.As(err, &ee):
+			return ee.ExitCode(), true
+		case err != nil:
+			return -1, true
+		}
+		return 0, true
+	case <-time.After(within):
+		return 0, false
 	}
 }
 
@@ -121,18 +133,12 @@ func signalStopsOtherNodes(t *testing.T, restarts string) {
 	t0 := time.Now()
 	cmds[1].Process.Signal(syscall.SIGTERM)
 	for n, want := range []int{1, 128 + int(syscall.SIGTERM)} {
-		select {
-		case err := <-dones[n]:
-			dones[n] <- err
-			code := 0
-			if ee, ok := err.(*exec.ExitError); ok {
-				code = ee.ExitCode()
-			}
-			if code != want {
-				t.Errorf("node %d: exit %d, want %d:\n%s", n, code, want, text(outs[n]))
-			}
-		case <-time.After(15 * time.Second):
+		code, ok := exited(dones[n], 15*time.Second)
+		if !ok {
 			t.Fatalf("node %d still runs %v after node 1's SIGTERM:\n%s", n, time.Since(t0).Round(time.Millisecond), text(outs[n]))
+		}
+		if code != want {
+			t.Errorf("node %d: exit %d, want %d:\n%s", n, code, want, text(outs[n]))
 		}
 	}
 	if !strings.Contains(text(outs[0]), "node 1 was interrupted by terminated") {
@@ -202,18 +208,12 @@ func startFailureStopsOtherNodes(t *testing.T, restarts string) {
 			"--master-addr", "127.0.0.1", "--master-port", port, "--stop-grace", "1s", "--max-restarts", restarts, "--rdzv-timeout", "60s"}, prog...)...)
 	}
 	for n := range 2 {
-		select {
-		case err := <-dones[n]:
-			dones[n] <- err
-			code := 0
-			if ee, ok := err.(*exec.ExitError); ok {
-				code = ee.ExitCode()
-			}
-			if code != 1 {
-				t.Errorf("node %d: exit %d, want 1:\n%s", n, code, text(outs[n]))
-			}
-		case <-time.After(20 * time.Second):
+		code, ok := exited(dones[n], 20*time.Second)
+		if !ok {
 			t.Fatalf("node %d still runs %v after the start:\nnode 0:\n%s\nnode 1:\n%s", n, time.Since(t0).Round(time.Millisecond), text(outs[0]), text(outs[1]))
+		}
+		if code != 1 {
+			t.Errorf("node %d: exit %d, want 1:\n%s", n, code, text(outs[n]))
 		}
 	}
 	for n := range 2 {
@@ -253,18 +253,12 @@ func TestMissingProgramCallsOffRendezvous(t *testing.T) {
 				if n == bad {
 					want = 2
 				}
-				select {
-				case err := <-dones[n]:
-					dones[n] <- err
-					code := 0
-					if ee, ok := err.(*exec.ExitError); ok {
-						code = ee.ExitCode()
-					}
-					if code != want {
-						t.Errorf("node %d: exit %d, want %d:\n%s", n, code, want, text(outs[n]))
-					}
-				case <-time.After(20 * time.Second):
+				code, ok := exited(dones[n], 20*time.Second)
+				if !ok {
 					t.Fatalf("node %d still runs %v after the start:\nnode 0:\n%s\nnode 1:\n%s", n, time.Since(t0).Round(time.Millisecond), text(outs[0]), text(outs[1]))
+				}
+				if code != want {
+					t.Errorf("node %d: exit %d, want %d:\n%s", n, code, want, text(outs[n]))
 				}
 			}
 			for n := range 2 {
