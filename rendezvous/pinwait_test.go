@@ -19,17 +19,23 @@ func TestBlockedWaitsDoNotPinMemory(t *testing.T) {
 	const budget = 20 << 20
 	s, _ := startCfg(t, ServerConfig{MaxTotalBytes: budget})
 	const conns = 10
-	pad := strings.Repeat("k", MaxKeyBytes-8)
-	keys := make([]string, 0, 1500)
+	// Each connection's keys are its own: blocked requests share the
+	// copies of the keys they have in common.
+	frames := make([][]byte, conns)
 	keyBytes := 0
-	for i := range cap(keys) {
-		keys = append(keys, pad+strconv.Itoa(1e7+i)) // MaxKeyBytes-8+8 bytes: legal
-		keyBytes += len(keys[i])
-	}
-	req := message{Code: uint8(opWait), Keys: keys, TimeoutMS: 60_000}
-	frame := req.encode(nil)
-	if uint32(len(frame)-lengthPrefix) > s.frameLimit {
-		t.Fatalf("test frame of %d bytes exceeds the limit %d", len(frame), s.frameLimit)
+	for c := range conns {
+		pad := strings.Repeat(string(rune('a'+c)), MaxKeyBytes-8)
+		keys := make([]string, 0, 1500)
+		keyBytes = 0
+		for i := range cap(keys) {
+			keys = append(keys, pad+strconv.Itoa(1e7+i)) // MaxKeyBytes-8+8 bytes: legal
+			keyBytes += len(keys[i])
+		}
+		req := message{Code: uint8(opWait), Keys: keys, TimeoutMS: 60_000}
+		frames[c] = req.encode(nil)
+		if uint32(len(frames[c])-lengthPrefix) > s.frameLimit {
+			t.Fatalf("test frame of %d bytes exceeds the limit %d", len(frames[c]), s.frameLimit)
+		}
 	}
 	heap := func() uint64 {
 		runtime.GC()
@@ -44,11 +50,11 @@ func TestBlockedWaitsDoNotPinMemory(t *testing.T) {
 			c.Close()
 		}
 	}()
-	for range conns {
+	for i := range conns {
 		c := rawConn(t, s, Auth{})
 		cs = append(cs, c)
 		c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := c.Write(frame); err != nil {
+		if _, err := c.Write(frames[i]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -70,7 +76,7 @@ func TestBlockedWaitsDoNotPinMemory(t *testing.T) {
 	if w != fits || held != int64(fits*keyBytes) {
 		t.Errorf("%d Waits of %d key bytes each: %d blocked holding %d key bytes, want %d (the %d-byte budget)", conns, keyBytes, w, held, fits, budget)
 	}
-	frame, req, keys = nil, message{}, nil
+	frames = nil
 	if d, most := int64(heap())-int64(before), int64(fits*keyBytes)+4<<20; d > most {
 		t.Errorf("%d Waits blocked, holding %d key bytes in all, make the server hold %d bytes (at most %d expected: their frames are let go)", w, held, d, most)
 	}

@@ -35,9 +35,13 @@ type Server struct {
 	// abortSeq counts the aborts recorded, deleteSeq the keys deleted
 	// (abortedWait).
 	abortSeq, deleteSeq uint64
-	// waitingKeys sums the key bytes of the requests blocked in handle,
-	// which they hold for as long as they wait: at most MaxTotalBytes.
+	// waitingKeys sums the bytes of the distinct keys that the requests
+	// blocked in handle hold for as long as they wait: at most
+	// MaxTotalBytes. The blocked requests share one copy of each key
+	// (waitKeys): the members of a barrier all wait on the same keys, and
+	// counted once per waiter a barrier of P members held P² keys.
 	waitingKeys int64
+	waitKeys    map[string]*waitKey
 	closed      bool
 	wg          sync.WaitGroup
 }
@@ -162,6 +166,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 		data:       make(map[string][]byte),
 		changed:    make(chan struct{}),
 		conns:      make(map[net.Conn]struct{}),
+		waitKeys:   make(map[string]*waitKey),
 	}
 	s.wg.Add(1)
 	go s.accept()
@@ -389,12 +394,12 @@ func (s *Server) handle(req *message, w *hangupWatch) message {
 		defer t.Stop()
 		deadline = t.C
 	}
-	var held int64 // the key bytes counted in s.waitingKeys
+	held := false // req.Keys are counted in s.waitKeys
 	var seen waitScan
 	defer func() {
-		if held > 0 {
+		if held {
 			s.mu.Lock()
-			s.waitingKeys -= held
+			s.releaseKeys(req.Keys)
 			s.mu.Unlock()
 		}
 	}()
@@ -419,17 +424,16 @@ func (s *Server) handle(req *message, w *hangupWatch) message {
 			s.mu.Unlock()
 			return message{Code: statusTimeout}
 		}
-		if held == 0 {
-			for _, k := range req.Keys {
-				held += int64(len(k))
-			}
-			if s.waitingKeys+held > s.cfg.MaxTotalBytes {
-				n, mine := s.waitingKeys, held
-				held = 0
+		if !held {
+			// A blocking request has no use for the value fields: they
+			// would keep the frame they are slices of.
+			req.Value, req.Value2 = nil, nil
+			if n, mine := s.holdKeys(req.Keys); n > s.cfg.MaxTotalBytes {
+				s.releaseKeys(req.Keys)
 				s.mu.Unlock()
-				return message{Code: statusBadRequest, Value: fmt.Appendf(nil, "the blocked requests would hold %d bytes of keys with this one's %d, beyond the server's %d-byte limit (MaxTotalBytes)", n+mine, mine, s.cfg.MaxTotalBytes)}
+				return message{Code: statusBadRequest, Value: fmt.Appendf(nil, "the blocked requests would hold %d bytes of keys with this one's %d new ones, beyond the server's %d-byte limit (MaxTotalBytes)", n, mine, s.cfg.MaxTotalBytes)}
 			}
-			s.waitingKeys += held
+			held = true
 		}
 		s.waiting++
 		s.mu.Unlock()
@@ -450,6 +454,41 @@ func (s *Server) handle(req *message, w *hangupWatch) message {
 		s.mu.Unlock()
 		if timedOut {
 			return message{Code: statusTimeout}
+		}
+	}
+}
+
+// waitKey is one key that blocked requests hold, shared by n of them.
+type waitKey struct {
+	k string
+	n int
+}
+
+// holdKeys counts keys, under s.mu, as held by a blocked request, and
+// points them at the copy the blocked requests share. It returns the key
+// bytes they then hold in all and the bytes of those keys new to them.
+func (s *Server) holdKeys(keys []string) (total, added int64) {
+	for i, k := range keys {
+		e := s.waitKeys[k]
+		if e == nil {
+			e = &waitKey{k: k}
+			s.waitKeys[k] = e
+			added += int64(len(k))
+		}
+		e.n++
+		keys[i] = e.k
+	}
+	s.waitingKeys += added
+	return s.waitingKeys, added
+}
+
+// releaseKeys undoes holdKeys, under s.mu.
+func (s *Server) releaseKeys(keys []string) {
+	for _, k := range keys {
+		e := s.waitKeys[k]
+		if e.n--; e.n == 0 {
+			delete(s.waitKeys, k)
+			s.waitingKeys -= int64(len(k))
 		}
 	}
 }
