@@ -197,15 +197,17 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 	return mismatch
 }
 
-// failDrained is fail, and then collects the transfers still in flight:
-// the receives from peers[recvd:] and the sends to peers[sent:]. A
-// receive not collected would go on writing dst after Run returned (and
+// failDrained is fail, and then ends and collects the transfers still in
+// flight: the receives from peers[recvd:] and the sends to peers[sent:].
+// A receive not collected would go on writing dst after Run returned (and
 // a send reading src), until its peer's bytes or the call's deadline
-// came; the node's other ranks are told first (fail), so that they do
-// not wait for this one meanwhile.
+// came. The node's other ranks are told first (fail); the link is
+// interrupted, its transfers then ending at once (the communicator is
+// broken: it has no further use for it).
 func (o *HierOpOver[M]) failDrained(err error, peer, recvd, sent int) error {
 	err = o.fail(err, peer)
 	h := o.h
+	h.t.Interrupt()
 	for _, p := range h.peers[recvd:] {
 		h.t.WaitRecv(p)
 	}

@@ -43,6 +43,9 @@ type Link[M any] interface {
 	// memory, and cudaFreeHost waits for every kernel of the device,
 	// among them a node peer's LL kernel that waits for this rank.
 	Reserve(p, send, recv int) error
+	// Interrupt ends the transfers in flight at once, with an error, and
+	// the link with them (see Transport.Interrupt).
+	Interrupt()
 	Close() error
 }
 
@@ -126,6 +129,10 @@ func (s *Staged) Copy(dst, src intra.DevSpan, d time.Time) error {
 // Direct is the TCP transport's answer: the staging copies are made in
 // the caller's goroutine whatever the size.
 func (s *Staged) Direct(n int) bool { return s.t.Direct(n) }
+
+// Interrupt is the transport's: a receive it ends copies nothing into
+// its device block.
+func (s *Staged) Interrupt() { s.t.Interrupt() }
 
 // CopyRides is false: the own block's copy is a device copy, not one a
 // socket's writer can make.

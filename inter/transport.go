@@ -655,6 +655,20 @@ func connectDeadline(ctx context.Context, timeout time.Duration) time.Time {
 // the one this host uses to reach the master (see netaddr.LocalIP).
 func LocalIP(ifname, master string) (string, error) { return netaddr.LocalIP(ifname, master) }
 
+// Interrupt closes every connection, and with them the transfers in
+// flight, which end at once with an error: what an algorithm does, once
+// it has failed, before it collects the transfers it started (the
+// transport is of no use then; Close still releases the rest).
+func (t *Transport) Interrupt() {
+	for _, p := range t.peers {
+		for _, c := range p.conns {
+			if c != nil {
+				c.c.Close()
+			}
+		}
+	}
+}
+
 // Close closes every connection; the goroutines end with them.
 func (t *Transport) Close() error {
 	if t.ln != nil {
