@@ -9,8 +9,10 @@ import (
 
 // TestHierFailedRunReturnsPromptly: rank 0's rail peer is gone before the
 // call (its connection closed: ErrPeerLost at once); another rail peer is
-// alive but enters the call 4 s late. Rank 0 knows the call failed at
-// once; how long does its Run take to say so?
+// alive but enters the call 4 s late. Rank 0 knows at once that the call
+// failed, and its Run says so at once: it interrupts its link rather than
+// wait for the late peer's bytes (TestHierFailedRunLeavesDstAlone: nor
+// does it leave them to land in dst after it returned).
 func TestHierFailedRunReturnsPromptly(t *testing.T) {
 	const nodes, n = 3, 4 << 20
 	peers := RailPeers(nodes, 1, 0)
