@@ -146,11 +146,16 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 			r.t.Send(r.next, e, hash, o.block(st.Send), deadline)
 		}
 		rerr := r.t.WaitRecv(r.prev)
-		serr := r.t.WaitSend(r.next)
-		// A peer's failure says more than this rank's copy failing beside it.
 		if rerr != nil && !errors.Is(rerr, fault.ErrSizeMismatch) {
+			// The call has failed: end the send (the successor may be
+			// late, or stuck) rather than wait for it, and collect it,
+			// so that nothing reads src once Run has returned.
+			r.t.Interrupt()
+			r.t.WaitSend(r.next)
 			return o.fail(rerr, r.prev)
 		}
+		serr := r.t.WaitSend(r.next)
+		// A peer's failure says more than this rank's copy failing beside it.
 		if serr != nil {
 			return o.fail(serr, r.next)
 		}
