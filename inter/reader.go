@@ -37,7 +37,7 @@ import (
 // sets it on the socket only to park.
 type Reader struct {
 	c     *net.TCPConn
-	fd    int // the socket, for setsockopt; valid while c is open
+	fd    int // the socket when made (-1: none); SetLowat reaches it through rc
 	Lowat int
 	cur   int // the low-water mark set now
 	// Poll makes small reads poll before they park (see Reader); set it
@@ -63,6 +63,12 @@ type Reader struct {
 	// yet returned; every read returns it first.
 	ahead    []byte
 	alo, ahi int
+
+	// SetLowat's RawConn callback and its argument: made for the Reader
+	// at lowatOf (the callback refers to it), and made again if it moved.
+	lowatFn func(fd uintptr)
+	lowatOf *Reader
+	lowatN  int
 
 	// ReadFullVec's state for its RawConn callback (vecFn, made once).
 	vecFn func(fd uintptr) bool
@@ -132,16 +138,29 @@ func (r *Reader) disarm() {
 
 // SetLowat makes the socket wake its reader once min(n, Lowat) bytes are
 // there (at least 1).
+//
+// The call goes through the RawConn, which holds the descriptor while it
+// runs and makes no call once c is closed: a Transport's Interrupt closes
+// its sockets while receives are still being collected, and the number
+// of a closed socket may by then be another socket's.
 func (r *Reader) SetLowat(n int) {
-	if r.Lowat <= 0 || r.fd < 0 {
+	if r.Lowat <= 0 || r.rc == nil || r.fd < 0 {
 		return
 	}
 	n = max(min(n, r.Lowat), 1)
 	if n != r.cur {
-		setLowat(r.fd, n)
-		r.cur = n
+		if r.lowatOf != r {
+			r.lowatFn, r.lowatOf = r.setLowatFD, r
+		}
+		r.lowatN = n
+		if r.rc.Control(r.lowatFn) == nil {
+			r.cur = n
+		}
 	}
 }
+
+// setLowatFD is SetLowat's RawConn callback.
+func (r *Reader) setLowatFD(fd uintptr) { setLowat(int(fd), r.lowatN) }
 
 // lowatMin is the least that is worth a low-water mark: below it a read
 // takes what is there, so that small messages pay no setsockopt (one
