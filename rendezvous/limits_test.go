@@ -354,6 +354,15 @@ func FuzzServer(f *testing.F) {
 	})
 }
 
+// heapAfterGC is the heap in use once a collection has run: what the
+// process holds, for the tests that bound it.
+func heapAfterGC() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
 // TestLargeFramesDoNotPinMemory: connections that each sent one large
 // frame and then stay open idle (as ranks do for the whole job) hold no
 // frame-sized buffers. The frames here are refused values, so that the
@@ -362,12 +371,7 @@ func TestLargeFramesDoNotPinMemory(t *testing.T) {
 	s, _ := startCfg(t, ServerConfig{})
 	const conns = 20
 	value := make([]byte, DefaultMaxValueBytes+1) // fits a frame, refused
-	heap := func() uint64 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
+	heap := heapAfterGC
 	before := heap()
 	cs := make([]net.Conn, conns)
 	for i := range cs {

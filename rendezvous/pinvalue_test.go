@@ -2,7 +2,6 @@ package rendezvous
 
 import (
 	"bytes"
-	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -17,12 +16,7 @@ func TestBlockedWaitWithValueDoesNotPinFrame(t *testing.T) {
 	s, _ := startCfg(t, ServerConfig{})
 	const conns = 10
 	junk := bytes.Repeat([]byte{1}, DefaultMaxValueBytes)
-	heap := func() uint64 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
+	heap := heapAfterGC
 	before := heap()
 	for i := range conns {
 		c := rawConn(t, s, Auth{})

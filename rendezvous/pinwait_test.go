@@ -1,7 +1,6 @@
 package rendezvous
 
 import (
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,12 +36,7 @@ func TestBlockedWaitsDoNotPinMemory(t *testing.T) {
 			t.Fatalf("test frame of %d bytes exceeds the limit %d", len(frames[c]), s.frameLimit)
 		}
 	}
-	heap := func() uint64 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return m.HeapAlloc
-	}
+	heap := heapAfterGC
 	before := heap()
 	cs := make([]interface{ Close() error }, 0, conns)
 	defer func() {

@@ -1,0 +1,62 @@
+package inter
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+)
+
+// TestFailedRunReturnsPromptly: one peer of rank 0 is gone before the
+// call (its connection closed: ErrPeerLost at once), another is alive but
+// enters the call 4 s late: for the hierarchical all-gather two rail
+// peers, for the ring its predecessor (gone) and its successor (late,
+// and sent more than the sockets' buffers hold). Rank 0 knows at once
+// that the call failed, and its Run says so at once: it interrupts its
+// link rather than wait for the late peer (TestHierFailedRunLeavesDstAlone:
+// nor does it leave the late peer's bytes to land in dst after it
+// returned).
+func TestFailedRunReturnsPromptly(t *testing.T) {
+	const p = 3
+	hierDead, hierLate := RailPeers(p, 1, 0)[0], RailPeers(p, 1, 0)[1]
+	ringLate, ringDead, _ := Ring(p, 0) // next, prev
+	for _, tc := range []struct {
+		name       string
+		ring       bool
+		n          int
+		dead, late int
+	}{
+		{"hier", false, 4 << 20, hierDead, hierLate},
+		{"ring", true, 32 << 20, ringDead, ringLate},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var took time.Duration
+			var runErr error
+			cluster(t, p, 1, tc.ring, func(rank int, ag allGatherer) error {
+				n := tc.n
+				dst := make([]byte, p*n)
+				src := bytes.Repeat([]byte{byte(rank + 1)}, n)
+				sizes, offs := []int{n, n, n}, []int{0, n, 2 * n}
+				switch rank {
+				case tc.dead:
+					return nil
+				case tc.late:
+					time.Sleep(4 * time.Second)
+					ag.run(context.Background(), "allgather", dst, src, sizes, offs)
+					return nil
+				}
+				start := time.Now()
+				runErr = ag.run(context.Background(), "allgather", dst, src, sizes, offs)
+				took = time.Since(start)
+				return nil
+			})
+			t.Logf("rank 0 after %v: %v", took, runErr)
+			if runErr == nil {
+				t.Fatalf("rank 0's Run succeeded without rank %d", tc.dead)
+			}
+			if took > 2*time.Second {
+				t.Errorf("rank 0's Run returned its error (rank %d lost) after %v: it waited for rank %d", tc.dead, took, tc.late)
+			}
+		})
+	}
+}
