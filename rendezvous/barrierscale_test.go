@@ -30,15 +30,18 @@ func TestLargeBarrierDefaultLimits(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); errs[i] = clients[i].Barrier(ctx, name, i, P) }()
 	}
-	// Until every early member has blocked or been answered.
-	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+	// Until every early member has blocked (or, refused, has had 5 s to
+	// be answered once all have arrived).
+	start := time.Now()
+	for time.Since(start) < 30*time.Second {
 		s.mu.Lock()
 		w := s.waiting
 		s.mu.Unlock()
 		n, _ := clients[P-1].NumKeys(ctx)
-		if w == P-1 || n == P-1 && w > 0 && time.Since(end.Add(-30*time.Second)) > 5*time.Second {
+		if w == P-1 || n == P-1 && time.Since(start) > 5*time.Second {
 			break
 		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	errs[P-1] = clients[P-1].Barrier(ctx, name, P-1, P)
 	wg.Wait()

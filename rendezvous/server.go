@@ -371,10 +371,8 @@ func (s *Server) serve(c net.Conn) {
 			return
 		}
 		// One large frame must not pin its memory for the connection's
-		// life (ranks hold theirs for the whole job).
-		if cap(buf) > keepBufBytes {
-			buf = nil
-		}
+		// life (ranks hold theirs for the whole job); a large request's
+		// buffer was let go before it was handled.
 		if cap(out) > keepBufBytes {
 			out = nil
 		}
