@@ -3,6 +3,8 @@ package inter
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -10,24 +12,27 @@ import (
 // TestFailedRunReturnsPromptly: one peer of rank 0 is gone before the
 // call (its connection closed: ErrPeerLost at once), another is alive but
 // enters the call 4 s late: for the hierarchical all-gather two rail
-// peers, for the ring its predecessor (gone) and its successor (late,
-// and sent more than the sockets' buffers hold). Rank 0 knows at once
-// that the call failed, and its Run says so at once: it interrupts its
-// link rather than wait for the late peer (TestHierFailedRunLeavesDstAlone:
-// nor does it leave the late peer's bytes to land in dst after it
-// returned).
+// peers, either one waited for first; for the ring its predecessor (a
+// receive fails) and its successor (a send fails: more than the sockets'
+// buffers hold), each in turn the one gone. Rank 0 knows at once that the
+// call failed, and its Run says so at once, naming the peer gone: the
+// link is interrupted rather than left to wait for the late peer
+// (TestHierFailedRunLeavesDstAlone: nor does it leave the late peer's
+// bytes to land in dst after it returned).
 func TestFailedRunReturnsPromptly(t *testing.T) {
 	const p = 3
-	hierDead, hierLate := RailPeers(p, 1, 0)[0], RailPeers(p, 1, 0)[1]
-	ringLate, ringDead, _ := Ring(p, 0) // next, prev
+	rail := RailPeers(p, 1, 0)
+	next, prev, _ := Ring(p, 0)
 	for _, tc := range []struct {
 		name       string
 		ring       bool
 		n          int
 		dead, late int
 	}{
-		{"hier", false, 4 << 20, hierDead, hierLate},
-		{"ring", true, 32 << 20, ringDead, ringLate},
+		{"hier", false, 4 << 20, rail[0], rail[1]},
+		{"hier/late-first", false, 4 << 20, rail[1], rail[0]},
+		{"ring", true, 32 << 20, prev, next},
+		{"ring/successor-gone", true, 32 << 20, next, prev},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var took time.Duration
@@ -53,6 +58,9 @@ func TestFailedRunReturnsPromptly(t *testing.T) {
 			t.Logf("rank 0 after %v: %v", took, runErr)
 			if runErr == nil {
 				t.Fatalf("rank 0's Run succeeded without rank %d", tc.dead)
+			}
+			if want := fmt.Sprintf("rank %d", tc.dead); !strings.Contains(runErr.Error(), want) {
+				t.Errorf("rank 0's error does not name %s, the peer gone", want)
 			}
 			if took > 2*time.Second {
 				t.Errorf("rank 0's Run returned its error (rank %d lost) after %v: it waited for rank %d", tc.dead, took, tc.late)

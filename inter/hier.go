@@ -175,7 +175,8 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 	for k, p := range h.peers {
 		if rerr := h.t.WaitRecv(p); rerr != nil {
 			if !errors.Is(rerr, fault.ErrSizeMismatch) {
-				return o.failDrained(rerr, p, k+1, 0)
+				err, p := blame(h.t, rerr, p)
+				return o.failDrained(err, p, k+1, 0)
 			}
 			if mismatch == nil {
 				mismatch = &fault.OpError{Op: o.name, Rank: h.rank, Peer: p, Err: rerr}
@@ -191,6 +192,7 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 	}
 	for i, p := range h.peers {
 		if err := h.t.WaitSend(p); err != nil {
+			err, p := blame(h.t, err, p)
 			return o.failDrained(err, p, len(h.peers), i+1)
 		}
 	}

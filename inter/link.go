@@ -46,6 +46,9 @@ type Link[M any] interface {
 	// Interrupt ends the transfers in flight at once, with an error, and
 	// the link with them (see Transport.Interrupt).
 	Interrupt()
+	// Lost reports the failure that lost a peer, and interrupted the
+	// link, if one did (see Transport.Lost).
+	Lost() (peer int, err error)
 	Close() error
 }
 
@@ -68,6 +71,16 @@ func (tcpLink) Copy(dst, src []byte, d time.Time) error { return intra.HostMem{}
 // Reserve has nothing to ready: the TCP transport reads and writes the
 // caller's bytes.
 func (tcpLink) Reserve(int, int, int) error { return nil }
+
+// blame is the error a call that failed with err, waiting for peer,
+// reports, and the peer it names: the link's loss where there was one
+// (the peer first lost, which ended the wait for this one), else err.
+func blame[M any](l Link[M], err error, peer int) (error, int) {
+	if p, lerr := l.Lost(); lerr != nil {
+		return lerr, p
+	}
+	return err, peer
+}
 
 // Staged carries GPU blocks over a TCP transport through pinned host
 // memory: a send copies the device block into the peer's pinned send
@@ -133,6 +146,9 @@ func (s *Staged) Direct(n int) bool { return s.t.Direct(n) }
 // Interrupt is the transport's: a receive it ends copies nothing into
 // its device block.
 func (s *Staged) Interrupt() { s.t.Interrupt() }
+
+// Lost is the transport's.
+func (s *Staged) Lost() (int, error) { return s.t.Lost() }
 
 // CopyRides is false: the own block's copy is a device copy, not one a
 // socket's writer can make.

@@ -152,12 +152,12 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 			// so that nothing reads src once Run has returned.
 			r.t.Interrupt()
 			r.t.WaitSend(r.next)
-			return o.fail(rerr, r.prev)
+			return o.fail(blame(r.t, rerr, r.prev))
 		}
 		serr := r.t.WaitSend(r.next)
 		// A peer's failure says more than this rank's copy failing beside it.
 		if serr != nil {
-			return o.fail(serr, r.next)
+			return o.fail(blame(r.t, serr, r.next))
 		}
 		if cerr != nil {
 			return o.fail(cerr, -1)

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -128,9 +129,21 @@ type Transport struct {
 	// direct is the largest message sent and received in the caller's
 	// goroutine (see DirectMax).
 	direct int
+	// lost is the first transfer failure that lost a peer (lose), which
+	// interrupted the link; interrupted is set by Interrupt, after which
+	// failures are its consequence and not recorded.
+	lost        atomic.Pointer[loss]
+	interrupted atomic.Bool
+}
+
+// loss is a transfer's failure with peer.
+type loss struct {
+	peer int
+	err  error
 }
 
 type peer struct {
+	t        *Transport
 	rank     int
 	conns    []*conn
 	sendDone chan error
@@ -239,7 +252,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		}
 	}()
 	for _, p := range cfg.Peers {
-		t.peers[p] = &peer{rank: p, conns: make([]*conn, cfg.Channels), rest: make([]job, cfg.Channels),
+		t.peers[p] = &peer{t: t, rank: p, conns: make([]*conn, cfg.Channels), rest: make([]job, cfg.Channels),
 			sendDone: make(chan error, cfg.Channels), recvDone: make(chan error, cfg.Channels)}
 	}
 	if err := cfg.Store.Set(ctx, t.key(cfg.Rank), []byte(t.addr)); err != nil {
@@ -658,8 +671,10 @@ func LocalIP(ifname, master string) (string, error) { return netaddr.LocalIP(ifn
 // Interrupt closes every connection, and with them the transfers in
 // flight, which end at once with an error: what an algorithm does, once
 // it has failed, before it collects the transfers it started (the
-// transport is of no use then; Close still releases the rest).
+// transport is of no use then; Close still releases the rest). The
+// transport does it itself when a transfer loses its peer (Lost).
 func (t *Transport) Interrupt() {
+	t.interrupted.Store(true)
 	for _, p := range t.peers {
 		for _, c := range p.conns {
 			if c != nil {
@@ -667,6 +682,33 @@ func (t *Transport) Interrupt() {
 			}
 		}
 	}
+}
+
+// Lost reports the transfer failure that lost a peer (fault.ErrPeerLost:
+// its connection closed or reset, its stream out of step) and with it
+// the call: the first one, from the goroutine that met it. The transport
+// then interrupted itself, ending the transfers still waiting for other
+// peers, which fail as a consequence: their errors name the peer they
+// waited for, Lost the one that was lost. A failure after Interrupt is
+// not recorded (the interrupt caused it). err is nil while no peer was
+// lost.
+func (t *Transport) Lost() (peer int, err error) {
+	if l := t.lost.Load(); l != nil {
+		return l.peer, l.err
+	}
+	return -1, nil
+}
+
+// lose returns err, a transfer's result with peer p, after recording it
+// as the link's loss and interrupting the link, where it is the first
+// peer lost (see Lost). Without it a call that had lost one peer went on
+// waiting for another, a late one, up to the call's deadline.
+func (p *peer) lose(err error) error {
+	t := p.t
+	if err != nil && errors.Is(err, fault.ErrPeerLost) && !t.interrupted.Load() && t.lost.CompareAndSwap(nil, &loss{p.rank, err}) {
+		t.Interrupt()
+	}
+	return err
 }
 
 // Close closes every connection; the goroutines end with them.
@@ -763,7 +805,7 @@ func (t *Transport) SendCopy(p int, epoch, hash uint64, buf, also []byte, deadli
 		}
 		if !pr.sendDirect {
 			pr.conns[ch].sendq <- j
-		} else if err := pr.conns[ch].sendNow(j); err != nil && pr.sendErr == nil {
+		} else if err := pr.lose(pr.conns[ch].sendNow(j)); err != nil && pr.sendErr == nil {
 			pr.sendErr = err
 		}
 	}
@@ -808,7 +850,7 @@ func (t *Transport) WaitRecv(p int) error {
 	h, err := lead.header(pr.recvJob, lead.firstLen(pr.recvJob))
 	if err != nil {
 		lead.rd.Poll = false
-		return err
+		return pr.lose(err)
 	}
 	err = lead.first(pr.recvJob, h, lead.plan(pr.recvJob, h))
 	lead.rd.Poll = false
@@ -817,7 +859,7 @@ func (t *Transport) WaitRecv(p int) error {
 			err = e
 		}
 	}
-	return err
+	return pr.lose(err)
 }
 
 func wait(done chan error, n int) error {
@@ -832,7 +874,7 @@ func wait(done chan error, n int) error {
 
 func (c *conn) writer() {
 	for j := range c.sendq {
-		c.p.sendDone <- c.send(j)
+		c.p.sendDone <- c.p.lose(c.send(j))
 	}
 }
 
@@ -964,11 +1006,12 @@ func (c *conn) reader() {
 		select {
 		case j := <-c.recvq:
 			if !j.lead {
-				c.p.recvDone <- c.receive(j)
+				c.p.recvDone <- c.p.lose(c.receive(j))
 				continue
 			}
 			h, err := c.header(j, c.firstLen(j))
 			if err != nil {
+				c.p.lose(err)
 				for range c.p.conns {
 					c.p.recvDone <- err
 					err = nil
@@ -989,7 +1032,7 @@ func (c *conn) reader() {
 					return
 				}
 			}
-			c.p.recvDone <- c.first(j, h, match)
+			c.p.recvDone <- c.p.lose(c.first(j, h, match))
 		case <-c.done:
 			return
 		}
