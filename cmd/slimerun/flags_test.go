@@ -33,6 +33,7 @@ func TestParseEndpoint(t *testing.T) {
 		{":29500", "", 0},
 		{"host:port", "", 0},
 		{"host:70000", "", 0},
+		{"localhost:0", "localhost", 0}, // torchrun's free port, on one node
 		{"[::1", "", 0},
 		{"a:1:2", "", 0},
 		{"::1", "", 0},
@@ -351,5 +352,25 @@ func TestGuardEnvInherited(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "[0]: ran") {
 		t.Fatalf("%v, want the job run:\n%s", err, out)
+	}
+}
+
+// torchrun's documented recipe for stacked single-node jobs,
+// --rdzv-backend=c10d --rdzv-endpoint=localhost:0 --nnodes=1, lets the
+// store take a free port: two such jobs on one host do not meet. It was
+// refused ("want host[:port]").
+func TestRdzvEndpointPortZeroOneNode(t *testing.T) {
+	out, err := exec.Command(slimerun, "-q", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--nnodes=1", "--nproc-per-node=2",
+		"sh", "-c", `echo "S=$SLIME_STORE_PORT R=$TORCHELASTIC_RUN_ID"`).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "[1]: S=") || strings.Contains(string(out), "S=0 ") || strings.Contains(string(out), "S=29400 ") {
+		t.Fatalf("want both workers on a free store port:\n%s", out)
+	}
+	// Across nodes the others must be given node 0's port: still refused.
+	out, err = exec.Command(slimerun, "-q", "--rdzv-endpoint=10.0.0.1:0", "--nnodes=2", "true").CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "port 0") {
+		t.Fatalf("--nnodes 2 with port 0: err %v, want exit 2 naming port 0\n%s", err, out)
 	}
 }

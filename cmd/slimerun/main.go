@@ -74,7 +74,7 @@ func run(args []string) int {
 	fs.Var((*seconds)(&cfg.StopGrace), "stop-grace", "time between SIGTERM and SIGKILL when stopping workers (seconds, or a duration)")
 	fs.Var((*seconds)(&cfg.RdzvTimeout), "rdzv-timeout", "how long to wait for every node to join (seconds, or a duration)")
 	backend := fs.String("rdzv-backend", "static", "torchrun's rendezvous backend: static or c10d (both: node 0's slimerun hosts the store)")
-	endpoint := fs.String("rdzv-endpoint", "", "host[:port] of the rendezvous store (as --master-addr and --master-port; port 29400 when left out)")
+	endpoint := fs.String("rdzv-endpoint", "", "host[:port] of the rendezvous store (as --master-addr and --master-port; port 29400 when left out; port 0, on one node: a free port, as torchrun's)")
 	rdzvConf := fs.String("rdzv-conf", "", "torchrun's key=value,... rendezvous settings: timeout (or join_timeout, seconds) sets --rdzv-timeout; the others are ignored")
 	secretFile := fs.String("job-secret-file", "", "file whose first line is the job's secret, the same on every node (mode 600); default: SLIME_JOB_SECRET")
 	fs.BoolVar(&cfg.Force, "force", false, fmt.Sprintf("run more than %d workers per core", launcher.MaxWorkersPerCore))
@@ -177,6 +177,14 @@ func run(args []string) int {
 	}
 	if cfg.Standalone && !fs.Changed("master-port") && *endpoint == "" {
 		cfg.MasterPort = 0
+	}
+	if *endpoint != "" && cfg.MasterPort == 0 && !cfg.Standalone {
+		// torchrun's recipe for stacked single-node jobs:
+		// --rdzv-endpoint localhost:0 --nnodes 1, a store on a free port.
+		if cfg.NNodes != 1 {
+			return fail("--rdzv-endpoint %q: port 0 (a free port) is for a job on one node (every node must be given node 0's port)", *endpoint)
+		}
+		cfg.Standalone = true
 	}
 	if cfg.MasterPort == 0 && !cfg.Standalone {
 		return fail("--master-port 0: a free port is for --standalone (every node must be given node 0's port)")
@@ -291,7 +299,8 @@ func parseEndpoint(s string) (string, int, error) {
 		}
 	}
 	p, perr := strconv.Atoi(port)
-	if host == "" || strings.ContainsAny(host, "[]/ ") || perr != nil || p < 1 || p > 65535 {
+	// Port 0 is torchrun's free port, for a job on one node (run checks).
+	if host == "" || strings.ContainsAny(host, "[]/ ") || perr != nil || p < 0 || p > 65535 {
 		return "", 0, bad
 	}
 	return host, p, nil
