@@ -1585,7 +1585,9 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 	if len(cfg.JobSecret) > 0 {
 		set("SLIME_JOB_SECRET", string(cfg.JobSecret))
 	}
-	if _, ok := lookupEnv(cfg.Env, "OMP_NUM_THREADS"); !ok {
+	// As torchrun: several workers of a node would each start a thread
+	// per core; one worker keeps OpenMP's default.
+	if _, ok := lookupEnv(cfg.Env, "OMP_NUM_THREADS"); !ok && cfg.NProcPerNode > 1 {
 		set("OMP_NUM_THREADS", "1")
 	}
 	cmd.Env = env

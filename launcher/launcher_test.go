@@ -75,6 +75,16 @@ func TestOMPNumThreadsKept(t *testing.T) {
 	}
 }
 
+// As torchrun, OMP_NUM_THREADS=1 is for several workers per node: a
+// single worker keeps OpenMP's own default (every core), which
+// OMP_NUM_THREADS=1 cut to one thread.
+func TestOMPNumThreadsOneWorkerUnset(t *testing.T) {
+	out, _, err := run(t, Config{NProcPerNode: 1, Env: []string{"PATH=" + os.Getenv("PATH")}}, `echo "OMP=${OMP_NUM_THREADS-unset}"`)
+	if err != nil || !strings.Contains(out, "OMP=unset") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}
+
 func TestFailureStopsOthers(t *testing.T) {
 	dir := t.TempDir()
 	start := time.Now()
