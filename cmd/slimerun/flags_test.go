@@ -374,3 +374,25 @@ func TestRdzvEndpointPortZeroOneNode(t *testing.T) {
 		t.Fatalf("--nnodes 2 with port 0: err %v, want exit 2 naming port 0\n%s", err, out)
 	}
 }
+
+// torchrun takes each of its flags from PET_<FLAG> where the command line
+// leaves it out (torch.distributed.argparse_util's env action): Kubeflow's
+// PyTorchJob runs a bare `torchrun train.py` with PET_NNODES,
+// PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT.
+// slimerun ignored them and ran every node as a job of its own. The command
+// line still wins.
+func TestPETEnvironment(t *testing.T) {
+	cmd := exec.Command(slimerun, "-q", "--role", "cli", "sh", "-c", `echo "W=$WORLD_SIZE L=$LOCAL_WORLD_SIZE S=$SLIME_STORE_PORT R=$ROLE_NAME"`)
+	port := strconv.Itoa(testbin.FreePort(t))
+	cmd.Env = append(os.Environ(), "PET_NPROC_PER_NODE=2", "PET_MASTER_PORT="+port, "PET_ROLE=env", "PET_NNODES=1", "PET_NODE_RANK=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "[1]: W=2 L=2 S="+port+" R=cli") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	cmd = exec.Command(slimerun, "-q", "true")
+	cmd.Env = append(os.Environ(), "PET_NNODES=x")
+	out, err = cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "PET_NNODES") {
+		t.Fatalf("a bad PET_NNODES: err %v, want exit 2 naming it\n%s", err, out)
+	}
+}

@@ -98,8 +98,30 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "slimerun:", err)
 		return 2
 	}
+	// As torchrun, a flag the command line leaves out is read from
+	// PET_<FLAG> (PET_NNODES, PET_NPROC_PER_NODE, ...), as Kubeflow's
+	// PyTorchJob gives them.
+	fromEnv := map[string]string{} // flag -> "PET_X=value"
+	for _, name := range torchrunEnvFlags {
+		env := "PET_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		v, ok := os.LookupEnv(env)
+		if !ok || v == "" || fs.Changed(name) { // torchrun takes an empty one as the default
+			continue
+		}
+		if err := fs.Set(name, v); err != nil {
+			fmt.Fprintf(os.Stderr, "slimerun: %s=%q: %v\n", env, v, err)
+			return 2
+		}
+		fromEnv[name] = fmt.Sprintf("%s=%q", env, v)
+	}
 	fail := func(format string, a ...any) int {
-		fmt.Fprintf(os.Stderr, "slimerun: "+format+"\n", a...)
+		msg := fmt.Sprintf(format, a...)
+		for name, src := range fromEnv {
+			if strings.Contains(msg, "--"+name) {
+				msg += " (from the environment: " + src + ")"
+			}
+		}
+		fmt.Fprintln(os.Stderr, "slimerun: "+msg)
 		return 2
 	}
 	if *printTopo {
@@ -175,7 +197,7 @@ func run(args []string) int {
 			return fail("--job-secret-file: %v", err)
 		}
 	}
-	if cfg.Standalone && !fs.Changed("master-port") && *endpoint == "" {
+	if _, env := fromEnv["master-port"]; cfg.Standalone && (!fs.Changed("master-port") || env) && *endpoint == "" {
 		cfg.MasterPort = 0
 	}
 	if *endpoint != "" && cfg.MasterPort == 0 && !cfg.Standalone {
@@ -240,6 +262,14 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "slimerun:", err)
 		return 1
 	}
+}
+
+// torchrunEnvFlags are the flags torchrun also reads from PET_<FLAG>
+// (its env and check_env actions) that slimerun has.
+var torchrunEnvFlags = []string{
+	"nnodes", "nproc-per-node", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "standalone",
+	"max-restarts", "monitor-interval", "start-method", "role", "module", "no-python", "log-dir",
+	"redirects", "tee", "local-ranks-filter", "node-rank", "master-addr", "master-port",
 }
 
 // python is the interpreter of a Python program: PYTHON_EXEC, as
