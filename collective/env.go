@@ -174,6 +174,9 @@ type CUDA struct {
 //     (/proc/PID/environ is the owner's), so the job's ranks prove
 //     membership to each other with no setup, and another job on the
 //     host cannot join.
+//   - MPICH's and Intel MPI's mpiexec (Hydra): PMI_RANK and PMI_SIZE,
+//     MPI_LOCALRANKID and MPI_LOCALNRANKS; the node rank as mpirun's. Read
+//     after Slurm's: srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE as well.
 //
 // Where the launcher says that every rank runs on one host (a local world
 // size equal to the world size, OMPI_MCA_orte_num_nodes=1, SLURM_NNODES=1
@@ -211,23 +214,23 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	}
 	var err error
 	var rankVar, sizeVar string
-	if o.Rank, rankVar, err = first("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"); err != nil {
+	if o.Rank, rankVar, err = first("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PMI_RANK"); err != nil {
 		return bad("%v", err)
 	}
-	if o.WorldSize, sizeVar, err = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"); err != nil {
+	if o.WorldSize, sizeVar, err = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"); err != nil {
 		return bad("%v", err)
 	}
 	if sizeVar == "" && o.Rank > 0 {
 		// A rank of a larger world whose size did not reach it: as a
 		// world of one it would run as rank 0, alone and unaware.
-		return bad("%s=%d is set but no world size variable (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)", rankVar, o.Rank)
+		return bad("%s=%d is set but no world size variable (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS, PMI_SIZE)", rankVar, o.Rank)
 	}
 	if sizeVar == "" {
 		// Not launched by anything (or a rank 0 alone, as in a Slurm
 		// batch script outside srun): a world of one.
 		o.WorldSize, o.Rank = 1, 0
 	} else if rankVar == "" {
-		return bad("%s=%d is set but no rank variable (RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID)", sizeVar, o.WorldSize)
+		return bad("%s=%d is set but no rank variable (RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID, PMI_RANK)", sizeVar, o.WorldSize)
 	}
 	if o.WorldSize == 0 {
 		return bad("%s=0", sizeVar)
@@ -235,27 +238,29 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	if o.Rank >= o.WorldSize {
 		return bad("%s=%d is not below %s=%d", rankVar, o.Rank, sizeVar, o.WorldSize)
 	}
-	ompi, slurm := sizeVar == "OMPI_COMM_WORLD_SIZE", sizeVar == "SLURM_NTASKS"
+	ompi, slurm, hydra := sizeVar == "OMPI_COMM_WORLD_SIZE", sizeVar == "SLURM_NTASKS", sizeVar == "PMI_SIZE"
 	// own lists torchrun's variable, then the launcher's own.
-	own := func(torch, mpi, srun string) []string {
+	own := func(torch, mpi, srun, hyd string) []string {
 		switch {
 		case ompi && mpi != "":
 			return []string{torch, mpi}
 		case slurm && srun != "":
 			return []string{torch, srun}
+		case hydra && hyd != "":
+			return []string{torch, hyd}
 		}
 		return []string{torch}
 	}
 	var localVar string
-	if o.LocalRank, localVar, err = first(own("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")...); err != nil {
+	if o.LocalRank, localVar, err = first(own("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID")...); err != nil {
 		return bad("%v", err)
 	}
-	nodeRank, nodeVar, err := first(own("GROUP_RANK", "", "SLURM_NODEID")...)
+	nodeRank, nodeVar, err := first(own("GROUP_RANK", "", "SLURM_NODEID", "")...)
 	if err != nil {
 		return bad("%v", err)
 	}
 	var lwsVar string
-	if o.LocalWorldSize, lwsVar, err = first(own("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "")...); err != nil {
+	if o.LocalWorldSize, lwsVar, err = first(own("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "", "MPI_LOCALNRANKS")...); err != nil {
 		return bad("%v", err)
 	}
 	oneHost := false // the launcher says every rank runs on this host

@@ -70,7 +70,7 @@ func TestLoadEnvErrors(t *testing.T) {
 		{map[string]string{"WORLD_SIZE": "2", "MASTER_ADDR": "x"}, "no rank variable"},
 		// A rank other than 0 without a world size cannot be a world of
 		// one: it ran as rank 0 of 1, unchecked.
-		{map[string]string{"RANK": "1", "MASTER_ADDR": "x"}, "RANK=1 is set but no world size variable (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)"},
+		{map[string]string{"RANK": "1", "MASTER_ADDR": "x"}, "RANK=1 is set but no world size variable (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS, PMI_SIZE)"},
 		{map[string]string{"OMPI_COMM_WORLD_RANK": "3"}, "OMPI_COMM_WORLD_RANK=3 is set but no world size variable"},
 		{map[string]string{"SLURM_PROCID": "2"}, "SLURM_PROCID=2 is set but no world size variable"},
 		{map[string]string{"RANK": "0", "WORLD_SIZE": "6", "LOCAL_RANK": "4", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "x"}, "local rank 4 of local world size 4"},
@@ -291,6 +291,15 @@ func TestLoadEnvLaunchers(t *testing.T) {
 		// A guessable key (OpenMPI direct-launched derives it from the job id) is no secret.
 		{"mpirun weak key", with(mpirun(3, 4, 4, 1), "OMPI_MCA_orte_precondition_transports", "012cc14200000000-012cc14200000000"),
 			where{3, 4, 3, 4, 0}, "127.0.0.1", ompiPort, "ompi776929281", nil},
+		// MPICH's and Intel MPI's mpiexec (Hydra): PMI_RANK, PMI_SIZE,
+		// MPI_LOCALRANKID, MPI_LOCALNRANKS. Each rank ran as a world of one.
+		{"mpiexec -n 4 rank 3", map[string]string{"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "4", "PMI_FD": "6"},
+			where{3, 4, 3, 4, 0}, "127.0.0.1", DefaultPort, "port29500", nil},
+		{"mpiexec 2 hosts rank 2", map[string]string{"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "h0"},
+			where{2, 4, 0, 2, 1}, "h0", DefaultPort, "port29500", nil},
+		// srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE beside Slurm's own: those win.
+		{"srun -N2 -n4 --mpi=pmi2 rank 3", with(srun(srun2x2, 3, 1, 1, "n2"), "PMI_RANK", "3", "PMI_SIZE", "4"),
+			where{3, 4, 1, 2, 1}, "n1", slurmPort, "slurm4242.0", nil},
 		// torchrun inside srun: torchrun's variables first.
 		{"torchrun in srun", with(srun(srun2x2, 1, 0, 1, "n1"), "RANK", "5", "WORLD_SIZE", "8", "LOCAL_RANK", "1", "LOCAL_WORLD_SIZE", "4",
 			"GROUP_RANK", "1", "MASTER_PORT", "29400", "TORCHELASTIC_RUN_ID", "tr"), where{5, 8, 1, 4, 1}, "n1", 29400, "tr", nil},

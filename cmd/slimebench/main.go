@@ -352,7 +352,7 @@ func allgather(args []string) error {
 // reads it from): a figure of one rank, which gathers nothing, is no
 // all-gather's.
 func noteWorldOfOne(cmd string) {
-	for _, v := range []string{"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"} {
+	for _, v := range []string{"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"} {
 		if os.Getenv(v) != "" {
 			return
 		}
