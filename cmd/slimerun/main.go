@@ -158,7 +158,7 @@ func run(args []string) int {
 	if cfg.Tee, err = parseStd(*tee, cfg.NProcPerNode); err != nil {
 		return fail("--tee: %v", err)
 	}
-	if fs.Changed("local-ranks-filter") {
+	if fs.Changed("local-ranks-filter") && strings.TrimSpace(*ranksFilter) != "" { // empty: none, as torchrun's
 		cfg.ConsoleRanks = []int{}
 		for part := range strings.SplitSeq(*ranksFilter, ",") {
 			r, err := strconv.Atoi(strings.TrimSpace(part))

@@ -112,3 +112,13 @@ func TestTorchScript(t *testing.T) {
 		t.Fatalf("%v, want PASS from ranks 0 and 1:\n%s", err, out)
 	}
 }
+
+// An empty --local-ranks-filter is torchrun's default, no filter (a
+// script's --local-ranks-filter "$FILTER" with FILTER unset): it was
+// refused as a bad rank.
+func TestLocalRanksFilterEmpty(t *testing.T) {
+	out, err := exec.Command(slimerun, "-q", "--standalone", "--nproc-per-node", "2", "--local-ranks-filter", "", "sh", "-c", `echo "hello from $RANK"`).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "[0]: hello from 0") || !strings.Contains(string(out), "[1]: hello from 1") {
+		t.Fatalf("%v, want both ranks on the console:\n%s", err, out)
+	}
+}
