@@ -1687,15 +1687,32 @@ type prefixWriter struct {
 func (p *prefixWriter) Write(b []byte) (int, error) {
 	p.buf = append(p.buf, b...)
 	for {
+		// A line ends at '\n', or at a '\r' that rewrites it in place
+		// (a progress bar's update, which may not see '\n' for an epoch);
+		// "\r\n" is one end.
 		i := -1
+	scan:
 		for j, c := range p.buf {
-			if c == '\n' {
+			switch {
+			case c == '\n':
 				i = j
-				break
+				break scan
+			case c == '\r' && j+1 == len(p.buf):
+				break scan // "\r\n", maybe: wait for the next byte
+			case c == '\r' && p.buf[j+1] == '\n':
+				i = j + 1
+				break scan
+			case c == '\r':
+				i = j
+				break scan
 			}
 		}
 		if i < 0 {
 			break
+		}
+		if i == 0 && p.buf[0] == '\r' { // nothing to rewrite: the prefix starts the update
+			p.buf = p.buf[1:]
+			continue
 		}
 		p.mu.Lock()
 		_, err := io.WriteString(p.out, p.prefix+string(p.buf[:i+1]))

@@ -76,6 +76,27 @@ func TestPrefixWriterLines(t *testing.T) {
 	}
 }
 
+// TestPrefixWriterCarriageReturn: a progress bar (tqdm: "\r 10%|..."
+// rewritten in place, no newline until the loop ends) reaches the console
+// as it goes, each update behind the prefix; it was held until its
+// newline (a whole epoch) or 64 KiB. "\r\n" still ends one line.
+func TestPrefixWriterCarriageReturn(t *testing.T) {
+	var out bytes.Buffer
+	p := &prefixWriter{mu: new(sync.Mutex), out: &out, prefix: "[0]: "}
+	for _, w := range []string{"\r 10%|#", "\r 20%|##", "\r 30%|###"} {
+		p.Write([]byte(w))
+	}
+	if got, want := out.String(), "[0]:  10%|#\r[0]:  20%|##\r"; got != want {
+		t.Fatalf("before the bar's end the console got %q, want %q", got, want)
+	}
+	p.Write([]byte("\n"))
+	p.Write([]byte("dos line\r\n"))
+	p.flush()
+	if got, want := out.String(), "[0]:  10%|#\r[0]:  20%|##\r[0]:  30%|###\n[0]: dos line\r\n"; got != want {
+		t.Fatalf("console got %q, want %q", got, want)
+	}
+}
+
 // TestLookupEnv: the last assignment of a key wins, the first entry is
 // looked at too, and an entry without '=' is skipped (not a crash).
 func TestLookupEnv(t *testing.T) {
