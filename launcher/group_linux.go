@@ -14,7 +14,7 @@ import (
 	"github.com/slimego/slimego/internal/machine"
 )
 
-// A worker is the leader of its own process group (Setpgid), whose id is
+// A worker is the leader of its own process group (Setsid), whose id is
 // the worker's pid; its children, and theirs, stay in the group unless
 // they leave it (setsid, a shell's job control). The kernel does not give
 // a process id to a new process while a group of that id has members, but

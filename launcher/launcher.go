@@ -141,9 +141,12 @@ type Config struct {
 
 	Program string
 	Args    []string
-	Env     []string  // base environment; os.Environ() when nil
-	Stdout  io.Writer // console; os.Stdout when nil
-	Stderr  io.Writer // console; os.Stderr when nil
+	Env     []string // base environment; os.Environ() when nil
+	// Stdin is every worker's standard input, as torchrun's workers
+	// inherit its own (slimerun gives os.Stdin); nil: /dev/null.
+	Stdin  *os.File
+	Stdout io.Writer // console; os.Stdout when nil
+	Stderr io.Writer // console; os.Stderr when nil
 	// Logf reports the launcher's own progress; silent when nil.
 	Logf func(format string, args ...any)
 	// Warnf reports what the user must see even when Logf is silent;
@@ -1591,7 +1594,12 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 		set("OMP_NUM_THREADS", "1")
 	}
 	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Stdin = cfg.Stdin
+	// A session of its own, as torchrun's start_new_session: the worker
+	// leads a process group of its own (its id the worker's pid), and,
+	// having no controlling terminal, reads a terminal on its standard
+	// input (pdb) without being stopped as a background group (SIGTTIN).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 2 * time.Second
 
 	prefix := "[" + itoa(rank) + "]: "

@@ -233,6 +233,7 @@ func run(args []string) int {
 		cfg.Logf = func(format string, a ...any) { fmt.Fprintf(os.Stderr, "slimerun: "+format+"\n", a...) }
 	}
 	cfg.Warnf = func(format string, a ...any) { fmt.Fprintf(os.Stderr, "slimerun: WARNING: "+format+"\n", a...) }
+	cfg.Stdin = os.Stdin
 	err = launcher.Run(context.Background(), cfg)
 	var je *launcher.JobError
 	var we *launcher.WorkerError

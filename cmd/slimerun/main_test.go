@@ -234,3 +234,15 @@ func TestSignalKillsGrandchildren(t *testing.T) {
 		})
 	}
 }
+
+// The workers read slimerun's standard input, as torchrun's do (its
+// workers inherit it): `data | slimerun prog`, or pdb's breakpoint() in a
+// one-worker job. They got /dev/null, an end of file at once.
+func TestStdinReachesWorkers(t *testing.T) {
+	cmd := exec.Command(slimerun, "-q", "--standalone", "sh", "-c", `read line && echo "got $line"`)
+	cmd.Stdin = strings.NewReader("hello there\n")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "[0]: got hello there") {
+		t.Fatalf("%v, want the worker to read slimerun's stdin:\n%s", err, out)
+	}
+}
