@@ -396,3 +396,26 @@ func TestPETEnvironment(t *testing.T) {
 		t.Fatalf("a bad PET_NNODES: err %v, want exit 2 naming it\n%s", err, out)
 	}
 }
+
+// torchrun's c10d backend gives node ranks in order of arrival, so its
+// multi-node recipe runs the same command, without --node-rank, on every
+// node. slimerun's c10d does not: each node took node rank 0, and on a
+// host other than the master's hosted a store of its own (on its address
+// that reaches the master) and waited out --rdzv-timeout (5 minutes) for
+// nodes that never came. It is refused at once, saying what to give.
+func TestC10dWithoutNodeRankRefused(t *testing.T) {
+	cmd := exec.Command(slimerun, "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:"+strconv.Itoa(testbin.FreePort(t)), "--nnodes=2", "--rdzv-timeout=20", "true")
+	cmd.Env = append(os.Environ(), "SLIME_JOB_SECRET=s")
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--node-rank") || time.Since(start) > 10*time.Second {
+		t.Fatalf("err %v after %v, want exit 2 at once asking for --node-rank\n%s", err, time.Since(start).Round(time.Second), out)
+	}
+	// Given, it runs as before (here: node 0 of a job whose node 1 never comes).
+	cmd = exec.Command(slimerun, "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:"+strconv.Itoa(testbin.FreePort(t)), "--nnodes=2", "--node-rank=0", "--rdzv-timeout=1", "true")
+	cmd.Env = append(os.Environ(), "SLIME_JOB_SECRET=s")
+	out, _ = cmd.CombinedOutput()
+	if !strings.Contains(string(out), "did not join") {
+		t.Fatalf("with --node-rank 0: want the missing node named\n%s", out)
+	}
+}

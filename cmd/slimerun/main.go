@@ -178,6 +178,13 @@ func run(args []string) int {
 	if *backend != "static" && *backend != "c10d" {
 		return fail("--rdzv-backend %q: want static or c10d", *backend)
 	}
+	if *backend == "c10d" && cfg.NNodes > 1 && !fs.Changed("node-rank") {
+		// torchrun's c10d hands out node ranks as nodes arrive; here every
+		// node would take rank 0, and one on another host than the
+		// master's would host a store of its own and wait out the
+		// rendezvous timeout.
+		return fail("--rdzv-backend c10d --nnodes %d: slimerun does not assign node ranks as torchrun's c10d does: give every node its own --node-rank (0 on the master's host, --rdzv-endpoint's)", cfg.NNodes)
+	}
 	if *endpoint != "" {
 		if cfg.MasterAddr, cfg.MasterPort, err = parseEndpoint(*endpoint); err != nil {
 			return fail("%v", err)
