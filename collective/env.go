@@ -151,7 +151,10 @@ type CUDA struct {
 // slimerun), OMPI_COMM_WORLD_SIZE (mpirun) or SLURM_NTASKS (srun). Where
 // torchrun's variables are unset, that launcher's own fill in, and never
 // another's: under mpirun inside a Slurm allocation the SLURM_* variables
-// describe mpirun's daemons, not the ranks.
+// describe mpirun's daemons, not the ranks. A WORLD_SIZE exported for the
+// whole job with no RANK (a batch script's, the rank left to the
+// launcher) is read as that launcher's world size: its variables give
+// the rest.
 //
 //   - srun: SLURM_PROCID is the rank, SLURM_LOCALID the local rank,
 //     SLURM_NODEID the node rank, and this node's count in
@@ -238,7 +241,20 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	if o.Rank >= o.WorldSize {
 		return bad("%s=%d is not below %s=%d", rankVar, o.Rank, sizeVar, o.WorldSize)
 	}
-	ompi, slurm, hydra := sizeVar == "OMPI_COMM_WORLD_SIZE", sizeVar == "SLURM_NTASKS", sizeVar == "PMI_SIZE"
+	launcher := sizeVar
+	if sizeVar == "WORLD_SIZE" && rankVar != "RANK" {
+		// WORLD_SIZE exported for the job (a batch script's, before srun
+		// or mpirun), the rank left to the launcher: the launcher's
+		// variables give the rest of the layout, or ranks of several
+		// nodes take themselves for one.
+		for _, v := range []string{"OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"} {
+			if strings.TrimSpace(getenv(v)) != "" {
+				launcher = v
+				break
+			}
+		}
+	}
+	ompi, slurm, hydra := launcher == "OMPI_COMM_WORLD_SIZE", launcher == "SLURM_NTASKS", launcher == "PMI_SIZE"
 	// own lists torchrun's variable, then the launcher's own.
 	own := func(torch, mpi, srun, hyd string) []string {
 		switch {

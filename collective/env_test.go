@@ -300,6 +300,11 @@ func TestLoadEnvLaunchers(t *testing.T) {
 		// srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE beside Slurm's own: those win.
 		{"srun -N2 -n4 --mpi=pmi2 rank 3", with(srun(srun2x2, 3, 1, 1, "n2"), "PMI_RANK", "3", "PMI_SIZE", "4"),
 			where{3, 4, 1, 2, 1}, "n1", slurmPort, "slurm4242.0", nil},
+		// A batch script's export WORLD_SIZE (and MASTER_ADDR) before srun,
+		// the rank left to each task: Slurm's rank, and its layout with it.
+		// The ranks of both nodes took themselves for one node.
+		{"srun -N2 -n4, WORLD_SIZE exported", with(srun(srun2x2, 3, 1, 1, "n2"), "WORLD_SIZE", "4"), where{3, 4, 1, 2, 1}, "n1", slurmPort, "slurm4242.0", nil},
+		{"mpirun 2 hosts, WORLD_SIZE exported", with(mpirun(2, 4, 2, 2), "MASTER_ADDR", "h0", "WORLD_SIZE", "4"), where{2, 4, 0, 2, 1}, "h0", ompiPort, "ompi776929281", secret},
 		// torchrun inside srun: torchrun's variables first.
 		{"torchrun in srun", with(srun(srun2x2, 1, 0, 1, "n1"), "RANK", "5", "WORLD_SIZE", "8", "LOCAL_RANK", "1", "LOCAL_WORLD_SIZE", "4",
 			"GROUP_RANK", "1", "MASTER_PORT", "29400", "TORCHELASTIC_RUN_ID", "tr"), where{5, 8, 1, 4, 1}, "n1", 29400, "tr", nil},
