@@ -38,9 +38,10 @@ type Op struct {
 // ErrCallsDiffer is the ErrSizeMismatch (errors.Is) of a call whose
 // headers disagree: every rank of the group sees every header, so every
 // rank returns it from the same call, and no data has moved. (A
-// symmetric buffer that one rank has not allocated is a plain
-// ErrSizeMismatch of that rank alone.) Package collective then asks the
-// ranks what each called, to name the one that differs.
+// symmetric buffer that one rank has not allocated, or has freed, is a
+// plain ErrSizeMismatch of that rank alone, which breaks its group: its
+// peers get ErrPeerLost at once.) Package collective then asks the ranks
+// what each called, to name the one that differs.
 var ErrCallsDiffer error = callsDiffer{}
 
 type callsDiffer struct{}
@@ -123,7 +124,7 @@ func overlaps(a, b []byte) bool {
 	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
 }
 
-// Run executes the planned operation once. On ErrSizeMismatch the group
+// Run executes the planned operation once. On ErrCallsDiffer the group
 // stays usable; on any other error it is broken and every later call
 // returns ErrClosed.
 func (o *Op) Run(ctx context.Context) error {
@@ -196,7 +197,13 @@ func (o *Op) run(ctx context.Context) error {
 		case ph.mode == modeSymmetric:
 			src, err := g.peerBytes(p, int(ph.zcBuf-1), int(ph.zcOff), len(dst))
 			if err != nil {
-				return fault.New(o.name, g.global(me), g.global(p), fault.ErrSizeMismatch, "%v", err)
+				// The owner waits for this rank's acknowledgement, and
+				// the readers of this rank's own block for its chunks:
+				// the group cannot go on, and its peers learn so now
+				// rather than at their timeout.
+				err = fault.New(o.name, g.global(me), g.global(p), fault.ErrSizeMismatch, "%v", err)
+				g.fail(err)
+				return err
 			}
 			copyBlock(dst, src, g.cfg.BigCopy, g.cfg.ShareCores)
 			atomic.StoreUint64(&g.myAcks[p].ack, e)
