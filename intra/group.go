@@ -168,7 +168,7 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 	cfg.SlotBytes = roundUp(cfg.SlotBytes, lineBytes)
 	lay, err := newLayout(cfg.Size, cfg.Slots, cfg.SlotBytes)
 	if err != nil {
-		return nil, fmt.Errorf("intra: %w", err)
+		return nil, fault.New("init", cfg.Ranks[cfg.Rank], -1, fault.ErrInvalid, "%v", err)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"unsafe"
 )
 
@@ -83,6 +84,14 @@ type layout struct {
 func newLayout(L, K, C int) (layout, error) {
 	if L < 1 || K < 2 || C < lineBytes || C%lineBytes != 0 {
 		return layout{}, fmt.Errorf("bad segment geometry: %d ranks, %d slots of %d bytes", L, K, C)
+	}
+	// A segment whose size does not fit in an int would wrap round to a
+	// small one that the offsets below run past: refuse it. (The limit
+	// leaves room for the roundings; ranks per node are far fewer.)
+	const limit = math.MaxInt / 4
+	if L > 1<<20 || C > limit-lineBytes || K > limit/(lineBytes+C) ||
+		L > limit/(roundUp(K*(lineBytes+C), pageBytes)+2*headerBytes) {
+		return layout{}, fmt.Errorf("segment geometry of %d ranks, %d slots of %d bytes does not fit in memory", L, K, C)
 	}
 	l := layout{L: L, K: K, C: C}
 	l.ctrlOff = pageBytes
