@@ -274,8 +274,9 @@ func (g *Group) bind() {
 // fails with ErrInvalid, naming rank 0, and neither maps nor unlinks the
 // file.
 //
-// Every rank that read what rank 0 published (a name, or rank 0's error)
-// counts itself under key/mapped, whether it could map the segment or not.
+// Every rank that read what rank 0 published (a name, or rank 0's error),
+// or gave up waiting for it at its deadline, counts itself under
+// key/mapped, whether it could map the segment or not.
 // The rank whose count reaches the group's size knows that no rank reads
 // the two keys again: it deletes them, so that the store, whose keys are
 // limited, does not fill up over a long job's allocations; and, if it
@@ -328,15 +329,20 @@ func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id i
 		}
 	} else {
 		v, err := st.Get(ctx, base)
+		name := string(v)
 		if err != nil {
 			var ae *rendezvous.AbortError
 			if errors.As(err, &ae) {
 				return nil, fault.New(op, me, ae.Rank, fault.ErrPeerLost, "waiting for the segment name from local rank 0: %s", ae.Reason)
 			}
-			return nil, fault.New(op, me, root, waitErr(err, "the segment name from local rank 0"), "")
-		}
-		name := string(v)
-		if msg, ok := strings.CutPrefix(name, "error: "); ok {
+			// This rank gives up (its deadline) while rank 0 may yet
+			// publish and map the segment: it counts itself all the
+			// same, so that rank 0, counting last, unlinks the name.
+			failed = fault.New(op, me, root, waitErr(err, "the segment name from local rank 0"), "")
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+		} else if msg, ok := strings.CutPrefix(name, "error: "); ok {
 			failed = fault.New(op, me, root, fault.ErrPeerLost, "local rank 0 could not create shared memory: %s", msg)
 		} else if err := shm.CheckName(name, prefix); err != nil {
 			failed = fault.New(op, me, root, fmt.Errorf("%w: %w", fault.ErrInvalid, err), "segment name published for local rank 0")

@@ -73,7 +73,11 @@ func (g *Group) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	if bad != nil {
 		return nil, bad // every rank refused alike
 	}
-	id := len(g.bufs)
+	// The buffer's id, which the headers name, is the call's number, the
+	// same on every rank: a count of the buffers this rank holds would
+	// skew after an Alloc that failed on some ranks only (a deadline), and
+	// peers would read in place from another buffer than the one named.
+	id := int(seq)
 	stride := roundUp(max(n, 1), pageBytes)
 	// One page of identity, then each rank's part.
 	total := pageBytes + g.size*stride
@@ -85,7 +89,10 @@ func (g *Group) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	seg.Skip(pageBytes)
 	b := &Buffer{g: g, id: id, seg: seg, stride: stride}
 	b.bytes = seg.Mem[g.rank*stride : g.rank*stride+n : g.rank*stride+n]
-	g.bufs = append(g.bufs, b)
+	for len(g.bufs) <= id {
+		g.bufs = append(g.bufs, nil) // calls refused or failed here
+	}
+	g.bufs[id] = b
 	return b, nil
 }
 
