@@ -743,6 +743,10 @@ type Plan struct {
 	// call is what a host plan passes, to name the rank whose call
 	// differs on a mismatch (explain); zero for a GPU plan.
 	call call
+	// freed, where not nil, says whether the plan's memory lies in a
+	// symmetric buffer freed since (intra.Op.Freed): a run is then
+	// refused, in step with the peers, rather than fault.
+	freed func() error
 }
 
 // planEngine is what runs a Plan: the host all-gather of the
@@ -770,7 +774,24 @@ func (c *Communicator) hostPlan(name string, dst, src []byte) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Plan{c: c, eng: hostPlan{op}, call: call{name: name, sizes: slices.Clone(c.sizes)}}, nil
+	p := &Plan{c: c, eng: hostPlan{op}, call: call{name: name, sizes: slices.Clone(c.sizes)}}
+	if f, ok := op.(interface{ Freed() error }); ok {
+		p.freed = f.Freed
+	}
+	return p, nil
+}
+
+// refuseFreed refuses a run of a plan whose memory has been freed (see
+// Plan.freed), taking part as a refused call does; refused is false
+// where the plan may run.
+func (p *Plan) refuseFreed(ctx context.Context) (refused bool, err error) {
+	if p.freed == nil {
+		return false, nil
+	}
+	if err := p.freed(); err != nil {
+		return true, p.c.refuse(ctx, p.opName(), err)
+	}
+	return false, nil
 }
 
 // Plan prepares AllGather(dst, src) for repeated runs.
@@ -815,6 +836,9 @@ func (p *Plan) Run(ctx context.Context) error {
 		return err
 	}
 	defer p.c.leave()
+	if refused, err := p.refuseFreed(ctx); refused {
+		return err
+	}
 	if err := p.eng.launch(ctx); err != nil {
 		return p.c.failed(p.c.explain(ctx, err, p.call))
 	}
@@ -844,6 +868,9 @@ func (p *Plan) Launch(ctx context.Context) error {
 		return err
 	}
 	defer p.c.leave()
+	if refused, err := p.refuseFreed(ctx); refused {
+		return err
+	}
 	if err := p.eng.launch(ctx); err != nil {
 		return p.c.failed(p.c.explain(ctx, err, p.call))
 	}
@@ -885,7 +912,10 @@ func (p *Plan) Close() error { return p.eng.close() }
 // Buffer is symmetric memory from [Communicator.Alloc]: every rank of the
 // node holds one of the same size, and the peers read this rank's in
 // place.
-type Buffer struct{ b *intra.Buffer }
+type Buffer struct {
+	b *intra.Buffer
+	c *Communicator
+}
 
 // Bytes is this rank's part of the buffer (nil once freed, or once the
 // communicator is closed: Close unmaps it).
@@ -899,8 +929,20 @@ func (b *Buffer) Bytes() []byte { return b.b.Bytes() }
 func (b *Buffer) File() (fd int, off int64) { return b.b.File() }
 
 // Free unmaps the buffer on this rank. Every rank frees it, between
-// operations that use it.
-func (b *Buffer) Free() error { return b.b.Free() }
+// operations that use it: a Free while another goroutine's call is in
+// progress is refused (ErrInvalid), as any call then is, since that call
+// may be reading or writing the buffer; a Plan over it refuses its later
+// runs.
+func (b *Buffer) Free() error {
+	if err := b.c.enter("free"); err != nil {
+		if errors.Is(err, ErrClosed) {
+			return nil // Close unmapped it
+		}
+		return err
+	}
+	defer b.c.leave()
+	return b.b.Free()
+}
 
 // Alloc returns n bytes of symmetric memory: every rank calls it with the
 // same n, and an AllGather whose source lies in such a buffer is read by
@@ -920,7 +962,7 @@ func (c *Communicator) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Buffer{b}, nil
+	return &Buffer{b: b, c: c}, nil
 }
 
 // Elem is the element types the typed forms take.

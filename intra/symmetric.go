@@ -107,6 +107,14 @@ func (b *Buffer) Free() error {
 	return b.seg.Close()
 }
 
+// holder is the symmetric buffer that holds p on this rank, or nil.
+func (g *Group) holder(p []byte) *Buffer {
+	if id, _, ok := g.lookup(p); ok {
+		return g.bufs[id]
+	}
+	return nil
+}
+
 // lookup finds the symmetric buffer that holds p on this rank.
 func (g *Group) lookup(p []byte) (id, off int, ok bool) {
 	if len(p) == 0 {

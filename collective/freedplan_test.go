@@ -1,0 +1,121 @@
+package collective_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/internal/pattern"
+)
+
+// TestPlanOverFreedBuffer: a Plan whose source or destination lies in a
+// symmetric buffer that a rank has freed since is refused on that rank
+// with ErrInvalid, and on every other rank with ErrInvalid naming it, at
+// once; it does not fault on unmapped memory, and the communicator stays
+// usable. Sizes below and above the zero-copy threshold; the source
+// freed on every rank, or only the destination on rank 1.
+func TestPlanOverFreedBuffer(t *testing.T) {
+	for _, n := range []int{512, 64 << 10} {
+		for _, which := range []string{"source on every rank", "destination on rank 1"} {
+			t.Run(fmt.Sprintf("%d/%s", n, which), func(t *testing.T) {
+				inProcess(t, 3, func(c *collective.Communicator) error {
+					ctx := context.Background()
+					sb, err := c.Alloc(ctx, n)
+					if err != nil {
+						return err
+					}
+					db, err := c.Alloc(ctx, 3*n)
+					if err != nil {
+						return err
+					}
+					p, err := c.Plan(db.Bytes(), sb.Bytes())
+					if err != nil {
+						return err
+					}
+					if err := p.Run(ctx); err != nil {
+						return err
+					}
+					culprit := which == "source on every rank" || c.Rank() == 1
+					if which == "source on every rank" {
+						sb.Free()
+					} else if c.Rank() == 1 {
+						db.Free()
+					}
+					start := time.Now()
+					err = p.Run(ctx)
+					var oe *collective.OpError
+					if !errors.Is(err, collective.ErrInvalid) || !errors.As(err, &oe) || oe.Op != "allgather" || oe.Rank != c.Rank() ||
+						!culprit && (oe.Peer != 1 || !strings.Contains(err.Error(), "freed")) {
+						return fmt.Errorf("a run over a freed buffer: %v, want ErrInvalid (naming rank 1 on the others)", err)
+					}
+					if took := time.Since(start); took > 5*time.Second {
+						return fmt.Errorf("the refusal took %v", took)
+					}
+					src, dst := make([]byte, n), make([]byte, 3*n)
+					pattern.Fill(src, pattern.Seed(c.Rank(), 1, 0))
+					if err := c.AllGather(ctx, dst, src); err != nil {
+						return fmt.Errorf("the gather after the refusal: %w", err)
+					}
+					for r := range 3 {
+						if i := pattern.Check(dst[r*n:r*n+n], pattern.Seed(r, 1, 0)); i >= 0 {
+							return fmt.Errorf("the gather after the refusal: rank %d's block wrong at %d", r, i)
+						}
+					}
+					return nil
+				})
+			})
+		}
+	}
+}
+
+// TestFreeDuringCall: Free of a symmetric buffer while another
+// goroutine's gather from it is in progress is refused (ErrInvalid) and
+// unmaps nothing; the gather then completes with the right data.
+func TestFreeDuringCall(t *testing.T) {
+	const n = 64 << 10
+	go1 := make(chan struct{}) // rank 1 may call
+	inProcess(t, 2, func(c *collective.Communicator) error {
+		ctx := context.Background()
+		b, err := c.Alloc(ctx, n)
+		if err != nil {
+			return err
+		}
+		src := b.Bytes()
+		pattern.Fill(src, pattern.Seed(c.Rank(), 0, 0))
+		dst := make([]byte, 2*n)
+		want := make([]byte, 2*n)
+		pattern.Fill(want[:n], pattern.Seed(0, 0, 0))
+		pattern.Fill(want[n:], pattern.Seed(1, 0, 0))
+		if c.Rank() == 1 {
+			<-go1
+			if err := c.AllGather(ctx, dst, src); err != nil {
+				return err
+			}
+			if !bytes.Equal(dst, want) {
+				return errors.New("rank 1: wrong data")
+			}
+			return b.Free()
+		}
+		first := make(chan error, 1)
+		go func() { first <- c.AllGather(ctx, dst, src) }() // waits for rank 1
+		time.Sleep(200 * time.Millisecond)
+		err = b.Free()
+		close(go1)
+		if !errors.Is(err, collective.ErrInvalid) || b.Bytes() == nil {
+			<-first
+			return fmt.Errorf("Free during another goroutine's gather from the buffer: %v, mapped %v; want ErrInvalid, still mapped", err, b.Bytes() != nil)
+		}
+		if err := <-first; err != nil {
+			return fmt.Errorf("the gather: %w", err)
+		}
+		if !bytes.Equal(dst, want) {
+			return errors.New("rank 0: wrong data")
+		}
+		return b.Free()
+	})
+}
