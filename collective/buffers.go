@@ -170,6 +170,8 @@ func (c *Communicator) onStream(p *Plan, err error) (*Plan, error) {
 // waits for the work pending on the communicator's stream (which may
 // write its source), then gathers to completion, so that the stream's
 // later work sees the result: the order a GPU plan has on its stream.
+// Where that wait fails (the work failed, a deadline passed) the launch
+// takes part as a refused call and returns the failure.
 //
 // closed is set by the plan's Close, after which a launch is ErrClosed, as
 // a GPU plan's is; it is a pointer made at planning, so that the plan (a
@@ -186,7 +188,13 @@ func (s streamPlan) launch(ctx context.Context) error {
 		return s.c.closedErr("allgather")
 	}
 	if err := s.c.syncCPU(ctx, "allgather", st); err != nil {
-		return err
+		// The gather is left out, but the peers may be in it already:
+		// take part as a refused call does, so that they learn of it at
+		// once instead of at their timeout, and do not take this rank's
+		// next call (another iteration's data) for this one. ctx may be
+		// what ended; the engine's waits keep the communicator's
+		// timeout.
+		return s.c.leaveOut(context.WithoutCancel(ctx), "allgather", err)
 	}
 	return s.op.Run(ctx)
 }

@@ -680,6 +680,13 @@ func (c *Communicator) refuse(ctx context.Context, name string, lerr error) erro
 	if !errors.Is(lerr, ErrInvalid) {
 		return lerr // the engine is broken or closed: nothing to take part in
 	}
+	return c.leaveOut(ctx, name, lerr)
+}
+
+// leaveOut is refuse for a call that this rank leaves out for lerr,
+// whatever its kind: it takes part as refuse does and returns lerr (or
+// the engine's error where the engine failed otherwise).
+func (c *Communicator) leaveOut(ctx context.Context, name string, lerr error) error {
 	for r := range c.sizes {
 		c.sizes[r], c.offs[r] = 0, 0
 	}
