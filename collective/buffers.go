@@ -184,8 +184,13 @@ type streamPlan struct {
 
 func (s streamPlan) launch(ctx context.Context) error {
 	st := s.c.stream
-	if st == nil || *s.closed {
+	if st == nil {
 		return s.c.closedErr("allgather")
+	}
+	if *s.closed {
+		// Closed here, maybe not on the peers (a closed plan's launch is
+		// a mistake of this rank's): take part as below.
+		return s.c.leaveOut(ctx, "allgather", fault.New("allgather", s.c.Rank(), -1, ErrClosed, "the plan is closed"))
 	}
 	if err := s.c.syncCPU(ctx, "allgather", st); err != nil {
 		// The gather is left out, but the peers may be in it already:

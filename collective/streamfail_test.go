@@ -74,3 +74,47 @@ func TestStreamFailureLeavesNoGatherBehind(t *testing.T) {
 		return check(1)
 	})
 }
+
+// TestClosedPlanLeavesNoGatherBehind: a launch of a plan that this rank
+// has closed (and its peers have not) is ErrClosed here; it must not let
+// the peers take this rank's next call, of another plan, for it.
+func TestClosedPlanLeavesNoGatherBehind(t *testing.T) {
+	const n = 4096
+	inProcess(t, 2, func(c *collective.Communicator) error {
+		ctx := context.Background()
+		me := c.Rank()
+		var plans [2]*collective.Plan
+		var dsts [2]*device.HostBuffer
+		for i := range plans {
+			src := device.NewHostBuffer(make([]byte, n), false)
+			pattern.Fill(src.Bytes(), pattern.Seed(me, i, 0))
+			dsts[i] = device.NewHostBuffer(make([]byte, 2*n), false)
+			p, err := c.PlanBuffers(ctx, dsts[i], src)
+			if err != nil {
+				return err
+			}
+			plans[i] = p
+		}
+		if me == 1 {
+			plans[0].Close()
+		}
+		for i, p := range plans {
+			err := p.Launch(ctx)
+			if me == 1 && i == 0 {
+				if !errors.Is(err, collective.ErrClosed) {
+					return fmt.Errorf("Launch of a closed plan: %v, want ErrClosed", err)
+				}
+				continue
+			}
+			if err != nil {
+				continue // an error is a fair answer; another plan's data is not
+			}
+			for r := range 2 {
+				if j := pattern.Check(dsts[i].Bytes()[r*n:r*n+n], pattern.Seed(r, i, 0)); j >= 0 {
+					return fmt.Errorf("plan %d returned nil, but rank %d's block is another plan's (wrong at byte %d)", i, r, j)
+				}
+			}
+		}
+		return nil
+	})
+}
