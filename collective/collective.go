@@ -956,7 +956,9 @@ func (b *Buffer) Free() error {
 // the peers in place. Free it with Buffer.Free on every rank. The ranks of
 // a node share one segment: where one asks for another n, every rank of
 // the node fails with ErrSizeMismatch naming it, and nothing is left
-// allocated.
+// allocated. On one node, a rank whose call at this point is another
+// (an AllGather, a Barrier) makes every rank fail with ErrSizeMismatch
+// naming both calls at once.
 func (c *Communicator) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	if err := c.enter("alloc"); err != nil {
 		return nil, err
@@ -965,11 +967,37 @@ func (c *Communicator) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	if c.eng == nil {
 		return nil, c.closedErr("alloc")
 	}
+	if c.net == nil {
+		if err := c.announce(ctx, "alloc"); err != nil {
+			return nil, err
+		}
+	}
 	b, err := c.node.Alloc(ctx, n)
 	if err != nil {
 		return nil, err
 	}
 	return &Buffer{b: b, c: c}, nil
+}
+
+// announce takes part in the node's shared-memory protocol under op's
+// name, moving nothing, before a call that meets its peers elsewhere
+// (Alloc, through the store): a peer in another call (an AllGather, a
+// Barrier) then differs from it at once, and every rank returns
+// ErrSizeMismatch naming both calls, instead of each waiting out its
+// timeout where the other never comes. On one node only, where the
+// node's group is the engine.
+func (c *Communicator) announce(ctx context.Context, op string) error {
+	for r := range c.sizes {
+		c.sizes[r], c.offs[r] = 0, 0
+	}
+	p, err := c.plan(op, nil, nil)
+	if err != nil {
+		return err
+	}
+	if err := p.Run(ctx); err != nil {
+		return c.failed(c.explain(ctx, err, call{name: op}))
+	}
+	return nil
 }
 
 // Elem is the element types the typed forms take.
