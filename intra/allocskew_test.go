@@ -3,20 +3,25 @@ package intra
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/fault"
 )
 
 // TestAllocFailedOnOneRank: rank 1 gives up on an Alloc (its context's
-// deadline passes while rank 0 still creates a large segment) that rank 0
-// completes. The ranks' later buffers must still be the same buffers to
-// both: a gather from a symmetric buffer allocated after it moves the
-// right bytes (or fails), never another buffer's bytes without an error;
-// and the segment rank 0 made is unlinked (group checks /dev/shm).
+// deadline passes while rank 0 still creates a large segment). Rank 0's
+// Alloc must fail too, naming rank 1 (all or none), and the ranks' later
+// buffers must still be the same buffers to both: a gather from a
+// symmetric buffer allocated after it moves the right bytes (or fails),
+// never another buffer's bytes without an error; and the segment rank 0
+// made is unlinked (group checks /dev/shm).
 func TestAllocFailedOnOneRank(t *testing.T) {
 	const big, n = 1 << 30, 4096
 	var gaveUp, made [2]bool
+	var bigErr [2]error
 	errs := group(t, 2, Config{Timeout: 30 * time.Second}, func(g *Group) error {
 		ctx := context.Background()
 		actx := ctx
@@ -29,7 +34,7 @@ func TestAllocFailedOnOneRank(t *testing.T) {
 			made[g.Rank()] = true
 			defer b.Free()
 		} else {
-			gaveUp[g.Rank()] = true
+			gaveUp[g.Rank()], bigErr[g.Rank()] = true, err
 		}
 		var bufs [2]*Buffer
 		for i := range bufs {
@@ -58,8 +63,14 @@ func TestAllocFailedOnOneRank(t *testing.T) {
 		}
 		return nil
 	})
-	if !made[0] || !gaveUp[1] {
-		t.Skipf("could not provoke the skew: rank 0 made the buffer %v, rank 1 gave up %v", made[0], gaveUp[1])
+	if !gaveUp[1] {
+		t.Skip("could not provoke the skew: rank 1 did not give up")
+	}
+	var oe *fault.OpError
+	if made[0] {
+		t.Errorf("rank 0: the Alloc that rank 1 gave up on returned a buffer")
+	} else if !errors.Is(bigErr[0], fault.ErrPeerLost) || !errors.As(bigErr[0], &oe) || oe.Peer != 1 {
+		t.Errorf("rank 0: the Alloc that rank 1 gave up on: %v, want ErrPeerLost naming rank 1", bigErr[0])
 	}
 	for r, err := range errs {
 		if err != nil {

@@ -432,6 +432,22 @@ func (o *Op) RunMismatched(ctx context.Context) error {
 
 const mismatchSalt = 0x6d69736d61746368 // "mismatch"
 
+// announceMismatched publishes this rank's header of the next call with a
+// hash no peer shares, and returns without waiting for the peers: each of
+// them returns ErrCallsDiffer from that call, naming this rank. Nothing
+// moves, so the plan's blocks must all be empty. (A header is rewritten
+// only two calls later, once every peer has published the next one, so
+// it stays there until every peer has read it.)
+func (o *Op) announceMismatched() {
+	g := o.g
+	e := g.epoch + 1
+	g.epoch = e
+	h := g.hdrs[g.rank][int(e&1)]
+	h.size, h.hash, h.mode, h.zcBuf, h.zcOff = 0, o.hash^mismatchSalt, modeStaged, 0, 0
+	atomic.StoreUint64(&h.epoch, e)
+	g.ringAll()
+}
+
 // Abandon marks this rank as failed: peers waiting on it get ErrPeerLost at
 // once, and every later call returns ErrClosed. A caller that fails outside
 // the group (a network error) uses it so that its node does not wait for it.

@@ -2,6 +2,7 @@ package intra
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strconv"
 	"unsafe"
@@ -39,10 +40,53 @@ func (b *Buffer) File() (fd int, off int64) {
 
 // Alloc allocates n bytes of symmetric memory on every rank. It is
 // collective: every rank calls it with the same n, in the same order.
+// It succeeds on every rank or on none: where some rank could not make
+// or map its part (its deadline passed while rank 0 still made a large
+// segment, say), the others free theirs and fail with ErrPeerLost naming
+// it.
 func (g *Group) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	if g.broken != nil {
 		return nil, g.broken
 	}
+	b, err := g.alloc(ctx, n)
+	aerr := g.agree(ctx, err == nil)
+	if err != nil {
+		return nil, err
+	}
+	if aerr != nil {
+		b.Free()
+		return nil, aerr
+	}
+	return b, nil
+}
+
+// agree tells the group, in shared memory, whether this rank holds its
+// part of the buffer just allocated (ok), and learns the same of every
+// other rank: every rank's Alloc runs it once, whatever happened before.
+// A rank that failed publishes a hash that the others do not share and
+// returns at once (announceMismatched), so that they return an error
+// naming it. ctx may be what ended the allocation: the waits keep the
+// group's timeout.
+func (g *Group) agree(ctx context.Context, ok bool) error {
+	z := make([]int, g.size)
+	op, err := g.Plan("alloc.agree", nil, nil, z, z)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		op.announceMismatched()
+		return nil
+	}
+	err = op.Run(context.WithoutCancel(ctx))
+	var oe *fault.OpError
+	if errors.Is(err, ErrCallsDiffer) && errors.As(err, &oe) {
+		return fault.New("alloc", g.global(g.rank), oe.Peer, fault.ErrPeerLost, "rank %d could not allocate its part of the buffer; nothing is left allocated", oe.Peer)
+	}
+	return err
+}
+
+// alloc is Alloc on this rank alone.
+func (g *Group) alloc(ctx context.Context, n int) (*Buffer, error) {
 	// Every Alloc call, failed or not, has keys of its own (every rank
 	// counts the calls alike, a refused one too, so that the ranks stay
 	// in step): a failed one's value never answers a later one. The '.'
