@@ -78,3 +78,37 @@ func TestAllocFailedOnOneRank(t *testing.T) {
 		}
 	}
 }
+
+// TestAllocGivenUpBeforeRankZeroCame: rank 1 gives up on an Alloc before
+// rank 0 has even asked (rank 0 comes late): rank 1 never reads the
+// segment's name, rank 0 makes the segment all the same, and both must
+// fail (rank 0 naming rank 1), leave nothing in /dev/shm (group checks)
+// and allocate together afterwards.
+func TestAllocGivenUpBeforeRankZeroCame(t *testing.T) {
+	errs := group(t, 2, Config{Timeout: 20 * time.Second}, func(g *Group) error {
+		ctx := context.Background()
+		var err error
+		if g.Rank() == 1 {
+			short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			_, err = g.Alloc(short, 4096)
+			cancel()
+		} else {
+			time.Sleep(600 * time.Millisecond)
+			_, err = g.Alloc(ctx, 4096)
+		}
+		var oe *fault.OpError
+		if !errors.As(err, &oe) || oe.Peer != 1-g.Rank() {
+			return fmt.Errorf("the Alloc rank 1 gave up on: %v, want an error naming rank %d", err, 1-g.Rank())
+		}
+		b, err := g.Alloc(ctx, 4096)
+		if err != nil {
+			return fmt.Errorf("the Alloc after: %w", err)
+		}
+		return b.Free()
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}

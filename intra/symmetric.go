@@ -54,6 +54,10 @@ func (g *Group) Alloc(ctx context.Context, n int) (*Buffer, error) {
 		return nil, err
 	}
 	if aerr != nil {
+		// Every rank that maps the segment has mapped it (the others
+		// failed), but one that never read its name has not counted
+		// itself (shareSegment): its name may still be there.
+		shm.Unlink(b.seg.Name)
 		b.Free()
 		return nil, aerr
 	}
