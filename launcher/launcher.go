@@ -190,10 +190,22 @@ type WorkerError struct {
 	ExitCode        int            // -1 when killed by a signal
 	Signal          syscall.Signal // when killed by one
 	Pid             int
+	// Message is what the worker wrote to its error file
+	// (TORCHELASTIC_ERROR_FILE; torch's @record writes the exception
+	// that ended it), "" where it wrote none (errorfile.go).
+	Message string
 }
 
 func (e *WorkerError) Error() string {
-	return fmt.Sprintf("rank %d (local rank %d, pid %d) %s", e.Rank, e.LocalRank, e.Pid, e.how())
+	s := fmt.Sprintf("rank %d (local rank %d, pid %d) %s", e.Rank, e.LocalRank, e.Pid, e.how())
+	if e.Message != "" {
+		first, _, more := strings.Cut(e.Message, "\n")
+		s += ": " + first
+		if more {
+			s += " …"
+		}
+	}
+	return s
 }
 
 func (e *WorkerError) how() string {
@@ -470,6 +482,9 @@ type job struct {
 	// guard cleans up after the workers' process groups if the launcher
 	// dies (guard_linux.go); nil if none could start.
 	guard *guard
+	// errDir holds the workers' error files where no log directory was
+	// given (errorfile.go); Run removes it.
+	errDir string
 }
 
 // Run runs the job's workers on this node until they all exit, one fails,
@@ -521,6 +536,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer g.close()
 	j := &job{cfg: &cfg, bindHost: "127.0.0.1", workerAddr: "127.0.0.1", guard: g, noProgram: noProgram}
+	defer func() {
+		if j.errDir != "" {
+			os.RemoveAll(j.errDir)
+		}
+	}()
 	if cfg.NNodes > 1 {
 		j.workerAddr = cfg.MasterAddr
 		if cfg.NodeRank == 0 {
@@ -1234,8 +1254,9 @@ type worker struct {
 	cmd         *exec.Cmd
 	files       []*os.File
 	consoles    []*prefixWriter
-	exited      bool // set by runAttempt's loop when waitExited returned
-	cleanExit   bool // exited 0 before the launcher stopped anyone
+	errFile     string // its TORCHELASTIC_ERROR_FILE ("" for none)
+	exited      bool   // set by runAttempt's loop when waitExited returned
+	cleanExit   bool   // exited 0 before the launcher stopped anyone
 }
 
 // exit is a worker's exit as waitExited saw it: the worker is not reaped
@@ -1547,7 +1568,8 @@ func workerError(ex exit, attempt int) error {
 	if ex.err != nil {
 		return fmt.Errorf("launcher: rank %d: %w", w.rank, ex.err)
 	}
-	we := &WorkerError{Rank: w.rank, LocalRank: w.local, Attempt: attempt, ExitCode: -1, Pid: w.cmd.Process.Pid}
+	we := &WorkerError{Rank: w.rank, LocalRank: w.local, Attempt: attempt, ExitCode: -1, Pid: w.cmd.Process.Pid,
+		Message: readErrorFile(w.errFile)}
 	if ws.Signaled() {
 		we.Signal = ws.Signal()
 		return we
@@ -1587,6 +1609,12 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 	set("SLIME_STORE_PORT", itoa(cfg.MasterPort))
 	if len(cfg.JobSecret) > 0 {
 		set("SLIME_JOB_SECRET", string(cfg.JobSecret))
+	}
+	// Its own, also where the launcher's environment has one (a launch
+	// within a torchrun worker): the workers must not write the outer
+	// worker's.
+	if w.errFile = j.errorFile(attempt, local); w.errFile != "" {
+		set("TORCHELASTIC_ERROR_FILE", w.errFile)
 	}
 	// As torchrun: several workers of a node would each start a thread
 	// per core; one worker keeps OpenMP's default.
