@@ -124,7 +124,7 @@ FUZZ := rendezvous:FuzzDecode rendezvous:FuzzServer inter:FuzzDecode inter:FuzzP
   internal/auth:FuzzHandshake internal/shm:FuzzCheckName internal/shm:FuzzParseStartTime \
   intra:FuzzIdentity collective:FuzzParseTasksPerNode collective:FuzzParseWhere collective:FuzzParseKnobs collective:FuzzDecodeCall \
   p2p:FuzzDecodeHeader p2p:FuzzDecodeDescs p2p:FuzzDecodeIPCGrant p2p:FuzzDecodeInfo p2p:FuzzRemoteRegion p2p:FuzzProcAddr \
-  launcher:FuzzParsePlacement launcher:FuzzParseNodeInfo \
+  launcher:FuzzParsePlacement launcher:FuzzParseNodeInfo launcher:FuzzParseErrorFile \
   internal/machine:FuzzCountCPUList internal/machine:FuzzStatFields internal/machine:FuzzVMARange internal/cpustat:FuzzParse
 fuzz:
 	@for t in $(FUZZ); do \
