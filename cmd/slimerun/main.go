@@ -397,19 +397,19 @@ func parseNodes(s string) (int, error) {
 
 // parseNProc reads --nproc-per-node as torchrun does: a number; cpu, one
 // per CPU; gpu, one per GPU (an error without one); auto, one per GPU
-// where the CUDA backend sees any, else one per CPU.
+// where there are any, else one per CPU.
 func parseNProc(s string) (int, error) {
 	switch s {
 	case "cpu":
 		return runtime.NumCPU(), nil
 	case "gpu":
-		n, err := device.CUDADeviceCount()
+		n, err := countGPUs()
 		if err != nil {
 			return 0, fmt.Errorf("--nproc-per-node gpu: %v", err)
 		}
 		return n, nil
 	case "auto":
-		if n, err := device.CUDADeviceCount(); err == nil {
+		if n, err := countGPUs(); err == nil && n > 0 {
 			return n, nil
 		}
 		return runtime.NumCPU(), nil
@@ -423,6 +423,22 @@ func parseNProc(s string) (int, error) {
 		return 0, fmt.Errorf("--nproc-per-node %d: a job runs at most %d workers", n, launcher.MaxWorkers)
 	}
 	return n, nil
+}
+
+// countGPUs is how many GPUs the workers' CUDA will show them: the CUDA
+// backend's count where slimego's CUDA library loads, else NVML's as
+// CUDA_VISIBLE_DEVICES narrows it (a PyTorch program needs no library of
+// slimego's, and torchrun counts GPUs with torch's CUDA).
+func countGPUs() (int, error) {
+	n, err := device.CUDADeviceCount()
+	if err == nil {
+		return n, nil
+	}
+	m, nerr := topology.VisibleGPUs()
+	if nerr != nil {
+		return 0, fmt.Errorf("no GPU found: CUDA backend: %v; NVML: %v", err, nerr)
+	}
+	return m, nil
 }
 
 // parseStd reads torchrun's stream codes: "3" for every local rank, or

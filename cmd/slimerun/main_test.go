@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/slimego/slimego/device"
 	"github.com/slimego/slimego/internal/testbin"
 )
 
@@ -123,11 +122,11 @@ func TestNoWorkerOutlivesKilledLauncher(t *testing.T) {
 // --nproc-per-node as torchrun reads it: gpu needs GPUs, auto falls back
 // to one worker per CPU.
 func TestNProcWords(t *testing.T) {
-	gpus, gpuErr := device.CUDADeviceCount()
+	gpus, gpuErr := countGPUs()
 	for _, tc := range []struct {
 		word string
 		want int
-	}{{"cpu", runtime.NumCPU()}, {"auto", map[bool]int{true: gpus, false: runtime.NumCPU()}[gpuErr == nil]}, {"4", 4}} {
+	}{{"cpu", runtime.NumCPU()}, {"auto", map[bool]int{true: gpus, false: runtime.NumCPU()}[gpuErr == nil && gpus > 0]}, {"4", 4}} {
 		if n, err := parseNProc(tc.word); err != nil || n != tc.want {
 			t.Errorf("%s: %d, %v; want %d", tc.word, n, err, tc.want)
 		}
