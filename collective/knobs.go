@@ -54,7 +54,7 @@ func myKnobs(o Options, kind device.Kind) knobs {
 		knobAlgo:       o.Algo,
 		knobBackend:    backend,
 		knobChannels:   def(o.Channels, inter.DefaultChannels),
-		knobSlotBytes:  def(o.SlotBytes, intra.DefaultSlotBytes),
+		knobSlotBytes:  strconv.Itoa(intra.SlotBytes(o.SlotBytes)), // as the node's group rounds it
 		knobSlots:      def(o.Slots, intra.DefaultSlots),
 		knobGPUScratch: strconv.Itoa(max(o.GPUScratch, 0)),
 	}

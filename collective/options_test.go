@@ -1,6 +1,7 @@
 package collective
 
 import (
+	"github.com/slimego/slimego/device"
 	"reflect"
 	"testing"
 )
@@ -84,5 +85,17 @@ func TestPollMax(t *testing.T) {
 	}
 	if got := pollMax(true); got != -1 {
 		t.Errorf("oversubscribed: PollMax %v, want -1 (never)", got)
+	}
+}
+
+// Slot sizes that intra rounds to the same one lay out shared memory
+// alike, so they agree: 65 and 128 bytes are both two cache lines.
+func TestKnobsSlotBytesAsResolved(t *testing.T) {
+	a, b := myKnobs(Options{Shm: Shm{SlotBytes: 65}}, device.CPU), myKnobs(Options{Shm: Shm{SlotBytes: 128}}, device.CPU)
+	if a[knobSlotBytes] != b[knobSlotBytes] {
+		t.Errorf("SLIME_SLOT_BYTES 65 publishes %q, 128 %q: the same layout would be a mismatch", a[knobSlotBytes], b[knobSlotBytes])
+	}
+	if c := myKnobs(Options{Shm: Shm{SlotBytes: 192}}, device.CPU); c[knobSlotBytes] == b[knobSlotBytes] {
+		t.Errorf("192 and 128 publish the same %q", c[knobSlotBytes])
 	}
 }

@@ -149,9 +149,6 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	if cfg.SlotBytes <= 0 {
-		cfg.SlotBytes = DefaultSlotBytes
-	}
 	if cfg.Slots <= 0 {
 		cfg.Slots = DefaultSlots
 	}
@@ -165,7 +162,7 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 	if cfg.CMAMin == 0 {
 		cfg.CMAMin = DefaultCMAMin
 	}
-	cfg.SlotBytes = roundUp(cfg.SlotBytes, lineBytes)
+	cfg.SlotBytes = SlotBytes(cfg.SlotBytes)
 	lay, err := newLayout(cfg.Size, cfg.Slots, cfg.SlotBytes)
 	if err != nil {
 		return nil, fault.New("init", cfg.Ranks[cfg.Rank], -1, fault.ErrInvalid, "%v", err)

@@ -106,6 +106,21 @@ func newLayout(L, K, C int) (layout, error) {
 
 func roundUp(n, m int) int { return (n + m - 1) / m * m }
 
+// SlotBytes is the slot size of a group whose Config.SlotBytes is n:
+// DefaultSlotBytes for n <= 0, else n rounded up to a cache line. Ranks
+// whose settings give the same one lay out their shared memory alike.
+// (A size past what rounds without overflow is left as it is, for
+// newLayout to refuse.)
+func SlotBytes(n int) int {
+	switch {
+	case n <= 0:
+		return DefaultSlotBytes
+	case n > math.MaxInt-lineBytes:
+		return n
+	}
+	return roundUp(n, lineBytes)
+}
+
 // identity is the first bytes of every segment: what it is, its geometry,
 // its size, and which group made it (a hash of the group's ShmPrefix, which
 // names the job, the attempt and the communicator). An opener checks it on
