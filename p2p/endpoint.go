@@ -820,6 +820,13 @@ var maxQueued = 1 << 18
 // most this many descriptors and goroutines, each for HandshakeTimeout.
 var maxHandshakes = 4096
 
+// maxParked bounds the connections that wait in sessions not yet
+// complete (a hello came for some of a session's channels, not all):
+// past it a hello that would open another session is refused, so that a
+// member's hellos of ever new sessions hold at most this many
+// descriptors (each for 2 HandshakeTimeouts at most).
+var maxParked = 4096
+
 // evictAfter is how long a connection must have been in its handshake
 // before a full accept loop closes it to make room (inter.EvictAfter, the
 // store's evictAge): far longer than a member's round trip.
@@ -1087,6 +1094,24 @@ type pendingLink struct {
 	timer *time.Timer // drops the session if it never completes
 }
 
+// roomToPark says whether a hello of session id may be taken: one of a
+// session already waiting may; one that opens a session only while fewer
+// than maxParked connections wait in incomplete sessions. (Hellos taken
+// at once by concurrent greets may pass it together: at most
+// maxHandshakes more.)
+func roomToPark(mu *sync.Mutex, pending map[uint64]*pendingLink, id uint64) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	if pending[id] != nil {
+		return true
+	}
+	n := 0
+	for _, q := range pending {
+		n += q.n
+	}
+	return n < maxParked
+}
+
 // greet runs the acceptor's side of one connection: the handshake, the
 // hello, and, when the hello's session has all its channels, the link.
 // proven is called once the connection has passed the handshake and sent
@@ -1134,6 +1159,11 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 	e.mu.Unlock()
 	if dup {
 		answer(stDup)
+		c.Close()
+		return
+	}
+	if !roomToPark(mu, pending, h.id) {
+		answer(stRefusedHello)
 		c.Close()
 		return
 	}

@@ -2753,3 +2753,39 @@ func TestHeartbeatFloor(t *testing.T) {
 		}
 	}
 }
+
+// TestParkedBounded: connections of sessions that never complete (an
+// authenticated member's hellos of a channel each, of ever new sessions)
+// hold at most maxParked descriptors: a hello that would open another
+// session past it is refused, and a session that completes still links.
+func TestParkedBounded(t *testing.T) {
+	setLimit(t, &maxParked, 4)
+	ctx := ctxT(t, 30*time.Second)
+	b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for s := range maxParked {
+		member(t, b, helloFrame(uint64(100+s), 0, 2, 1000, 1, "m"), 0)
+	}
+	c, err := net.Dial("tcp", b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	c.Write(helloFrame(999, 0, 2, 1000, 1, "m"))
+	var ack [HeaderSize]byte
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, rerr := readFull(c, ack[:])
+	h, derr := decodeHeader(ack[:])
+	if rerr == nil && derr == nil && h.status == stOK {
+		t.Fatalf("a hello of a new session past %d parked connections was accepted", maxParked)
+	}
+	t.Logf("past the bound: %v %v status %d", rerr, derr, h.status)
+	// A parked session's second channel completes it.
+	member(t, b, helloFrame(100, 1, 2, 1000, 1, "m"), 0)
+}
