@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -89,4 +90,25 @@ func TestTorchTwoNodes(t *testing.T) {
 	if t.Failed() {
 		t.Logf("node 0:\n%s\nnode 1:\n%s", outs[0].String(), outs[1].String())
 	}
+}
+
+// A torch program whose entry point @record wraps writes the exception
+// that ended a worker to its TORCHELASTIC_ERROR_FILE: the job's error
+// carries it.
+func TestTorchRecord(t *testing.T) {
+	py := needTorch(t)
+	script, err := filepath.Abs("testdata/torch_record.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	err = Run(ctx, Config{Standalone: true, NProcPerNode: 2, StopGrace: 2 * time.Second,
+		Program: py, Args: []string{script}, Stdout: &out, Stderr: &out})
+	var je *JobError
+	if !errors.As(err, &je) || je.First.Rank != 1 || !strings.HasPrefix(je.First.Message, "ValueError: rank 1 gives up") {
+		t.Fatalf("err %v, want rank 1's ValueError from its error file\n%s", err, out.String())
+	}
+	t.Logf("%v", err)
 }
