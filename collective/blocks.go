@@ -24,13 +24,22 @@ func (c *Communicator) PlanBlocks(dst, src []byte, sizes, offs []int) (*Plan, er
 	if len(sizes) != c.Size() || len(offs) != c.Size() {
 		return nil, fault.New("allgather", c.Rank(), -1, ErrInvalid, "%d sizes and %d offsets for %d ranks", len(sizes), len(offs), c.Size())
 	}
-	if a, b, ok := overlapping(len(dst), sizes, offs); ok {
-		return nil, fault.New("allgather", c.Rank(), -1, ErrInvalid, "blocks of ranks %d (%d bytes at %d) and %d (%d bytes at %d) overlap in the destination",
-			a, sizes[a], offs[a], b, sizes[b], offs[b])
+	if err := checkOverlap("allgather", c.Rank(), len(dst), sizes, offs); err != nil {
+		return nil, err
 	}
 	copy(c.sizes, sizes)
 	copy(c.offs, offs)
 	return c.hostPlan("allgatherv", dst, src)
+}
+
+// checkOverlap is ErrInvalid from op on rank naming two blocks that
+// share bytes of a destination of dstLen bytes (overlapping), or nil.
+func checkOverlap(op string, rank, dstLen int, sizes, offs []int) error {
+	if a, b, ok := overlapping(dstLen, sizes, offs); ok {
+		return fault.New(op, rank, -1, ErrInvalid, "blocks of ranks %d (%d bytes at %d) and %d (%d bytes at %d) overlap in the destination",
+			a, sizes[a], offs[a], b, sizes[b], offs[b])
+	}
+	return nil
 }
 
 // overlapping finds two non-empty blocks that share bytes of a

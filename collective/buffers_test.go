@@ -358,9 +358,11 @@ func TestBuffersSymmetricCPU(t *testing.T) {
 	}
 }
 
-// A block whose end (offset + size) overflows int is not in dst: ErrInvalid
-// naming the rank at once, on both backends, with no collective call
-// begun. Each rank's own block is good; the other rank's wraps.
+// A block whose end (offset + size) overflows int is not in dst, and
+// blocks that share bytes of dst would leave there whichever came last:
+// ErrInvalid naming the rank at once, on both backends, with no
+// collective call begun. Each rank's own block is good; the other rank's
+// wraps, or overlaps it.
 func TestBuffersBlocksOverflow(t *testing.T) {
 	for _, backend := range []device.Kind{device.CPU, device.CUDA} {
 		t.Run(backend.String(), func(t *testing.T) {
@@ -375,7 +377,7 @@ func TestBuffersBlocksOverflow(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				for _, bad := range [][2]int{{math.MaxInt, 16}, {1, math.MaxInt}, {math.MaxInt - 8, 16}} {
+				for _, bad := range [][2]int{{math.MaxInt, 16}, {1, math.MaxInt}, {math.MaxInt - 8, 16}, {32, 16}} {
 					sizes, offs := make([]int, 2), make([]int, 2)
 					sizes[c.Rank()], offs[c.Rank()] = 32, 32*c.Rank()
 					sizes[1-c.Rank()], offs[1-c.Rank()] = bad[0], bad[1]

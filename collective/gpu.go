@@ -324,6 +324,9 @@ func (c *Communicator) planGPUBlocks(ctx context.Context, dst, src *device.CUDAB
 			return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "rank %d's block [%d, +%d) is not in dst's %d bytes", r, offs[r], sizes[r], dst.Len)
 		}
 	}
+	if err := checkOverlap("allgatherv", c.Rank(), dst.Len, sizes, offs); err != nil {
+		return nil, err
+	}
 	if sizes[c.Rank()] != src.Len {
 		return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "src holds %d bytes, sizes say %d", src.Len, sizes[c.Rank()])
 	}
