@@ -303,6 +303,9 @@ func (c *Communicator) planGPUV(ctx context.Context, dst, src *device.CUDABuffer
 		if n < 0 {
 			return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "negative count %d", n)
 		}
+		if n > dst.Len-total { // not total+n > dst.Len, which may wrap
+			return nil, fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "dst holds %d bytes, less than the counts %v add up to", dst.Len, counts)
+		}
 		total += n
 	}
 	if counts[c.Rank()] != src.Len || dst.Len < total {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -485,6 +486,42 @@ func TestGPUInvalidPlans(t *testing.T) {
 					if !errors.Is(err, collective.ErrInvalid) {
 						return fmt.Errorf("bad plan %d: %v, want ErrInvalid", i+1, err)
 					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// Counts whose sum overflows int are ErrInvalid on the rank that passes
+// them, as a dst too small is: the sum once wrapped negative, passed the
+// dst check, and the LL kernel was planned to write the peers' blocks
+// outside dst (the emulator caught it at capture; a GPU would not).
+// Every rank passes such counts, so none begins a collective call.
+func TestGPUPlanVCountsOverflow(t *testing.T) {
+	needGPU(t)
+	for _, eager := range []bool{false, true} {
+		t.Run(fmt.Sprintf("eager=%v", eager), func(t *testing.T) {
+			gpuRanks(t, 2, eager, 0, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				dst, err := gpuOf(c).Alloc(64)
+				if err != nil {
+					return err
+				}
+				defer dst.Free()
+				src, err := gpuOf(c).Alloc(8)
+				if err != nil {
+					return err
+				}
+				defer src.Free()
+				counts := []int{8, 8}
+				counts[1-c.Rank()] = math.MaxInt
+				p, err := c.PlanBuffersV(ctx, dst, src, counts)
+				if p != nil {
+					p.Close()
+				}
+				if !errors.Is(err, collective.ErrInvalid) {
+					return fmt.Errorf("counts %v: %v, want ErrInvalid", counts, err)
 				}
 				return nil
 			})
