@@ -119,3 +119,78 @@ func TestFreeDuringCall(t *testing.T) {
 		return b.Free()
 	})
 }
+
+// TestGPUPlanOverFreedBuffer: a plan of device memory whose source or
+// destination every rank has freed since (the buffer itself, or the
+// allocation a view of it lies in) is refused with ErrInvalid by Run and
+// Launch, and a new plan over it by PlanBuffers, graph and eager mode
+// alike: its graph is not replayed, nor its
+// kernel launched, over memory that is no longer the plan's (the emulator
+// crashed the process; a GPU would fault or write into whatever was
+// allocated there since). The communicator stays usable.
+func TestGPUPlanOverFreedBuffer(t *testing.T) {
+	needGPU(t)
+	const n = 1000
+	for _, eager := range []bool{false, true} {
+		for _, which := range []string{"source", "destination under an in-place source"} {
+			t.Run(fmt.Sprintf("eager=%v/%s", eager, which), func(t *testing.T) {
+				gpuRanks(t, 2, eager, 0, func(c *collective.Communicator) error {
+					ctx := context.Background()
+					gpu := gpuOf(c)
+					dst, err := gpu.Alloc(2 * n)
+					if err != nil {
+						return err
+					}
+					defer dst.Free()
+					src, err := dst.Slice(c.Rank()*n, n) // a view: dst's Free frees it
+					if err != nil {
+						return err
+					}
+					if which == "source" {
+						if src, err = gpu.Alloc(n); err != nil {
+							return err
+						}
+					}
+					p, err := c.PlanBuffers(ctx, dst, src)
+					if err != nil {
+						return err
+					}
+					defer p.Close()
+					if err := p.Run(ctx); err != nil {
+						return err
+					}
+					if which == "source" {
+						src.Free()
+					} else {
+						dst.Free()
+					}
+					for name, call := range map[string]func(context.Context) error{"Run": p.Run, "Launch": p.Launch} {
+						if err := call(ctx); !errors.Is(err, collective.ErrInvalid) || !strings.Contains(err.Error(), "freed") {
+							return fmt.Errorf("%s over a freed buffer: %v, want ErrInvalid saying it was freed", name, err)
+						}
+					}
+					if p3, err := c.PlanBuffers(ctx, dst, src); !errors.Is(err, collective.ErrInvalid) {
+						if p3 != nil {
+							p3.Close()
+						}
+						return fmt.Errorf("a plan over the freed buffer: %v, want ErrInvalid", err)
+					}
+					d2, s2, err := rankBlocksGPU(c, 100)
+					if err != nil {
+						return err
+					}
+					defer d2.Free()
+					p2, err := c.PlanBuffers(ctx, d2, s2)
+					if err != nil {
+						return fmt.Errorf("a plan after the refusal: %w", err)
+					}
+					defer p2.Close()
+					if err := p2.Run(ctx); err != nil {
+						return fmt.Errorf("a run after the refusal: %w", err)
+					}
+					return checkRankBlocks(d2, 100)
+				})
+			})
+		}
+	}
+}

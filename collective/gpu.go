@@ -350,6 +350,9 @@ func (c *Communicator) gpuOnly(op string) error {
 // while later rounds, or other blocks of the grid, still read src).
 func (c *Communicator) planGPU(ctx context.Context, name string, dst, src *device.CUDABuffer, counts, offs []int) (*Plan, error) {
 	me := c.gpu.dev.Ordinal
+	if dst.Freed() || src.Freed() {
+		return nil, fault.New(name, c.Rank(), -1, ErrInvalid, "dst or src has been freed")
+	}
 	for _, b := range []struct {
 		what string
 		buf  *device.CUDABuffer
@@ -373,7 +376,16 @@ func (c *Communicator) planGPU(ctx context.Context, name string, dst, src *devic
 	if err != nil {
 		return nil, err
 	}
-	return &Plan{c: c, eng: &gpuPlan{c: c, op: op}}, nil
+	// A run over memory freed since would replay the kernels (or stage
+	// the copies) into whatever lies there now: refused, as for a plan
+	// over a freed symmetric buffer.
+	freed := func() error {
+		if dst.Freed() || src.Freed() {
+			return fault.New(name, c.Rank(), -1, ErrInvalid, "the plan's dst or src has been freed")
+		}
+		return nil
+	}
+	return &Plan{c: c, eng: &gpuPlan{c: c, op: op}, freed: freed}, nil
 }
 
 func (p *gpuPlan) mode() string { return p.op.mode() }

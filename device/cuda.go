@@ -114,8 +114,16 @@ type CUDABuffer struct {
 	Ptr kernels.Ptr
 	Len int
 
-	view  bool // made by Slice: Free releases nothing
-	freed bool // Free was called: Len is 0, copies are ErrFreed
+	view  bool        // made by Slice: Free releases nothing
+	freed bool        // Free was called: Len is 0, copies are ErrFreed
+	root  *CUDABuffer // a view's allocation (nil for an allocation)
+}
+
+// Freed reports whether the buffer's memory is gone: Free was called on
+// it or, for a view (Slice), on the allocation it lies in. A plan over
+// the buffer asks before each run.
+func (b *CUDABuffer) Freed() bool {
+	return b.freed || b.root != nil && b.root.freed
 }
 
 // Alloc allocates n bytes of device memory.
@@ -154,7 +162,11 @@ func (b *CUDABuffer) Slice(off, n int) (*CUDABuffer, error) {
 	if err := inBounds("slice", off, n, b.Len); err != nil {
 		return nil, err
 	}
-	return &CUDABuffer{Dev: b.Dev, Ptr: b.Ptr + kernels.Ptr(off), Len: n, view: true}, nil
+	root := b.root
+	if root == nil && !b.view {
+		root = b
+	}
+	return &CUDABuffer{Dev: b.Dev, Ptr: b.Ptr + kernels.Ptr(off), Len: n, view: true, root: root}, nil
 }
 
 // CopyFromHost copies src into the start of the buffer.
