@@ -279,7 +279,17 @@ func (g *GPUGroup) exchange(ctx context.Context, name string, p kernels.Ptr, n u
 		if err != nil {
 			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrPeerLost, "mapping the peer's GPU memory with CUDA IPC: %v", err)
 		}
-		peers[r], opened[r] = q, true
+		peers[r], opened[r] = q, true // closed on error by the deferred cleanup
+		// The handle is not trusted either: the allocation it maps must
+		// hold the n bytes the record claims, or the kernels would write
+		// past its end.
+		base, size, err := g.lib.MemRange(g.dev, q)
+		if err != nil {
+			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrInvalid, "the allocation the peer's GPU memory handle maps: %v", err)
+		}
+		if base != q || size < n {
+			return nil, nil, fault.New("init", me, cfg.Ranks[r], fault.ErrInvalid, "the peer's GPU memory handle maps %d bytes at %#x, its record claims %d at %#x", size, uint64(base), n, uint64(q))
+		}
 	}
 	if err := cfg.Store.Barrier(ctx, cfg.Key+"/gpu/"+name+"/mapped", cfg.Rank, cfg.Size); err != nil {
 		return nil, nil, fault.New("init", me, -1, fault.ErrTimeout, "waiting for the node's ranks to map GPU memory: %v", err)
