@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -698,12 +699,14 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 	return res, b.sendResult(ctx, res)
 }
 
-// quantile is the q-quantile of sorted xs (nearest rank).
+// quantile is the q-quantile of sorted xs (nearest rank: the ⌈q·n⌉-th
+// smallest, so that at least q of xs lie at or below it; the 1e-9 keeps a
+// product such as 0.99·100 that floating point puts a hair above 99 at 99).
 func quantile(xs []float64, q float64) float64 {
 	if len(xs) == 0 {
 		return 0
 	}
-	i := int(q*float64(len(xs))+0.5) - 1
+	i := int(math.Ceil(q*float64(len(xs))-1e-9)) - 1
 	return xs[min(max(i, 0), len(xs)-1)]
 }
 

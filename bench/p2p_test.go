@@ -218,3 +218,29 @@ func TestP2PTargetsVerdict(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantileNearestRank: p50 and p99 are nearest-rank quantiles, the
+// ⌈q·n⌉-th smallest value, so that at least q of the latencies lie at or
+// below the figure: of 60 latencies the p99 is the largest (59 of 60 is
+// 98.3%), of 1060 the 1050th.
+func TestQuantileNearestRank(t *testing.T) {
+	seq := func(n int) []float64 {
+		xs := make([]float64, n)
+		for i := range xs {
+			xs[i] = float64(i + 1)
+		}
+		return xs
+	}
+	for _, tc := range []struct {
+		n    int
+		q    float64
+		want float64
+	}{
+		{1, 0.99, 1}, {5, 0.99, 5}, {60, 0.99, 60}, {100, 0.99, 99}, {160, 0.99, 159},
+		{1060, 0.99, 1050}, {10, 0.5, 5}, {11, 0.5, 6}, {40, 0.99, 40},
+	} {
+		if got := quantile(seq(tc.n), tc.q); got != tc.want {
+			t.Errorf("quantile of 1…%d at %g = %v, want %v", tc.n, tc.q, got, tc.want)
+		}
+	}
+}
