@@ -779,7 +779,7 @@ func (b *p2pBench) baselines(ctx context.Context, emit func(P2PResult)) error {
 		return err
 	}
 	for _, r := range rs {
-		if r.GBps == 0 {
+		if r.Latency {
 			emit(P2PResult{Impl: "tcp", Transport: "tcp-1", Op: "pingpong", S: r.S, Batch: 1, Concurrency: 1, P50: 2 * r.Median})
 			continue
 		}

@@ -21,6 +21,9 @@ type TCPResult struct {
 	Median   float64 // µs: one-way latency, or the time of one transfer
 	GBps     float64 // 0 for latency
 	Lowat    int     // the receive low-water mark bound (inter.Reader), 0 for plain reads
+	// Latency marks the 8-byte ping-pong's row (Median: half a round
+	// trip); every other row is a transfer, whose GBps is 0 at size 0 too.
+	Latency bool
 }
 
 // TCP measures the link between the two ranks of c with plain sockets set
@@ -89,7 +92,7 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 	if err != nil {
 		return nil, err
 	}
-	res = append(res, TCPResult{S: 8, Channels: 1, Median: lat})
+	res = append(res, TCPResult{S: 8, Channels: 1, Median: lat, Latency: true})
 
 	// Bandwidth: rank 1 sends n bytes, rank 0 acknowledges with one.
 	for _, n := range sizes {

@@ -630,7 +630,7 @@ func tcp(args []string) error {
 	fmt.Printf("# lowat: receives wake per that many bytes (SO_RCVLOWAT), 0 per segment\n")
 	fmt.Printf("#%12s %9s %8s %8s %11s %9s\n", "size (B)", "channels", "duplex", "lowat", "time (us)", "GB/s")
 	for _, r := range rows {
-		if r.GBps == 0 {
+		if r.Latency {
 			fmt.Printf(" %12d %9d %8v %8s %11.2f %9s   one-way latency\n", r.S, r.Channels, false, "-", r.Median, "-")
 			continue
 		}
