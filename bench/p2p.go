@@ -199,6 +199,7 @@ var ErrP2PBench = errors.New("bench: p2p")
 const (
 	ctlEnd   = 0 // the combination is over: answer with the CPU seconds
 	ctlRound = 1 // a round of writes is done: check, clear, answer wrong
+	ctlStart = 2 // the warm-up is over: the timed rounds, whose CPU counts, begin
 )
 
 // P2P measures the p2p engine between the two ranks of c: rank 1 reads
@@ -211,8 +212,8 @@ const (
 // a seed they agreed on), and the destination is cleared before each round
 // and compared byte for byte after it (reads by rank 1, writes by rank 0,
 // told over the link's Send/Recv), outside the timed window. CPU time is
-// getrusage's, of rank 1 over the rounds and of rank 0 from the first
-// round to the last, less its checking.
+// getrusage's, of rank 1 over the timed rounds and of rank 0 from the
+// first timed round to the last (not the warm-up round), less its checking.
 func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PResult, error) {
 	cfg.defaults()
 	if err := P2PWorld(c); err != nil {
@@ -540,6 +541,15 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 				}
 				break
 			}
+			if v == ctlStart {
+				// The CPU counted is the timed rounds', whose bytes it
+				// is divided by: not the warm-up round's.
+				cpu0, checking = cpuSeconds(), 0
+				if err := b.answer(ctx, 0); err != nil {
+					return res, err
+				}
+				continue
+			}
 			t := cpuSeconds()
 			if err := b.sync(n, false); err != nil {
 				return res, fmt.Errorf("%w: rank 0: GPU memory: %w", ErrP2PBench, err)
@@ -673,6 +683,12 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 	if err := round(false); err != nil { // warm-up, checked too
 		return res, err
 	}
+	if testHookWarmedUp != nil {
+		testHookWarmedUp()
+	}
+	if _, err := b.ctl(ctx, "starting the timed rounds", ctlStart); err != nil {
+		return res, err
+	}
 	rounds := 0
 	for rounds < 5 || (busy < b.cfg.MinTime.Seconds() && rounds < b.cfg.MaxRounds) {
 		if err := round(true); err != nil {
@@ -698,6 +714,10 @@ func (b *p2pBench) run(parent context.Context, i int, k p2pCase) (P2PResult, err
 	res.Transport = joinOr(ts, "+", "-")
 	return res, b.sendResult(ctx, res)
 }
+
+// testHookWarmedUp, set by tests, is called on rank 1 after a
+// combination's warm-up round, before its timed rounds.
+var testHookWarmedUp func()
 
 // quantile is the q-quantile of sorted xs (nearest rank: the ⌈q·n⌉-th
 // smallest, so that at least q of xs lie at or below it; the 1e-9 keeps a

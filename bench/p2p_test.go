@@ -244,3 +244,29 @@ func TestQuantileNearestRank(t *testing.T) {
 		}
 	}
 }
+
+// TestP2PCPUExcludesWarmup: the CPU column counts the timed rounds alone,
+// whose bytes it is divided by: CPU spent before them (in the warm-up
+// round) is no part of it. Both ranks run in this process, so CPU that
+// rank 1 burns after its warm-up round shows in either rank's window
+// that covers it.
+func TestP2PCPUExcludesWarmup(t *testing.T) {
+	const burn = 500 * time.Millisecond
+	testHookWarmedUp = func() {
+		for t0 := time.Now(); time.Since(t0) < burn; {
+		}
+	}
+	defer func() { testHookWarmedUp = nil }()
+	cfg := P2PConfig{Sizes: []int64{4 << 10}, Batches: []int{1}, Concurrency: []int{1}, Ops: []string{"read", "write"},
+		MinTime: time.Nanosecond, MaxRounds: 5}
+	rows := p2pRanks(t, cfg)
+	if t.Failed() {
+		return
+	}
+	for _, r := range rows[0] {
+		moved := 5 * float64(r.S*int64(r.Batch*r.Concurrency)) // MaxRounds rounds
+		if cpu := r.CPUPerGB * moved / 1e9; r.Impl == "p2p" && cpu >= burn.Seconds()/2 {
+			t.Errorf("%s of %d bytes: %.3f CPU seconds over 5 rounds of 4 KiB: the %v burnt before the timed rounds counted", r.Op, r.S, cpu, burn)
+		}
+	}
+}
