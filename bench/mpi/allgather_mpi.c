@@ -63,7 +63,8 @@ int main(int argc, char **argv) {
     int P, me;
     MPI_Comm_size(MPI_COMM_WORLD, &P);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    long long sizes[64];
+    enum { MAX_SIZES = 1000 }; /* bench.MaxSizes */
+    long long sizes[MAX_SIZES];
     int nsizes = 0;
     long long lo = -1, hi = -1;
     double factor = 0;
@@ -78,15 +79,42 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-i")) impl = argv[i + 1];
         else if (!strcmp(argv[i], "-m")) mode = argv[i + 1];
     }
+    /* The sizes of slimebench allgather for the same flags (make bench
+       passes BENCH_ARGS to both, and compare matches rows by size): none
+       given, BENCH.md's sweep; bounds alone, BENCH.md's sizes between
+       them and the bounds themselves; a step factor, lo, lo*f, ... up to
+       hi, each at least a byte larger than the one before. */
+    long long def[] = {8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
+    int ndef = sizeof def / sizeof def[0];
     if (lo < 0 && hi < 0 && factor == 0) {
-        long long def[] = {8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
-        nsizes = sizeof def / sizeof def[0];
+        nsizes = ndef;
         memcpy(sizes, def, sizeof def);
     } else {
         if (lo < 0) lo = 8;
         if (hi < 0) hi = 64 << 20;
-        if (factor <= 1) factor = 8;
-        for (long long n = lo; n <= hi && nsizes < 64; n = n ? (long long)llround(n * factor) : 1) sizes[nsizes++] = n;
+        if (lo > hi || (factor != 0 && factor <= 1 && lo != hi)) {
+            if (me == 0) fprintf(stderr, "allgather_mpi: bad sweep %lld..%lld by x%g\n", lo, hi, factor);
+            MPI_Finalize();
+            return 2;
+        }
+        if (factor == 0) {
+            sizes[nsizes++] = lo;
+            for (int i = 0; i < ndef; i++)
+                if (def[i] > lo && def[i] < hi) sizes[nsizes++] = def[i];
+            if (hi > lo) sizes[nsizes++] = hi;
+        } else {
+            for (long long n = lo; n <= hi;) {
+                if (nsizes == MAX_SIZES) {
+                    if (me == 0) fprintf(stderr, "allgather_mpi: the sweep %lld..%lld by x%g has more than %d sizes\n", lo, hi, factor, MAX_SIZES);
+                    MPI_Finalize();
+                    return 2;
+                }
+                sizes[nsizes++] = n;
+                if (n * factor >= 9.2e18) break; /* the next overflows */
+                long long next = llround(n * factor);
+                n = next > n ? next : n + 1;
+            }
+        }
     }
     char hostname[MPI_MAX_PROCESSOR_NAME];
     int hl;
