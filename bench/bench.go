@@ -115,7 +115,8 @@ type Config struct {
 	Ceiling bool
 	Backend string
 	Mode    string
-	// Progress is called on rank 0 after each size.
+	// Progress is called on rank 0 after each size with its out-of-place
+	// row (the table's first columns).
 	Progress func(done, total int, r Result)
 }
 
@@ -162,6 +163,7 @@ func AllGather(ctx context.Context, c *collective.Communicator, cfg Config) ([]R
 	cfg.Ceiling = cfg.Ceiling && CeilingApplies(c)
 	var out []Result
 	for i, s := range cfg.Sizes {
+		var outOfPlace Result
 		for _, inPlace := range []bool{false, true} {
 			r, ceil, err := oneSize(ctx, c, cfg, int(s), inPlace)
 			if err != nil {
@@ -171,9 +173,12 @@ func AllGather(ctx context.Context, c *collective.Communicator, cfg Config) ([]R
 			if ceil != nil {
 				out = append(out, *ceil)
 			}
-			if inPlace && c.Rank() == 0 && cfg.Progress != nil {
-				cfg.Progress(i+1, len(cfg.Sizes), r)
+			if !inPlace {
+				outOfPlace = r
 			}
+		}
+		if c.Rank() == 0 && cfg.Progress != nil {
+			cfg.Progress(i+1, len(cfg.Sizes), outOfPlace)
 		}
 	}
 	return out, nil

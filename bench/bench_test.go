@@ -325,3 +325,28 @@ func TestLaterCallsChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestProgressRow: the progress line after each size carries the row
+// BENCH.md leads with, out of place (the table's first columns, the one
+// "Avg bus bandwidth" averages), not the in-place row that happens to
+// finish the size.
+func TestProgressRow(t *testing.T) {
+	var mu sync.Mutex
+	var got []Result
+	sweep(t, 2, nil, func(c *collective.Communicator) Config {
+		return Config{Sizes: []int64{8, 4096}, Iters: 3, Warmup: 1, Backend: "cpu", Mode: "intra",
+			Progress: func(done, total int, r Result) {
+				mu.Lock()
+				got = append(got, r)
+				mu.Unlock()
+			}}
+	})
+	if len(got) != 2 {
+		t.Fatalf("%d progress calls, want 2", len(got))
+	}
+	for _, r := range got {
+		if r.InPlace || r.Impl != "slimego" {
+			t.Errorf("progress of %d bytes: %s in place %t, want slimego's out-of-place row", r.S, r.Impl, r.InPlace)
+		}
+	}
+}

@@ -374,7 +374,7 @@ func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffer
 	start := time.Now()
 	if !quiet {
 		cfg.Progress = func(done, total int, r bench.Result) {
-			fmt.Fprintf(os.Stderr, "slimebench: [%d/%d] %s per rank: %.2f µs, busbw %.3f GB/s (%d iterations; %v elapsed)\n",
+			fmt.Fprintf(os.Stderr, "slimebench: [%d/%d] %s per rank, out of place: %.2f µs, busbw %.3f GB/s (%d iterations; %v elapsed)\n",
 				done, total, bytesize.Format(r.S), r.Median, r.BusBW, r.Iters, time.Since(start).Round(time.Millisecond))
 		}
 	}
