@@ -555,7 +555,7 @@ func tcp(args []string) error {
 	fs := pflag.NewFlagSet("slimebench tcp", pflag.ContinueOnError)
 	sw := sweepFlags(fs)
 	channels := fs.IntSlice("channels", []int{1, 2, 4}, "connections to stripe each transfer over (one sweep each)")
-	asCSV := fs.Bool("csv", false, "print CSV (impl tcp-N[-duplex][-lowatB], busbw = link GB/s) instead of the table")
+	asCSV := fs.Bool("csv", false, "print CSV (impl tcp-N[-duplex][-lowatB], busbw = link GB/s; tcp-1-latency: the 8-byte ping-pong, median_us half a round trip) instead of the table")
 	lowats := fs.StringSlice("lowat", []string{"0", "4M"}, "receive low-water mark bounds to measure (0: plain reads; see inter.Reader)")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
@@ -614,6 +614,9 @@ func tcp(args []string) error {
 		var rs []bench.Result
 		for _, r := range rows {
 			impl := fmt.Sprintf("tcp-%d", r.Channels)
+			if r.Latency {
+				impl += "-latency"
+			}
 			if r.Duplex {
 				impl += "-duplex"
 			}
