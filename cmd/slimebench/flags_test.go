@@ -91,6 +91,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"p2p", "--register", "6K"}, `p2p: --register "6K": want 0 (none) or a multiple of 4 KiB, at least 8 KiB`},
 		{[]string{"p2p", "--register", "4K"}, `p2p: --register "4K": want 0 (none) or a multiple of 4 KiB, at least 8 KiB`},
 		{[]string{"p2p", "--register", "-8K"}, `p2p: --register "-8K"`},
+		// A 0-byte operation, which the engine refuses mid-run (exit 1,
+		// "a length of 0"), after both ranks had met.
+		{[]string{"p2p", "-b", "0", "-e", "4K"}, "p2p: --min-bytes 0: want 1 byte or more"},
 		{[]string{"allgather", "foo", "bar"}, `allgather: unexpected arguments ["foo" "bar"]`},
 		{[]string{"memcpy", "foo"}, `memcpy: unexpected arguments ["foo"]`},
 		{[]string{"tcp", "foo"}, `tcp: unexpected arguments ["foo"]`},

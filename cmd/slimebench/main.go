@@ -702,6 +702,9 @@ func p2pCmd(args []string) error {
 	if cfg.Sizes, err = sw.sizes(); err != nil {
 		return err
 	}
+	if cfg.Sizes[0] < 1 { // the engine refuses an operation of 0 bytes
+		return usagef("p2p: --min-bytes %s: want 1 byte or more (an operation moves something)", *sw.min)
+	}
 	n, err := bytesize.Parse(*inFlight)
 	if err == nil && n <= 0 {
 		err = errors.New("want a positive size")
