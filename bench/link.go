@@ -24,7 +24,9 @@ type LinkResult struct {
 	// fraction of the link's bandwidth (for two ranks busbw = S / t).
 	RatioOut, RatioIn float64
 	Iters             int
-	Wrong             int64 // bytes wrong in the all-gathers' check
+	// Wrong and WrongIn are the bytes wrong in the check of the
+	// all-gather out of place and in place.
+	Wrong, WrongIn int64
 }
 
 // LinkGBps is the link's bandwidth per direction.
@@ -101,10 +103,17 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 			blk, run = dst[me*n:me*n+n], planIn.Run
 		}
 		pattern.Fill(blk, pattern.Seed(me, 1, uint64(n)))
+		if testHookLinkCheck != nil {
+			run = testHookLinkCheck(inPlace, run)
+		}
 		if err := run(ctx); err != nil {
 			return res, err
 		}
-		res.Wrong += countWrong(dst, 2, n, 1)
+		if inPlace {
+			res.WrongIn = countWrong(dst, 2, n, 1)
+		} else {
+			res.Wrong = countWrong(dst, 2, n, 1)
+		}
 	}
 	// Each all-gather's ratio is to the duplex transfer just before it,
 	// the nearest moment of the link, and follows the same work.
@@ -129,3 +138,8 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 	res.Iters = len(per[0])
 	return res, nil
 }
+
+// testHookLinkCheck, set by tests, wraps the all-gather that Link checks,
+// out of place or in place (to make one of them fail as a broken one
+// would).
+var testHookLinkCheck func(inPlace bool, run func(context.Context) error) func(context.Context) error

@@ -50,3 +50,30 @@ func TestLinkStalledPeer(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLinkWrongPerPlacement: a wrong byte is charged to the placement
+// whose gather got it wrong: an in-place gather that does nothing leaves
+// the out-of-place row clean (its CSV row was marked wrong too).
+func TestLinkWrongPerPlacement(t *testing.T) {
+	testHookLinkCheck = func(inPlace bool, run func(context.Context) error) func(context.Context) error {
+		if inPlace {
+			return func(context.Context) error { return nil } // every rank alike: no peer waits
+		}
+		return run
+	}
+	defer func() { testHookLinkCheck = nil }()
+	var got []LinkResult
+	testranks.Run(t, 2, 1, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(c *collective.Communicator) error {
+		rs, err := Link(context.Background(), c, "127.0.0.1", []int64{4096}, 1, 0, 1, 0, nil)
+		if c.Rank() == 0 {
+			got = rs
+		}
+		return err
+	})
+	if len(got) != 1 {
+		t.Fatalf("%d rows, want 1", len(got))
+	}
+	if r := got[0]; r.Wrong != 0 || r.WrongIn == 0 {
+		t.Errorf("out of place %d wrong bytes, in place %d: want 0 and some (only the in-place gather did nothing)", r.Wrong, r.WrongIn)
+	}
+}

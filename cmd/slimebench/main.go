@@ -874,7 +874,7 @@ func linkCmd(args []string) error {
 	}
 	wrong := int64(0)
 	for _, r := range rs {
-		wrong += r.Wrong
+		wrong += r.Wrong + r.WrongIn
 	}
 	if *asCSV {
 		impl := fmt.Sprintf("tcp-%d-duplex", ch)
@@ -888,7 +888,7 @@ func linkCmd(args []string) error {
 			link.Impl, link.Median = impl, r.Link
 			link.AlgBW, link.BusBW = r.LinkGBps(), r.LinkGBps()
 			oop.Impl, oop.Median, oop.Wrong = "slimego", r.Out, r.Wrong
-			ip.Impl, ip.Median, ip.Wrong, ip.InPlace = "slimego", r.In, r.Wrong, true
+			ip.Impl, ip.Median, ip.Wrong, ip.InPlace = "slimego", r.In, r.WrongIn, true
 			oop.Bandwidths()
 			ip.Bandwidths()
 			out = append(out, link, oop, ip)
