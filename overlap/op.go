@@ -53,7 +53,10 @@ type Options struct {
 // where a piece would carry less than MinPieceBytes(c) per rank).
 // It is a collective call: every rank plans the same shape. Planning
 // compares nothing between ranks: an m or k that differs on one rank
-// makes every rank's Run fail with ErrSizeMismatch naming it.
+// makes every rank's Run fail with ErrSizeMismatch naming it; on the GPU,
+// where the difference also changes how many pieces the ranks cut the
+// gather into, the ranks whose pieces find no counterpart fail instead
+// with ErrTimeout naming the peer, after the communicator's timeout.
 func New[T Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces int) (*Op[T], error) {
 	return NewWith[T](ctx, c, m, n, k, Options{Pieces: max(pieces, 1)})
 }

@@ -821,10 +821,11 @@ var maxQueued = 1 << 18
 var maxHandshakes = 4096
 
 // maxParked bounds the connections that wait in sessions not yet
-// complete (a hello came for some of a session's channels, not all):
-// past it a hello that would open another session is refused, so that a
-// member's hellos of ever new sessions hold at most this many
-// descriptors (each for 2 HandshakeTimeouts at most).
+// complete (a hello came for some of a session's channels, not all),
+// counting each such session's channels in full: a hello that would open
+// a session past it is refused, so that a member's hellos of ever new
+// sessions hold at most this many descriptors (each for 2
+// HandshakeTimeouts at most).
 var maxParked = 4096
 
 // evictAfter is how long a connection must have been in its handshake
@@ -997,7 +998,8 @@ func (e *Endpoint) acceptLoop() {
 	defer e.wg.Done()
 	var pendMu sync.Mutex
 	pending := map[uint64]*pendingLink{}
-	defer func() { // Close: the links half accepted go too
+	reserving := map[uint64]int{} // channels of sessions about to be pending (roomToPark)
+	defer func() {                // Close: the links half accepted go too
 		pendMu.Lock()
 		for id, pl := range pending {
 			pl.close()
@@ -1067,7 +1069,7 @@ func (e *Endpoint) acceptLoop() {
 			defer e.wg.Done()
 			defer func() { <-slots }()
 			defer proven()
-			e.greet(c, &pendMu, pending, proven)
+			e.greet(c, &pendMu, pending, reserving, proven)
 		}()
 	}
 }
@@ -1094,29 +1096,48 @@ type pendingLink struct {
 	timer *time.Timer // drops the session if it never completes
 }
 
-// roomToPark says whether a hello of session id may be taken: one of a
-// session already waiting may; one that opens a session only while fewer
-// than maxParked connections wait in incomplete sessions. (Hellos taken
-// at once by concurrent greets may pass it together: at most
-// maxHandshakes more.)
-func roomToPark(mu *sync.Mutex, pending map[uint64]*pendingLink, id uint64) bool {
+// roomToPark says whether a hello of channel count n for session id may
+// be taken, and reserves what it takes (in reserving, which mu guards
+// like pending): a session waits with all its channels counted, from its
+// first hello on, so that connections in incomplete sessions never exceed
+// maxParked. A hello of a session already waiting, or reserved, fits in
+// what that session holds, and reserves nothing; one that opens a session
+// fits only where its n channels do, and reserves them until its session
+// is in pending (unreserve). It returns how many it reserved, or -1 where
+// the hello does not fit.
+func roomToPark(mu *sync.Mutex, pending map[uint64]*pendingLink, reserving map[uint64]int, id uint64, n int) int {
 	mu.Lock()
 	defer mu.Unlock()
-	if pending[id] != nil {
-		return true
+	if pending[id] != nil || reserving[id] > 0 {
+		return 0
 	}
-	n := 0
+	held := 0
+	for _, r := range reserving {
+		held += r
+	}
 	for _, q := range pending {
-		n += q.n
+		held += len(q.conns)
 	}
-	return n < maxParked
+	if held+n > maxParked {
+		return -1
+	}
+	reserving[id] = n
+	return n
+}
+
+// unreserve gives back what roomToPark reserved for session id (res
+// channels); mu is held.
+func unreserve(reserving map[uint64]int, id uint64, res int) {
+	if res > 0 {
+		delete(reserving, id)
+	}
 }
 
 // greet runs the acceptor's side of one connection: the handshake, the
 // hello, and, when the hello's session has all its channels, the link.
 // proven is called once the connection has passed the handshake and sent
 // its hello: from then on it is a member's, and never evicted.
-func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pendingLink, proven func()) {
+func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pendingLink, reserving map[uint64]int, proven func()) {
 	dl := time.Now().Add(e.opts.HandshakeTimeout)
 	if err := auth.Accept(c, e.key, purpose, dl); err != nil {
 		c.Close()
@@ -1162,17 +1183,22 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 		c.Close()
 		return
 	}
-	if !roomToPark(mu, pending, h.id) {
+	res := roomToPark(mu, pending, reserving, h.id, int(h.b))
+	if res < 0 {
 		answer(stRefusedHello)
 		c.Close()
 		return
 	}
 	if !answer(stOK) {
+		mu.Lock()
+		unreserve(reserving, h.id, res)
+		mu.Unlock()
 		c.Close()
 		return
 	}
 	c.SetDeadline(time.Time{})
 	mu.Lock()
+	unreserve(reserving, h.id, res) // the session, in pending below, holds its channels
 	pl := pending[h.id]
 	if pl == nil {
 		pl = &pendingLink{name: name, conns: make([]*net.TCPConn, h.b), at: time.Now(), hb: peerHB, pid: peerPid}

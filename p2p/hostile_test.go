@@ -2756,17 +2756,18 @@ func TestHeartbeatFloor(t *testing.T) {
 
 // TestParkedBounded: connections of sessions that never complete (an
 // authenticated member's hellos of a channel each, of ever new sessions)
-// hold at most maxParked descriptors: a hello that would open another
-// session past it is refused, and a session that completes still links.
+// hold at most maxParked descriptors, each session counted with all the
+// channels its hello names: a hello that would open another session past
+// it is refused, and a waiting session still completes and links.
 func TestParkedBounded(t *testing.T) {
-	setLimit(t, &maxParked, 4)
+	setLimit(t, &maxParked, 5) // two sessions of two channels fit, a third does not
 	ctx := ctxT(t, 30*time.Second)
 	b, err := New(ctx, Options{Name: "b", Auth: testAuth()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	for s := range maxParked {
+	for s := range 2 {
 		member(t, b, helloFrame(uint64(100+s), 0, 2, 1000, 1, "m"), 0)
 	}
 	c, err := net.Dial("tcp", b.Addr())
