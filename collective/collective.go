@@ -751,7 +751,7 @@ type Plan struct {
 	// differs on a mismatch (explain); zero for a GPU plan.
 	call call
 	// freed, where not nil, says whether the plan's memory lies in a
-	// symmetric buffer freed since (intra.Op.Freed): a run is then
+	// symmetric buffer freed since (intra.Group.FreedCheck): a run is then
 	// refused, in step with the peers, rather than fault.
 	freed func() error
 }
@@ -782,9 +782,7 @@ func (c *Communicator) hostPlan(name string, dst, src []byte) (*Plan, error) {
 		return nil, err
 	}
 	p := &Plan{c: c, eng: hostPlan{op}, call: call{name: name, sizes: slices.Clone(c.sizes)}}
-	if f, ok := op.(interface{ Freed() error }); ok {
-		p.freed = f.Freed
-	}
+	p.freed = c.node.FreedCheck(name, dst, src)
 	return p, nil
 }
 

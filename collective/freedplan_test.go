@@ -194,3 +194,49 @@ func TestGPUPlanOverFreedBuffer(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanOverFreedBufferAcrossNodes: as TestPlanOverFreedBuffer, on 2
+// nodes of 2 ranks (the hierarchical engine) and 2 nodes of 1 (the ring),
+// the destination freed on rank 1: the run is refused, not a fault.
+func TestPlanOverFreedBufferAcrossNodes(t *testing.T) {
+	const n = 512
+	for _, shape := range [][2]int{{2, 2}, {2, 1}} {
+		t.Run(fmt.Sprintf("%dx%d", shape[0], shape[1]), func(t *testing.T) {
+			P := shape[0] * shape[1]
+			inProcessNodes(t, shape[0], shape[1], nil, func(c *collective.Communicator) error {
+				ctx := context.Background()
+				db, err := c.Alloc(ctx, P*n)
+				if err != nil {
+					return err
+				}
+				src := make([]byte, n)
+				p, err := c.Plan(db.Bytes(), src)
+				if err != nil {
+					return err
+				}
+				if err := p.Run(ctx); err != nil {
+					return err
+				}
+				if c.Rank() == 1 {
+					if err := db.Free(); err != nil {
+						return err
+					}
+				}
+				if err := p.Run(ctx); !errors.Is(err, collective.ErrInvalid) {
+					return fmt.Errorf("a run over a freed destination: %v, want ErrInvalid", err)
+				}
+				dst := make([]byte, P*n)
+				pattern.Fill(src, pattern.Seed(c.Rank(), 1, 0))
+				if err := c.AllGather(ctx, dst, src); err != nil {
+					return fmt.Errorf("the gather after the refusal: %w", err)
+				}
+				for r := range P {
+					if i := pattern.Check(dst[r*n:r*n+n], pattern.Seed(r, 1, 0)); i >= 0 {
+						return fmt.Errorf("the gather after the refusal: rank %d's block wrong at %d", r, i)
+					}
+				}
+				return nil
+			})
+		})
+	}
+}

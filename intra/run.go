@@ -33,8 +33,6 @@ type Op struct {
 	count        []int  // chunk count of each owner's ring transfer
 	next         []int  // per-run: chunks read from each owner
 	staged       []bool
-	// the symmetric buffers that src and dst lie in, if any (see Freed)
-	srcBuf, dstBuf *Buffer
 }
 
 // ErrCallsDiffer is the ErrSizeMismatch (errors.Is) of a call whose
@@ -97,7 +95,6 @@ func (o *Op) Set(dst, src []byte, sizes, offs []int) error {
 			return bad("source overlaps the destination other than at this rank's own block")
 		}
 	}
-	o.srcBuf, o.dstBuf = g.holder(src), g.holder(dst)
 	o.mode, o.zcBuf, o.zcOff = modeStaged, 0, 0
 	if len(src) >= g.zcMin {
 		if id, off, ok := g.lookup(src); ok {
@@ -111,24 +108,6 @@ func (o *Op) Set(dst, src []byte, sizes, offs []int) error {
 		o.chunk[p], o.count[p] = chunking(sizes[p], g.lay.C)
 	}
 	return nil
-}
-
-// Freed says, with ErrInvalid, whether the source or the destination
-// lies in a symmetric buffer that this rank has freed (or its group
-// closed) since the operation was planned: its memory is unmapped, and a
-// Run would fault. A caller that holds a plan checks it before each Run
-// and refuses the call in step with its peers instead.
-func (o *Op) Freed() error {
-	what := ""
-	switch {
-	case o.srcBuf != nil && o.srcBuf.bytes == nil:
-		what = "source"
-	case o.dstBuf != nil && o.dstBuf.bytes == nil:
-		what = "destination"
-	default:
-		return nil
-	}
-	return fault.New(o.name, o.g.global(o.g.rank), -1, fault.ErrInvalid, "the %s lies in a symmetric buffer freed since the call was planned", what)
 }
 
 // LeaveOwn(true) makes Run leave this rank's own block of dst to the

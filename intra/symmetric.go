@@ -155,6 +155,33 @@ func (b *Buffer) Free() error {
 	return b.seg.Close()
 }
 
+// FreedCheck is the check that a caller holding a plan of name over dst
+// and src makes before each run: it says, with ErrInvalid, whether one of
+// them lies in a symmetric buffer that this rank has freed (or its group
+// closed) since, its memory unmapped and a run bound to fault. It is nil
+// where neither lies in a symmetric buffer. Whatever the engine (the
+// node's group, or one across nodes whose node ops or own copy touch
+// them), the run is then refused in step with the peers instead.
+func (g *Group) FreedCheck(name string, dst, src []byte) func() error {
+	sb, db := g.holder(src), g.holder(dst)
+	if sb == nil && db == nil {
+		return nil
+	}
+	rank := g.global(g.rank)
+	return func() error {
+		what := ""
+		switch {
+		case sb != nil && sb.bytes == nil:
+			what = "source"
+		case db != nil && db.bytes == nil:
+			what = "destination"
+		default:
+			return nil
+		}
+		return fault.New(name, rank, -1, fault.ErrInvalid, "the %s lies in a symmetric buffer freed since the call was planned", what)
+	}
+}
+
 // holder is the symmetric buffer that holds p on this rank, or nil.
 func (g *Group) holder(p []byte) *Buffer {
 	if id, _, ok := g.lookup(p); ok {
