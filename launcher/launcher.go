@@ -1622,7 +1622,9 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 		set("OMP_NUM_THREADS", "1")
 	}
 	cmd.Env = env
-	cmd.Stdin = cfg.Stdin
+	if cfg.Stdin != nil { // a nil *os.File in cmd.Stdin would close descriptor 0
+		cmd.Stdin = cfg.Stdin
+	}
 	// A session of its own, as torchrun's start_new_session: the worker
 	// leads a process group of its own (its id the worker's pid), and,
 	// having no controlling terminal, reads a terminal on its standard

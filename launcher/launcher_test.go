@@ -244,3 +244,13 @@ func TestLogOpenFailureClosesLogs(t *testing.T) {
 		}
 	}
 }
+
+// With Config.Stdin nil a worker's standard input is /dev/null, as the
+// field's doc says: not a closed descriptor 0 (which the worker's next
+// open would take for its standard input).
+func TestStdinNilIsDevNull(t *testing.T) {
+	out, _, err := run(t, Config{NProcPerNode: 1, Env: []string{"PATH=" + os.Getenv("PATH")}}, `echo "stdin=$(readlink /proc/self/fd/0 || echo closed)"`)
+	if err != nil || !strings.Contains(out, "stdin=/dev/null") {
+		t.Fatalf("%v, want stdin=/dev/null:\n%s", err, out)
+	}
+}
