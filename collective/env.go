@@ -179,7 +179,9 @@ type CUDA struct {
 //     host cannot join.
 //   - MPICH's and Intel MPI's mpiexec (Hydra): PMI_RANK and PMI_SIZE,
 //     MPI_LOCALRANKID and MPI_LOCALNRANKS; the node rank as mpirun's. Read
-//     after Slurm's: srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE as well.
+//     after Slurm's (srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE as well),
+//     but before them where MPI_LOCALRANKID, Hydra's own, is set: inside
+//     an sbatch script every rank has the batch step's SLURM_PROCID=0.
 //
 // Where the launcher says that every rank runs on one host (a local world
 // size equal to the world size, OMPI_MCA_orte_num_nodes=1, SLURM_NNODES=1
@@ -217,10 +219,18 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	}
 	var err error
 	var rankVar, sizeVar string
-	if o.Rank, rankVar, err = first("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "PMI_RANK"); err != nil {
+	// PMI_RANK and PMI_SIZE come after Slurm's (srun --mpi=pmi2 sets them
+	// too), except under Hydra's mpiexec, which sets MPI_LOCALRANKID (srun
+	// does not): inside an sbatch script every rank inherits the batch
+	// step's SLURM_PROCID=0 and SLURM_NTASKS.
+	slurmRank, pmiRank, slurmSize, pmiSize := "SLURM_PROCID", "PMI_RANK", "SLURM_NTASKS", "PMI_SIZE"
+	if strings.TrimSpace(getenv("MPI_LOCALRANKID")) != "" {
+		slurmRank, pmiRank, slurmSize, pmiSize = pmiRank, slurmRank, pmiSize, slurmSize
+	}
+	if o.Rank, rankVar, err = first("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", slurmRank, pmiRank); err != nil {
 		return bad("%v", err)
 	}
-	if o.WorldSize, sizeVar, err = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"); err != nil {
+	if o.WorldSize, sizeVar, err = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", slurmSize, pmiSize); err != nil {
 		return bad("%v", err)
 	}
 	if sizeVar == "" && o.Rank > 0 {
@@ -247,7 +257,7 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 		// or mpirun), the rank left to the launcher: the launcher's
 		// variables give the rest of the layout, or ranks of several
 		// nodes take themselves for one.
-		for _, v := range []string{"OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"} {
+		for _, v := range []string{"OMPI_COMM_WORLD_SIZE", slurmSize, pmiSize} {
 			if strings.TrimSpace(getenv(v)) != "" {
 				launcher = v
 				break

@@ -300,6 +300,14 @@ func TestLoadEnvLaunchers(t *testing.T) {
 		// srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE beside Slurm's own: those win.
 		{"srun -N2 -n4 --mpi=pmi2 rank 3", with(srun(srun2x2, 3, 1, 1, "n2"), "PMI_RANK", "3", "PMI_SIZE", "4"),
 			where{3, 4, 1, 2, 1}, "n1", slurmPort, "slurm4242.0", nil},
+		// mpiexec (Hydra) inside an sbatch script: every rank inherits the
+		// batch step's SLURM_PROCID=0 and SLURM_NTASKS; Hydra's variables
+		// (MPI_LOCALRANKID, which srun does not set) win. Each rank was
+		// rank 0.
+		{"mpiexec -n 4 in an sbatch script, rank 3", map[string]string{"SLURM_JOB_ID": "4242", "SLURM_PROCID": "0", "SLURM_NTASKS": "4",
+			"SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "4",
+			"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "4", "PMI_FD": "6"},
+			where{3, 4, 3, 4, 0}, "127.0.0.1", DefaultPort, "port29500", nil},
 		// A batch script's export WORLD_SIZE (and MASTER_ADDR) before srun,
 		// the rank left to each task: Slurm's rank, and its layout with it.
 		// The ranks of both nodes took themselves for one node.
