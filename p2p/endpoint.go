@@ -998,8 +998,9 @@ func (e *Endpoint) acceptLoop() {
 	defer e.wg.Done()
 	var pendMu sync.Mutex
 	pending := map[uint64]*pendingLink{}
-	reserving := map[uint64]int{} // channels of sessions about to be pending (roomToPark)
-	defer func() {                // Close: the links half accepted go too
+	// The channels of sessions about to be pending (roomToPark).
+	reserving := map[uint64]int{}
+	defer func() { // Close: the links half accepted go too
 		pendMu.Lock()
 		for id, pl := range pending {
 			pl.close()
