@@ -116,8 +116,8 @@ func run(args []string) int {
 	}
 	fail := func(format string, a ...any) int {
 		msg := fmt.Sprintf(format, a...)
-		for name, src := range fromEnv {
-			if strings.Contains(msg, "--"+name) {
+		for _, name := range torchrunEnvFlags { // in a fixed order
+			if src, ok := fromEnv[name]; ok && strings.Contains(msg, "--"+name) {
 				msg += " (from the environment: " + src + ")"
 			}
 		}
