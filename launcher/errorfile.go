@@ -29,22 +29,26 @@ import (
 const (
 	maxErrorFile    = 1 << 20
 	maxErrorMessage = 4 << 10
+	// errorsDirPrefix names the job's temporary directory of error files.
+	errorsDirPrefix = "slimerun-errors-"
 )
 
 // errorFile is the error file of local rank local in attempt, under the
 // log directory where one was given (torchrun's layout, kept with the
 // logs), else under the job's own temporary directory (removed when Run
-// returns); "" where neither could be made (no file is given then).
+// returns, or by the guard if the launcher is killed); "" where neither
+// could be made (no file is given then).
 func (j *job) errorFile(attempt, local int) string {
 	base := j.cfg.LogDir
 	if base == "" {
 		if j.errDir == "" {
-			d, err := os.MkdirTemp("", "slimerun-errors-")
+			d, err := os.MkdirTemp("", errorsDirPrefix)
 			if err != nil {
 				j.cfg.Logf("no error files for the workers: %v", err)
 				return ""
 			}
 			j.errDir = d
+			j.guard.removeDir(d) // if the launcher is killed
 		}
 		base = j.errDir
 	}

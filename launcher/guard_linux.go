@@ -7,9 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -100,10 +102,15 @@ func startGuard(stderr io.Writer) (*guard, error) {
 
 // add lists worker pid's process group; drop unlists it (the launcher has
 // dealt with it, and reaps the worker next).
-func (g *guard) add(pid int)  { g.say('+', pid) }
-func (g *guard) drop(pid int) { g.say('-', pid) }
+func (g *guard) add(pid int)  { g.say('+', strconv.Itoa(pid)) }
+func (g *guard) drop(pid int) { g.say('-', strconv.Itoa(pid)) }
 
-func (g *guard) say(op byte, pid int) {
+// removeDir has the guard remove dir, one of the launcher's temporary
+// directories (errorfile.go), once the launcher has gone: Run removes it
+// itself, unless it is killed.
+func (g *guard) removeDir(dir string) { g.say('d', dir) }
+
+func (g *guard) say(op byte, arg string) {
 	if g == nil {
 		return
 	}
@@ -112,7 +119,7 @@ func (g *guard) say(op byte, pid int) {
 	if g.w != nil {
 		// A failed write (the guard is gone) leaves the job unguarded,
 		// as it was before guards.
-		g.w.Write(append(strconv.AppendInt([]byte{op}, int64(pid), 10), '\n'))
+		g.w.Write(append(append([]byte{op}, arg...), '\n'))
 	}
 }
 
@@ -148,10 +155,23 @@ func runGuard(in io.Reader, errs io.Writer) int {
 	}
 	parent := os.Getppid() // the launcher's pid, read before it dies
 	var groups []int
+	var dirs []string
+	defer func() {
+		for _, d := range dirs {
+			os.RemoveAll(d)
+		}
+	}()
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
 		l := sc.Text()
 		if len(l) < 2 {
+			continue
+		}
+		if l[0] == 'd' {
+			// Only a directory the launcher made (errorfile.go).
+			if d := l[1:]; filepath.IsAbs(d) && strings.HasPrefix(filepath.Base(d), errorsDirPrefix) {
+				dirs = append(dirs, filepath.Clean(d))
+			}
 			continue
 		}
 		pid, err := strconv.Atoi(l[1:])

@@ -190,7 +190,11 @@ func startShmJob(t *testing.T, run string) (cmd *exec.Cmd, pids, children []int,
 	}
 	dir := t.TempDir()
 	cmd = exec.Command(slimerun, "--standalone", "--nproc-per-node", "3", "--rdzv-id", run, exe)
-	cmd.Env = append(os.Environ(), "SLIMERUN_TEST_WORKER=shm", "SLIMERUN_TEST_DIR="+dir)
+	tmp := filepath.Join(dir, "tmp") // slimerun's own temporary files (its workers' error files)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), "SLIMERUN_TEST_WORKER=shm", "SLIMERUN_TEST_DIR="+dir, "TMPDIR="+tmp)
 	out = &syncWriter{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -283,6 +287,13 @@ func TestKilledLauncherLeavesNothing(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "died with its job running") {
 		t.Errorf("the guard did not say what it cleaned up:\n%s", out.String())
+	}
+	for _, kv := range cmd.Env {
+		if tmp, ok := strings.CutPrefix(kv, "TMPDIR="); ok {
+			if left, _ := os.ReadDir(tmp); len(left) != 0 {
+				t.Errorf("left in slimerun's TMPDIR: %v", left)
+			}
+		}
 	}
 }
 
