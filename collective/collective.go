@@ -787,16 +787,16 @@ func (c *Communicator) hostPlan(name string, dst, src []byte) (*Plan, error) {
 }
 
 // refuseFreed refuses a run of a plan whose memory has been freed (see
-// Plan.freed), taking part as a refused call does; refused is false
+// Plan.freed), taking part as a refused call does, and returns why; nil
 // where the plan may run.
-func (p *Plan) refuseFreed(ctx context.Context) (refused bool, err error) {
+func (p *Plan) refuseFreed(ctx context.Context) error {
 	if p.freed == nil {
-		return false, nil
+		return nil
 	}
 	if err := p.freed(); err != nil {
-		return true, p.c.refuse(ctx, p.opName(), err)
+		return p.c.refuse(ctx, p.opName(), err) // never nil: err, or the engine's
 	}
-	return false, nil
+	return nil
 }
 
 // Plan prepares AllGather(dst, src) for repeated runs.
@@ -841,7 +841,7 @@ func (p *Plan) Run(ctx context.Context) error {
 		return err
 	}
 	defer p.c.leave()
-	if refused, err := p.refuseFreed(ctx); refused {
+	if err := p.refuseFreed(ctx); err != nil {
 		return err
 	}
 	if err := p.eng.launch(ctx); err != nil {
@@ -873,7 +873,7 @@ func (p *Plan) Launch(ctx context.Context) error {
 		return err
 	}
 	defer p.c.leave()
-	if refused, err := p.refuseFreed(ctx); refused {
+	if err := p.refuseFreed(ctx); err != nil {
 		return err
 	}
 	if err := p.eng.launch(ctx); err != nil {

@@ -175,8 +175,7 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 	for k, p := range h.peers {
 		if rerr := h.t.WaitRecv(p); rerr != nil {
 			if !errors.Is(rerr, fault.ErrSizeMismatch) {
-				err, p := blame(h.t, rerr, p)
-				return o.failDrained(err, p, k+1, 0)
+				return o.failDrained(rerr, p, k+1, 0)
 			}
 			if mismatch == nil {
 				mismatch = &fault.OpError{Op: o.name, Rank: h.rank, Peer: p, Err: rerr}
@@ -192,7 +191,6 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 	}
 	for i, p := range h.peers {
 		if err := h.t.WaitSend(p); err != nil {
-			err, p := blame(h.t, err, p)
 			return o.failDrained(err, p, len(h.peers), i+1)
 		}
 	}
@@ -203,12 +201,16 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 // flight: the receives from peers[recvd:] and the sends to peers[sent:].
 // A receive not collected would go on writing dst after Run returned (and
 // a send reading src), until its peer's bytes or the call's deadline
-// came. The node's other ranks are told first (fail); the link is
+// came. A link error (peer >= 0) names the peer the link lost first
+// (blame). The node's other ranks are told first (fail); the link is
 // interrupted, its transfers then ending at once (the communicator is
 // broken: it has no further use for it).
 func (o *HierOpOver[M]) failDrained(err error, peer, recvd, sent int) error {
-	err = o.fail(err, peer)
 	h := o.h
+	if peer >= 0 { // the link's error: the peer it lost first is the one to name
+		err, peer = blame(h.t, err, peer)
+	}
+	err = o.fail(err, peer)
 	h.t.Interrupt()
 	for _, p := range h.peers[recvd:] {
 		h.t.WaitRecv(p)
