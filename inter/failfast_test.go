@@ -37,19 +37,24 @@ func TestFailedRunReturnsPromptly(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var took time.Duration
 			var runErr error
+			gone := make(chan struct{})
 			cluster(t, p, 1, tc.ring, func(rank int, ag allGatherer) error {
+				if rank == tc.dead {
+					ag.closeLinks()
+					close(gone)
+					return nil
+				}
 				n := tc.n
 				dst := make([]byte, p*n)
 				src := bytes.Repeat([]byte{byte(rank + 1)}, n)
 				sizes, offs := []int{n, n, n}, []int{0, n, 2 * n}
 				switch rank {
-				case tc.dead:
-					return nil
 				case tc.late:
 					time.Sleep(4 * time.Second)
 					ag.run(context.Background(), "allgather", dst, src, sizes, offs)
 					return nil
 				}
+				<-gone // gone before the call: the clock starts once its sockets are closed
 				start := time.Now()
 				runErr = ag.run(context.Background(), "allgather", dst, src, sizes, offs)
 				took = time.Since(start)

@@ -22,9 +22,15 @@ import (
 type allGatherer interface {
 	run(ctx context.Context, name string, dst, src []byte, sizes, offs []int) error
 	barrier(ctx context.Context) error
+	// closeLinks closes the rank's transport (its sockets) now, before
+	// cluster's deferred Close.
+	closeLinks()
 }
 
-type hierAG struct{ *Hier }
+type hierAG struct {
+	*Hier
+	tr *Transport
+}
 
 func (h hierAG) run(ctx context.Context, name string, dst, src []byte, sizes, offs []int) error {
 	op, err := h.Plan(name, dst, src, sizes, offs)
@@ -34,8 +40,12 @@ func (h hierAG) run(ctx context.Context, name string, dst, src []byte, sizes, of
 	return op.Run(ctx)
 }
 func (h hierAG) barrier(ctx context.Context) error { return h.Barrier(ctx) }
+func (h hierAG) closeLinks()                       { h.tr.Close() }
 
-type ringAG struct{ *RingAG }
+type ringAG struct {
+	*RingAG
+	tr *Transport
+}
 
 func (r ringAG) run(ctx context.Context, name string, dst, src []byte, sizes, offs []int) error {
 	op, err := r.Plan(name, dst, src, sizes, offs)
@@ -45,6 +55,7 @@ func (r ringAG) run(ctx context.Context, name string, dst, src []byte, sizes, of
 	return op.Run(ctx)
 }
 func (r ringAG) barrier(ctx context.Context) error { return r.Barrier(ctx) }
+func (r ringAG) closeLinks()                       { r.tr.Close() }
 
 // cluster starts nodes × local ranks in this process, each with its
 // node's intra-node group and a transport to its peers (the rail peers, or
@@ -75,9 +86,9 @@ func clusterWith(t *testing.T, nodes, local int, ring bool, sendCopyMin int, bod
 		}
 		defer tr.Close()
 		if ring {
-			return body(r, ringAG{NewRing(tr, P, r, 10*time.Second)})
+			return body(r, ringAG{NewRing(tr, P, r, 10*time.Second), tr})
 		}
-		return body(r, hierAG{NewHier(g, tr, nodes, local, r, 10*time.Second)})
+		return body(r, hierAG{NewHier(g, tr, nodes, local, r, 10*time.Second), tr})
 	})
 	if left, _ := os.ReadDir("/dev/shm"); left != nil {
 		for _, e := range left {
