@@ -2790,3 +2790,90 @@ func TestParkedBounded(t *testing.T) {
 	// A parked session's second channel completes it.
 	member(t, b, helloFrame(100, 1, 2, 1000, 1, "m"), 0)
 }
+
+// TestReadAnsweredOnNamedConnection: a read request names the connection
+// of its answer (the stripes of one read are asked together on one
+// connection): the target answers on that one, whichever carried the
+// request; a request that names a connection the link does not have
+// closes the link, having read nothing, and the endpoint goes on serving.
+func TestReadAnsweredOnNamedConnection(t *testing.T) {
+	ctx := ctxT(t, 20*time.Second)
+	b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth()})
+	mem := make([]byte, 4096)
+	fill(mem, 7)
+	r, _ := b.Register("m", mem)
+	rr := r.Remote()
+	k := auth.NewKey(testAuth().Secret, testAuth().Job)
+	var cs [2]net.Conn
+	for ch := range cs {
+		c, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		c.Write(helloFrame(31, uint32(ch), 2, 60000, 0, "evil"))
+		cs[ch] = c
+	}
+	for ch, c := range cs {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		var ack [HeaderSize]byte
+		if _, err := readFull(c, ack[:]); err != nil {
+			t.Fatalf("hello %d: %v", ch, err)
+		}
+		if h, err := decodeHeader(ack[:]); err != nil || h.kind != kHelloAck || h.status != stOK {
+			t.Fatalf("hello %d refused: %+v %v", ch, h, err)
+		}
+	}
+	read := func(id uint64, ch uint16, off, n uint64) []byte {
+		p := make([]byte, stripeSize+DescSize)
+		(&desc{rr.ID, rr.Key, off, n}).put(p[stripeSize:])
+		return append(hdr(header{kind: kReq, sub: rRead, ch: ch, id: id, a: n, b: 1, payload: uint32(len(p))}), p...)
+	}
+	// Asked on connection 0, answered on 1: small (answered from the
+	// reader) and large (queued for connection 1's writer).
+	for i, n := range []uint64{100, 4096} {
+		id := uint64(i + 1)
+		cs[0].Write(read(id, 1, 0, n))
+		h, _ := nextFrame(t, cs[1])
+		if h.kind != kResp || h.sub != rRead || h.id != id || h.status != stOK || h.a != n {
+			t.Fatalf("read %d: answered %+v on connection 1", id, h)
+		}
+		h, data := nextFrame(t, cs[1])
+		if h.kind != kData || h.id != id || !bytes.Equal(data, mem[:n]) {
+			t.Fatalf("read %d: data frame %+v with %d bytes, want the region's first %d", id, h, len(data), n)
+		}
+	}
+	// A connection the link does not have: the link closes.
+	cs[0].Write(read(9, 2, 0, 100))
+	for ch, c := range cs {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for {
+			var buf [HeaderSize]byte
+			_, err := readFull(c, buf[:])
+			if err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("connection %d still open after a read answered on connection 2 of 2", ch)
+				}
+				break
+			}
+			if h, _ := decodeHeader(buf[:]); h.kind != kPing {
+				t.Fatalf("connection %d: %+v after a read answered on connection 2 of 2", ch, h)
+			}
+		}
+	}
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth()})
+	ab, err := a.ConnectInfo(ctx, b.Info())
+	if err != nil {
+		t.Fatalf("an honest link after the hostile one: %v", err)
+	}
+	lr, _ := a.Register("l", make([]byte, 4096))
+	if err := ab.Read([]Op{{Local: lr, Remote: rr, Len: 4096}}).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(lr.Bytes(), mem) {
+		t.Fatal("the honest read differs")
+	}
+}

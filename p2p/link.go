@@ -99,12 +99,17 @@ type Op struct {
 // only by a goroutine that holds mu and finds it active, so that once
 // finish returns nothing touches it again.
 type part struct {
-	l      *link
-	f      *Future
-	kind   uint8 // rRead, rWrite, rImm, rSend; rCTS for a receive
-	sub    uint8 // the request's kind on the wire (rReadV, rWriteV on the same host)
-	id     uint64
-	ch     int
+	l    *link
+	f    *Future
+	kind uint8 // rRead, rWrite, rImm, rSend; rCTS for a receive
+	sub  uint8 // the request's kind on the wire (rReadV, rWriteV on the same host)
+	id   uint64
+	ch   int // the connection that carries the part's bytes
+	// reqCh is the connection its request goes on: ch, or for a stripe
+	// of a read whose stripes are asked together (link.requestAll), the
+	// first stripe's. A cancel follows the request on it, so that it never
+	// overtakes it.
+	reqCh  int
 	mu     sync.Mutex
 	active bool
 	local  []seg  // this side's ranges, in order
@@ -172,7 +177,7 @@ func (p *part) finishNow(err error) {
 	if err != nil && sub == rRead {
 		// The target may still be sending the bytes: tell it to stop
 		// (it ignores an id it is not serving).
-		p.l.enqueue(p.ch, frame{kind: kCancel, id: p.id})
+		p.l.enqueue(p.reqCh, frame{kind: kCancel, id: p.id})
 	}
 	for _, r := range p.regs {
 		r.mu.Lock()
@@ -189,7 +194,9 @@ func (p *part) finishNow(err error) {
 // link is one peer's transport: Channels TCP connections, each with a
 // reader and a writer goroutine (and, on the same host, the grants of
 // cma_linux.go). Either end may start requests on any
-// connection; a request and its bytes travel on one connection, whole.
+// connection; a request's bytes, and an answer's, travel on one
+// connection, whole (a read's answer on the connection its request names,
+// which need not be the one that carried it: requestAll).
 type link struct {
 	e     *Endpoint
 	p     *Peer
@@ -923,7 +930,7 @@ type reqJob struct{ p *part }
 // bytes: a small write is its request and one data frame), else through
 // the connection's writer.
 func (l *link) request(p *part) {
-	c := l.conns[p.ch]
+	c := l.conns[p.reqCh]
 	size := HeaderSize + int(p.reqHeader().payload)
 	if p.sub == rWrite {
 		size += HeaderSize + int(p.total)
@@ -936,8 +943,53 @@ func (l *link) request(p *part) {
 	if size <= directMax && c.direct(false, func(b []byte) []byte { return p.appendRequest(b) }) {
 		return
 	}
-	l.enqueue(p.ch, reqJob{p: p})
+	l.enqueue(p.reqCh, reqJob{p: p})
 }
+
+// requestAll sends the requests of parts, the stripes of one read, all on
+// the first one's connection (reqCh), each naming the connection its
+// answer goes on (ch): one write, and one wake-up of the target's reader,
+// which hands each stripe to its connection's writer. Asked one per
+// connection, the stripes would cost one write each, made one after the
+// other, and on a loopback or veth link each write runs the peer's
+// receive path before it returns: the last stripe would start that much
+// later. The requests are written directly when the connection's writer
+// is idle, else queued for it.
+func (l *link) requestAll(parts []*part) {
+	c := l.conns[parts[0].reqCh]
+	if c.direct(false, func(b []byte) []byte {
+		for _, p := range parts {
+			b = p.appendRequest(b)
+		}
+		return b
+	}) {
+		return
+	}
+	for _, p := range parts {
+		l.enqueue(c.idx, reqJob{p: p})
+	}
+}
+
+// together reports whether the requests of parts go together on one
+// connection (requestAll): the stripes of a read over TCP, whose requests
+// fit a direct write's bound.
+func together(parts []*part) bool {
+	if len(parts) < 2 {
+		return false
+	}
+	size := 0
+	for _, p := range parts {
+		if p.sub != rRead {
+			return false
+		}
+		size += HeaderSize + stripeSize + len(p.descs)*DescSize
+	}
+	return size <= togetherMax
+}
+
+// togetherMax bounds the requests that requestAll writes together: what
+// direct may copy when the socket does not take them at once.
+const togetherMax = 4 * directMax
 
 // reqHeader is the header of p's read or write request: its payload is
 // where the stripe starts and the batch's descriptors, and, for a write
@@ -947,7 +999,11 @@ func (p *part) reqHeader() header {
 	if p.withImm {
 		size, sub = size+immSize, rWriteImm
 	}
-	return header{kind: kReq, sub: sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)}
+	h := header{kind: kReq, sub: sub, id: p.id, a: p.total, b: uint32(len(p.descs)), payload: uint32(size)}
+	if sub == rRead {
+		h.ch = uint16(p.ch)
+	}
+	return h
 }
 
 // appendRequest appends p's request to b, and a write's bytes as one data
@@ -1079,9 +1135,10 @@ func (j serveRead) write(c *conn) error {
 }
 
 // serveNow answers a small read of host memory (the checked ranges
-// c.segs) with its bytes at once, from the reader's goroutine (direct):
-// the answer and one data frame. It reports false when it did not.
-func (c *conn) serveNow(id, total uint64) bool {
+// c.segs) with its bytes at once on connection w, from the reader's
+// goroutine (direct): the answer and one data frame. It reports false
+// when it did not.
+func (c *conn) serveNow(w *conn, id, total uint64) bool {
 	if total > directMax-2*HeaderSize {
 		return false
 	}
@@ -1090,7 +1147,7 @@ func (c *conn) serveNow(id, total uint64) bool {
 			return false
 		}
 	}
-	return c.direct(true, func(b []byte) []byte {
+	return w.direct(true, func(b []byte) []byte {
 		b = appendHeader(b, header{kind: kResp, sub: rRead, id: id, a: total})
 		b = appendHeader(b, header{kind: kData, id: id, payload: uint32(total)})
 		for _, s := range c.segs {
@@ -1327,13 +1384,21 @@ func (c *conn) dispatch(h header) error {
 		l.mu.Unlock()
 		return nil
 	}
-	// A request: its answer is queued for this connection's writer,
-	// which a peer that does not read its answers stalls.
-	c.qmu.Lock()
-	queued := c.answers
-	c.qmu.Unlock()
+	// A request: its answer is queued for a connection's writer (a
+	// read's, the one it names; others, this one), which a peer that does
+	// not read its answers stalls.
+	w := c
+	if h.sub == rRead {
+		if int(h.ch) >= len(l.conns) {
+			return fmt.Errorf("%w: a read answered on connection %d of %d", ErrFrame, h.ch, len(l.conns))
+		}
+		w = l.conns[h.ch]
+	}
+	w.qmu.Lock()
+	queued := w.answers
+	w.qmu.Unlock()
 	if queued > maxQueued {
-		return fmt.Errorf("%w: %d answers wait to be sent on connection %d: the peer sends requests and does not read them", ErrFrame, queued, c.idx)
+		return fmt.Errorf("%w: %d answers wait to be sent on connection %d: the peer sends requests and does not read them", ErrFrame, queued, w.idx)
 	}
 	switch h.sub {
 	case rRead, rWrite, rWriteImm, rReadV, rWriteV, rReadG, rWriteG, rLease, rLeaseG:
@@ -1369,7 +1434,7 @@ func (c *conn) dispatch(h header) error {
 			if h.sub != rLease && h.sub != rLeaseG { // a lease refused: the transfer that asked it is refused itself
 				l.e.refuse(l.p.name, op, st, why)
 			}
-			l.enqueue(c.idx, frame{kind: kResp, sub: h.sub, id: h.id, status: st})
+			l.enqueue(w.idx, frame{kind: kResp, sub: h.sub, id: h.id, status: st})
 			if h.sub == rWrite {
 				_, err := c.recvChunks(h.id, h.a, nil, nil, nil)
 				return err
@@ -1381,7 +1446,7 @@ func (c *conn) dispatch(h header) error {
 			return nil
 		}
 		if h.sub == rRead {
-			if c.serveNow(h.id, h.a) {
+			if c.serveNow(w, h.id, h.a) {
 				l.e.release(l.p, c.regs)
 				return nil
 			}
@@ -1391,7 +1456,7 @@ func (c *conn) dispatch(h header) error {
 			l.mu.Lock()
 			l.serving[h.id] = stop
 			l.mu.Unlock()
-			l.enqueue(c.idx, serveRead{id: h.id, total: h.a, segs: segs, regs: regs, stop: stop})
+			l.enqueue(w.idx, serveRead{id: h.id, total: h.a, segs: segs, regs: regs, stop: stop})
 			return nil
 		}
 		regs := c.regs

@@ -144,6 +144,7 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 			pt = new(part)
 		}
 		pt.l, pt.f, pt.kind, pt.sub, pt.ch, pt.lo, pt.total, pt.descs, pt.active = l, f, kind, sub, (first+s)%n, uint64(lo), uint64(hi-lo), descs, true
+		pt.reqCh = pt.ch
 		for need := hi - lo; need > 0; {
 			o := ops[i]
 			m := min(need, o.Len-off)
@@ -166,18 +167,28 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 		// two).
 		parts[0].withImm, parts[0].imm = true, *imm
 	} else if imm != nil {
-		then = &part{l: l, f: f, kind: rImm, sub: rImm, ch: first, imm: *imm, active: true}
+		then = &part{l: l, f: f, kind: rImm, sub: rImm, ch: first, reqCh: first, imm: *imm, active: true}
 		f.then = then
 		f.writesLeft.Store(int32(len(parts)))
 		parts = append(parts, then)
 	}
 	f.parts = parts
 	f.left.Store(int32(len(parts)))
+	all := pins == nil && then == nil && together(parts)
+	if all {
+		for _, pt := range parts {
+			pt.reqCh = first
+		}
+	}
 	if ff := l.register(parts, l.parts); ff != nil {
 		if pins != nil {
 			l.unpinLeases(pins)
 		}
 		return ff
+	}
+	if all {
+		l.requestAll(parts)
+		return f
 	}
 	for _, pt := range parts {
 		switch {

@@ -14,7 +14,10 @@ import (
 // payload of the header's Payload bytes:
 //
 //	u16 magic "P2"  u8 version  u8 kind
-//	u8  sub (the request's kind in a request or response)  u8 status  u16 zero
+//	u8  sub (the request's kind in a request or response)  u8 status
+//	u16 ch   (a read request (rRead): the connection that carries its
+//	          answer, which need not be the one the request came on; zero
+//	          in every other frame)
 //	u64 id   (the request; ids are never reused on a link)
 //	u64 a    (a length, an immediate, a session)
 //	u32 b    (the number of descriptors, a channel count)
@@ -24,7 +27,7 @@ import (
 // is allocated or read for its payload.
 const (
 	wireMagic   = 0x5032 // "P2"
-	wireVersion = 5
+	wireVersion = 6
 	// HeaderSize is the size of an encoded frame header.
 	HeaderSize = 32
 	// DescSize is the size of one encoded remote descriptor.
@@ -162,6 +165,7 @@ var ErrFrame = errors.New("p2p: malformed frame")
 
 type header struct {
 	kind, sub, status uint8
+	ch                uint16 // rRead: the connection of the answer
 	id, a             uint64
 	b                 uint32
 	payload           uint32
@@ -171,7 +175,7 @@ func (h *header) put(p []byte) {
 	_ = p[HeaderSize-1]
 	binary.LittleEndian.PutUint16(p[0:], wireMagic)
 	p[2], p[3], p[4], p[5] = wireVersion, h.kind, h.sub, h.status
-	binary.LittleEndian.PutUint16(p[6:], 0)
+	binary.LittleEndian.PutUint16(p[6:], h.ch)
 	binary.LittleEndian.PutUint64(p[8:], h.id)
 	binary.LittleEndian.PutUint64(p[16:], h.a)
 	binary.LittleEndian.PutUint32(p[24:], h.b)
@@ -193,10 +197,15 @@ func decodeHeader(p []byte) (header, error) {
 	if p[2] != wireVersion {
 		return h, fmt.Errorf("%w: version %d, want %d", ErrFrame, p[2], wireVersion)
 	}
-	if z := binary.LittleEndian.Uint16(p[6:]); z != 0 {
-		return h, fmt.Errorf("%w: reserved field %#x", ErrFrame, z)
-	}
 	h.kind, h.sub, h.status = p[3], p[4], p[5]
+	h.ch = binary.LittleEndian.Uint16(p[6:])
+	if h.kind == kReq && h.sub == rRead {
+		if h.ch >= MaxChannels { // the link's own count is checked where it is known
+			return h, fmt.Errorf("%w: a read answered on connection %d", ErrFrame, h.ch)
+		}
+	} else if h.ch != 0 {
+		return h, fmt.Errorf("%w: connection field %#x in a frame of kind %d sub %d", ErrFrame, h.ch, h.kind, h.sub)
+	}
 	h.id = binary.LittleEndian.Uint64(p[8:])
 	h.a = binary.LittleEndian.Uint64(p[16:])
 	h.b = binary.LittleEndian.Uint32(p[24:])

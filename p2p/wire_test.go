@@ -27,6 +27,7 @@ func FuzzDecodeHeader(f *testing.F) {
 		{kind: kHello, id: 5, a: 1, b: 4, payload: helloFixed + 3},
 		{kind: kHelloAck, status: stDup},
 		{kind: kReq, sub: rRead, id: 1, a: 100, b: 2, payload: stripeSize + 2*DescSize},
+		{kind: kReq, sub: rRead, ch: MaxChannels - 1, id: 2, a: 100, b: 2, payload: stripeSize + 2*DescSize},
 		{kind: kReq, sub: rWriteV, id: 1, a: 100, b: 1, payload: stripeSize + DescSize},
 		{kind: kReq, sub: rImm, id: 9, a: 0xffffffff},
 		{kind: kReq, sub: rWriteImm, id: 1, a: 100, b: 2, payload: stripeSize + 2*DescSize + immSize},
@@ -74,10 +75,43 @@ func FuzzDecodeHeader(f *testing.F) {
 			h.kind == kHello && (h.payload <= helloFixed || h.payload > helloFixed+MaxName),
 			h.kind != kData && h.kind != kReq && h.kind != kResp && h.kind != kHello && h.payload != 0,
 			h.a > MaxLen && !(h.kind == kHello),
-			(h.sub == rLease || h.sub == rLeaseG) && h.b > 1:
+			(h.sub == rLease || h.sub == rLeaseG) && h.b > 1,
+			h.ch >= MaxChannels,
+			h.ch != 0 && (h.kind != kReq || h.sub != rRead):
 			t.Fatalf("accepted out of bounds: %+v", h)
 		}
 	})
+}
+
+// TestDecodeAnswerConnection: only a read request names the connection
+// of its answer, and one of at most MaxChannels; every other frame has
+// zero there.
+func TestDecodeAnswerConnection(t *testing.T) {
+	read := header{kind: kReq, sub: rRead, id: 1, a: 100, b: 1, payload: stripeSize + DescSize}
+	for _, tc := range []struct {
+		h  header
+		ok bool
+	}{
+		{read, true},
+		{func() header { h := read; h.ch = 1; return h }(), true},
+		{func() header { h := read; h.ch = MaxChannels - 1; return h }(), true},
+		{func() header { h := read; h.ch = MaxChannels; return h }(), false},
+		{func() header { h := read; h.ch = 0xffff; return h }(), false},
+		{header{kind: kReq, sub: rWrite, ch: 1, id: 1, a: 100, b: 1, payload: stripeSize + DescSize}, false},
+		{header{kind: kReq, sub: rReadV, ch: 1, id: 1, a: 100, b: 1, payload: stripeSize + DescSize}, false},
+		{header{kind: kResp, sub: rRead, ch: 1, id: 1, a: 100}, false},
+		{header{kind: kData, ch: 1, id: 1, payload: 10}, false},
+		{header{kind: kCancel, ch: 1, id: 1}, false},
+		{header{kind: kPing, ch: 1}, false},
+	} {
+		h, err := decodeHeader(hdr(tc.h))
+		if tc.ok && (err != nil || h != tc.h) {
+			t.Errorf("%+v: decoded %+v, %v; want it back", tc.h, h, err)
+		}
+		if !tc.ok && !errors.Is(err, ErrFrame) {
+			t.Errorf("%+v: accepted (%v), want ErrFrame", tc.h, err)
+		}
+	}
 }
 
 // TestDecodeLease: a lease is asked for one region whole (one
