@@ -95,7 +95,9 @@ type Op struct {
 	Len       int
 }
 
-// part is one request of a call on one connection. Its memory is touched
+// part is one request of a call: its bytes move on one connection (ch),
+// its request goes on that one or, for a stripe of a read asked with the
+// others, on the first stripe's (reqCh). Its memory is touched
 // only by a goroutine that holds mu and finds it active, so that once
 // finish returns nothing touches it again.
 type part struct {
@@ -524,8 +526,9 @@ func isAnswer(j job) bool {
 // small operation's time.
 const directMax = 16 << 10
 
-// direct writes the frames fill appends to b (at most directMax bytes;
-// fill may append nothing) from the calling goroutine, when the
+// direct writes the frames fill appends to b (at most directMax bytes,
+// or togetherMax for a read's requests asked together; fill may append
+// nothing) from the calling goroutine, when the
 // connection's writer has nothing queued and no other goroutine is
 // writing: one non-blocking write. What the socket does not take at once
 // is queued first for the writer, copied, so that fill's memory is not
