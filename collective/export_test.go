@@ -28,3 +28,7 @@ func Captured(p *Plan) bool {
 	k, ok := g.op.(*kernelPlanned)
 	return ok && k.runner.Captured()
 }
+
+// InCall says whether a goroutine is in a call on c (one that enter let
+// in and that has not left).
+func InCall(c *Communicator) bool { return c.busy.Load() == inCall }

@@ -103,7 +103,16 @@ func TestFreeDuringCall(t *testing.T) {
 		}
 		first := make(chan error, 1)
 		go func() { first <- c.AllGather(ctx, dst, src) }() // waits for rank 1
-		time.Sleep(200 * time.Millisecond)
+		// Free only once the gather is in its call (however late its
+		// goroutine runs): before it, Free would succeed and unmap the
+		// buffer that rank 1 then reads.
+		for dl := time.Now().Add(10 * time.Second); !collective.InCall(c); time.Sleep(time.Millisecond) {
+			if time.Now().After(dl) {
+				close(go1)
+				<-first
+				return errors.New("the gather's goroutine did not enter its call within 10 s")
+			}
+		}
 		err = b.Free()
 		close(go1)
 		if !errors.Is(err, collective.ErrInvalid) || b.Bytes() == nil {
