@@ -151,24 +151,37 @@ func sameHostRequest(t *testing.T, c net.Conn, lease []byte) header {
 	}
 }
 
-// member opens a raw link to e as a member of the test job: the
-// handshake, then hello, which e must accept. rcvbuf (0: the default)
-// sets the socket's receive buffer first. The socket closes when the test
-// ends.
-func member(t *testing.T, e *Endpoint, hello []byte, rcvbuf int) net.Conn {
+// dialHello opens a connection to e as a member of the test job (the
+// handshake) and sends hello on it, reading no answer; tune (if any) sets
+// the socket up first. The socket closes when the test ends.
+func dialHello(t *testing.T, e *Endpoint, hello []byte, tune ...func(*net.TCPConn)) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", e.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	if rcvbuf > 0 {
-		c.(*net.TCPConn).SetReadBuffer(rcvbuf)
+	for _, f := range tune {
+		f(c.(*net.TCPConn))
 	}
 	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	c.Write(hello)
+	return c
+}
+
+// member opens a raw link to e as a member of the test job: the
+// handshake, then hello, which e must accept. rcvbuf (0: the default)
+// sets the socket's receive buffer first. The socket closes when the test
+// ends.
+func member(t *testing.T, e *Endpoint, hello []byte, rcvbuf int) net.Conn {
+	t.Helper()
+	c := dialHello(t, e, hello, func(c *net.TCPConn) {
+		if rcvbuf > 0 {
+			c.SetReadBuffer(rcvbuf)
+		}
+	})
 	var ack [HeaderSize]byte
 	if _, err := readFull(c, ack[:]); err != nil {
 		t.Fatal(err)
@@ -205,19 +218,7 @@ func quiet(t *testing.T, c net.Conn) {
 func TestHelloChannelMismatch(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth()})
-	k := auth.NewKey(testAuth().Secret, testAuth().Job)
-	hello := func(ch, n uint32) net.Conn {
-		c, err := net.Dial("tcp", b.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		c.Write(helloFrame(99, ch, n, 1000, 0, "evil"))
-		return c
-	}
+	hello := func(ch, n uint32) net.Conn { return dialHello(t, b, helloFrame(99, ch, n, 1000, 0, "evil")) }
 	hello(0, 2)
 	c := hello(3, 4) // the session has 2 channels: there is no channel 3
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -2803,19 +2804,9 @@ func TestReadAnsweredOnNamedConnection(t *testing.T) {
 	fill(mem, 7)
 	r, _ := b.Register("m", mem)
 	rr := r.Remote()
-	k := auth.NewKey(testAuth().Secret, testAuth().Job)
 	var cs [2]net.Conn
 	for ch := range cs {
-		c, err := net.Dial("tcp", b.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if err := auth.Connect(c, k, purpose, time.Now().Add(5*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		c.Write(helloFrame(31, uint32(ch), 2, 60000, 0, "evil"))
-		cs[ch] = c
+		cs[ch] = dialHello(t, b, helloFrame(31, uint32(ch), 2, 60000, 0, "evil"))
 	}
 	for ch, c := range cs {
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
