@@ -152,17 +152,18 @@ func sameHostRequest(t *testing.T, c net.Conn, lease []byte) header {
 }
 
 // dialHello opens a connection to e as a member of the test job (the
-// handshake) and sends hello on it, reading no answer; tune (if any) sets
-// the socket up first. The socket closes when the test ends.
-func dialHello(t *testing.T, e *Endpoint, hello []byte, tune ...func(*net.TCPConn)) net.Conn {
+// handshake) and sends hello on it, reading no answer. rcvbuf (0: the
+// default) sets the socket's receive buffer first. The socket closes when
+// the test ends.
+func dialHello(t *testing.T, e *Endpoint, hello []byte, rcvbuf int) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", e.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	for _, f := range tune {
-		f(c.(*net.TCPConn))
+	if rcvbuf > 0 {
+		c.(*net.TCPConn).SetReadBuffer(rcvbuf)
 	}
 	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
@@ -171,17 +172,10 @@ func dialHello(t *testing.T, e *Endpoint, hello []byte, tune ...func(*net.TCPCon
 	return c
 }
 
-// member opens a raw link to e as a member of the test job: the
-// handshake, then hello, which e must accept. rcvbuf (0: the default)
-// sets the socket's receive buffer first. The socket closes when the test
-// ends.
+// member is dialHello, then e's answer to the hello, which must accept it.
 func member(t *testing.T, e *Endpoint, hello []byte, rcvbuf int) net.Conn {
 	t.Helper()
-	c := dialHello(t, e, hello, func(c *net.TCPConn) {
-		if rcvbuf > 0 {
-			c.SetReadBuffer(rcvbuf)
-		}
-	})
+	c := dialHello(t, e, hello, rcvbuf)
 	var ack [HeaderSize]byte
 	if _, err := readFull(c, ack[:]); err != nil {
 		t.Fatal(err)
@@ -218,7 +212,7 @@ func quiet(t *testing.T, c net.Conn) {
 func TestHelloChannelMismatch(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth()})
-	hello := func(ch, n uint32) net.Conn { return dialHello(t, b, helloFrame(99, ch, n, 1000, 0, "evil")) }
+	hello := func(ch, n uint32) net.Conn { return dialHello(t, b, helloFrame(99, ch, n, 1000, 0, "evil"), 0) }
 	hello(0, 2)
 	c := hello(3, 4) // the session has 2 channels: there is no channel 3
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -2806,17 +2800,7 @@ func TestReadAnsweredOnNamedConnection(t *testing.T) {
 	rr := r.Remote()
 	var cs [2]net.Conn
 	for ch := range cs {
-		cs[ch] = dialHello(t, b, helloFrame(31, uint32(ch), 2, 60000, 0, "evil"))
-	}
-	for ch, c := range cs {
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		var ack [HeaderSize]byte
-		if _, err := readFull(c, ack[:]); err != nil {
-			t.Fatalf("hello %d: %v", ch, err)
-		}
-		if h, err := decodeHeader(ack[:]); err != nil || h.kind != kHelloAck || h.status != stOK {
-			t.Fatalf("hello %d refused: %+v %v", ch, h, err)
-		}
+		cs[ch] = member(t, b, helloFrame(31, uint32(ch), 2, 60000, 0, "evil"), 0)
 	}
 	read := func(id uint64, ch uint16, off, n uint64) []byte {
 		p := make([]byte, stripeSize+DescSize)

@@ -985,7 +985,7 @@ func together(parts []*part) bool {
 		if p.sub != rRead {
 			return false
 		}
-		size += HeaderSize + stripeSize + len(p.descs)*DescSize
+		size += HeaderSize + int(p.reqHeader().payload)
 	}
 	return size <= togetherMax
 }

@@ -87,16 +87,18 @@ func FuzzDecodeHeader(f *testing.F) {
 // of its answer, and one of at most MaxChannels; every other frame has
 // zero there.
 func TestDecodeAnswerConnection(t *testing.T) {
-	read := header{kind: kReq, sub: rRead, id: 1, a: 100, b: 1, payload: stripeSize + DescSize}
+	read := func(ch uint16) header {
+		return header{kind: kReq, sub: rRead, ch: ch, id: 1, a: 100, b: 1, payload: stripeSize + DescSize}
+	}
 	for _, tc := range []struct {
 		h  header
 		ok bool
 	}{
-		{read, true},
-		{func() header { h := read; h.ch = 1; return h }(), true},
-		{func() header { h := read; h.ch = MaxChannels - 1; return h }(), true},
-		{func() header { h := read; h.ch = MaxChannels; return h }(), false},
-		{func() header { h := read; h.ch = 0xffff; return h }(), false},
+		{read(0), true},
+		{read(1), true},
+		{read(MaxChannels - 1), true},
+		{read(MaxChannels), false},
+		{read(0xffff), false},
 		{header{kind: kReq, sub: rWrite, ch: 1, id: 1, a: 100, b: 1, payload: stripeSize + DescSize}, false},
 		{header{kind: kReq, sub: rReadV, ch: 1, id: 1, a: 100, b: 1, payload: stripeSize + DescSize}, false},
 		{header{kind: kResp, sub: rRead, ch: 1, id: 1, a: 100}, false},
