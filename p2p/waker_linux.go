@@ -19,8 +19,8 @@ import (
 // request. A goroutine parked in the poller is instead found by the
 // completing goroutine's own thread when that parks (the connection's
 // reader, reading its next header), as a plain socket's reader is. The
-// cost is two eventfd system calls per wake-up (the write, and the read
-// that takes the count): where no processor is idle, no spinning thread
+// cost is one eventfd system call per wake-up, the write (the count is
+// never read: take): where no processor is idle, no spinning thread
 // would start, and the channel is the cheaper (docs/P2P.md).
 type waker struct {
 	f  *os.File
@@ -39,9 +39,11 @@ type waker struct {
 	// busy: a Wait holds the waker (one at a time; the others wait on
 	// their Future's channel).
 	busy atomic.Bool
-	rb   [8]byte // the holder's read buffer
-	// parks counts the waits that parked on it (tests see the path taken).
-	parks atomic.Uint64
+	// parks counts the Waits that parked on it, wakeups the times their
+	// waits returned (tests see the path taken, and that a Wait does not
+	// spin).
+	parks   atomic.Uint64
+	wakeups atomic.Uint64
 }
 
 // newWaker returns a waker, or nil if the system gives no eventfd (Wait
@@ -66,12 +68,12 @@ func newWaker() *waker {
 var wakeOne = [8]byte{1}
 
 // wake adds one to the counter, waking its holder. A wake that comes
-// late (its Wait has returned) leaves a count that the next holder reads
-// and ignores; one after close does nothing.
+// late (its Wait has returned) wakes no one: the next holder parks until
+// a write after its own wait began. One after close does nothing.
 func (w *waker) wake() { w.f.Write(wakeOne[:]) }
 
 // wait blocks until done holds or the counter is written, or the read
-// deadline set on w.f passes, and takes the count. While neither done nor
+// deadline set on w.f passes. While neither done nor
 // cancelled holds it parks in the poller without reading first (a read
 // would only find the counter empty): whoever writes sets one of them
 // first (the completing goroutine done, a cancelled context's wakeFn
@@ -83,11 +85,17 @@ func (w *waker) wait(done *atomic.Bool) error {
 	w.first, w.done = true, done
 	err := w.rc.Read(w.readFn)
 	w.done = nil
+	w.wakeups.Add(1)
 	return err
 }
 
 // take is wait's step: on its first call it parks (false) unless done
-// holds; after a wake-up it takes the count, if any, and ends the wait.
+// holds; after a wake-up it ends the wait. It never reads the counter:
+// the poller's edge is the wake-up, and each write is one whatever the
+// count (the kernel wakes an eventfd's pollers on every write that adds
+// to it), so a read would be a system call on the wake-up's path that
+// tells nothing. The count only grows, by one per wake: it would take
+// 2^64-2 of them to fill it.
 func (w *waker) take(fd uintptr) bool {
 	if w.first {
 		w.first = false
@@ -95,7 +103,6 @@ func (w *waker) take(fd uintptr) bool {
 			return false
 		}
 	}
-	unix.Read(int(fd), w.rb[:]) // EAGAIN: a wake-up without a count (an earlier one's edge)
 	return true
 }
 
