@@ -807,9 +807,11 @@ var errDup = errors.New("p2p: the peer links to this endpoint itself")
 // per run of a grant's ranges in one region: acquire).
 var maxGrants, maxGrantRefs = 1 << 16, 1 << 20
 
-// maxQueued bounds the answers (frames the peer's frames caused) waiting
-// for one connection's writer when a request arrives on it: a peer that
-// sends requests and does not read the answers has its link closed. This
+// maxQueued bounds the answers (frames the peer's frames caused, a
+// queued read's counted by its ranges: weight) waiting for one
+// connection's writer: a peer that sends frames and does not read what
+// they cause has its link closed (enqueue; a request is refused early,
+// in dispatch, where its answer's connection is over it already). This
 // side's own requests do not count.
 var maxQueued = 1 << 18
 

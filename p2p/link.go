@@ -123,7 +123,7 @@ type part struct {
 	// target to queue once the bytes are in place (rWriteImm on the wire).
 	withImm bool
 	regs    []*Region // this side's regions (Deregister fails the part)
-	cts     bool      // a send: the receiver is ready
+	cts     bool      // a receive: its clear-to-send went out; a send: the receiver's came (under l.mu)
 	// copying: a process_vm copy of p's is in the kernel, or about to
 	// take mu for one (vmCopy); ending: p is being finished. A copy can be
 	// held up without bound by the peer's memory (pages a userfaultfd
@@ -296,7 +296,8 @@ type conn struct {
 	wdl  bool
 	wake chan struct{}
 	// answers counts the jobs in q that the peer's frames caused (all
-	// but this side's own requests and sends): maxQueued bounds them.
+	// but this side's own requests and sends), by weight: maxQueued
+	// bounds them, whatever frame caused them (enqueue).
 	answers int
 
 	whdr    [HeaderSize]byte
@@ -488,21 +489,43 @@ func (l *link) enqueue(ch int, j job) {
 		}
 	}
 	fenceRelease()
+	w := weight(j)
 	c.qmu.Lock()
 	if c.dead {
 		c.qmu.Unlock()
 		dropJob(l, j)
 		return
 	}
-	c.q = append(c.q, j)
-	if isAnswer(j) {
-		c.answers++
+	if w > 0 && c.answers+w > maxQueued {
+		queued := c.answers
+		c.qmu.Unlock()
+		dropJob(l, j)
+		// The caller may hold the link's lock (rtsArrived): fail from a
+		// goroutine of its own.
+		go l.fail(c.classify(fmt.Errorf("%w: %d answers wait to be sent on connection %d: the peer sends frames and does not read what they cause", ErrFrame, queued, c.idx), "receiving"))
+		return
 	}
+	c.q = append(c.q, j)
+	c.answers += w
 	c.qmu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
+}
+
+// weight is what j counts against maxQueued: 0 for a job this side's
+// caller started, 1 for an answer, and for a read's bytes the ranges its
+// queued job holds (copies of the checked descriptors and their regions),
+// so that the bound is one on memory as well as on jobs.
+func weight(j job) int {
+	if !isAnswer(j) {
+		return 0
+	}
+	if s, ok := j.(serveRead); ok {
+		return max(1, len(s.segs))
+	}
+	return 1
 }
 
 // isAnswer reports whether j was caused by the peer's frames rather than
@@ -670,9 +693,7 @@ func (c *conn) writer() {
 			j = c.q[0]
 			c.q[0] = nil
 			c.q = c.q[1:]
-			if isAnswer(j) {
-				c.answers--
-			}
+			c.answers -= weight(j)
 			c.busy = true
 		}
 		c.qmu.Unlock()
@@ -1504,7 +1525,7 @@ func (c *conn) dispatch(h header) error {
 	case rRTS:
 		return l.rtsArrived(c, h.id, h.a)
 	case rCTS:
-		l.ctsArrived(h.id, h.status)
+		return l.ctsArrived(h.id, h.status)
 	case rSend:
 		return c.sendArrived(h)
 	}
@@ -1646,23 +1667,32 @@ func (l *link) matchLocked(r *part, n uint64) {
 	l.enqueue(ch, frame{kind: kReq, sub: rCTS, id: r.id})
 }
 
-// ctsArrived: the peer posted the receive for this side's send seq.
-func (l *link) ctsArrived(seq uint64, st uint8) {
+// ctsArrived: the peer posted the receive for this side's send seq. A
+// send is cleared once: a second clear would queue its bytes again.
+func (l *link) ctsArrived(seq uint64, st uint8) error {
 	l.mu.Lock()
 	p := l.sends[seq]
+	again := p != nil && p.cts
+	if p != nil && st == stOK {
+		p.cts = true
+	}
 	l.mu.Unlock()
+	if again {
+		return fmt.Errorf("%w: send %d cleared twice", ErrFrame, seq)
+	}
 	ch := int(seq % uint64(len(l.conns)))
 	if p == nil {
 		if st == stOK { // the send was cancelled: tell the receiver
 			l.enqueue(ch, abandonedSend(seq))
 		}
-		return
+		return nil
 	}
 	if st != stOK {
 		p.finish(&OpError{Op: "send", Peer: l.p.name, Err: statusErr(st)})
-		return
+		return nil
 	}
 	l.enqueue(ch, sendJob{p: p})
+	return nil
 }
 
 // sendArrived reads the bytes of a send into its receive.
