@@ -1002,15 +1002,6 @@ func (e *Endpoint) acceptLoop() {
 	pending := map[uint64]*pendingLink{}
 	// The channels of sessions about to be pending (roomToPark).
 	reserving := map[uint64]int{}
-	defer func() { // Close: the links half accepted go too
-		pendMu.Lock()
-		for id, pl := range pending {
-			pl.close()
-			delete(pending, id)
-		}
-		pendMu.Unlock()
-	}()
-	slots := make(chan struct{}, maxHandshakes)
 	// Connections in their handshake, since when: with every slot taken,
 	// those that have lasted evictAfter are closed to make room, so
 	// that connections that never prove anything (anyone who reaches the
@@ -1018,6 +1009,23 @@ func (e *Endpoint) acceptLoop() {
 	// they keep coming; a member's handshake takes a round trip.
 	var shakeMu sync.Mutex
 	shaking := map[*net.TCPConn]time.Time{}
+	defer func() { // Close: the links half accepted go too
+		pendMu.Lock()
+		for id, pl := range pending {
+			pl.close()
+			delete(pending, id)
+		}
+		pendMu.Unlock()
+		// And the handshakes under way: their greet fails now rather
+		// than hold Close for HandshakeTimeout.
+		shakeMu.Lock()
+		for c := range shaking {
+			c.Close()
+			delete(shaking, c)
+		}
+		shakeMu.Unlock()
+	}()
+	slots := make(chan struct{}, maxHandshakes)
 	evict := func() {
 		shakeMu.Lock()
 		defer shakeMu.Unlock()
