@@ -410,6 +410,12 @@ func leaseRanges(ops []Op, pins []*lease) leaseJob {
 	return j
 }
 
+// leaseCopyTracked is leaseCopy in a goroutine that track counted.
+func (l *link) leaseCopyTracked(p *part, j leaseJob, pins []*lease, write bool) {
+	defer l.wg.Done()
+	l.leaseCopy(p, j, pins, write)
+}
+
 // leaseCopy copies a batch through its pinned leases as part p: the
 // ranges j took, in order.
 func (l *link) leaseCopy(p *part, j leaseJob, pins []*lease, write bool) {

@@ -395,6 +395,23 @@ func (l *link) start() {
 	}()
 }
 
+// track counts a goroutine that copies for the link (a copy through a
+// lease) in l.wg, so that the link's end, and so Close, waits for it as
+// for its own goroutines: it unmaps the peer's memories and closes the
+// peer's pidfd only once nothing copies. It reports false, counting
+// nothing, once the link has failed (its end may be waiting already).
+func (l *link) track() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return false
+	}
+	// l.wg's Wait starts after fail, which sets l.err under l.mu: this
+	// Add comes before it.
+	l.wg.Add(1)
+	return true
+}
+
 // fail ends the link: its connections close, and every transfer on it
 // fails with err (the first cause wins).
 func (l *link) fail(err error) {

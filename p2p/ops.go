@@ -198,7 +198,12 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 		case total <= leaseInline && mapped(pins):
 			l.leaseCopy(pt, leaseRanges(ops, pins), pins, kind == rWrite)
 		default:
-			go l.leaseCopy(pt, leaseRanges(ops, pins), pins, kind == rWrite) // its arguments are taken here, before the call returns
+			if !l.track() {
+				l.unpinLeases(pins)
+				pt.finish(asOp(f.op, l.p.name, l.failed()))
+				continue
+			}
+			go l.leaseCopyTracked(pt, leaseRanges(ops, pins), pins, kind == rWrite) // its arguments are taken here, before the call returns
 		}
 	}
 	return f
