@@ -1281,14 +1281,14 @@ func (c *conn) readFull(b []byte) error {
 	return c.rd.ReadFull(b)
 }
 
-// discard reads n bytes to nowhere.
+// discard reads n bytes to nowhere, by the read deadline set.
 func (c *conn) discard(n int) error {
 	if c.scratch == nil {
 		c.scratch = make([]byte, 64<<10)
 	}
 	for n > 0 {
 		m := min(n, len(c.scratch))
-		if err := c.readFull(c.scratch[:m]); err != nil {
+		if err := c.rd.ReadFull(c.scratch[:m]); err != nil {
 			return err
 		}
 		n -= m
@@ -1321,25 +1321,28 @@ func (c *conn) recvChunks(id, total uint64, segs []seg, lock *sync.Mutex, ok fun
 		if lock != nil {
 			lock.Lock()
 		}
+		// The frame's bytes come within a heartbeat, however they
+		// trickle in: one deadline for the frame, not one per read, so
+		// that the part's lock is held for a heartbeat at most.
+		c.readDeadline()
 		if segs == nil || !ok() {
 			err = c.discard(int(n))
 			segs = nil
 		} else if c.vbufs = c.hostSegs(&k, int(n)); c.vbufs != nil {
 			// Host memory only (pages of a batch): read together, one
 			// system call per wake-up (inter.Reader.ReadFullVec).
-			c.readDeadline()
 			err = c.rd.ReadFullVec(c.vbufs)
 			clear(c.vbufs) // keep no buffer alive
 		} else {
 			for left := int(n); left > 0 && err == nil; {
 				s := k.next(left)
 				if s.d == nil {
-					err = c.readFull(s.b)
+					err = c.rd.ReadFull(s.b)
 				} else {
 					if c.rstage == nil {
 						c.rstage = make([]byte, ChunkMax)
 					}
-					if err = c.readFull(c.rstage[:s.n]); err == nil && devErr == nil {
+					if err = c.rd.ReadFull(c.rstage[:s.n]); err == nil && devErr == nil {
 						devErr = s.fromHost(c.rstage)
 					}
 				}
