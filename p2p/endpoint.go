@@ -807,12 +807,12 @@ var errDup = errors.New("p2p: the peer links to this endpoint itself")
 // per run of a grant's ranges in one region: acquire).
 var maxGrants, maxGrantRefs = 1 << 16, 1 << 20
 
-// maxQueued bounds the answers (frames the peer's frames caused, a
-// queued read's counted by its ranges: weight) waiting for one
-// connection's writer: a peer that sends frames and does not read what
-// they cause has its link closed (enqueue; a request is refused early,
-// in dispatch, where its answer's connection is over it already). This
-// side's own requests do not count.
+// maxQueued bounds the answers (frames the peer's frames caused:
+// isAnswer) waiting for one connection's writer: a peer that sends frames
+// and does not read what they cause has its link closed (enqueue; a
+// request is refused early, in dispatch, where its answer's connection is
+// over it already). What this side starts (requests, sends, cancels) does
+// not count.
 var maxQueued = 1 << 18
 
 // maxHandshakes bounds the connections whose handshake (internal/auth and

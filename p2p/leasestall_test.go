@@ -21,7 +21,7 @@ func TestCloseStalledLeaseCopy(t *testing.T) {
 	f.Wait(ctx)
 	leaseReady(t, p, rr)
 	f = p.Read([]Op{{Local: lr, Remote: rr, Len: 1 << 16}}) // through the lease: held up on the first page
-	time.Sleep(100 * time.Millisecond)
+	eventually(t, "the copy through the lease in the kernel", func() bool { return f.parts[0].copying.Load() > 0 })
 	go func() { time.Sleep(15 * time.Second); pages() }()
 	t0 := time.Now()
 	err := u.a.Close()

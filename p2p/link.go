@@ -270,6 +270,9 @@ type link struct {
 	closedConns int
 	// imm queues the immediates the peer delivers over this link.
 	imm *immQueue
+	// over: a connection's queued answers passed maxQueued, and the link
+	// fails (enqueue starts that once).
+	over atomic.Bool
 }
 
 // closeGrace is how long a link whose peer closed one of its connections
@@ -295,9 +298,9 @@ type conn struct {
 	// write); only the goroutine that holds busy reads or sets it.
 	wdl  bool
 	wake chan struct{}
-	// answers counts the jobs in q that the peer's frames caused (all
-	// but this side's own requests and sends), by weight: maxQueued
-	// bounds them, whatever frame caused them (enqueue).
+	// answers counts the jobs in q that the peer's frames caused
+	// (isAnswer): maxQueued bounds them, whatever frame caused them
+	// (enqueue).
 	answers int
 
 	whdr    [HeaderSize]byte
@@ -506,24 +509,28 @@ func (l *link) enqueue(ch int, j job) {
 		}
 	}
 	fenceRelease()
-	w := weight(j)
+	answer := isAnswer(j)
 	c.qmu.Lock()
 	if c.dead {
 		c.qmu.Unlock()
 		dropJob(l, j)
 		return
 	}
-	if w > 0 && c.answers+w > maxQueued {
+	if answer && c.answers >= maxQueued {
 		queued := c.answers
 		c.qmu.Unlock()
 		dropJob(l, j)
 		// The caller may hold the link's lock (rtsArrived): fail from a
-		// goroutine of its own.
-		go l.fail(c.classify(fmt.Errorf("%w: %d answers wait to be sent on connection %d: the peer sends frames and does not read what they cause", ErrFrame, queued, c.idx), "receiving"))
+		// goroutine of its own, once.
+		if l.over.CompareAndSwap(false, true) {
+			go l.fail(c.classify(fmt.Errorf("%w: %d answers wait to be sent on connection %d: the peer sends frames and does not read what they cause", ErrFrame, queued, c.idx), "receiving"))
+		}
 		return
 	}
 	c.q = append(c.q, j)
-	c.answers += w
+	if answer {
+		c.answers++
+	}
 	c.qmu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
@@ -531,28 +538,15 @@ func (l *link) enqueue(ch int, j job) {
 	}
 }
 
-// weight is what j counts against maxQueued: 0 for a job this side's
-// caller started, 1 for an answer, and for a read's bytes the ranges its
-// queued job holds (copies of the checked descriptors and their regions),
-// so that the bound is one on memory as well as on jobs.
-func weight(j job) int {
-	if !isAnswer(j) {
-		return 0
-	}
-	if s, ok := j.(serveRead); ok {
-		return max(1, len(s.segs))
-	}
-	return 1
-}
-
 // isAnswer reports whether j was caused by the peer's frames rather than
-// started by this side's caller (a request, a send and its announcement).
+// started by this side: a request, a send and its announcement, a cancel
+// of a request given up, a revoke of a lease (Deregister), a ping.
 func isAnswer(j job) bool {
 	switch j := j.(type) {
 	case reqJob, sendJob:
 		return false
 	case frame:
-		return !(j.kind == kReq && j.sub == rRTS)
+		return !(j.kind == kReq && j.sub == rRTS || j.kind == kCancel || j.kind == kRevoke || j.kind == kPing)
 	case rawJob:
 		return j.answer
 	}
@@ -710,7 +704,9 @@ func (c *conn) writer() {
 			j = c.q[0]
 			c.q[0] = nil
 			c.q = c.q[1:]
-			c.answers -= weight(j)
+			if isAnswer(j) {
+				c.answers--
+			}
 			c.busy = true
 		}
 		c.qmu.Unlock()
@@ -1198,8 +1194,9 @@ func (c *conn) serveNow(w *conn, id, total uint64) bool {
 	})
 }
 
-// reader reads frames until the link ends; every read must start within
-// the heartbeat deadline.
+// reader reads frames until the link ends; every frame's header must
+// start to come within the heartbeat deadline, and a data frame's bytes
+// all within one after its header (recvChunks).
 func (c *conn) reader() {
 	for {
 		h, err := c.header()

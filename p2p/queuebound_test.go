@@ -1,7 +1,10 @@
 package p2p
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"testing"
@@ -17,11 +20,11 @@ func TestAnswersBoundedEveryPath(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		channels int
-		// frames returns the i-th batch of frames (a few KiB), written
-		// on the link's last connection; rr is the target's region.
-		frames func(i uint64, rr RemoteRegion) []byte
+		// frames returns the i-th batch of frames (about 4 KiB), written
+		// on the link's last connection.
+		frames func(i uint64) []byte
 	}{
-		{"releases of grants for unknown requests", 1, func(i uint64, _ RemoteRegion) []byte {
+		{"releases of grants for unknown requests", 1, func(i uint64) []byte {
 			var b []byte
 			for k := range uint64(64) {
 				b = append(b, hdr(header{kind: kResp, sub: rReadV, id: 1<<40 + i*64 + k, b: 1, payload: IovSize})...)
@@ -29,7 +32,7 @@ func TestAnswersBoundedEveryPath(t *testing.T) {
 			}
 			return b
 		}},
-		{"refusals of announced sends, answered on another connection", 2, func(i uint64, _ RemoteRegion) []byte {
+		{"refusals of announced sends, answered on another connection", 2, func(i uint64) []byte {
 			// Past maxPendingRTS announcements every new one is refused
 			// (stBusy) on connection seq%2: even sequences, connection 0.
 			var b []byte
@@ -38,23 +41,11 @@ func TestAnswersBoundedEveryPath(t *testing.T) {
 			}
 			return b
 		}},
-		{"reads of many ranges, counted by their ranges", 1, func(i uint64, rr RemoteRegion) []byte {
-			// One read of 64 KiB in 256 ranges: with maxQueued 1024, the
-			// target queues five at most, where counted as one answer each
-			// it would queue a thousand.
-			const ranges, n = 256, 256
-			p := make([]byte, stripeSize+ranges*DescSize)
-			for k := range uint64(ranges) {
-				(&desc{rr.ID, rr.Key, k * n, n}).put(p[stripeSize+k*DescSize:])
-			}
-			return append(hdr(header{kind: kReq, sub: rRead, id: i + 1, a: ranges * n, b: ranges, payload: uint32(len(p))}), p...)
-		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			setLimit(t, &maxQueued, 1<<10)
 			ctx := ctxT(t, 60*time.Second)
 			b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth(), Heartbeat: 2 * time.Minute})
-			r, _ := b.Register("m", make([]byte, 64<<10))
 			cs := make([]net.Conn, tc.channels)
 			for ch := range cs {
 				cs[ch] = member(t, b, helloFrame(7, uint32(ch), uint32(tc.channels), 120000, 0, "peer1"), 4096)
@@ -72,7 +63,7 @@ func TestAnswersBoundedEveryPath(t *testing.T) {
 			n := uint64(maxPendingRTS)/170 + 4*uint64(maxQueued)/64
 			for i := range n {
 				c.SetWriteDeadline(time.Now().Add(30 * time.Second))
-				if _, err := c.Write(tc.frames(i, r.Remote())); err != nil {
+				if _, err := c.Write(tc.frames(i)); err != nil {
 					if errors.Is(err, os.ErrDeadlineExceeded) {
 						t.Fatalf("after %d batches the target stopped reading and kept the link", i)
 					}
@@ -105,4 +96,74 @@ func TestSendClearedTwice(t *testing.T) {
 		t.Fatalf("the send cleared three times: %v, want ErrPeerLost", err)
 	}
 	eventually(t, "the link closed", func() bool { return b.Peer("peer1") == nil })
+}
+
+// TestOwnCancelsNotCounted: the frames this side's callers cause (a
+// cancel of a read given up, like the request itself) are not answers:
+// many reads cancelled behind a writer that the peer's slow reading holds
+// up do not count against maxQueued, and the link stays.
+func TestOwnCancelsNotCounted(t *testing.T) {
+	setLimit(t, &maxQueued, 64)
+	ctx := ctxT(t, 30*time.Second)
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, Heartbeat: time.Minute})
+	p, _, rr := fakeTarget(t, a) // it reads nothing: the writes fill the socket and wait
+	src, _ := a.Register("src", make([]byte, 1<<20))
+	for range 32 {
+		p.Write([]Op{{Local: src, Remote: rr, Len: 1 << 20}})
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	for range 4 * maxQueued {
+		p.Read([]Op{{Local: src, Remote: rr, Len: 8}}).Wait(done) // cancelled: its cancel is queued
+	}
+	if err := p.l.failed(); err != nil {
+		t.Fatalf("the link failed for this side's own cancels: %v", err)
+	}
+}
+
+// TestPipelinedReadsOfManyRanges: a correct initiator that keeps many
+// reads of many ranges in flight is not taken for one that does not read
+// its answers: the bound counts queued answers, not their ranges (with
+// maxQueued 4096, 16 reads of 4096 ranges each queue 65536 ranges at the
+// target), and every read gets its bytes.
+func TestPipelinedReadsOfManyRanges(t *testing.T) {
+	setLimit(t, &maxQueued, 1<<12)
+	ctx := ctxT(t, 60*time.Second)
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), TCPOnly: true, Channels: 1})
+	b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth(), TCPOnly: true, Channels: 1})
+	const ranges, n = 4096, 1 << 10
+	mem := make([]byte, ranges*n)
+	fill(mem, 11)
+	if _, err := b.Register("m", mem); err != nil {
+		t.Fatal(err)
+	}
+	p, err := a.ConnectInfo(ctx, b.Info())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, _ := p.Remote("m")
+	dsts := make([][]byte, 16)
+	fs := make([]*Future, len(dsts))
+	for i := range dsts {
+		dsts[i] = make([]byte, ranges*n)
+		lr, err := a.Register(fmt.Sprint("d", i), dsts[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops := make([]Op, ranges) // every range of the region, backwards
+		for k := range ops {
+			ops[k] = Op{Local: lr, LocalOff: k * n, Remote: rr, RemoteOff: (ranges - 1 - k) * n, Len: n}
+		}
+		fs[i] = p.Read(ops)
+	}
+	for i, f := range fs {
+		if err := f.Wait(ctx); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+		for k := range ranges {
+			if !bytes.Equal(dsts[i][k*n:(k+1)*n], mem[(ranges-1-k)*n:(ranges-k)*n]) {
+				t.Fatalf("read %d: range %d differs", i, k)
+			}
+		}
+	}
 }
