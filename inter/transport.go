@@ -364,12 +364,13 @@ func (t *Transport) dialPeer(ctx context.Context, p int) error {
 }
 
 // dialOne dials peer p at addr and runs the connector's side of the
-// handshake. It retries, until ctx ends, only what a peer that is coming
-// up or shedding load answers: a dial refused or reset, or a connection
-// closed before the acceptor said anything (an acceptor with
-// MaxPendingHandshakes under way closes new connections at once). A
-// listener that answers but fails the handshake is final: it does not hold
-// the job's key, so it is not rank p.
+// handshake. It retries, until ctx ends, what a peer that is coming up or
+// shedding load does: a dial refused, reset or unanswered (a SYN dropped
+// by a full accept queue), or a handshake dropped before a verdict (an
+// acceptor with MaxPendingHandshakes under way closes new connections at
+// once, and evicts the oldest). A listener whose answer refuses the
+// handshake (auth.ErrRefused) is final: it does not hold the job's key,
+// so it is not rank p; so is a handshake that runs out of time.
 func (t *Transport) dialOne(ctx context.Context, p int, addr string) (*net.TCPConn, error) {
 	// Each attempt is short: a SYN lost to a full accept queue (a flood of
 	// foreign connections, say) is retried by the kernel only after 1, 3,
@@ -390,11 +391,13 @@ func (t *Transport) dialOne(ctx context.Context, p int, addr string) (*net.TCPCo
 			if w.timedOut() {
 				return nil, fault.New("connect", t.cfg.Rank, p, fault.ErrTimeout, "the listener at %s did not finish the handshake by the deadline (%v): %v", addr, t.cfg.HandshakeTimeout, err)
 			}
-			if !w.dropped() {
+			if errors.Is(err, auth.ErrRefused) {
 				return nil, fault.New("connect", t.cfg.Rank, p, fmt.Errorf("%w: %w", ErrDenied, err), "the listener at %s, published as rank %d's, does not hold this job's key", addr, p)
 			}
+			// Dropped before a verdict (an acceptor with its handshakes
+			// full, one evicting its oldest, one closing): again.
 		case ctx.Err() != nil:
-		case !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, os.ErrDeadlineExceeded):
+		case !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, os.ErrDeadlineExceeded) && !timedOut(err):
 			return nil, fault.New("connect", t.cfg.Rank, p, fault.ErrPeerLost, "dial %s: %v", addr, err)
 		}
 		if ctx.Err() != nil {
@@ -408,26 +411,27 @@ func (t *Transport) dialOne(ctx context.Context, p int, addr string) (*net.TCPCo
 	}
 }
 
-// watchConn records what a handshake read, so that a dialer can tell a
-// connection closed before the acceptor said anything, and one that ran
-// out of time, from a wrong answer.
+// timedOut reports whether err is a dial attempt's own timeout
+// (net.Dialer's Timeout, which is not os.ErrDeadlineExceeded): its SYN
+// went unanswered, as one dropped by a full accept queue is.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// watchConn records a handshake's first read error, so that a dialer can
+// tell a handshake that ran out of time from one dropped or refused.
 type watchConn struct {
 	net.Conn
-	n   int
 	err error // the first read error
 }
 
 func (w *watchConn) Read(b []byte) (int, error) {
 	n, err := w.Conn.Read(b)
-	w.n += n
 	if err != nil && w.err == nil {
 		w.err = err
 	}
 	return n, err
-}
-
-func (w *watchConn) dropped() bool {
-	return w.n == 0 && (errors.Is(w.err, io.EOF) || errors.Is(w.err, syscall.ECONNRESET))
 }
 
 func (w *watchConn) timedOut() bool { return errors.Is(w.err, os.ErrDeadlineExceeded) }
