@@ -13,6 +13,7 @@ import (
 
 	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/rendezvous"
 )
 
 // TestDialRetriesTimeout: a dial whose SYN gets no answer (the peer's
@@ -91,4 +92,24 @@ func TestDialRetriesDroppedHandshake(t *testing.T) {
 		t.Fatalf("a handshake dropped after the acceptor's hello, then a good one: %v", err)
 	}
 	tc.Close()
+}
+
+// TestAddressWaitAborted: a rank that waits in the store for a peer's
+// address when the job is aborted (the launcher saw that peer exit) fails
+// with the store's abort, which says who and why, and not with a timeout
+// that says the peer never published its address.
+func TestAddressWaitAborted(t *testing.T) {
+	st := testStore(t, 2)
+	cfg := rankConfig(st[0], 0, testKey, 20*time.Second)
+	res := start(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := st[1].Abort(ctx, "t/", 1, "rank 1 exited with status 3"); err != nil {
+		t.Fatal(err)
+	}
+	s := await(t, res, 10*time.Second)
+	var ae *rendezvous.AbortError
+	if !errors.As(s.err, &ae) || ae.Rank != 1 || errors.Is(s.err, fault.ErrTimeout) {
+		t.Fatalf("New while the job was aborted: %v, want the store's abort by rank 1", s.err)
+	}
 }

@@ -338,8 +338,11 @@ func parseAddr(s string) (string, error) {
 // ways, and says which rank and channel it is (the hello).
 func (t *Transport) dialPeer(ctx context.Context, p int) error {
 	v, err := t.cfg.Store.Get(ctx, t.key(p))
-	if err != nil {
+	if errors.Is(err, rendezvous.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
 		return fault.New("connect", t.cfg.Rank, p, fault.ErrTimeout, "rank %d never published its address: %v", p, err)
+	}
+	if err != nil { // the store's own error (an abort says who and why; a lost store): kept, for the caller to name
+		return fault.New("connect", t.cfg.Rank, p, err, "reading rank %d's address from the store", p)
 	}
 	addr, err := parseAddr(string(v))
 	if err != nil {
@@ -1150,7 +1153,7 @@ func (c *conn) classify(err error, what string) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return fmt.Errorf("%w: %s from rank %d", fault.ErrTimeout, what, c.p.rank)
+		return fmt.Errorf("%w: %s, peer rank %d", fault.ErrTimeout, what, c.p.rank) // what says the direction: "sending", "receiving a header"
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE), errors.Is(err, net.ErrClosed):
 		return fmt.Errorf("%w: connection to rank %d closed while %s", fault.ErrPeerLost, c.p.rank, what)
 	}
