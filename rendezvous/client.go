@@ -33,6 +33,10 @@ var (
 	// aborted ([Server.Abort], [Client.Abort]); the error is an
 	// [*AbortError] that says who and why.
 	ErrAborted = errors.New("rendezvous: aborted")
+	// ErrBadAnswer: the store answered a call with a status the call does
+	// not expect (a newer or faulty store): the call fails rather than
+	// take it for success.
+	ErrBadAnswer = errors.New("rendezvous: unexpected answer")
 )
 
 // AbortError is what a blocking call (Get, Wait, Barrier) returns when its
@@ -252,6 +256,9 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 			ae.Prefix = resp.Keys[0]
 		}
 		return resp, fmt.Errorf("rendezvous: %s %s at %s: %w", op(req.Code), keysText(req.Keys), c.addr, ae)
+	case statusOK, statusNotFound, statusFalse:
+	default: // a status this client does not know
+		return resp, fmt.Errorf("%w: %s %s at %s: status %d", ErrBadAnswer, op(req.Code), keysText(req.Keys), c.addr, resp.Code)
 	}
 	// The response aliases c.buf; copy what outlives the lock.
 	resp.Value = append([]byte(nil), resp.Value...)
@@ -296,6 +303,9 @@ func (c *Client) Set(ctx context.Context, key string, value []byte) error {
 // deadline passes ([ErrTimeout]).
 func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
 	resp, err := c.call(ctx, &message{Code: uint8(opGet), Keys: []string{key}}, true)
+	if err == nil && resp.Code != statusOK { // a Get waits for its key: it is there, or the call fails
+		return nil, fmt.Errorf("%w: get %s at %s: status %d", ErrBadAnswer, keysText([]string{key}), c.addr, resp.Code)
+	}
 	return resp.Value, err
 }
 
@@ -344,8 +354,13 @@ func (c *Client) allKeys(ctx context.Context, code op, keys []string) (bool, err
 	for {
 		n := frameKeys(keys)
 		resp, err := c.call(ctx, &message{Code: uint8(code), Keys: keys[:n]}, code == opWait)
-		if err != nil || resp.Code != statusOK {
+		switch {
+		case err != nil:
 			return false, err
+		case code == opCheck && resp.Code == statusFalse:
+			return false, nil
+		case resp.Code != statusOK:
+			return false, fmt.Errorf("%w: %s %s at %s: status %d", ErrBadAnswer, code, keysText(keys[:n]), c.addr, resp.Code)
 		}
 		if keys = keys[n:]; len(keys) == 0 {
 			return true, nil
