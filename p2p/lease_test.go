@@ -33,18 +33,27 @@ func leaseReady(t *testing.T, p *Peer, rr RemoteRegion) {
 	})
 }
 
+// leased has the fake target grant a lease of u's region (of plain
+// memory, pages a userfaultfd holds back), refusing the read that asked
+// it, and waits until the lease is ready.
+func leased(t *testing.T, u uffdTarget) {
+	t.Helper()
+	f := u.p.Read([]Op{{Local: u.lr, Remote: u.rr, Len: 1 << 16}})
+	h := sameHostRequest(t, u.c, u.iov) // the lease granted; the read itself refused
+	u.c.Write(hdr(header{kind: kResp, sub: h.sub, id: h.id, status: stKey}))
+	f.Wait(u.ctx)
+	leaseReady(t, u.p, u.rr)
+}
+
 // TestLeaseProcessVMNotInline: a copy through a lease of plain memory
 // (process_vm), which the peer can make wait on its pages (here held back
 // by a userfaultfd), runs in a goroutine of its own: the call returns at
 // once, and the copy completes once the pages come.
 func TestLeaseProcessVMNotInline(t *testing.T) {
 	u := newUffdTarget(t)
-	ctx, p, c, lr, rr, iov, pages := u.ctx, u.p, u.c, u.lr, u.rr, u.iov, u.pages
-	f := p.Read([]Op{{Local: lr, Remote: rr, Len: 1 << 16}})
-	h := sameHostRequest(t, c, iov) // the lease granted; the read itself refused
-	c.Write(hdr(header{kind: kResp, sub: h.sub, id: h.id, status: stKey}))
-	f.Wait(ctx)
-	leaseReady(t, p, rr)
+	leased(t, u)
+	ctx, p, lr, rr, pages := u.ctx, u.p, u.lr, u.rr, u.pages
+	var f *Future
 	done := make(chan *Future, 1)
 	go func() { done <- p.Read([]Op{{Local: lr, Remote: rr, Len: 8}}) }()
 	select {

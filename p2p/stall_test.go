@@ -89,10 +89,18 @@ func TestDeregisterStalledCopy(t *testing.T) {
 func TestCloseStalledCopy(t *testing.T) {
 	u := newUffdTargetOpts(t, Options{Name: "a", Auth: testAuth(), Channels: 1, Heartbeat: time.Second})
 	stalledRead(t, u, 15*time.Second)
+	closeHeldUp(t, u.a)
+}
+
+// closeHeldUp closes a, which has a same-host copy held up in the
+// kernel: Close must return within its bound (three heartbeats), with
+// ErrTimeout saying a copy is held up.
+func closeHeldUp(t *testing.T, a *Endpoint) {
+	t.Helper()
 	t0 := time.Now()
-	err := u.a.Close()
+	err := a.Close()
 	took := time.Since(t0)
-	if bound := 3*u.a.opts.Heartbeat + 2*time.Second; took > bound {
+	if bound := 3*a.opts.Heartbeat + 2*time.Second; took > bound {
 		t.Fatalf("Close returned after %v (bound %v): %v", took.Round(time.Millisecond), bound, err)
 	}
 	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "held up in the kernel") {
