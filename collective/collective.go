@@ -130,7 +130,7 @@ func Init(ctx context.Context, opts Options) (*Communicator, error) {
 // (see storeFault); other errors are already specific.
 func (c *Communicator) initFault(err error) error {
 	var ae *rendezvous.AbortError
-	if errors.As(err, &ae) || errors.Is(err, rendezvous.ErrConnLost) || errors.Is(err, rendezvous.ErrDenied) {
+	if errors.As(err, &ae) || errors.Is(err, rendezvous.ErrConnLost) || errors.Is(err, rendezvous.ErrDenied) || errors.Is(err, rendezvous.ErrBadAnswer) {
 		return c.storeFault("init", err, -1, "joining the job")
 	}
 	return err

@@ -26,8 +26,9 @@ const abortInvalid = "invalid: "
 //   - an abort by a rank that found the ranks set up apart is ErrInvalid
 //     naming that rank, with its reason;
 //   - an abort (the launcher saw a rank exit) is ErrPeerLost naming that rank;
-//   - a lost connection is ErrPeerLost naming the store's host (rank 0 when
-//     it hosts the store, none when a launcher does);
+//   - a lost connection, or an answer no call expects, is ErrPeerLost
+//     naming the store's host (rank 0 when it hosts the store, none when a
+//     launcher does);
 //   - a refused handshake is ErrInvalid: this rank holds another secret or
 //     run id than the store;
 //   - anything else, ErrTimeout naming peer, the rank waited for (-1: none).
@@ -44,6 +45,9 @@ func (c *Communicator) storeFault(op string, err error, peer int, what string) e
 	case errors.Is(err, rendezvous.ErrConnLost):
 		host, hostRank := c.storeHost()
 		return fault.New(op, o.Rank, hostRank, ErrPeerLost, "%s: %s went away: %v", what, host, err)
+	case errors.Is(err, rendezvous.ErrBadAnswer):
+		host, hostRank := c.storeHost()
+		return fault.New(op, o.Rank, hostRank, ErrPeerLost, "%s: %s answered what no call expects (a faulty store, or another version): %v", what, host, err)
 	case errors.Is(err, rendezvous.ErrDenied):
 		return fault.New(op, o.Rank, -1, ErrInvalid, "%s: %v (every rank needs the same SLIME_JOB_SECRET and run id)", what, err)
 	case errors.Is(err, context.Canceled):

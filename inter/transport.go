@@ -338,11 +338,16 @@ func parseAddr(s string) (string, error) {
 // ways, and says which rank and channel it is (the hello).
 func (t *Transport) dialPeer(ctx context.Context, p int) error {
 	v, err := t.cfg.Store.Get(ctx, t.key(p))
-	if errors.Is(err, rendezvous.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
-		return fault.New("connect", t.cfg.Rank, p, fault.ErrTimeout, "rank %d never published its address: %v", p, err)
-	}
-	if err != nil { // the store's own error (an abort says who and why; a lost store): kept, for the caller to name
+	var ae *rendezvous.AbortError
+	switch {
+	case err == nil:
+	case errors.As(err, &ae) || errors.Is(err, rendezvous.ErrConnLost) || errors.Is(err, rendezvous.ErrDenied) ||
+		errors.Is(err, rendezvous.ErrBadAnswer) || errors.Is(err, context.Canceled):
+		// The store's own failure (an abort says who and why): kept as
+		// the cause, for the caller to name (collective's storeFault).
 		return fault.New("connect", t.cfg.Rank, p, err, "reading rank %d's address from the store", p)
+	default:
+		return fault.New("connect", t.cfg.Rank, p, fault.ErrTimeout, "rank %d never published its address: %v", p, err)
 	}
 	addr, err := parseAddr(string(v))
 	if err != nil {

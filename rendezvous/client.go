@@ -34,8 +34,8 @@ var (
 	// [*AbortError] that says who and why.
 	ErrAborted = errors.New("rendezvous: aborted")
 	// ErrBadAnswer: the store answered a call with a status the call does
-	// not expect (a newer or faulty store): the call fails rather than
-	// take it for success.
+	// not expect (a newer or faulty store: "not found" for a Set, say): the
+	// call fails rather than take it for success.
 	ErrBadAnswer = errors.New("rendezvous: unexpected answer")
 )
 
@@ -256,13 +256,30 @@ func (c *Client) call(ctx context.Context, req *message, blocking bool) (message
 			ae.Prefix = resp.Keys[0]
 		}
 		return resp, fmt.Errorf("rendezvous: %s %s at %s: %w", op(req.Code), keysText(req.Keys), c.addr, ae)
-	case statusOK, statusNotFound, statusFalse:
-	default: // a status this client does not know
+	}
+	if !answers(op(req.Code), resp.Code) {
 		return resp, fmt.Errorf("%w: %s %s at %s: status %d", ErrBadAnswer, op(req.Code), keysText(req.Keys), c.addr, resp.Code)
 	}
 	// The response aliases c.buf; copy what outlives the lock.
 	resp.Value = append([]byte(nil), resp.Value...)
 	return resp, nil
+}
+
+// answers reports whether status answers a call of o that went through
+// (the errors, Timeout, BadRequest and Aborted, aside): OK for every
+// call; besides, "false" for a Check (a key missing), "not found" for a
+// Delete, and either for a CompareAndSet (a key that holds another value,
+// or none). Get and Wait wait for their keys: OK alone.
+func answers(o op, status uint8) bool {
+	switch status {
+	case statusOK:
+		return true
+	case statusFalse:
+		return o == opCheck || o == opCompareAndSet
+	case statusNotFound:
+		return o == opDelete || o == opCompareAndSet
+	}
+	return false
 }
 
 // acquire takes c.lock for a call, waiting at most left, or until ctx
@@ -303,9 +320,6 @@ func (c *Client) Set(ctx context.Context, key string, value []byte) error {
 // deadline passes ([ErrTimeout]).
 func (c *Client) Get(ctx context.Context, key string) ([]byte, error) {
 	resp, err := c.call(ctx, &message{Code: uint8(opGet), Keys: []string{key}}, true)
-	if err == nil && resp.Code != statusOK { // a Get waits for its key: it is there, or the call fails
-		return nil, fmt.Errorf("%w: get %s at %s: status %d", ErrBadAnswer, keysText([]string{key}), c.addr, resp.Code)
-	}
 	return resp.Value, err
 }
 
@@ -354,13 +368,8 @@ func (c *Client) allKeys(ctx context.Context, code op, keys []string) (bool, err
 	for {
 		n := frameKeys(keys)
 		resp, err := c.call(ctx, &message{Code: uint8(code), Keys: keys[:n]}, code == opWait)
-		switch {
-		case err != nil:
+		if err != nil || resp.Code != statusOK { // call lets a Check's "false" through, and nothing else
 			return false, err
-		case code == opCheck && resp.Code == statusFalse:
-			return false, nil
-		case resp.Code != statusOK:
-			return false, fmt.Errorf("%w: %s %s at %s: status %d", ErrBadAnswer, code, keysText(keys[:n]), c.addr, resp.Code)
 		}
 		if keys = keys[n:]; len(keys) == 0 {
 			return true, nil

@@ -33,8 +33,9 @@ func oddStore(t *testing.T, a Auth, code uint8) string {
 }
 
 // TestUnexpectedStatusFails: a call answered with a status it does not
-// expect fails with ErrBadAnswer; Get does not return an empty value, and
-// Wait and Barrier do not succeed on it as if every key were there (a store that answers "not found" or a status
+// expect fails with ErrBadAnswer (a Set, an Add or an Abort answered "not
+// found" did not happen); Get does not return an empty value, and Wait and
+// Barrier do not succeed on it as if every key were there (a store that answers "not found" or a status
 // added later would otherwise let a barrier pass with members missing),
 // and Check reports "missing" only for statusFalse.
 func TestUnexpectedStatusFails(t *testing.T) {
@@ -53,6 +54,18 @@ func TestUnexpectedStatusFails(t *testing.T) {
 		}
 		if v, err := c.Get(ctx, "k"); !errors.Is(err, ErrBadAnswer) {
 			t.Errorf("status %d: Get: %q, %v, want ErrBadAnswer", code, v, err)
+		}
+		if err := c.Set(ctx, "k", nil); !errors.Is(err, ErrBadAnswer) {
+			t.Errorf("status %d: Set: %v, want ErrBadAnswer", code, err)
+		}
+		if _, err := c.Add(ctx, "n", 1); !errors.Is(err, ErrBadAnswer) {
+			t.Errorf("status %d: Add: %v, want ErrBadAnswer", code, err)
+		}
+		if err := c.Abort(ctx, "p/", 1, "why"); !errors.Is(err, ErrBadAnswer) {
+			t.Errorf("status %d: Abort: %v, want ErrBadAnswer", code, err)
+		}
+		if _, err := c.Delete(ctx, "k"); (code == statusNotFound) != (err == nil) {
+			t.Errorf("status %d: Delete: %v", code, err)
 		}
 		if err := c.Barrier(ctx, "b", 0, 2); err == nil {
 			t.Errorf("status %d: Barrier passed", code)
