@@ -66,6 +66,13 @@ func TestParseRdzvConf(t *testing.T) {
 		{"timeout=soon", 0, true},
 		{"timeout", 0, true},
 		{"no_such_key=1", 0, true},
+		// Numbers no duration holds, or none at all: refused, not
+		// dropped for the default.
+		{"timeout=nan", 0, true},
+		{"timeout=inf", 0, true},
+		{"timeout=1e10", 0, true},
+		{"timeout=1e-12", 0, true},
+		{"timeout=-5", 0, true},
 	} {
 		got, err := parseRdzvConf(tc.in)
 		if (err != nil) != tc.bad || got != tc.want {

@@ -370,11 +370,14 @@ func parseRdzvConf(s string) (time.Duration, error) {
 			return 0, fmt.Errorf("--rdzv-conf %q: unknown key %q", s, k)
 		}
 		if k == "timeout" || k == "join_timeout" {
-			sec, err := strconv.ParseFloat(v, 64)
-			if err != nil || sec <= 0 {
-				return 0, fmt.Errorf("--rdzv-conf %s=%q: want seconds", k, v)
+			// Seconds as --rdzv-timeout takes them (seconds.Set refuses
+			// what no duration holds); and at least a nanosecond, since
+			// 0 would mean "the default".
+			var d seconds
+			if err := d.Set(v); err != nil || d <= 0 {
+				return 0, fmt.Errorf("--rdzv-conf %s=%q: want a positive number of seconds", k, v)
 			}
-			timeout = time.Duration(sec * float64(time.Second))
+			timeout = time.Duration(d)
 		}
 	}
 	return timeout, nil
