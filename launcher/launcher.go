@@ -529,6 +529,14 @@ func Run(ctx context.Context, cfg Config) error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
+	// A console that goes away (slimerun ... | head) must not end the
+	// launcher: without a Notify for SIGPIPE the runtime dies of it on a
+	// write to stdout or stderr; with one, that write fails with EPIPE,
+	// which the workers' output copies drop. (Ignoring SIGPIPE instead
+	// would pass the ignoring on to the workers.) Nothing reads pipe.
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	defer signal.Stop(pipe)
 	sweepOrphans(&cfg)
 	g, err := startGuard(cfg.Stderr)
 	if err != nil {
@@ -1651,7 +1659,7 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 				return nil, err
 			}
 			w.files = append(w.files, f)
-			outs = append(outs, f)
+			outs = append(outs, &logWriter{f: f, warnf: cfg.Warnf, what: "rank " + itoa(rank) + "'s " + s.name + " log"})
 		}
 		if (redir&s.bit == 0 || tee&s.bit != 0) && (cfg.ConsoleRanks == nil || slices.Contains(cfg.ConsoleRanks, local)) {
 			pw := &prefixWriter{mu: consoleMu, out: s.console, prefix: prefix}
@@ -1711,6 +1719,28 @@ func cut(kv string) (string, string, bool) {
 		}
 	}
 	return "", "", false
+}
+
+// logWriter writes a worker's output to its log file. A write that fails
+// (the disk is full) is reported once, and it and the rest are dropped:
+// an error would stop the copy of the worker's output, and the worker's
+// next write would kill it (SIGPIPE), the console's copy stopping with it.
+type logWriter struct {
+	f      *os.File
+	warnf  func(format string, args ...any)
+	what   string
+	failed bool
+}
+
+func (l *logWriter) Write(b []byte) (int, error) {
+	if l.failed {
+		return len(b), nil
+	}
+	if _, err := l.f.Write(b); err != nil {
+		l.failed = true
+		l.warnf("writing %s: %v; the rest of it is not in the log", l.what, err)
+	}
+	return len(b), nil
 }
 
 // prefixWriter writes whole lines to out, each behind prefix; a partial

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -39,5 +42,59 @@ func TestFailingWorkerExitsOne(t *testing.T) {
 				t.Errorf("no 'job failed' line:\n%s", out)
 			}
 		})
+	}
+}
+
+// TestConsoleGoneAway: a console reader that goes away (slimerun ... |
+// head) does not kill slimerun with SIGPIPE, leaving its workers to the
+// guard with no report: the workers' output is dropped from then on, and
+// the job ends with their status.
+func TestConsoleGoneAway(t *testing.T) {
+	cmd := exec.Command(slimerun, "--standalone", "--nproc-per-node", "2", "sh", "-c",
+		`i=0; while [ $i -lt 60 ]; do echo "line $i"; i=$((i+1)); sleep 0.01; done; exit 0`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 16)
+	if _, err := io.ReadFull(out, b); err != nil { // the first lines, then the reader goes
+		t.Fatal(err)
+	}
+	out.Close()
+	err = cmd.Wait()
+	if ee, ok := err.(*exec.ExitError); ok {
+		t.Fatalf("slimerun with its console gone: %v (exit %d), want the workers' status 0", err, ee.ExitCode())
+	} else if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLogWriteFails: a worker's log that cannot be written (here the disk
+// is full: the log is /dev/full) does not kill the worker with SIGPIPE
+// when its output copy stops: the log's failure is reported once, the
+// console (--tee) still gets the output, and the job ends with the
+// workers' status.
+func TestLogWriteFails(t *testing.T) {
+	dir := t.TempDir()
+	logs := filepath.Join(dir, "L", "r1", "attempt_0", "0")
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/full", filepath.Join(logs, "stdout.log")); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(slimerun, "--standalone", "--rdzv-id", "r1", "--log-dir", filepath.Join(dir, "L"), "--tee", "1",
+		"sh", "-c", `for i in 1 2 3 4 5 6 7 8; do echo "line $i"; sleep 0.05; done`).CombinedOutput()
+	if err != nil {
+		t.Fatalf("slimerun with a log it cannot write: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "[0]: line 8") {
+		t.Errorf("the console lost the worker's output:\n%s", out)
+	}
+	if !strings.Contains(string(out), "no space left on device") {
+		t.Errorf("the log's failure is not reported:\n%s", out)
 	}
 }
