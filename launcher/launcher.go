@@ -1468,6 +1468,15 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		stop(syscall.SIGKILL)
 	}
 	j.reap(workers)
+	// A signal that came while the workers were reaped (their output
+	// held open by what they left) ends the job as one before would.
+	select {
+	case s := <-sigs:
+		if first == nil {
+			first = &ErrInterrupted{Signal: s}
+		}
+	default:
+	}
 	if len(failures) > 1 {
 		switch first.(type) {
 		case *ErrInterrupted, *RemoteError: // the cause came first, from elsewhere
@@ -1538,22 +1547,29 @@ func leftText(workers []*worker, left map[int][]int) string {
 // has dealt with) and the rest of their output: Wait returns once the
 // worker's pipes are drained, or WaitDelay after.
 func (j *job) reap(workers []*worker) {
+	// Together: each Wait may wait out its output's WaitDelay (a process
+	// the worker left holds the pipe open), and one after another they
+	// would add up.
+	var wg sync.WaitGroup
 	for _, w := range workers {
 		if w == nil {
 			continue
 		}
-		j.guard.drop(w.cmd.Process.Pid) // before the reap frees the group's id
-		var ee *exec.ExitError
-		if err := w.cmd.Wait(); err != nil && !errors.As(err, &ee) {
-			j.cfg.Logf("node %d: rank %d (pid %d): %v", j.cfg.NodeRank, w.rank, w.cmd.Process.Pid, err)
-		}
-		for _, p := range w.consoles {
-			p.flush()
-		}
-		for _, f := range w.files {
-			f.Close()
-		}
+		wg.Go(func() {
+			j.guard.drop(w.cmd.Process.Pid) // before the reap frees the group's id
+			var ee *exec.ExitError
+			if err := w.cmd.Wait(); err != nil && !errors.As(err, &ee) {
+				j.cfg.Logf("node %d: rank %d (pid %d): %v", j.cfg.NodeRank, w.rank, w.cmd.Process.Pid, err)
+			}
+			for _, p := range w.consoles {
+				p.flush()
+			}
+			for _, f := range w.files {
+				f.Close()
+			}
+		})
 	}
+	wg.Wait()
 }
 
 // rootCause picks, among the failures seen before the launcher stopped

@@ -5,8 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestFailingWorkerExitsOne: whatever way a worker fails (an exit code of
@@ -96,5 +99,70 @@ func TestLogWriteFails(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "no space left on device") {
 		t.Errorf("the log's failure is not reported:\n%s", out)
+	}
+}
+
+// reapJob runs slimerun with nproc workers that each leave a process in
+// a session of its own holding their output open (setsid sleep &), then
+// exit 0: each worker's reap waits out its output's WaitDelay. It returns
+// the command started and the directory where each worker notes that it
+// is done (RANK.done) and its sleeper's pid (RANK.pid), which the test's
+// end kills.
+func reapJob(t *testing.T, nproc int) (*exec.Cmd, string) {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command(slimerun, "--standalone", "--nproc-per-node", strconv.Itoa(nproc), "sh", "-c",
+		`setsid sleep 30 & echo $! > "$D/$RANK.pid"; touch "$D/$RANK.done"; exit 0`)
+	cmd.Env = append(os.Environ(), "D="+dir)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for r := range nproc {
+			if b, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(r)+".pid")); err == nil {
+				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+	})
+	return cmd, dir
+}
+
+// TestReapTogether: the workers are reaped together, not one after
+// another: eight whose output a leftover holds open take one WaitDelay
+// (2 s) to reap, not eight (16 s).
+func TestReapTogether(t *testing.T) {
+	cmd, _ := reapJob(t, 8)
+	start := time.Now()
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("slimerun took %v to reap 8 workers", took.Round(time.Millisecond))
+	}
+}
+
+// TestSignalWhileReaping: a SIGINT that comes once the workers have
+// exited, while slimerun reaps them, is the job's end as any other: exit
+// 130, not 0 as if nothing had come.
+func TestSignalWhileReaping(t *testing.T) {
+	cmd, dir := reapJob(t, 2)
+	for r := range 2 {
+		p := filepath.Join(dir, strconv.Itoa(r)+".done")
+		for end := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if _, err := os.Stat(p); err == nil {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatal("the workers did not start")
+			}
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // exited: slimerun waits out their output's WaitDelay
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 130 {
+		t.Fatalf("slimerun interrupted while it reaped: %v, want exit 130", err)
 	}
 }
