@@ -259,15 +259,18 @@ type RemoteError struct {
 }
 
 func (e *RemoteError) Error() string {
+	// The reason came from the store: no control characters (a
+	// terminal's escape sequences) reach this node's terminal.
+	why := printable(e.Reason, 512)
 	switch {
 	case e.Node < 0: // a rank outside the job: a member's abort, not a launcher's
-		return fmt.Sprintf("rank %d was reported failed: %.512s; this node's workers were stopped", e.Rank, e.Reason)
+		return fmt.Sprintf("rank %d was reported failed: %s; this node's workers were stopped", e.Rank, why)
 	case e.Interrupted:
-		return fmt.Sprintf("%.512s; this node's workers were stopped", e.Reason)
+		return fmt.Sprintf("%s; this node's workers were stopped", why)
 	case e.NotStarted:
-		return fmt.Sprintf("node %d could not start its workers: %.512s; this node's workers were stopped", e.Node, e.Reason)
+		return fmt.Sprintf("node %d could not start its workers: %s; this node's workers were stopped", e.Node, why)
 	}
-	return fmt.Sprintf("a worker of node %d failed: %.512s; this node's workers were stopped", e.Node, e.Reason)
+	return fmt.Sprintf("a worker of node %d failed: %s; this node's workers were stopped", e.Node, why)
 }
 
 // interruptedReason is the reason a node's launcher gives the others when
@@ -782,9 +785,10 @@ func parseNodeInfo(b []byte) (nodeInfo, error) {
 
 // who names a node's launcher: "host h, pid 123, address 10.0.0.2".
 func (n nodeInfo) who() string {
-	s := fmt.Sprintf("host %s, pid %d", n.Host, n.Pid)
+	// Read from the store: printable, as RemoteError's reason.
+	s := fmt.Sprintf("host %s, pid %d", printable(n.Host, 256), n.Pid)
 	if n.Addr != "" {
-		s += ", address " + n.Addr
+		s += ", address " + printable(n.Addr, 256)
 	}
 	return s
 }
