@@ -48,19 +48,22 @@ func TestAnswersBoundedEveryPath(t *testing.T) {
 			b := endpoint(t, ctx, Options{Name: "b", Auth: testAuth(), Heartbeat: 2 * time.Minute})
 			cs := make([]net.Conn, tc.channels)
 			for ch := range cs {
-				cs[ch] = member(t, b, helloFrame(7, uint32(ch), uint32(tc.channels), 120000, 0, "peer1"), 4096)
+				// The member's receive buffers are left to the kernel: one
+				// of a few KiB, full and never read, makes the kernel drop
+				// the target's segments, and with them the acknowledgements
+				// of the member's own, which it then resends with backoff
+				// (seconds) instead of sending on.
+				cs[ch] = member(t, b, helloFrame(7, uint32(ch), uint32(tc.channels), 120000, 0, "peer1"), 0)
 			}
 			eventually(t, "the link", func() bool { return b.Peer("peer1") != nil })
-			// Small socket buffers on the target's side, so that its
-			// answers wait in its queues after a few hundred, not after
-			// megabytes of them (the member's writes meanwhile are
-			// retransmitted, with backoff, as its receive buffer drops
-			// the target's segments that carry their acknowledgements).
+			// Small send buffers on the target's side, so that its answers
+			// wait in its queues after the member's receive buffer (about
+			// 128 KiB, some thousands of answers), not after megabytes.
 			for _, tc := range b.Peer("peer1").l.conns {
 				tc.c.SetWriteBuffer(4096)
 			}
 			c := cs[len(cs)-1]
-			n := uint64(maxPendingRTS)/170 + 4*uint64(maxQueued)/64
+			n := uint64(maxPendingRTS)/170 + 16*uint64(maxQueued)/64
 			for i := range n {
 				c.SetWriteDeadline(time.Now().Add(30 * time.Second))
 				if _, err := c.Write(tc.frames(i)); err != nil {
