@@ -809,10 +809,8 @@ var maxGrants, maxGrantRefs = 1 << 16, 1 << 20
 
 // maxQueued bounds the answers (frames the peer's frames caused:
 // isAnswer) waiting for one connection's writer: a peer that sends frames
-// and does not read what they cause has its link closed (enqueue; a
-// request is refused early, in dispatch, where its answer's connection is
-// over it already). What this side starts (requests, sends, cancels) does
-// not count.
+// and does not read what they cause has its link closed (enqueue). What
+// this side starts (requests, sends, cancels) does not count.
 var maxQueued = 1 << 18
 
 // maxHandshakes bounds the connections whose handshake (internal/auth and

@@ -1425,21 +1425,15 @@ func (c *conn) dispatch(h header) error {
 		l.mu.Unlock()
 		return nil
 	}
-	// A request: its answer is queued for a connection's writer (a
-	// read's, the one it names; others, this one), which a peer that does
-	// not read its answers stalls.
+	// A request: its answer goes to a connection's writer (a read's, the
+	// one it names; others, this one), whose queue enqueue bounds
+	// (maxQueued) against a peer that does not read its answers.
 	w := c
 	if h.sub == rRead {
 		if int(h.ch) >= len(l.conns) {
 			return fmt.Errorf("%w: a read answered on connection %d of %d", ErrFrame, h.ch, len(l.conns))
 		}
 		w = l.conns[h.ch]
-	}
-	w.qmu.Lock()
-	queued := w.answers
-	w.qmu.Unlock()
-	if queued > maxQueued {
-		return fmt.Errorf("%w: %d answers wait to be sent on connection %d: the peer sends requests and does not read them", ErrFrame, queued, w.idx)
 	}
 	switch h.sub {
 	case rRead, rWrite, rWriteImm, rReadV, rWriteV, rReadG, rWriteG, rLease, rLeaseG:
