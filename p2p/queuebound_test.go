@@ -119,8 +119,10 @@ func TestOwnCancelsNotCounted(t *testing.T) {
 	for range 4 * maxQueued {
 		p.Read([]Op{{Local: src, Remote: rr, Len: 8}}).Wait(done) // cancelled: its cancel is queued
 	}
-	if err := p.l.failed(); err != nil {
-		t.Fatalf("the link failed for this side's own cancels: %v", err)
+	// over is set in enqueue itself, before the goroutine that fails the
+	// link runs: the check does not depend on that goroutine's timing.
+	if err := p.l.failed(); err != nil || p.l.over.Load() {
+		t.Fatalf("the link failed for this side's own cancels: %v (over the bound: %v)", err, p.l.over.Load())
 	}
 }
 
