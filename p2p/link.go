@@ -503,13 +503,13 @@ func (l *link) forget(p *part) {
 // idle (direct).
 func (l *link) enqueue(ch int, j job) {
 	c := l.conns[ch]
+	answer := isAnswer(j)
 	if f, ok := j.(frame); ok {
-		if c.direct(isAnswer(j), func(b []byte) []byte { return appendHeader(b, header(f)) }) {
+		if c.direct(answer, func(b []byte) []byte { return appendHeader(b, header(f)) }) {
 			return
 		}
 	}
 	fenceRelease()
-	answer := isAnswer(j)
 	c.qmu.Lock()
 	if c.dead {
 		c.qmu.Unlock()
