@@ -456,8 +456,9 @@ func (g *GPUGroup) BarrierArgs() *kernels.BarrierArgs {
 }
 
 // Check reads the status word after the work synchronized: a kernel that
-// gave up (a peer that did not arrive, or announced another size) is an
-// error naming the peer, and the group is broken from then on, since its
+// gave up (a peer that did not arrive, announced another size, or ran on
+// past a failure of its own, lapping this rank) is an error naming the
+// peer, and the group is broken from then on, since its
 // peers' epochs may no longer match.
 func (g *GPUGroup) Check(op string) error {
 	if g.broken != nil {
@@ -477,7 +478,7 @@ func (g *GPUGroup) Check(op string) error {
 	case kernels.StatusTimeout:
 		g.broken = fault.New(op, me, peer, fault.ErrTimeout, "the GPU kernel waited %v for the peer's block", g.cfg.Timeout)
 	case kernels.StatusSize:
-		g.broken = fault.New(op, me, peer, fault.ErrSizeMismatch, "the peer announced a block of another size; the communicator must be closed")
+		g.broken = fault.New(op, me, peer, fault.ErrSizeMismatch, "the peer announced a block of another size, or went on past a failure of its own; the communicator must be closed")
 	default:
 		g.broken = fault.New(op, me, peer, fault.ErrClosed, "GPU status word %#x", w)
 	}

@@ -313,14 +313,13 @@ func (o *gpuNodeOp) launch(ctx context.Context) error {
 // is broken, as every size mismatch breaks a GPU group); this rank's
 // gather runs as planned and it returns ErrSizeMismatch, broken likewise.
 //
-// Within one kernel round (blocks up to the group's scratch block, Cap)
-// every rank learns it at once. In a plan of several rounds a peer that
-// saw the size status stops reading and runs on through its rounds, and
-// may overwrite a scratch slot (there are two) whose flag another peer has
-// not read yet: that peer then gives up at the kernel's timeout, with
-// ErrTimeout. The LL protocol's own size mismatches behave the same way;
-// curing it belongs to the kernels (a peer that stops reading must not run
-// ahead of the slots).
+// A peer that saw the size status stops waiting for the others and runs
+// on through its launches (the rest of the rounds, and the node gathers
+// after this one), and may lap a peer still waiting in an earlier one,
+// overwriting the flag it waits for: the kernels take a flag past the
+// epoch waited for as the size status naming that peer (kernels/
+// protocol.h), so the lapped rank returns ErrSizeMismatch too, at once,
+// not ErrTimeout at the kernel's timeout.
 func (o *gpuNodeOp) RunMismatched(ctx context.Context) error {
 	g := o.n.g
 	if b := g.broken; b != nil && !errors.Is(b, fault.ErrSizeMismatch) {

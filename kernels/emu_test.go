@@ -880,6 +880,47 @@ func TestEmuAllGatherFailures(t *testing.T) {
 	}
 }
 
+// TestEmuAllGatherPeerRunsAhead: a rank whose status word is set (an
+// earlier round or call of it failed, as after a size mismatch) stops
+// waiting for its peers' flags, so its later launches run on without them
+// and may lap a peer still at an earlier epoch: rank 0 runs epochs 1, 2
+// and 3 before rank 1 starts epoch 1, and its flag in rank 1's slot 1 then
+// says 3 where rank 1 waits for 1. Rank 1 must stop at once with the size
+// status naming rank 0 (the lapping rank's flags announce a poisoned
+// total), not spin until its timeout: in a GPU job across nodes that
+// timeout was the liar's error, where every rank must see the mismatch.
+func TestEmuAllGatherPeerRunsAhead(t *testing.T) {
+	lib := openLib(t)
+	for _, rounds := range []int{1, 3} {
+		t.Run(fmt.Sprint("rounds=", rounds), func(t *testing.T) {
+			const timeout = 5 * time.Second
+			m := newGroup(t, lib, []int{64 * rounds, 64 * rounds}, 64, 1)
+			a0, a1 := m.rounds(0, timeout), m.rounds(1, timeout)
+			atomic.StoreInt32((*int32)(m.ranks[0].status), StatusSize|1<<8)
+			// Rank 0: three calls' launches; a call of several rounds
+			// laps within itself.
+			for range 3 {
+				for j := range a0 {
+					ok(t, lib.AllGatherLL(0, &a0[j], 1, m.ranks[0].stream))
+				}
+				if rounds > 1 {
+					break
+				}
+			}
+			syncStream(t, lib, 0, m.ranks[0].stream)
+			start := time.Now()
+			ok(t, lib.AllGatherLL(0, &a1[0], 1, m.ranks[1].stream))
+			syncStream(t, lib, 0, m.ranks[1].stream)
+			if w := atomic.LoadInt32((*int32)(m.ranks[1].status)); w != StatusSize|0<<8 {
+				t.Errorf("rank 1 status %#x after %v, want the size status naming rank 0 (%#x)", w, time.Since(start).Round(time.Millisecond), StatusSize)
+			}
+			if el := time.Since(start); el > timeout/2 {
+				t.Errorf("rank 1 took %v to learn that rank 0 gave up (timeout %v)", el, timeout)
+			}
+		})
+	}
+}
+
 // The barrier among P ranks, many times, and with one missing.
 func TestEmuBarrier(t *testing.T) {
 	lib := openLib(t)

@@ -238,19 +238,32 @@ SLIME_DEV void set_status(uint64_t status, int code, int src) {
 
 SLIME_DEV bool failed(uint64_t status) { return ld_i32((const int *)SLIME_P(status)) != 0; }
 
-// The leader of a block waits until *flag satisfies the test against e; the
-// whole block learns whether to go on. The shared answer is read by every
-// thread before the block syncs again, so that the leader cannot rewrite
-// it (at its next wait) while a slow warp still reads this one.
-template <bool Exact, typename X>
-SLIME_DEV bool block_wait(const X &x, const uint64_t *flag, uint64_t e, uint64_t status, int src, uint64_t timeout_ns) {
+// The leader of a block waits until source src's flag f (epoch, total)
+// reaches epoch e and checks it against the total this rank expects; the
+// whole block learns whether to go on. The wait takes any epoch from e on,
+// not e alone: a rank whose status word is set stops waiting for its peers
+// (its waits give up at the first look at the status), so its later
+// launches run on without them and may lap a peer still waiting at e,
+// raising e + 2 in the same slot. That rank announces poisoned totals from
+// then on: a flag past e is the size status naming it, as reading its flag
+// of that launch would be, and never a wait until the timeout (its scratch
+// slot then holds a later launch's block, which is not copied). A healthy
+// peer cannot raise e + 2 here before this rank has raised e + 1, so a
+// flag past e means that the peer has failed. The leader alone reads and
+// judges the flag, so that every thread of the block takes the same
+// branch. The shared answer is read by every thread before the block
+// syncs again, so that the leader cannot rewrite it (at its next wait)
+// while a slow warp still reads this one.
+template <typename X>
+SLIME_DEV bool block_wait(const X &x, const uint64_t *f, uint64_t e, uint64_t total, uint64_t status, int src, uint64_t timeout_ns) {
     SLIME_SHARED int go;
     if (x.leader()) {
         go = 1;
         uint64_t start = now_ns();
+        uint64_t v;
         for (unsigned polls = 1;; polls++) {
-            uint64_t v = ld_acquire_sys(flag);
-            if (Exact ? v == e : v >= e) break;
+            v = ld_acquire_sys(f);
+            if (v >= e) break;
             poll_pause(polls);
             // The status word is host memory: read it, and the clock,
             // only now and then.
@@ -264,6 +277,10 @@ SLIME_DEV bool block_wait(const X &x, const uint64_t *flag, uint64_t e, uint64_t
                 go = 0;
                 break;
             }
+        }
+        if (go && (v != e || ld_u64(f + 1) != total)) {
+            set_status(status, SLIME_AG_SIZE, src);
+            go = 0;
         }
     }
     x.sync();
@@ -343,11 +360,7 @@ SLIME_DEV void allgather_ll(const X &x, const slime_ag_args &a) {
     for (int i = 1; i < a.nranks; i++) {
         int s = (a.rank - i + a.nranks) % a.nranks;
         const uint64_t *f = myflags + (slot * a.nranks + s) * 2;
-        if (!block_wait<true>(x, f, e, a.status, s, a.timeout_ns)) break;
-        if (ld_u64(f + 1) != a.totals[s]) {
-            if (x.leader()) set_status(a.status, SLIME_AG_SIZE, s);
-            break;
-        }
+        if (!block_wait(x, f, e, a.totals[s], a.status, s, a.timeout_ns)) break;
         uint64_t m = a.expect[s] < a.cap ? a.expect[s] : a.cap;
         grid_copy<true>(x, (char *)SLIME_P(a.dst) + a.off[s], mine + (slot * a.nranks + s) * a.cap, m);
     }

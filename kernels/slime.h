@@ -125,10 +125,14 @@ int slime_graph_destroy(int dev, uint64_t exec);
  *     {e, total} at every peer with a release store;
  *  2. copies its own block into dst (unless it is there already);
  *  3. for every source, waits with acquire loads for flag[e&1][src].epoch
- *     == e, then copies the block from its own scratch into dst.
+ *     >= e, then copies the block from its own scratch into dst.
  * No flag is ever reset and there is no barrier between calls: a peer can
  * reach slot e&1 again only at epoch e+2, which it cannot start before this
- * rank has pushed (and so finished reading) at epoch e+1.
+ * rank has pushed (and so finished reading) at epoch e+1, unless the peer
+ * has failed: a rank whose status word is set stops waiting for its peers,
+ * so its later launches may lap a peer. A flag past e is therefore the
+ * size status naming its source (that rank announces poisoned totals, see
+ * below), never a wait until the timeout.
  * Blocks larger than cap go in rounds, a launch each (bytes, expect and off
  * of the round; total and totals of the whole blocks, so that a size
  * mismatch shows in the first round). A wait that passes timeout_ns, or a
