@@ -3,6 +3,7 @@ package inter
 import (
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"time"
 	"unsafe"
@@ -75,6 +76,17 @@ type Reader struct {
 	vbufs [][]byte
 	vn    int
 	verr  error
+
+	// Direct makes every read wait for the socket in ppoll(2) on this
+	// goroutine's thread, reading it with plain read(2)s, instead of in
+	// Go's netpoller, and leaves the socket's read deadline alone (reads
+	// end by SetDeadline's time all the same). It is for a goroutine that
+	// takes the socket's reads over from another that waits on the same
+	// socket in the netpoller (RawConn.Read holds the socket's read lock
+	// while it waits, so a read through the net.Conn would wait for that
+	// goroutine). Whoever sets it keeps the socket open while it is set.
+	Direct bool
+	pfd    [1]unix.PollFd // Direct's poll set
 }
 
 // vecMax bounds the buffers of one readv(2) (the kernel's UIO_MAXIOV).
@@ -113,6 +125,9 @@ func (r *Reader) bind() { r.pollFn = r.poll }
 // read deadline to its caller (c.SetReadDeadline), polling or not.
 func (r *Reader) SetDeadline(d time.Time) {
 	r.deadline, r.managed = d, true
+	if r.Direct {
+		return
+	}
 	if r.Poll && r.pollFn != nil {
 		r.disarm()
 		return
@@ -232,7 +247,7 @@ func (r *Reader) ReadFullVec(bufs [][]byte) error {
 		bufs[i] = bufs[i][r.take(bufs[i]):]
 		total += len(bufs[i])
 	}
-	if total < lowatMin || r.rc == nil {
+	if total < lowatMin || r.rc == nil || r.Direct {
 		for _, b := range bufs {
 			if err := r.ReadFull(b); err != nil {
 				return err
@@ -307,10 +322,61 @@ func (r *Reader) Discard(n uint64) error {
 		return nil
 	}
 	r.SetLowat(1)
+	if r.Direct {
+		if len(r.ahead) == 0 {
+			r.ahead = make([]byte, AheadMax) // the buffer is empty: scratch
+		}
+		for n > 0 {
+			k, err := r.readDirect(r.ahead[:min(uint64(len(r.ahead)), n)])
+			n -= uint64(k)
+			if err != nil {
+				return eof(err, int(min(n, 1)))
+			}
+		}
+		return nil
+	}
 	r.arm() // a polling reader leaves the socket without its deadline
 	_, err := io.CopyN(io.Discard, r.c, int64(n))
 	return err
 }
+
+// Buffered is how many bytes an earlier ReadAhead or Fill took off the
+// socket that no read has returned yet.
+func (r *Reader) Buffered() int { return r.ahi - r.alo }
+
+// FD is the socket's descriptor (-1 if c gave none); it is valid while c
+// is open.
+func (r *Reader) FD() int { return r.fd }
+
+// Fill is a read that a caller that holds the socket makes itself (a
+// RawConn callback, or a Direct reader between frames): one non-blocking
+// read that adds what is there to the buffered bytes, until they are upto
+// in all (the buffer grows to upto, once), for the next reads to take. It
+// returns what read(2) did: unix.EAGAIN when nothing is there; 0 and nil
+// at the stream's end, or when upto bytes are buffered already.
+func (r *Reader) Fill(fd uintptr, upto int) (int, error) {
+	if len(r.ahead) < upto {
+		a := make([]byte, max(upto, len(r.ahead)))
+		r.ahi = copy(a, r.ahead[r.alo:r.ahi])
+		r.ahead, r.alo = a, 0
+	} else if r.alo > 0 {
+		r.ahi = copy(r.ahead, r.ahead[r.alo:r.ahi])
+		r.alo = 0
+	}
+	if r.ahi >= upto {
+		return 0, nil
+	}
+	n, err := rawRead(int(fd), r.ahead[r.ahi:upto])
+	if n > 0 {
+		r.ahi += n
+		raceio.Acquire()
+	}
+	return max(n, 0), err
+}
+
+// Peek returns the buffered bytes, which the next reads return first
+// (valid until then).
+func (r *Reader) Peek() []byte { return r.ahead[r.alo:r.ahi] }
 
 // take copies what ReadAhead buffered into buf, as much as fits, and
 // returns how much.
@@ -328,15 +394,78 @@ func (r *Reader) take(buf []byte) int {
 func (r *Reader) read(buf []byte) (int, error) {
 	if len(buf) >= lowatMin {
 		r.SetLowat(len(buf))
+		if r.Direct {
+			return r.readDirect(buf)
+		}
 		r.arm()
 		return r.c.Read(buf)
 	}
 	r.SetLowat(1)
+	if r.Direct {
+		return r.readDirect(buf)
+	}
 	if r.Poll && r.pollFn != nil {
 		return r.readPolled(buf)
 	}
 	r.arm()
 	return r.c.Read(buf)
+}
+
+// readDirect is one read for a Direct Reader: read(2) on the socket,
+// and while it finds nothing, ppoll(2) for it until the deadline
+// (os.ErrDeadlineExceeded then).
+func (r *Reader) readDirect(buf []byte) (int, error) {
+	for {
+		n, err := rawRead(r.fd, buf)
+		switch {
+		case n > 0:
+			return n, nil
+		case err == nil:
+			return 0, io.EOF
+		case err == unix.EINTR:
+			continue
+		case err != unix.EAGAIN:
+			return 0, err
+		}
+		if err := PollIn(r.pfd[:], r.fd, -1, r.deadline); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// PollIn waits in ppoll(2), on this goroutine's thread, until fd (or
+// also fd2, if not -1) is readable, or deadline passes
+// (os.ErrDeadlineExceeded; the zero time: never). set is the poll set to
+// use, of one entry, or two with fd2. It reports which was readable
+// through set's Revents.
+func PollIn(set []unix.PollFd, fd, fd2 int, deadline time.Time) error {
+	set[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	if fd2 >= 0 {
+		set[1] = unix.PollFd{Fd: int32(fd2), Events: unix.POLLIN}
+	} else {
+		set = set[:1]
+	}
+	for {
+		var ts *unix.Timespec
+		var t unix.Timespec
+		if !deadline.IsZero() {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return os.ErrDeadlineExceeded
+			}
+			t = unix.NsecToTimespec(int64(left))
+			ts = &t
+		}
+		n, err := unix.Ppoll(set, ts, nil)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return err
+		case n > 0:
+			return nil
+		}
+	}
 }
 
 // eof turns an end of stream with left bytes still wanted into
@@ -435,19 +564,4 @@ func (r *Reader) adapt(parked bool, waited time.Duration) {
 func setLowat(fd, n int) {
 	v := int32(n)
 	unix.RawSyscall6(unix.SYS_SETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, uintptr(unsafe.Pointer(&v)), 4, 0)
-}
-
-// rawRead is read(2) on a non-blocking socket, which returns at once, so
-// without the runtime's system-call bookkeeping (entersyscall and
-// exitsyscall, and the monitor's hand-off of a processor that a system
-// call holds), which a tight loop of them would pay on every try.
-func rawRead(fd int, p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
 }

@@ -136,6 +136,10 @@ func BenchmarkWriteWithImm(b *testing.B) {
 // bounds it.
 func benchPair(b *testing.B, tcpOnly bool) (context.Context, *Endpoint, *Endpoint, *Peer) {
 	b.Helper()
+	// A process's Waits on a peer in the same process park (TestMain
+	// lets the tests' read their answers instead).
+	waitReadsSelf = false
+	b.Cleanup(func() { waitReadsSelf = true })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	b.Cleanup(cancel)
 	mk := func(n string) *Endpoint {

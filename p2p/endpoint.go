@@ -940,7 +940,7 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 		}
 		tc.SetDeadline(time.Time{})
 	}
-	if err := e.install(p, conns, in.pid, peerHB); err != nil {
+	if err := e.install(p, conns, in.pid, in.pid == uint32(os.Getpid()) && in.host == e.host, peerHB); err != nil {
 		closeAll()
 		return err
 	}
@@ -963,7 +963,7 @@ func readFull(c net.Conn, b []byte) (int, error) {
 // install makes a link of conns for p, whose process says it is pid, and
 // starts its goroutines; if p already has one (the peer's own dial won),
 // conns are surplus.
-func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, pid uint32, peerHB uint64) error {
+func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, pid uint32, self bool, peerHB uint64) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.shut {
@@ -985,6 +985,9 @@ func (e *Endpoint) install(p *Peer, conns []*net.TCPConn, pid uint32, peerHB uin
 	hb = max(hb, minHeartbeat)
 	p.l = newLink(e, p, conns, hb)
 	p.l.peerPid = pid
+	// A peer in this process answers on this process's processors, which
+	// a Wait's ppoll would hold: its Waits park (own_linux.go).
+	p.l.waitReads = !self || waitReadsSelf
 	p.dialing = false
 	close(p.ready)
 	p.l.start()
@@ -1273,7 +1276,10 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 	e.mu.Unlock()
 	// An accepted link knows the peer by its connections and its hello
 	// alone (its Info, with its host, is in the store or handed over).
-	if err := e.install(p, pl.conns, pl.pid, pl.hb); err != nil {
+	// An acceptor knows the dialer's pid alone: a peer of the same pid in
+	// another pid namespace counts as this process (its Waits park, a
+	// cost in speed only).
+	if err := e.install(p, pl.conns, pl.pid, pl.pid == uint32(os.Getpid()), pl.hb); err != nil {
 		for _, c := range pl.conns {
 			c.Close()
 		}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/slimego/slimego/inter"
 )
 
 // Future is the result of one call (a batched Read or Write, an
@@ -132,8 +134,30 @@ func (f *Future) Wait(ctx context.Context) error {
 	}
 	l := f.parts[0].l
 	if ch := f.parts[0].ch; ch < len(l.conns) {
-		if w := l.conns[ch].waker; w != nil && w.busy.CompareAndSwap(false, true) {
-			ok, ended := f.park(ctx, w, l.e.opts.Timeout)
+		c := l.conns[ch]
+		if w := c.waker; w != nil && w.busy.CompareAndSwap(false, true) {
+			var ok bool
+			var ended error
+			seen := c.missed.Load() // before the take: a wake-up missed after it counts
+			if p := f.parts[0]; l.waitReads && len(f.parts) == 1 && (p.kind == rCTS || p.total <= inter.AheadMax) && c.spin > 0 && c.own.CompareAndSwap(ownFree, ownWait) {
+				// A small transfer, and the socket is between frames:
+				// this Wait reads its answer itself (own_linux.go). A
+				// large one's same-host copy would be made by the Wait
+				// itself, which a cancel could not then cut short, and
+				// its bytes handed over (handOff). A receive's total
+				// changes when it is matched (its bytes come as a send,
+				// handed over where large: peek).
+				ok, ended = f.readOwn(ctx, c, w, l.e.opts.Timeout, seen)
+			} else {
+				w.parks.Add(1)
+				start := time.Now()
+				ok, ended = f.park(ctx, w, l.e.opts.Timeout)
+				if c.spin == 0 && time.Since(start) <= inter.DefaultPollMax {
+					// The Wait's budget had run out (see readOwn): a
+					// short wait grows it, so that a Wait tries again.
+					c.spin = inter.DefaultPollMax / 64
+				}
+			}
 			w.busy.Store(false)
 			if ok {
 				if ended != nil {
@@ -172,8 +196,16 @@ func (f *Future) park(ctx context.Context, w *waker, timeout time.Duration) (boo
 		stop := context.AfterFunc(ctx, w.wakeFn)
 		defer stop()
 	}
+	return f.parkOn(ctx, w, dl)
+}
+
+// parkOn is park once ctx's cancel wakes w (or ctx cannot be
+// cancelled), until dl.
+func (f *Future) parkOn(ctx context.Context, w *waker, dl time.Time) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return true, err
+	}
 	w.f.SetReadDeadline(dl)
-	w.parks.Add(1)
 	f.ev.Store(w)
 	defer f.ev.Store(nil)
 	for !f.fin.Load() {

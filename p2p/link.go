@@ -231,6 +231,9 @@ type link struct {
 	serving   map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
 	cma       atomic.Bool             // same host: copy with process_vm_readv/writev (cma_linux.go)
 	pid       int                     // the peer's process, when cma
+	// waitReads: a small transfer's Wait may read its answer itself
+	// (own_linux.go): the peer is not in this process.
+	waitReads bool
 	// pidfd pins the peer's process while the link lives (-1: the peer
 	// is this process, or not on this host): Shared memory is taken from
 	// it (mapPeer).
@@ -335,6 +338,9 @@ type conn struct {
 	// waker is what a Wait for a Future whose first part goes on this
 	// connection parks on (nil without one: the Future's channel).
 	waker *waker
+	// sock: who reads the socket, the reader goroutine or a Wait
+	// (own_linux.go).
+	sock
 }
 
 // job is what a connection's writer writes, whole, before the next.
@@ -351,6 +357,8 @@ func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, hb time.Duration) *link {
 		c := &conn{l: l, idx: i, c: tc, rd: inter.NewReader(tc, inter.DefaultLowat), wake: make(chan struct{}, 1), ahead: true}
 		c.rc, _ = tc.SyscallConn()
 		c.writeFn = c.writeOnce
+		c.turnFn = c.takeTurn
+		c.spin = inter.DefaultPollMax
 		c.waker = newWaker()
 		l.conns = append(l.conns, c)
 	}
@@ -392,7 +400,7 @@ func (l *link) start() {
 		l.closeIPC(doomed)
 		for _, c := range l.conns {
 			if c.waker != nil {
-				c.waker.close()
+				c.endWaker()
 			}
 		}
 	}()
@@ -465,7 +473,7 @@ func (l *link) fail(err error) {
 		}()
 	}
 	for _, c := range l.conns {
-		c.c.Close()
+		c.shut()
 	}
 	for _, p := range all {
 		p.finish(err)
@@ -1197,18 +1205,36 @@ func (c *conn) serveNow(w *conn, id, total uint64) bool {
 // reader reads frames until the link ends; every frame's header must
 // start to come within the heartbeat deadline, and a data frame's bytes
 // all within one after its header (recvChunks).
+//
+// Between frames it waits for the socket without reading it (turn), so
+// that a Wait may take the socket and read its answer itself
+// (own_linux.go); it holds the socket from a frame's first bytes to its
+// end, and on while bytes of the next are buffered.
 func (c *conn) reader() {
+	defer c.ended.Store(true)
 	for {
-		h, err := c.header()
-		if err != nil && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) && c.l.connEnded(c.classify(err, "receiving")) {
-			return // the other connections read on: connEnded fails the link
+		err := c.turn()
+		if err == errConnEnded {
+			return // a Wait met the connection's end and handled it
 		}
+		var h header
 		if err == nil {
-			err = c.dispatch(h)
+			h, err = c.header()
 		}
 		if err != nil {
-			c.l.fail(c.classify(err, "receiving"))
+			c.readErr(err, true)
 			return
+		}
+		if err = c.dispatch(h); err != nil {
+			c.readErr(err, false)
+			return
+		}
+		if c.rd.Buffered() == 0 {
+			// Any byte wakes the next wait, the reader's or a Wait's
+			// (the poller's readiness obeys a large read's low-water
+			// mark).
+			c.rd.SetLowat(1)
+			c.own.Store(ownFree)
 		}
 	}
 }
@@ -1258,6 +1284,7 @@ func (c *conn) readDeadline() {
 // follows it in the same system call (a small frame's payload, the next
 // frames), which the next reads take first.
 func (c *conn) header() (header, error) {
+	c.frames.Add(1)
 	c.readDeadline()
 	var err error
 	if c.ahead {

@@ -24,6 +24,7 @@ import (
 // would start, and the channel is the cheaper (docs/P2P.md).
 type waker struct {
 	f  *os.File
+	fd int             // f's descriptor, for a Wait's ppoll (readOwn)
 	rc syscall.RawConn // f's, for wait
 	// readFn is take as a func value made once (a method value made per
 	// wait would be allocated per wait); first and done are its holder's
@@ -53,7 +54,7 @@ func newWaker() *waker {
 	if err != nil {
 		return nil
 	}
-	w := &waker{f: os.NewFile(uintptr(fd), "p2p-waker")}
+	w := &waker{f: os.NewFile(uintptr(fd), "p2p-waker"), fd: fd}
 	rc, err := w.f.SyscallConn()
 	if err != nil {
 		w.f.Close()
