@@ -615,6 +615,9 @@ func Run(ctx context.Context, cfg Config) error {
 		if betweenAttempts != nil {
 			betweenAttempts(sigs)
 		}
+		if _, ok := errors.AsType[*UnreapedError](err); ok {
+			return err // no attempt beside workers that could not be reaped
+		}
 		var we *WorkerError
 		var re *RemoteError
 		if err == nil || !errors.As(err, &we) && !errors.As(err, &re) || attempt >= cfg.MaxRestarts {
@@ -1269,6 +1272,9 @@ type worker struct {
 	errFile     string // its TORCHELASTIC_ERROR_FILE ("" for none)
 	exited      bool   // set by runAttempt's loop when waitExited returned
 	cleanExit   bool   // exited 0 before the launcher stopped anyone
+	// waited is closed once waitWorker has returned for it: the worker
+	// has exited and can be reaped without blocking.
+	waited chan struct{}
 }
 
 // exit is a worker's exit as waitExited saw it: the worker is not reaped
@@ -1299,9 +1305,12 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		workers[local] = w
 		started++
 		j.guard.add(w.cmd.Process.Pid)
+		w.waited = make(chan struct{})
+		wait := waitWorker // read here: a wait may outlive Run (giveUp)
 		go func() {
-			st, err := waitExited(w.cmd.Process.Pid)
+			st, err := wait(w.cmd.Process.Pid)
 			exits <- exit{w, st, err}
+			close(w.waited)
 		}()
 	}
 	var first error
@@ -1314,6 +1323,9 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	defer tick.Stop()
 	stopping := false
 	var killAt <-chan time.Time
+	// reapBy ends the wait for the workers' exits reapBound after the
+	// grace's SIGKILL (see reapBound).
+	var reapBy <-chan time.Time
 	// stop signals every worker's process group, also of workers that have
 	// exited: their own children stay in the group and must not outlive
 	// the job. The group ids are still the job's: no worker is reaped
@@ -1372,6 +1384,22 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	// attempt.
 	killed := false
 	leftSaid, settled := false, false
+	onExit := func(ex exit) {
+		running--
+		ex.w.exited = true
+		// Whoever still waits on this attempt's keys waits in vain.
+		j.abort(attempt, ex.w.rank, exitReason(ex), ex.failed() && !stopping)
+		if !ex.failed() && !stopping {
+			ex.w.cleanExit = true
+		}
+		if ex.failed() && !stopping {
+			failures = append(failures, workerError(ex, attempt))
+			if first == nil {
+				first = failures[0]
+			}
+		}
+	}
+wait:
 	for {
 		if running == 0 {
 			if first != nil {
@@ -1412,19 +1440,7 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		}
 		select {
 		case ex := <-exits:
-			running--
-			ex.w.exited = true
-			// Whoever still waits on this attempt's keys waits in vain.
-			j.abort(attempt, ex.w.rank, exitReason(ex), ex.failed() && !stopping)
-			if !ex.failed() && !stopping {
-				ex.w.cleanExit = true
-			}
-			if ex.failed() && !stopping {
-				failures = append(failures, workerError(ex, attempt))
-				if first == nil {
-					first = failures[0]
-				}
-			}
+			onExit(ex)
 		case ae := <-remote:
 			remote = nil
 			node := -1
@@ -1464,6 +1480,14 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		case <-killAt:
 			stop(syscall.SIGKILL)
 			killed = true
+			reapBy = time.After(reapBound)
+		case <-reapBy:
+			// Give up on the workers that SIGKILL has not ended, once
+			// the exits that came with the deadline are taken.
+			for len(exits) > 0 {
+				onExit(<-exits)
+			}
+			break wait
 		}
 	}
 	if stopping {
@@ -1471,7 +1495,17 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		// read): the groups are still the job's, their leaders unreaped.
 		stop(syscall.SIGKILL)
 	}
-	j.reap(workers)
+	var exited, unreaped []*worker
+	for _, w := range workers {
+		switch {
+		case w == nil:
+		case w.exited:
+			exited = append(exited, w)
+		default:
+			unreaped = append(unreaped, w)
+		}
+	}
+	j.reap(exited)
 	// A signal that came while the workers were reaped (their output
 	// held open by what they left) ends the job as one before would.
 	select {
@@ -1481,6 +1515,16 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 		}
 	default:
 	}
+	err := j.attemptError(attempt, first, failures, workers)
+	if len(unreaped) > 0 {
+		return j.giveUp(unreaped, err)
+	}
+	return err
+}
+
+// attemptError is what ended an attempt: first, or a *JobError built from
+// the failures seen before any stop when first is a worker's failure.
+func (j *job) attemptError(attempt int, first error, failures []error, workers []*worker) error {
 	if len(failures) > 1 {
 		switch first.(type) {
 		case *ErrInterrupted, *RemoteError: // the cause came first, from elsewhere
@@ -1506,6 +1550,11 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	}
 	return je
 }
+
+// waitWorker is how runAttempt learns that a worker has exited:
+// waitExited, which a test replaces with one that never returns, as the
+// kernel's wait does for a worker killed while in uninterruptible sleep.
+var waitWorker = waitExited
 
 // exitReason is what an abort tells the ranks still waiting.
 func exitReason(ex exit) string {
@@ -1547,19 +1596,124 @@ func leftText(workers []*worker, left map[int][]int) string {
 	return strings.Join(parts, "; ")
 }
 
+// reapBound is how long the launcher waits for the workers' exits after
+// the grace's SIGKILL. A process killed in user space ends at once; one
+// inside the kernel ends only when it leaves it, which takes a moment
+// (freeing tens of GiB of memory, a GPU driver releasing its contexts:
+// seconds) or never (uninterruptible sleep on a hung NFS mount or device,
+// state D). 10 s is past the slow but sure exits, and short enough that a
+// stuck worker reads as an error rather than a hung launcher. A variable
+// for tests only.
+var reapBound = 10 * time.Second
+
+// UnreapedError is what Run returns when workers that the launcher killed
+// (the SIGKILL at the end of the stop grace) had not exited reapBound
+// later. They are left to the kernel, SIGKILL pending: the launcher does
+// not wait for them, does not start another attempt beside them, and
+// reaps them in the background if they ever exit while it runs.
+type UnreapedError struct {
+	Node    int
+	Workers []UnreapedWorker
+	Bound   time.Duration // reapBound
+	// Cause is why the workers were stopped (the attempt's *JobError,
+	// *RemoteError or *ErrInterrupted), which Unwrap returns; nil if none.
+	Cause error
+}
+
+// UnreapedWorker is a worker that did not exit after SIGKILL; State is
+// what /proc said of it then ("state D, in nfs_wait_bit_killable"), ""
+// where it could not be read.
+type UnreapedWorker struct {
+	Rank, Pid int
+	State     string
+}
+
+func (e *UnreapedError) Error() string {
+	var ws []string
+	for _, w := range e.Workers {
+		s := fmt.Sprintf("rank %d (pid %d", w.Rank, w.Pid)
+		if w.State != "" {
+			s += ", " + w.State
+		}
+		ws = append(ws, s+")")
+	}
+	it := "it"
+	if len(ws) > 1 {
+		it = "they"
+	}
+	s := fmt.Sprintf("node %d: %s could not be reaped: %s had not exited %v after SIGKILL (a process inside the kernel, in uninterruptible sleep on a hung mount or device, ends only when it leaves it); left with SIGKILL pending",
+		e.Node, strings.Join(ws, ", "), it, e.Bound)
+	if e.Cause != nil {
+		s += "; the workers were being stopped after: " + e.Cause.Error()
+	}
+	return s
+}
+
+func (e *UnreapedError) Unwrap() error { return e.Cause }
+
+// giveUp returns the *UnreapedError for the workers whose exits did not
+// come reapBound after SIGKILL, cause being why they were stopped. It
+// takes their groups off the guard's list (they got SIGKILL, which the
+// kernel delivers when each process leaves it: the guard's could do no
+// more) and leaves each to a goroutine that reaps it, and closes its log
+// files, once its exit comes, so that it is no zombie of a launcher that
+// runs on (a library's caller).
+func (j *job) giveUp(unreaped []*worker, cause error) error {
+	e := &UnreapedError{Node: j.cfg.NodeRank, Bound: reapBound, Cause: cause}
+	for _, w := range unreaped {
+		pid := w.cmd.Process.Pid
+		e.Workers = append(e.Workers, UnreapedWorker{Rank: w.rank, Pid: pid, State: procState(pid)})
+		j.guard.drop(pid)
+		go func() {
+			<-w.waited
+			w.cmd.Wait()
+			for _, f := range w.files {
+				f.Close()
+			}
+		}()
+	}
+	return e
+}
+
+// procState says what /proc shows of process pid: its state and, when it
+// sleeps in the kernel, where ("state D, in nfs_wait_bit_killable"); ""
+// where /proc cannot tell.
+func procState(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	f, ok := machine.StatFields(b)
+	if !ok || len(f) == 0 {
+		return ""
+	}
+	s := "state " + f[0]
+	if wc, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/wchan"); err == nil {
+		if c := strings.TrimSpace(string(wc)); c != "" && c != "0" {
+			s += ", in " + printable(c, 64)
+		}
+	}
+	return s
+}
+
 // reap collects the exited workers (whose process groups the launcher
 // has dealt with) and the rest of their output: Wait returns once the
-// worker's pipes are drained, or WaitDelay after.
+// worker's pipes are drained, or WaitDelay after, unless a write of that
+// output is stuck (a console that takes nothing, a log file on a hung
+// mount): reap waits at most WaitDelay and reapBound, then warns of
+// those whose output it left to finish in the background.
 func (j *job) reap(workers []*worker) {
 	// Together: each Wait may wait out its output's WaitDelay (a process
 	// the worker left holds the pipe open), and one after another they
 	// would add up.
 	var wg sync.WaitGroup
-	for _, w := range workers {
-		if w == nil {
-			continue
-		}
+	reaped := make([]chan struct{}, len(workers))
+	var delay time.Duration
+	for i, w := range workers {
+		reaped[i] = make(chan struct{})
+		delay = max(delay, w.cmd.WaitDelay)
 		wg.Go(func() {
+			defer close(reaped[i])
 			j.guard.drop(w.cmd.Process.Pid) // before the reap frees the group's id
 			var ee *exec.ExitError
 			if err := w.cmd.Wait(); err != nil && !errors.As(err, &ee) {
@@ -1573,7 +1727,19 @@ func (j *job) reap(workers []*worker) {
 			}
 		})
 	}
-	wg.Wait()
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-time.After(delay + reapBound):
+		for i, w := range workers {
+			select {
+			case <-reaped[i]:
+			default:
+				j.cfg.Warnf("node %d: rank %d (pid %d): its output is still being written %v after it exited (a console that takes nothing, a log file on a hung mount): left to finish in the background", j.cfg.NodeRank, w.rank, w.cmd.Process.Pid, delay+reapBound)
+			}
+		}
+	}
 }
 
 // rootCause picks, among the failures seen before the launcher stopped

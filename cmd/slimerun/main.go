@@ -242,12 +242,16 @@ func run(args []string) int {
 	cfg.Warnf = func(format string, a ...any) { fmt.Fprintf(os.Stderr, "slimerun: WARNING: "+format+"\n", a...) }
 	cfg.Stdin = os.Stdin
 	err = launcher.Run(context.Background(), cfg)
+	var ue *launcher.UnreapedError
 	var je *launcher.JobError
 	var we *launcher.WorkerError
 	var intr *launcher.ErrInterrupted
 	switch {
 	case err == nil:
 		return 0
+	case errors.As(err, &ue): // before its cause, which it wraps: a worker is left behind
+		fmt.Fprintf(os.Stderr, "slimerun: job failed: %v\n", ue)
+		return 1
 	case errors.As(err, &je):
 		fmt.Fprintf(os.Stderr, "slimerun: job failed: %v\n", je)
 		return 1
