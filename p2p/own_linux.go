@@ -72,8 +72,9 @@ const ownBuf = inter.AheadMax + 4*HeaderSize
 type sock struct {
 	own    atomic.Int32
 	missed atomic.Uint32 // the reader's wake-ups while a Wait held the socket
-	// frames counts the frames read and handled: the heartbeat's
-	// progress, which the reader goroutine checks when its wait times out.
+	// frames counts the frames read and handled, and a Wait's reads that
+	// brought bytes: the heartbeat's progress, which the reader goroutine
+	// checks when its wait times out.
 	frames atomic.Uint64
 	// ended: a read of the socket failed (its end, an error): whoever
 	// read it handled it, and no one reads the socket again.
@@ -248,6 +249,10 @@ func (c *conn) release(seen uint32) {
 	if testHookRelease != nil {
 		testHookRelease(c)
 	}
+	if c.rd.Buffered() > 0 && !c.closing.Load() && !c.ended.Load() {
+		c.handOff() // bytes left buffered (a Wait whose context ended as it took the socket)
+		return
+	}
 	for {
 		c.free()
 		if c.missed.Load() == seen || c.closing.Load() || c.ended.Load() || !c.own.CompareAndSwap(ownFree, ownWait) {
@@ -260,6 +265,7 @@ func (c *conn) release(seen uint32) {
 		n, err := c.rd.Fill(uintptr(c.rd.FD()), ownBuf)
 		switch {
 		case n > 0:
+			c.frames.Add(1) // bytes came: the link lives (turn)
 			c.handOff()
 			return
 		case err == unix.EAGAIN, err == unix.EINTR:
@@ -465,6 +471,9 @@ func (f *Future) readOwn(ctx context.Context, c *conn, w *waker, timeout time.Du
 		n, err := c.rd.Fill(uintptr(fd), ownBuf)
 		switch {
 		case n > 0:
+			// Bytes came: the link lives, though no frame is whole yet
+			// (the reader's heartbeat counts frames handled: turn).
+			c.frames.Add(1)
 			continue
 		case err == unix.EINTR:
 			continue
@@ -475,9 +484,10 @@ func (f *Future) readOwn(ctx context.Context, c *conn, w *waker, timeout time.Du
 			}
 		}
 		if err != unix.EAGAIN {
-			// Between frames, or inside a header: the connection's end
-			// is handled as the reader's header read would.
-			c.readErr(err, true)
+			// Between frames, or inside a header, the connection's end
+			// is handled as the reader's header read would; inside a
+			// frame's body, as its dispatch's read would.
+			c.readErr(err, c.rd.Buffered() < HeaderSize)
 			c.release(seen)
 			return f.fin.Load(), nil
 		}
@@ -526,7 +536,7 @@ func (f *Future) readOwn(ctx context.Context, c *conn, w *waker, timeout time.Du
 			return f.parkRest(ctx, c, w, dl, start)
 		}
 		if err != nil {
-			c.readErr(err, true)
+			c.readErr(err, c.rd.Buffered() < HeaderSize)
 			c.release(seen)
 			return f.fin.Load(), nil
 		}
