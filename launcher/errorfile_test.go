@@ -109,3 +109,25 @@ func FuzzParseErrorFile(f *testing.F) {
 		}
 	})
 }
+
+// TestErrorFileNoneInherited: where the launcher cannot make a worker's
+// error file (its log directory cannot be made), the worker is given
+// none, and in particular not the TORCHELASTIC_ERROR_FILE of the
+// launcher's own environment (a launch within a torchrun worker), which
+// the worker's failure would overwrite.
+func TestErrorFileNoneInherited(t *testing.T) {
+	tmp := t.TempDir()
+	outer := filepath.Join(tmp, "outer.json")
+	blocker := filepath.Join(tmp, "file")
+	if err := os.WriteFile(blocker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PATH=" + os.Getenv("PATH"), "TORCHELASTIC_ERROR_FILE=" + outer}
+	out, _, err := run(t, Config{NProcPerNode: 1, Env: env, LogDir: filepath.Join(blocker, "logs")}, `echo "F=${TORCHELASTIC_ERROR_FILE-unset}"`)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "F=unset") {
+		t.Fatalf("the worker was given an error file though none could be made:\n%s", out)
+	}
+}

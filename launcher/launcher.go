@@ -1806,9 +1806,11 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 	}
 	// Its own, also where the launcher's environment has one (a launch
 	// within a torchrun worker): the workers must not write the outer
-	// worker's.
+	// worker's. Where none could be made, none, not the outer one.
 	if w.errFile = j.errorFile(attempt, local); w.errFile != "" {
 		set("TORCHELASTIC_ERROR_FILE", w.errFile)
+	} else {
+		env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "TORCHELASTIC_ERROR_FILE=") })
 	}
 	// As torchrun: several workers of a node would each start a thread
 	// per core; one worker keeps OpenMP's default.
