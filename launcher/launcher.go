@@ -1748,9 +1748,12 @@ func (j *job) reap(workers []*worker) {
 // error, and among equals the first reported. Exits are reported in the
 // order their waits return, which a loaded machine can shuffle by a few
 // milliseconds, the time the survivors need to notice a lost peer.
+// SIGABRT is no such signal: a survivor raises it itself when it notices
+// a lost peer (a collective library's abort, a failed check), so it
+// counts as an exit.
 func rootCause(failures []error) error {
 	for _, f := range failures {
-		if we, ok := f.(*WorkerError); ok && we.ExitCode < 0 {
+		if we, ok := f.(*WorkerError); ok && we.ExitCode < 0 && we.Signal != syscall.SIGABRT {
 			return f
 		}
 	}
