@@ -21,9 +21,10 @@ import (
 // A connection's reader goroutine reads every frame the peer sends; a
 // Wait whose answer comes on the connection is otherwise told of it by
 // that goroutine (an eventfd write, the reader's read that finds the
-// socket empty, and the poll that finds the Wait): a hand-over that costs
-// a small read about a fifth of its round trip. So a Wait for a small
-// transfer that finds the socket free, between frames, takes it
+// socket empty, and the poll that finds the Wait): system calls and a
+// hand-over between goroutines that a plain socket's caller, reading its
+// own answer, does not make. So a Wait for a small transfer, on a link to
+// another process, that finds the socket free, between frames, takes it
 // (sock.own) and reads and handles the frames that come itself, on its
 // own thread, waiting for them in ppoll(2) on the socket and its waker,
 // until its Future is done; then it gives the socket back.
@@ -38,10 +39,12 @@ import (
 // parks on the waker as a larger transfer's does.
 //
 // A Wait handles only frames whole in the buffer, of at most AheadMax
-// bytes with what follows them (peek), so that it never waits inside a
-// frame, where it could not see its context end, and never reads a large
-// transfer's bytes: such a frame, and the socket, go to the reader
-// goroutine (handOff), woken by a read deadline in the past.
+// bytes with what follows them (peek), and only of the kinds its answer
+// comes in (waitable), so that it never waits inside a frame, where it
+// could not see its context end, never reads a large transfer's bytes,
+// and never does the reader's other work (the peer's requests, grants):
+// such a frame, and the socket, go to the reader goroutine (handOff),
+// woken by a read deadline in the past.
 //
 // The reader goroutine, between frames, does not park in a read (which
 // would take the bytes) but in RawConn.Read with a callback (takeTurn)
@@ -56,7 +59,7 @@ import (
 // then stay open while a Wait holds it: fail, finding a Wait there, shuts
 // the socket down (which wakes the Wait's ppoll and tells the peer) and
 // leaves the close to the Wait, which closes it as it gives the socket
-// back (closeLeft); the link's end does the same with the waker's
+// back (free); the link's end does the same with the waker's
 // descriptor.
 const (
 	ownFree   int32 = iota // between frames, nobody reads
