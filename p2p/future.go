@@ -184,9 +184,6 @@ func (f *Future) Wait(ctx context.Context) error {
 // the timeout). It returns false, f not done, if w fails (closed with its
 // link).
 func (f *Future) park(ctx context.Context, w *waker, timeout time.Duration) (bool, error) {
-	if err := ctx.Err(); err != nil {
-		return true, err
-	}
 	dl, ok := ctx.Deadline()
 	if !ok {
 		dl = time.Now().Add(timeout)

@@ -216,7 +216,7 @@ func (c *conn) readErr(err error, atHeader bool) {
 func (c *conn) shut() {
 	c.closing.Store(true)
 	if c.own.Load() != ownWait {
-		c.sockOnce.Do(func() { c.c.Close() })
+		c.closeSock()
 		return
 	}
 	c.rc.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
@@ -232,12 +232,16 @@ func (c *conn) endWaker() {
 	}
 }
 
+// closeSock closes the socket, once (fail's shut, or the Wait that held
+// it then).
+func (c *conn) closeSock() { c.sockOnce.Do(func() { c.c.Close() }) }
+
 // free gives the socket back and closes what fail or the link's end left
 // to the Wait that held it.
 func (c *conn) free() {
 	c.own.Store(ownFree)
 	if c.closing.Load() {
-		c.sockOnce.Do(func() { c.c.Close() })
+		c.closeSock()
 	}
 	if c.wakerEnd.Load() {
 		c.wakerOnce.Do(c.waker.close)
@@ -325,7 +329,6 @@ func (c *conn) peek() (whole, bulk bool) {
 	var follow uint64
 	switch {
 	case h.kind == kResp && h.sub == rRead && h.status == stOK,
-		h.kind == kReq && (h.sub == rWrite || h.sub == rWriteImm),
 		h.kind == kReq && h.sub == rSend && h.status == stOK:
 		follow = h.a
 	}
