@@ -6,20 +6,25 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/slimego/slimego/inter"
 )
 
 // The same-host transport ("cma", cross-memory attach). The request and
 // its answer travel on the link's connections as over TCP, and the target
 // checks the request just as it does there; but instead of the bytes its
 // answer grants the memory of the checked ranges (their addresses), and
-// the initiator copies them itself with one process_vm_readv or
-// process_vm_writev per chunk: one copy, kernel to kernel, no socket. The
+// the initiator copies them itself with process_vm_readv or
+// process_vm_writev, a chunk at a time, each chunk cut among threads
+// (vmCopy): one copy, kernel to kernel, no socket. The
 // initiator copies in a goroutine of its own, under its part's lock,
 // chunk by chunk, so that a cancelled transfer stops touching this side's
 // memory at once, as over TCP; it then releases the grant (kRelease), and
@@ -530,6 +535,10 @@ func (l *link) grantCopy(p *part, rem []grantIov, write bool) error {
 // vmCopy moves n bytes between liov (here) and riov (in pid) under p's
 // lock, while p is active, retrying after short copies. It marks p as
 // copying first (see part.copying), and copies nothing once p is ending.
+// A copy of at least 2*cmaPieceMin bytes is cut into up to cmaCopiers()
+// pieces, copied at once by as many threads while vmCopy holds the lock
+// on their behalf: the system call's cost is pinning the peer's pages,
+// one by one, in the calling thread, and more threads share it out.
 func vmCopy(p *part, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int, write bool) error {
 	p.copying.Add(1)
 	defer p.copying.Add(-1)
@@ -538,7 +547,45 @@ func vmCopy(p *part, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int,
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for n > 0 && p.active {
+	if !p.active {
+		return nil
+	}
+	k := min(cmaCopiers(), n/cmaPieceMin)
+	if k < 2 {
+		return vmCopyRun(pid, liov, riov, n, write)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, k)
+	for i := range k {
+		lo, hi := inter.Stripe(n, k, i)
+		pl, pr := iovRange(liov, riov, lo, hi)
+		if i == k-1 { // the last piece is this goroutine's
+			errs[i] = vmCopyRun(pid, pl, pr, hi-lo, write)
+			break
+		}
+		wg.Go(func() { errs[i] = vmCopyRun(pid, pl, pr, hi-lo, write) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cmaPieceMin is the least bytes one thread of a vmCopy copies: below
+// it, handing a piece to another thread costs more than it saves.
+const cmaPieceMin = 512 << 10
+
+// cmaCopiers is the most threads one vmCopy copies with: the processors
+// Go runs on, at most four.
+func cmaCopiers() int { return min(runtime.GOMAXPROCS(0), 4) }
+
+// vmCopyRun is one thread's process_vm copy of n bytes, retried after
+// short copies.
+func vmCopyRun(pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int, write bool) error {
+	for n > 0 {
 		var m int
 		var err error
 		if write {
@@ -559,6 +606,28 @@ func vmCopy(p *part, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int,
 		liov, riov = advance(liov, riov, m)
 	}
 	return nil
+}
+
+// iovRange returns new lists of the bytes lo to hi of liov and riov
+// (which describe equal pieces, range by range).
+func iovRange(liov []unix.Iovec, riov []unix.RemoteIovec, lo, hi int) ([]unix.Iovec, []unix.RemoteIovec) {
+	var pl []unix.Iovec
+	var pr []unix.RemoteIovec
+	at := 0
+	for i := range riov {
+		a, b := max(at, lo), min(at+riov[i].Len, hi)
+		if a < b {
+			l := unix.Iovec{Base: (*byte)(unsafe.Add(unsafe.Pointer(liov[i].Base), a-at))}
+			l.SetLen(b - a)
+			pl = append(pl, l)
+			pr = append(pr, unix.RemoteIovec{Base: riov[i].Base + uintptr(a-at), Len: b - a})
+		}
+		at += riov[i].Len
+		if at >= hi {
+			break
+		}
+	}
+	return pl, pr
 }
 
 // advance drops the first m bytes of both iovec lists (which describe

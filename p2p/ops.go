@@ -112,7 +112,7 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 		sub = map[uint8]uint8{rRead: rReadG, rWrite: rWriteG}[kind]
 	} else if gpu || total <= cmaMin {
 		f.transport = "tcp"
-	} else if l.cma.Load() { // one request: the copy is one thread's either way
+	} else if l.cma.Load() { // one request: vmCopy shares its copy out among threads
 		k = 1
 		sub = map[uint8]uint8{rRead: rReadV, rWrite: rWriteV}[kind]
 	}
