@@ -576,7 +576,7 @@ func vmCopy(p *part, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int,
 
 // cmaPieceMin is the least bytes one thread of a vmCopy copies: below
 // it, handing a piece to another thread costs more than it saves.
-const cmaPieceMin = 512 << 10
+const cmaPieceMin = 1 << 20
 
 // cmaCopiers is the most threads one vmCopy copies with: the processors
 // Go runs on, at most four.
