@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -535,10 +536,12 @@ func (l *link) grantCopy(p *part, rem []grantIov, write bool) error {
 // vmCopy moves n bytes between liov (here) and riov (in pid) under p's
 // lock, while p is active, retrying after short copies. It marks p as
 // copying first (see part.copying), and copies nothing once p is ending.
-// A copy of at least 2*cmaPieceMin bytes is cut into up to cmaCopiers()
-// pieces, copied at once by as many threads while vmCopy holds the lock
-// on their behalf: the system call's cost is pinning the peer's pages,
-// one by one, in the calling thread, and more threads share it out.
+// A copy of at least 2*cmaPieceMin bytes is cut into pieces, copied at
+// once by as many threads while vmCopy holds the lock on their behalf:
+// the system call's cost is pinning the peer's pages, one by one, in the
+// calling thread, and more threads share it out. The process's copies
+// together use at most cmaCopiers() threads for that (vmThreads): where
+// as many copies run at once already, each keeps to its own.
 func vmCopy(p *part, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int, write bool) error {
 	p.copying.Add(1)
 	defer p.copying.Add(-1)
@@ -550,7 +553,9 @@ func vmCopy(p *part, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int,
 	if !p.active {
 		return nil
 	}
-	k := min(cmaCopiers(), n/cmaPieceMin)
+	k := max(1, min(cmaCopiers()-int(vmThreads.Load()), n/cmaPieceMin))
+	vmThreads.Add(int32(k))
+	defer vmThreads.Add(-int32(k))
 	if k < 2 {
 		return vmCopyRun(pid, liov, riov, n, write)
 	}
@@ -577,6 +582,9 @@ func vmCopy(p *part, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int,
 // cmaPieceMin is the least bytes one thread of a vmCopy copies: below
 // it, handing a piece to another thread costs more than it saves.
 const cmaPieceMin = 1 << 20
+
+// vmThreads counts the threads of this process in vmCopy's system calls.
+var vmThreads atomic.Int32
 
 // cmaCopiers is the most threads one vmCopy copies with: the processors
 // Go runs on, at most four.
