@@ -2,6 +2,9 @@ package launcher
 
 import (
 	"bufio"
+	"context"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slimego/slimego/internal/shm"
+	"github.com/slimego/slimego/rendezvous"
 )
 
 // The guard: what is left when the launcher itself is killed.
@@ -41,6 +45,16 @@ import (
 // in them (SIGKILL) and sweeps the shared memory the dead job left
 // (shm.SweepOrphans), then exits. After a clean end the list is empty and
 // it exits at once; the launcher waits for it.
+//
+// On a node other than node 0, the launcher also gives its guard what it
+// needs to tell the other nodes ("s": the store's address, the run, the
+// node, its first rank and the job secret; "a": the attempt that runs).
+// A guard that finds groups still listed then aborts the attempt's
+// failure prefix in the store (as a launcher does for a failed worker),
+// naming the dead launcher, so that the other nodes stop their workers
+// at once and end with an error rather than run on without this node's
+// (and report success). Node 0's launcher serves the store itself: it
+// dies with it, and the other nodes learn of that from the store.
 //
 // A group is signalled only while /proc shows a live member in it: the
 // kernel does not give a new process the group's id while the group has
@@ -105,6 +119,14 @@ func startGuard(stderr io.Writer) (*guard, error) {
 func (g *guard) add(pid int)  { g.say('+', strconv.Itoa(pid)) }
 func (g *guard) drop(pid int) { g.say('-', strconv.Itoa(pid)) }
 
+// tellStore gives the guard what it needs to report the launcher's death
+// to the other nodes through the store at addr; attempt names the
+// attempt that runs from then on.
+func (g *guard) tellStore(addr, runID string, node, rank int, secret []byte) {
+	g.say('s', strings.Join([]string{addr, runID, strconv.Itoa(node), strconv.Itoa(rank), hex.EncodeToString(secret)}, "\t"))
+}
+func (g *guard) attempt(n int) { g.say('a', strconv.Itoa(n)) }
+
 // removeDir has the guard remove dir, one of the launcher's temporary
 // directories (errorfile.go), once the launcher has gone: Run removes it
 // itself, unless it is killed.
@@ -156,6 +178,8 @@ func runGuard(in io.Reader, errs io.Writer) int {
 	parent := os.Getppid() // the launcher's pid, read before it dies
 	var groups []int
 	var dirs []string
+	var rep *report
+	attempt := -1
 	defer func() {
 		for _, d := range dirs {
 			os.RemoveAll(d)
@@ -171,6 +195,18 @@ func runGuard(in io.Reader, errs io.Writer) int {
 			// Only a directory the launcher made (errorfile.go).
 			if d := l[1:]; filepath.IsAbs(d) && strings.HasPrefix(filepath.Base(d), errorsDirPrefix) {
 				dirs = append(dirs, filepath.Clean(d))
+			}
+			continue
+		}
+		switch l[0] {
+		case 's':
+			if r, err := parseReport(l[1:]); err == nil {
+				rep = r
+			}
+			continue
+		case 'a':
+			if n, err := strconv.Atoi(l[1:]); err == nil && n >= 0 {
+				attempt = n
 			}
 			continue
 		}
@@ -191,6 +227,11 @@ func runGuard(in io.Reader, errs io.Writer) int {
 		return 0
 	}
 	killed := killGroups(groups, guardGrace)
+	if rep != nil && attempt >= 0 {
+		if err := rep.send(attempt, parent); err != nil {
+			fmt.Fprintf(errs, "slimerun: the guard of the launcher (pid %d) could not tell the other nodes that it died: %v\n", parent, err)
+		}
+	}
 	removed, err := shm.SweepOrphans()
 	if len(killed) > 0 || len(removed) > 0 {
 		fmt.Fprintf(errs, "slimerun: the launcher (pid %d) died with its job running: killed what its workers left in process groups %v (%d process(es)); removed %d shared-memory segment(s)\n",
@@ -201,6 +242,49 @@ func runGuard(in io.Reader, errs io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// report is what a guard needs to tell the other nodes that its launcher
+// died (guard.tellStore).
+type report struct {
+	addr, runID string
+	node, rank  int
+	secret      []byte
+}
+
+// parseReport reads a guard.tellStore line (after its 's').
+func parseReport(l string) (*report, error) {
+	f := strings.Split(l, "\t")
+	if len(f) != 5 {
+		return nil, fmt.Errorf("%d fields", len(f))
+	}
+	node, err1 := strconv.Atoi(f[2])
+	rank, err2 := strconv.Atoi(f[3])
+	secret, err3 := hex.DecodeString(f[4])
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return nil, err
+	}
+	return &report{addr: f[0], runID: f[1], node: node, rank: rank, secret: secret}, nil
+}
+
+// guardReportBound bounds a guard's report to the store, dial included.
+const guardReportBound = 5 * time.Second
+
+// send aborts the attempt's failure prefix, then the attempt's own, in
+// the store, naming the launcher (pid) that died, as node's first rank.
+func (r *report) send(attempt, pid int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), guardReportBound)
+	defer cancel()
+	st, err := rendezvous.Dial(ctx, r.addr, rendezvous.Auth{Secret: r.secret, Job: r.runID})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	reason := lostReason(r.node, pid)
+	if err := st.Abort(ctx, failedPrefix(r.runID, attempt), r.rank, reason); err != nil {
+		return err
+	}
+	return st.Abort(ctx, rendezvous.AttemptPrefix(r.runID, attempt), r.rank, reason)
 }
 
 // killGroups sends SIGKILL to each of groups that has a live member, until

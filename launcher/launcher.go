@@ -256,6 +256,10 @@ type RemoteError struct {
 	// restart, as it does on that node: another attempt would wait for
 	// workers that node does not start.
 	NotStarted bool
+	// Lost: node Node's launcher died (killed; its guard stopped its
+	// workers and said so); the job ends everywhere, with no restart:
+	// another attempt would wait for workers that node no longer runs.
+	Lost bool
 }
 
 func (e *RemoteError) Error() string {
@@ -265,7 +269,7 @@ func (e *RemoteError) Error() string {
 	switch {
 	case e.Node < 0: // a rank outside the job: a member's abort, not a launcher's
 		return fmt.Sprintf("rank %d was reported failed: %s; this node's workers were stopped", e.Rank, why)
-	case e.Interrupted:
+	case e.Interrupted, e.Lost:
 		return fmt.Sprintf("%s; this node's workers were stopped", why)
 	case e.NotStarted:
 		return fmt.Sprintf("node %d could not start its workers: %s; this node's workers were stopped", e.Node, why)
@@ -283,6 +287,30 @@ func interruptedReason(node int, s os.Signal) string {
 func isInterrupted(node int, reason string) bool {
 	return node >= 0 && strings.HasPrefix(reason, fmt.Sprintf("node %d was interrupted by ", node))
 }
+
+// lostReason is the reason a node's guard gives the others when its
+// launcher (pid) died with workers running (guard_linux.go); isLost
+// recognizes it, from node's first rank.
+func lostReason(node, pid int) string {
+	return fmt.Sprintf("node %d's launcher (pid %d) died with its workers running; its guard killed them", node, pid)
+}
+
+func isLost(node int, reason string) bool {
+	return node >= 0 && strings.HasPrefix(reason, fmt.Sprintf("node %d's launcher ", node)) && strings.Contains(reason, " died")
+}
+
+// storeLostReason is the reason a node gives itself when node 0's store
+// is lost before node 0 said its attempt ended (endKey): node 0's
+// launcher, which serves it, died, or its host did.
+func storeLostReason(addr string, err error) string {
+	return fmt.Sprintf("node 0's launcher died, or its host did, before its workers ended: the store it served at %s was lost (%v)", addr, err)
+}
+
+// endKey is the key, under the attempt's failedPrefix, that node 0's
+// launcher sets when its workers of the attempt have all exited 0: the
+// other nodes' launchers, who wait on it, then know that losing the store
+// afterwards is node 0's end, not its death.
+func endKey(runID string, attempt int) string { return failedPrefix(runID, attempt) + "end" }
 
 // startError is the error, and the reason given the other nodes, of a
 // worker that could not be started; isStartFailure recognizes that reason
@@ -607,8 +635,18 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	cfg.Logf("workers get MASTER_ADDR=%s MASTER_PORT=%d (free for torch's store), SLIME_STORE_PORT=%d", j.workerAddr, j.torchPort, cfg.MasterPort)
 
+	if cfg.NNodes > 1 && j.srv == nil && j.storeAddr != "" {
+		// Should this launcher be killed, its guard tells the other nodes.
+		j.guard.tellStore(j.storeAddr, cfg.RunID, cfg.NodeRank, cfg.NodeRank*cfg.NProcPerNode, cfg.JobSecret)
+	}
 	for attempt := 0; ; attempt++ {
+		j.guard.attempt(attempt)
 		err := j.runAttempt(ctx, attempt, sigs)
+		if err == nil && j.srv != nil && cfg.NNodes > 1 {
+			if serr := j.srv.Set(endKey(cfg.RunID, attempt), nil); serr != nil {
+				cfg.Warnf("node 0: could not tell the other nodes that its workers ended: %v", serr)
+			}
+		}
 		if removed, _ := shm.RemovePrefix(shm.JobPrefix(cfg.RunID)); len(removed) > 0 {
 			cfg.Logf("removed %d shared-memory segment(s) the workers left: %v", len(removed), removed)
 		}
@@ -623,7 +661,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err == nil || !errors.As(err, &we) && !errors.As(err, &re) || attempt >= cfg.MaxRestarts {
 			return err
 		}
-		if re != nil && (re.Interrupted || re.NotStarted) { // another node was stopped, or did not start its workers: so is the job
+		if re != nil && (re.Interrupted || re.NotStarted || re.Lost) { // another node was stopped, did not start its workers, or died: so is the job
 			return err
 		}
 		// A signal that came after the attempt's last worker ended stops
@@ -1106,7 +1144,9 @@ func (j *job) abort(attempt, rank int, reason string, failed bool) {
 // watchFailures waits, on a connection of its own, for another node to
 // report a failed worker of the attempt (failedPrefix) and sends what it
 // reported on remote. It returns when ctx ends, or when the store cannot
-// be reached (node 0's launcher has gone: its workers are done).
+// be reached: after node 0 said its workers ended (endKey), that is node
+// 0's end; before, its launcher's death, sent on remote as a failure of
+// node 0 (storeLostReason).
 func (j *job) watchFailures(ctx context.Context, attempt int, remote chan<- *rendezvous.AbortError, st *rendezvous.Client) {
 	if st == nil {
 		var err error
@@ -1119,17 +1159,30 @@ func (j *job) watchFailures(ctx context.Context, attempt int, remote chan<- *ren
 	}
 	defer st.Close() // a cancelled wait leaves it unusable
 	prefix := failedPrefix(j.cfg.RunID, attempt)
+	ended := j.srv != nil // node 0 ends its own store
 	for {
-		err := st.Wait(ctx, prefix+"none") // never set: only an abort ends it
+		key := prefix + "none" // never set: only an abort ends the wait
+		if !ended {
+			key = endKey(j.cfg.RunID, attempt)
+		}
+		err := st.Wait(ctx, key)
+		if err == nil {
+			ended = true
+			continue
+		}
 		if ae, ok := errors.AsType[*rendezvous.AbortError](err); ok {
 			if ae.Prefix == prefix { // not a broader prefix some member aborted
 				remote <- ae
 			}
 			return
 		}
-		if !errors.Is(err, rendezvous.ErrTimeout) {
-			return
+		if errors.Is(err, rendezvous.ErrTimeout) {
+			continue
 		}
+		if !ended && ctx.Err() == nil {
+			remote <- &rendezvous.AbortError{Prefix: prefix, Rank: 0, Reason: storeLostReason(j.storeAddr, err)}
+		}
+		return
 	}
 }
 
@@ -1452,7 +1505,8 @@ wait:
 				// here: those that saw it too have that long to say so.
 				first = &RemoteError{Rank: ae.Rank, Node: node, Attempt: attempt, Reason: ae.Reason,
 					Interrupted: ae.Rank == node*cfg.NProcPerNode && isInterrupted(node, ae.Reason),
-					NotStarted:  node >= 0 && isStartFailure(ae.Rank, ae.Reason)}
+					NotStarted:  node >= 0 && isStartFailure(ae.Rank, ae.Reason),
+					Lost:        ae.Rank == node*cfg.NProcPerNode && isLost(node, ae.Reason)}
 				cfg.Logf("node %d: %v", cfg.NodeRank, first)
 			}
 		case <-tick.C:

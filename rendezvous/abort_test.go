@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -140,5 +141,40 @@ func TestServerAbortAndLookup(t *testing.T) {
 	}
 	if _, err := c.Get(ctxT(t, 50*time.Millisecond), "a/missing"); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("Get under the forgotten prefix: %v, want ErrTimeout", err)
+	}
+}
+
+// TestServerSet: a key the hosting process sets wakes a client waiting on
+// it and reads back; a key over MaxKeyBytes, or a value over the
+// server's limit, is refused and stores nothing.
+func TestServerSet(t *testing.T) {
+	s, dial := startCfg(t, ServerConfig{MaxValueBytes: 16})
+	c := dial()
+	ctx := ctxT(t, 10*time.Second)
+	done := make(chan error, 1)
+	go func() { done <- c.Wait(ctx, "run/0/end") }()
+	time.Sleep(50 * time.Millisecond) // the wait is in the server
+	if err := s.Set("run/0/end", []byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Wait: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Wait still blocked 5 s after Server.Set")
+	}
+	if v, err := c.Get(ctx, "run/0/end"); err != nil || string(v) != "ok" {
+		t.Fatalf("Get = %q, %v", v, err)
+	}
+	long := strings.Repeat("k", MaxKeyBytes+1)
+	for _, kv := range []struct{ k, v string }{{long, ""}, {"big", strings.Repeat("v", 17)}} {
+		if err := s.Set(kv.k, []byte(kv.v)); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("Set of a %d-byte key and a %d-byte value: %v, want ErrBadRequest", len(kv.k), len(kv.v), err)
+		}
+		if _, ok := s.Lookup(kv.k); ok {
+			t.Errorf("a refused %d-byte key was stored", len(kv.k))
+		}
 	}
 }

@@ -761,6 +761,21 @@ func (s *Server) abortedWait(req *message, seen *waitScan) (abortRecord, bool) {
 	return abortRecord{}, false
 }
 
+// Set stores a copy of value at key and wakes its waiters, as a client's
+// Set does: a write for the process that hosts the server. It fails, with
+// ErrBadRequest, beyond the server's limits.
+func (s *Server) Set(key string, value []byte) error {
+	if len(key) > MaxKeyBytes {
+		return fmt.Errorf("%w: set: key of %d bytes exceeds the %d-byte limit", ErrBadRequest, len(key), MaxKeyBytes)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if why := s.put(key, value); why != "" {
+		return fmt.Errorf("%w: set %q: %s", ErrBadRequest, key, why)
+	}
+	return nil
+}
+
 // Lookup returns a copy of key's value, and whether it exists, without
 // waiting: a read for the process that hosts the server.
 func (s *Server) Lookup(key string) ([]byte, bool) {
