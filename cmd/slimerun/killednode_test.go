@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,27 +28,8 @@ func TestKilledLauncherStopsOtherNodes(t *testing.T) {
 }
 
 func killedLauncherStopsOtherNodes(t *testing.T, killed int, restarts string) {
-	port := freePortString(t)
 	dir := t.TempDir()
-	var outs [2]*os.File
-	var dones [2]chan error
-	var cmds [2]*exec.Cmd
-	for n := range 2 {
-		cmds[n], outs[n], dones[n] = startSlimerun(t, "killed-node", "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
-			"--master-addr", "127.0.0.1", "--master-port", port, "--stop-grace", "1s", "--max-restarts", restarts,
-			"sh", "-c", "touch "+dir+"/up.$RANK.$TORCHELASTIC_RESTART_COUNT; exec sleep 60")
-	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		_, e0 := os.Stat(dir + "/up.0.0")
-		_, e1 := os.Stat(dir + "/up.1.0")
-		if e0 == nil && e1 == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the workers did not start:\n%s\n%s", text(outs[0]), text(outs[1]))
-		}
-	}
-	time.Sleep(200 * time.Millisecond) // the failure watches are on
+	cmds, outs, dones := twoSleepingNodes(t, "killed-node", restarts, dir)
 	t0 := time.Now()
 	cmds[killed].Process.Signal(syscall.SIGKILL)
 	other := 1 - killed

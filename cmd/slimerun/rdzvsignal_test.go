@@ -109,27 +109,8 @@ func TestSignalStopsOtherNodes(t *testing.T) {
 }
 
 func signalStopsOtherNodes(t *testing.T, restarts string) {
-	port := freePortString(t)
 	dir := t.TempDir()
-	var outs [2]*os.File
-	var dones [2]chan error
-	var cmds [2]*exec.Cmd
-	for n := range 2 {
-		cmds[n], outs[n], dones[n] = startSlimerun(t, "stop-others", "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
-			"--master-addr", "127.0.0.1", "--master-port", port, "--stop-grace", "1s", "--max-restarts", restarts,
-			"sh", "-c", "touch "+dir+"/up.$RANK.$TORCHELASTIC_RESTART_COUNT; exec sleep 60")
-	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		_, e0 := os.Stat(dir + "/up.0.0")
-		_, e1 := os.Stat(dir + "/up.1.0")
-		if e0 == nil && e1 == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the workers did not start:\n%s\n%s", text(outs[0]), text(outs[1]))
-		}
-	}
-	time.Sleep(200 * time.Millisecond) // the failure watches are on
+	cmds, outs, dones := twoSleepingNodes(t, "stop-others", restarts, dir)
 	t0 := time.Now()
 	cmds[1].Process.Signal(syscall.SIGTERM)
 	for n, want := range []int{1, 128 + int(syscall.SIGTERM)} {
@@ -147,6 +128,32 @@ func signalStopsOtherNodes(t *testing.T, restarts string) {
 	if m, _ := filepath.Glob(dir + "/up.*.[1-9]"); len(m) > 0 || strings.Contains(text(outs[0]), "restarting") {
 		t.Errorf("workers were restarted after node 1's signal (%v):\n%s", m, text(outs[0]))
 	}
+}
+
+// twoSleepingNodes starts a job of two nodes of one worker each, under the
+// job secret and --max-restarts restarts, whose workers mark their start
+// in dir (up.RANK.ATTEMPT) and sleep; it returns once both workers have
+// started and the launchers watch each other for failures.
+func twoSleepingNodes(t *testing.T, secret, restarts, dir string) (cmds [2]*exec.Cmd, outs [2]*os.File, dones [2]chan error) {
+	t.Helper()
+	port := freePortString(t)
+	for n := range 2 {
+		cmds[n], outs[n], dones[n] = startSlimerun(t, secret, "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
+			"--master-addr", "127.0.0.1", "--master-port", port, "--stop-grace", "1s", "--max-restarts", restarts,
+			"sh", "-c", "touch "+dir+"/up.$RANK.$TORCHELASTIC_RESTART_COUNT; exec sleep 60")
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, e0 := os.Stat(dir + "/up.0.0")
+		_, e1 := os.Stat(dir + "/up.1.0")
+		if e0 == nil && e1 == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the workers did not start:\n%s\n%s", text(outs[0]), text(outs[1]))
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the failure watches are on
+	return cmds, outs, dones
 }
 
 // freePortString is a TCP port of loopback free when it is asked for.
