@@ -553,23 +553,34 @@ func vmCopy(p *part, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int,
 	if !p.active {
 		return nil
 	}
-	k := max(1, min(cmaCopiers()-int(vmThreads.Load()), n/cmaPieceMin))
-	vmThreads.Add(int32(k))
+	k := takeThreads(n / cmaPieceMin)
 	defer vmThreads.Add(-int32(k))
+	if testHookVMPieces != nil {
+		testHookVMPieces(k)
+	}
 	if k < 2 {
 		return vmCopyRun(pid, liov, riov, n, write)
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, k)
-	for i := range k {
+	// Every piece is cut before any thread starts, so that nothing past
+	// this point can leave a piece copying once the lock is let go.
+	type piece struct {
+		l []unix.Iovec
+		r []unix.RemoteIovec
+		n int
+	}
+	pieces := make([]piece, k)
+	for i := range pieces {
 		lo, hi := inter.Stripe(n, k, i)
 		pl, pr := iovRange(liov, riov, lo, hi)
-		if i == k-1 { // the last piece is this goroutine's
-			errs[i] = vmCopyRun(pid, pl, pr, hi-lo, write)
-			break
-		}
-		wg.Go(func() { errs[i] = vmCopyRun(pid, pl, pr, hi-lo, write) })
+		pieces[i] = piece{pl, pr, hi - lo}
 	}
+	var wg sync.WaitGroup
+	errs := make([]error, k)
+	for i, pc := range pieces[:k-1] {
+		wg.Go(func() { errs[i] = vmCopyRun(pid, pc.l, pc.r, pc.n, write) })
+	}
+	last := pieces[k-1] // the last piece is this goroutine's
+	errs[k-1] = vmCopyRun(pid, last.l, last.r, last.n, write)
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil {
@@ -579,12 +590,30 @@ func vmCopy(p *part, pid int, liov []unix.Iovec, riov []unix.RemoteIovec, n int,
 	return nil
 }
 
-// cmaPieceMin is the least bytes one thread of a vmCopy copies: below
-// it, handing a piece to another thread costs more than it saves.
+// cmaPieceMin is about the least bytes one thread of a vmCopy copies
+// (a piece may be a few bytes short): below it, handing a piece to
+// another thread costs more than it saves.
 const cmaPieceMin = 1 << 20
 
 // vmThreads counts the threads of this process in vmCopy's system calls.
 var vmThreads atomic.Int32
+
+// takeThreads counts, in vmThreads, the threads a copy of up to want
+// pieces copies with, and returns how many: its own, and more only while
+// the process's copies together stay within cmaCopiers().
+func takeThreads(want int) int {
+	for {
+		busy := vmThreads.Load()
+		k := max(1, min(cmaCopiers()-int(busy), want))
+		if vmThreads.CompareAndSwap(busy, busy+int32(k)) {
+			return k
+		}
+	}
+}
+
+// testHookVMPieces, when set (tests only), is told the threads each
+// vmCopy copies with.
+var testHookVMPieces func(k int)
 
 // cmaCopiers is the most threads one vmCopy copies with: the processors
 // Go runs on, at most four.
