@@ -144,13 +144,14 @@ func TestVMCopyPieces(t *testing.T) {
 			t.Errorf("write %v: %d threads still counted", write, v)
 		}
 	}
-	// A hole in the peer's memory: a mapping taken away.
-	hole, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	// A hole in the peer's memory: a mapping that cannot be read (kept
+	// mapped, so that no allocation takes its place meanwhile).
+	hole, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer unix.Munmap(hole)
 	holeAt := uintptr(unsafe.Pointer(&hole[0]))
-	unix.Munmap(hole)
 	for _, first := range []bool{true, false} {
 		dst := make([]byte, n)
 		r := []unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&src[0])), Len: n - 1<<20}, {Base: holeAt, Len: 1 << 20}}
