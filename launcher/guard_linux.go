@@ -48,13 +48,16 @@ import (
 //
 // On a node other than node 0, the launcher also gives its guard what it
 // needs to tell the other nodes ("s": the store's address, the run, the
-// node, its first rank and the job secret; "a": the attempt that runs).
-// A guard that finds groups still listed then aborts the attempt's
-// failure prefix in the store (as a launcher does for a failed worker),
-// naming the dead launcher, so that the other nodes stop their workers
-// at once and end with an error rather than run on without this node's
-// (and report success). Node 0's launcher serves the store itself: it
-// dies with it, and the other nodes learn of that from the store.
+// node, its first rank, the job secret and the restarts allowed; "a":
+// the attempt that runs), and says "e" as it ends. A guard whose pipe
+// ends without "e" then aborts, in the store, the failure prefix and the
+// prefix of that attempt and of the restarts that may follow it (the
+// other nodes may have started the next one meanwhile), naming the dead
+// launcher, so that the other nodes stop their workers at once and end
+// with an error rather than run on without this node's (and report
+// success), or wait for its workers in a restart. Node 0's launcher
+// serves the store itself: it dies with it, and the other nodes learn of
+// that from the store.
 //
 // A group is signalled only while /proc shows a live member in it: the
 // kernel does not give a new process the group's id while the group has
@@ -122,8 +125,8 @@ func (g *guard) drop(pid int) { g.say('-', strconv.Itoa(pid)) }
 // tellStore gives the guard what it needs to report the launcher's death
 // to the other nodes through the store at addr; attempt names the
 // attempt that runs from then on.
-func (g *guard) tellStore(addr, runID string, node, rank int, secret []byte) {
-	g.say('s', strings.Join([]string{addr, runID, strconv.Itoa(node), strconv.Itoa(rank), hex.EncodeToString(secret)}, "\t"))
+func (g *guard) tellStore(addr, runID string, node, rank, restarts int, secret []byte) {
+	g.say('s', strings.Join([]string{addr, runID, strconv.Itoa(node), strconv.Itoa(rank), strconv.Itoa(restarts), hex.EncodeToString(secret)}, "\t"))
 }
 func (g *guard) attempt(n int) { g.say('a', strconv.Itoa(n)) }
 
@@ -152,6 +155,7 @@ func (g *guard) close() {
 		return
 	}
 	g.mu.Lock()
+	g.w.Write([]byte("e\n")) // a clean end: nothing to tell the other nodes
 	g.w.Close()
 	g.w = nil
 	g.mu.Unlock()
@@ -179,15 +183,20 @@ func runGuard(in io.Reader, errs io.Writer) int {
 	var groups []int
 	var dirs []string
 	var rep *report
-	attempt := -1
+	attempt, clean := -1, false
 	defer func() {
 		for _, d := range dirs {
 			os.RemoveAll(d)
 		}
 	}()
 	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 4096), guardLineMax) // an "s" line holds the secret
 	for sc.Scan() {
 		l := sc.Text()
+		if l == "e" {
+			clean = true
+			continue
+		}
 		if len(l) < 2 {
 			continue
 		}
@@ -223,15 +232,19 @@ func runGuard(in io.Reader, errs io.Writer) int {
 			groups = slices.DeleteFunc(groups, func(g int) bool { return g == pid })
 		}
 	}
+	tell := func() {
+		if !clean && rep != nil && attempt >= 0 {
+			if err := rep.send(attempt, parent); err != nil {
+				fmt.Fprintf(errs, "slimerun: the guard of the launcher (pid %d) could not tell the other nodes that it died: %v\n", parent, err)
+			}
+		}
+	}
 	if len(groups) == 0 {
+		tell()
 		return 0
 	}
 	killed := killGroups(groups, guardGrace)
-	if rep != nil && attempt >= 0 {
-		if err := rep.send(attempt, parent); err != nil {
-			fmt.Fprintf(errs, "slimerun: the guard of the launcher (pid %d) could not tell the other nodes that it died: %v\n", parent, err)
-		}
-	}
+	tell()
 	removed, err := shm.SweepOrphans()
 	if len(killed) > 0 || len(removed) > 0 {
 		fmt.Fprintf(errs, "slimerun: the launcher (pid %d) died with its job running: killed what its workers left in process groups %v (%d process(es)); removed %d shared-memory segment(s)\n",
@@ -247,31 +260,43 @@ func runGuard(in io.Reader, errs io.Writer) int {
 // report is what a guard needs to tell the other nodes that its launcher
 // died (guard.tellStore).
 type report struct {
-	addr, runID string
-	node, rank  int
-	secret      []byte
+	addr, runID          string
+	node, rank, restarts int
+	secret               []byte
 }
+
+// guardLineMax bounds a line of the guard's pipe: an "s" line carries the
+// job secret in hex (ReadSecretFile's and the environment's limits are
+// well under it).
+const guardLineMax = 1 << 20
 
 // parseReport reads a guard.tellStore line (after its 's').
 func parseReport(l string) (*report, error) {
 	f := strings.Split(l, "\t")
-	if len(f) != 5 {
+	if len(f) != 6 {
 		return nil, fmt.Errorf("%d fields", len(f))
 	}
 	node, err1 := strconv.Atoi(f[2])
 	rank, err2 := strconv.Atoi(f[3])
-	secret, err3 := hex.DecodeString(f[4])
-	if err := errors.Join(err1, err2, err3); err != nil {
+	restarts, err3 := strconv.Atoi(f[4])
+	secret, err4 := hex.DecodeString(f[5])
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return nil, err
 	}
-	return &report{addr: f[0], runID: f[1], node: node, rank: rank, secret: secret}, nil
+	return &report{addr: f[0], runID: f[1], node: node, rank: rank, restarts: restarts, secret: secret}, nil
 }
+
+// guardAbortsMax bounds the attempts a guard's report aborts: the one
+// that ran and the restarts after it, which the other nodes may have
+// reached meanwhile (a store keeps 1024 aborted prefixes).
+const guardAbortsMax = 16
 
 // guardReportBound bounds a guard's report to the store, dial included.
 const guardReportBound = 5 * time.Second
 
-// send aborts the attempt's failure prefix, then the attempt's own, in
-// the store, naming the launcher (pid) that died, as node's first rank.
+// send aborts the failure prefix, then the attempt's own, of the attempt
+// and of the restarts that may follow it, in the store, naming the
+// launcher (pid) that died, as node's first rank.
 func (r *report) send(attempt, pid int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), guardReportBound)
 	defer cancel()
@@ -281,10 +306,15 @@ func (r *report) send(attempt, pid int) error {
 	}
 	defer st.Close()
 	reason := lostReason(r.node, pid)
-	if err := st.Abort(ctx, failedPrefix(r.runID, attempt), r.rank, reason); err != nil {
-		return err
+	for a := attempt; a <= min(r.restarts, attempt+guardAbortsMax-1) || a == attempt; a++ {
+		if err := st.Abort(ctx, failedPrefix(r.runID, a), r.rank, reason); err != nil {
+			return err
+		}
+		if err := st.Abort(ctx, rendezvous.AttemptPrefix(r.runID, a), r.rank, reason); err != nil {
+			return err
+		}
 	}
-	return st.Abort(ctx, rendezvous.AttemptPrefix(r.runID, attempt), r.rank, reason)
+	return nil
 }
 
 // killGroups sends SIGKILL to each of groups that has a live member, until

@@ -289,10 +289,10 @@ func isInterrupted(node int, reason string) bool {
 }
 
 // lostReason is the reason a node's guard gives the others when its
-// launcher (pid) died with workers running (guard_linux.go); isLost
-// recognizes it, from node's first rank.
+// launcher (pid) died before the job ended there (guard_linux.go);
+// isLost recognizes it, and storeLostReason, from node's first rank.
 func lostReason(node, pid int) string {
-	return fmt.Sprintf("node %d's launcher (pid %d) died with its workers running; its guard killed them", node, pid)
+	return fmt.Sprintf("node %d's launcher (pid %d) died before the job ended there; its guard stopped what its workers left", node, pid)
 }
 
 func isLost(node int, reason string) bool {
@@ -302,8 +302,8 @@ func isLost(node int, reason string) bool {
 // storeLostReason is the reason a node gives itself when node 0's store
 // is lost before node 0 said its attempt ended (endKey): node 0's
 // launcher, which serves it, died, or its host did.
-func storeLostReason(addr string, err error) string {
-	return fmt.Sprintf("node 0's launcher died, or its host did, before its workers ended: the store it served at %s was lost (%v)", addr, err)
+func storeLostReason(addr string, attempt int, err error) string {
+	return fmt.Sprintf("node 0's launcher died, or its host did: its store at %s was lost before node 0 ended attempt %d (%v)", addr, attempt, err)
 }
 
 // endKey is the key, under the attempt's failedPrefix, that node 0's
@@ -637,7 +637,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	if cfg.NNodes > 1 && j.srv == nil && j.storeAddr != "" {
 		// Should this launcher be killed, its guard tells the other nodes.
-		j.guard.tellStore(j.storeAddr, cfg.RunID, cfg.NodeRank, cfg.NodeRank*cfg.NProcPerNode, cfg.JobSecret)
+		j.guard.tellStore(j.storeAddr, cfg.RunID, cfg.NodeRank, cfg.NodeRank*cfg.NProcPerNode, cfg.MaxRestarts, cfg.JobSecret)
 	}
 	for attempt := 0; ; attempt++ {
 		j.guard.attempt(attempt)
@@ -1145,25 +1145,37 @@ func (j *job) abort(attempt, rank int, reason string, failed bool) {
 // report a failed worker of the attempt (failedPrefix) and sends what it
 // reported on remote. It returns when ctx ends, or when the store cannot
 // be reached: after node 0 said its workers ended (endKey), that is node
-// 0's end; before, its launcher's death, sent on remote as a failure of
-// node 0 (storeLostReason).
+// 0's end; before, it dials again (reach), and a store still out of reach
+// is node 0's death, sent on remote as a failure of node 0's first rank
+// (storeLostReason). A store that answers again (node 0 was only slow)
+// is watched on.
 func (j *job) watchFailures(ctx context.Context, attempt int, remote chan<- *rendezvous.AbortError, st *rendezvous.Client) {
+	prefix := failedPrefix(j.cfg.RunID, attempt)
+	ended := j.srv != nil // node 0 ends its own store
+	lost := func(err error) {
+		if !ended && ctx.Err() == nil {
+			remote <- &rendezvous.AbortError{Prefix: prefix, Rank: 0, Reason: storeLostReason(j.storeAddr, attempt, err)}
+		}
+	}
 	if st == nil {
 		var err error
-		if st, err = rendezvous.Dial(ctx, j.storeAddr, j.cfg.auth()); err != nil {
-			if ctx.Err() == nil {
-				j.cfg.Warnf("node %d: cannot watch the other nodes' workers for failures: %v", j.cfg.NodeRank, err)
-			}
+		if st, ended, err = j.reach(ctx, attempt, ended); err != nil {
+			lost(err)
 			return
 		}
 	}
-	defer st.Close() // a cancelled wait leaves it unusable
-	prefix := failedPrefix(j.cfg.RunID, attempt)
-	ended := j.srv != nil // node 0 ends its own store
+	defer func() { // a cancelled wait leaves it unusable
+		if st != nil {
+			st.Close()
+		}
+	}()
 	for {
 		key := prefix + "none" // never set: only an abort ends the wait
 		if !ended {
 			key = endKey(j.cfg.RunID, attempt)
+		}
+		if watchTimeout > 0 {
+			st.Timeout = watchTimeout
 		}
 		err := st.Wait(ctx, key)
 		if err == nil {
@@ -1179,10 +1191,62 @@ func (j *job) watchFailures(ctx context.Context, attempt int, remote chan<- *ren
 		if errors.Is(err, rendezvous.ErrTimeout) {
 			continue
 		}
-		if !ended && ctx.Err() == nil {
-			remote <- &rendezvous.AbortError{Prefix: prefix, Rank: 0, Reason: storeLostReason(j.storeAddr, err)}
+		if ended || ctx.Err() != nil {
+			return
 		}
-		return
+		st.Close()
+		var rerr error
+		if st, ended, rerr = j.reach(ctx, attempt, ended); rerr != nil {
+			lost(fmt.Errorf("%v; dialled again: %w", err, rerr))
+			st = nil
+			return
+		}
+	}
+}
+
+// storeLostBound bounds how long a launcher tries to reach node 0's store
+// again, once the connection it watched on failed, before it takes node
+// 0 for dead; a store that refuses the connection (nothing listens: node
+// 0's launcher is gone) is dead at once.
+const storeLostBound = 10 * time.Second
+
+// watchTimeout, when set (tests only), bounds each wait of watchFailures
+// (default: the client's, rendezvous.DefaultTimeout).
+var watchTimeout time.Duration
+
+// reach dials node 0's store for watchFailures, within storeLostBound, and
+// reports whether the attempt's endKey is set (or ended already was); the
+// error is the last dial's when it cannot.
+func (j *job) reach(ctx context.Context, attempt int, ended bool) (*rendezvous.Client, bool, error) {
+	bound := time.Now().Add(storeLostBound)
+	for {
+		// A plain connect first: a refusal says at once that nothing
+		// listens, which the store's dial would retry until its bound.
+		var d net.Dialer
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		c, err := d.DialContext(dctx, "tcp", j.storeAddr)
+		cancel()
+		if err == nil {
+			c.Close()
+			dctx, cancel = context.WithTimeout(ctx, 3*time.Second)
+			var st *rendezvous.Client
+			if st, err = rendezvous.Dial(dctx, j.storeAddr, j.cfg.auth()); err == nil {
+				var found bool
+				if found, err = st.Check(dctx, endKey(j.cfg.RunID, attempt)); err == nil {
+					cancel()
+					return st, ended || found, nil
+				}
+				st.Close()
+			}
+			cancel()
+		}
+		if ctx.Err() != nil || errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(bound) {
+			return nil, ended, err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -73,5 +74,69 @@ func TestNodesEndApart(t *testing.T) {
 	}
 	if strings.Contains(text(outs[1]), "died") {
 		t.Errorf("node 1 reports a death:\n%s", text(outs[1]))
+	}
+}
+
+// TestKilledLauncherDuringRestart: rank 0 fails its first attempt and
+// node 0 restarts while node 1 still waits, its grace running, for a
+// worker that ignores SIGTERM. Node 1's launcher killed then is told to
+// node 0's next attempt (its guard aborts the attempts after the one it
+// knew), which ends at once, naming it, rather than run on to exit 0.
+// Node 0's killed then, node 1 restarts once its grace is over, cannot
+// reach the store for its next attempt and ends, naming node 0.
+func TestKilledLauncherDuringRestart(t *testing.T) {
+	for _, k := range []struct {
+		killed int
+		grace  string
+	}{{1, "20s"}, {0, "2s"}} {
+		t.Run(fmt.Sprintf("node%d", k.killed), func(t *testing.T) {
+			dir := t.TempDir()
+			port := freePortString(t)
+			script := fmt.Sprintf(`touch %s/up.$RANK.$TORCHELASTIC_RESTART_COUNT
+if [ $RANK = 0 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then exit 1; fi
+if [ $RANK = 1 ]; then trap '' TERM; fi
+exec sleep 60`, dir)
+			var cmds [2]*exec.Cmd
+			var outs [2]*os.File
+			var dones [2]chan error
+			for n := range 2 {
+				cmds[n], outs[n], dones[n] = startSlimerun(t, "restart-kill", "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
+					"--master-addr", "127.0.0.1", "--master-port", port, "--stop-grace", k.grace, "--max-restarts", "1",
+					"sh", "-c", script)
+			}
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if _, err := os.Stat(dir + "/up.0.1"); err == nil { // node 0's next attempt runs
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("node 0 did not restart:\n%s\n%s", text(outs[0]), text(outs[1]))
+				}
+			}
+			time.Sleep(300 * time.Millisecond) // its failure watch is on
+			t0 := time.Now()
+			cmds[k.killed].Process.Signal(syscall.SIGKILL)
+			other := 1 - k.killed
+			code, ok := exited(dones[other], 20*time.Second)
+			if !ok {
+				t.Fatalf("node %d still runs %v after node %d's launcher was killed:\n%s\nnode %d:\n%s", other, time.Since(t0).Round(time.Millisecond), k.killed, text(outs[other]), k.killed, text(outs[k.killed]))
+			}
+			want := fmt.Sprintf("node %d's launcher ", k.killed)
+			if code != 1 || !strings.Contains(text(outs[other]), want) {
+				t.Errorf("node %d: exit %d, want 1 saying %q:\n%s", other, code, want, text(outs[other]))
+			}
+		})
+	}
+}
+
+// TestKilledLauncherLongSecret: a job secret of 40000 bytes (its hex
+// longer than a scanner's default line) still reaches node 1's guard,
+// which tells node 0 of node 1's death.
+func TestKilledLauncherLongSecret(t *testing.T) {
+	dir := t.TempDir()
+	cmds, outs, dones := twoSleepingNodes(t, strings.Repeat("s", 40000), "0", dir)
+	cmds[1].Process.Signal(syscall.SIGKILL)
+	code, ok := exited(dones[0], 15*time.Second)
+	if !ok || code != 1 || !strings.Contains(text(outs[0]), "node 1's launcher (pid ") {
+		t.Fatalf("node 0: exit %d (ended %v), want 1 naming node 1's launcher:\n%s", code, ok, text(outs[0]))
 	}
 }
