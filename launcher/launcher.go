@@ -54,6 +54,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -300,17 +301,18 @@ func isLost(node int, reason string) bool {
 }
 
 // storeLostReason is the reason a node gives itself when node 0's store
-// is lost before node 0 said its attempt ended (endKey): node 0's
-// launcher, which serves it, died, or its host did.
+// is lost before node 0 said it ended (endKey): node 0's launcher, which
+// serves it, died, or its host did.
 func storeLostReason(addr string, attempt int, err error) string {
-	return fmt.Sprintf("node 0's launcher died, or its host did: its store at %s was lost before node 0 ended attempt %d (%v)", addr, attempt, err)
+	return fmt.Sprintf("node 0's launcher died, or its host did: its store at %s was lost in attempt %d before node 0 said it ended (%v)", addr, attempt, err)
 }
 
-// endKey is the key, under the attempt's failedPrefix, that node 0's
-// launcher sets when its workers of the attempt have all exited 0: the
-// other nodes' launchers, who wait on it, then know that losing the store
-// afterwards is node 0's end, not its death.
-func endKey(runID string, attempt int) string { return failedPrefix(runID, attempt) + "end" }
+// endKey is the key that node 0's launcher sets when its last attempt's
+// workers have all exited 0: the other nodes' launchers, who wait on it
+// for the whole run (watchEnd), then know that losing the store
+// afterwards is node 0's end, not its death. It lies outside the prefixes
+// that launchers abort.
+func endKey(runID string) string { return "slimerun-end/" + runID }
 
 // startError is the error, and the reason given the other nodes, of a
 // worker that could not be started; isStartFailure recognizes that reason
@@ -505,6 +507,8 @@ type job struct {
 	cpuBase int
 	// storeAddr is where this node reaches the store (across nodes).
 	storeAddr string
+	// node0Ended: node 0 said it ended (endKey; watchEnd, reach).
+	node0Ended atomic.Bool
 	// watch is the connection the first attempt's watchFailures waits
 	// on, made during the rendezvous while node 0 surely serves (a node
 	// 0 whose workers failed at once may have stopped taking connections
@@ -636,6 +640,10 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg.Logf("workers get MASTER_ADDR=%s MASTER_PORT=%d (free for torch's store), SLIME_STORE_PORT=%d", j.workerAddr, j.torchPort, cfg.MasterPort)
 
 	if cfg.NNodes > 1 && j.srv == nil && j.storeAddr != "" {
+		ectx, ecancel := context.WithCancel(context.Background())
+		ended := make(chan struct{})
+		go func() { defer close(ended); j.watchEnd(ectx) }()
+		defer func() { ecancel(); <-ended }()
 		// Should this launcher be killed, its guard tells the other nodes.
 		j.guard.tellStore(j.storeAddr, cfg.RunID, cfg.NodeRank, cfg.NodeRank*cfg.NProcPerNode, cfg.MaxRestarts, cfg.JobSecret)
 	}
@@ -643,7 +651,7 @@ func Run(ctx context.Context, cfg Config) error {
 		j.guard.attempt(attempt)
 		err := j.runAttempt(ctx, attempt, sigs)
 		if err == nil && j.srv != nil && cfg.NNodes > 1 {
-			if serr := j.srv.Set(endKey(cfg.RunID, attempt), nil); serr != nil {
+			if serr := j.srv.Set(endKey(cfg.RunID), nil); serr != nil {
 				cfg.Warnf("node 0: could not tell the other nodes that its workers ended: %v", serr)
 			}
 		}
@@ -1144,22 +1152,22 @@ func (j *job) abort(attempt, rank int, reason string, failed bool) {
 // watchFailures waits, on a connection of its own, for another node to
 // report a failed worker of the attempt (failedPrefix) and sends what it
 // reported on remote. It returns when ctx ends, or when the store cannot
-// be reached: after node 0 said its workers ended (endKey), that is node
-// 0's end; before, it dials again (reach), and a store still out of reach
-// is node 0's death, sent on remote as a failure of node 0's first rank
-// (storeLostReason). A store that answers again (node 0 was only slow)
-// is watched on.
+// be reached: once node 0 said it ended (endKey, node0Ended), that is
+// node 0's end; before, it dials again (reach), and a store still out of
+// reach is node 0's death, sent on remote as a failure of node 0's first
+// rank (storeLostReason). A store that answers again (node 0 was only
+// slow) is watched on.
 func (j *job) watchFailures(ctx context.Context, attempt int, remote chan<- *rendezvous.AbortError, st *rendezvous.Client) {
 	prefix := failedPrefix(j.cfg.RunID, attempt)
-	ended := j.srv != nil // node 0 ends its own store
+	ended := func() bool { return j.srv != nil || j.node0Ended.Load() } // node 0 ends its own store
 	lost := func(err error) {
-		if !ended && ctx.Err() == nil {
+		if !ended() && ctx.Err() == nil {
 			remote <- &rendezvous.AbortError{Prefix: prefix, Rank: 0, Reason: storeLostReason(j.storeAddr, attempt, err)}
 		}
 	}
 	if st == nil {
 		var err error
-		if st, ended, err = j.reach(ctx, attempt, ended); err != nil {
+		if st, err = j.reach(ctx); err != nil {
 			lost(err)
 			return
 		}
@@ -1170,18 +1178,10 @@ func (j *job) watchFailures(ctx context.Context, attempt int, remote chan<- *ren
 		}
 	}()
 	for {
-		key := prefix + "none" // never set: only an abort ends the wait
-		if !ended {
-			key = endKey(j.cfg.RunID, attempt)
-		}
 		if watchTimeout > 0 {
 			st.Timeout = watchTimeout
 		}
-		err := st.Wait(ctx, key)
-		if err == nil {
-			ended = true
-			continue
-		}
+		err := st.Wait(ctx, prefix+"none") // never set: only an abort ends the wait
 		if ae, ok := errors.AsType[*rendezvous.AbortError](err); ok {
 			if ae.Prefix == prefix { // not a broader prefix some member aborted
 				remote <- ae
@@ -1191,14 +1191,51 @@ func (j *job) watchFailures(ctx context.Context, attempt int, remote chan<- *ren
 		if errors.Is(err, rendezvous.ErrTimeout) {
 			continue
 		}
-		if ended || ctx.Err() != nil {
+		if err == nil || ended() || ctx.Err() != nil {
 			return
 		}
 		st.Close()
 		var rerr error
-		if st, ended, rerr = j.reach(ctx, attempt, ended); rerr != nil {
+		if st, rerr = j.reach(ctx); rerr != nil {
 			lost(fmt.Errorf("%v; dialled again: %w", err, rerr))
-			st = nil
+			return
+		}
+	}
+}
+
+// watchEnd waits, on a connection of its own, for node 0 to say it ended
+// (endKey), and records it in node0Ended, for the whole run of a node
+// other than node 0: between attempts too, when no failure watch runs. A
+// connection that fails is dialled again (reach); a store out of reach
+// ends it (the failure watches say what that means).
+func (j *job) watchEnd(ctx context.Context) {
+	st, err := j.reach(ctx)
+	if err != nil {
+		return
+	}
+	defer func() {
+		if st != nil {
+			st.Close()
+		}
+	}()
+	for {
+		if watchTimeout > 0 {
+			st.Timeout = watchTimeout
+		}
+		err := st.Wait(ctx, endKey(j.cfg.RunID))
+		if err == nil {
+			j.node0Ended.Store(true)
+			return
+		}
+		if errors.Is(err, rendezvous.ErrTimeout) {
+			continue
+		}
+		st.Close()
+		st = nil
+		if ctx.Err() != nil {
+			return
+		}
+		if st, err = j.reach(ctx); err != nil {
 			return
 		}
 	}
@@ -1214,10 +1251,10 @@ const storeLostBound = 10 * time.Second
 // (default: the client's, rendezvous.DefaultTimeout).
 var watchTimeout time.Duration
 
-// reach dials node 0's store for watchFailures, within storeLostBound, and
-// reports whether the attempt's endKey is set (or ended already was); the
-// error is the last dial's when it cannot.
-func (j *job) reach(ctx context.Context, attempt int, ended bool) (*rendezvous.Client, bool, error) {
+// reach dials node 0's store for watchFailures and watchEnd, within
+// storeLostBound, and records in node0Ended whether node 0 said it ended
+// (endKey); the error is the last dial's when it cannot.
+func (j *job) reach(ctx context.Context) (*rendezvous.Client, error) {
 	bound := time.Now().Add(storeLostBound)
 	for {
 		// A plain connect first: a refusal says at once that nothing
@@ -1232,16 +1269,19 @@ func (j *job) reach(ctx context.Context, attempt int, ended bool) (*rendezvous.C
 			var st *rendezvous.Client
 			if st, err = rendezvous.Dial(dctx, j.storeAddr, j.cfg.auth()); err == nil {
 				var found bool
-				if found, err = st.Check(dctx, endKey(j.cfg.RunID, attempt)); err == nil {
+				if found, err = st.Check(dctx, endKey(j.cfg.RunID)); err == nil {
 					cancel()
-					return st, ended || found, nil
+					if found {
+						j.node0Ended.Store(true)
+					}
+					return st, nil
 				}
 				st.Close()
 			}
 			cancel()
 		}
 		if ctx.Err() != nil || errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(bound) {
-			return nil, ended, err
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():

@@ -80,11 +80,11 @@ func (p *stallProxy) close() {
 	}
 }
 
-// TestWatchSurvivesStalledStore: a node's failure watch whose connection
-// to node 0's store stalls past the wait's answer (node 0's launcher
-// paused, packets lost for seconds) reaches the store again and reports
-// nothing; once node 0 has set the attempt's end key, the store going
-// away is its end, reported as nothing. A store that goes away before
+// TestWatchSurvivesStalledStore: a node's failure and end watches whose
+// connections to node 0's store stall past the wait's answer (node 0's
+// launcher paused, packets lost for seconds) reach the store again and
+// report nothing; once node 0 has set the end key, the store going away
+// is its end, reported as nothing. A store that goes away before
 // the end key (nothing listens: node 0's launcher died) is reported
 // within seconds as node 0's death.
 func TestWatchSurvivesStalledStore(t *testing.T) {
@@ -100,8 +100,9 @@ func TestWatchSurvivesStalledStore(t *testing.T) {
 		j := &job{cfg: cfg, storeAddr: px.ln.Addr().String()}
 		ctx, cancel := context.WithCancel(context.Background())
 		remote := make(chan *rendezvous.AbortError, 1)
-		done := make(chan struct{})
+		done, endDone := make(chan struct{}), make(chan struct{})
 		go func() { defer close(done); j.watchFailures(ctx, 0, remote, nil) }()
+		go func() { defer close(endDone); j.watchEnd(ctx) }()
 		time.Sleep(500 * time.Millisecond)
 		px.stalled.Store(true)
 		time.Sleep(4 * time.Second) // the wait's answer is 2 s overdue meanwhile
@@ -112,10 +113,14 @@ func TestWatchSurvivesStalledStore(t *testing.T) {
 		case <-time.After(2 * time.Second):
 		}
 		if ends {
-			if err := srv.Set(endKey(cfg.RunID, 0), nil); err != nil {
+			if err := srv.Set(endKey(cfg.RunID), nil); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(200 * time.Millisecond)
+			for deadline := time.Now().Add(10 * time.Second); !j.node0Ended.Load(); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the end key was not seen 10 s after it was set")
+				}
+			}
 		}
 		t0 := time.Now()
 		px.close()
@@ -134,10 +139,12 @@ func TestWatchSurvivesStalledStore(t *testing.T) {
 			}
 		}
 		cancel()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Fatal("watchFailures did not return after its context ended")
+		for _, c := range []chan struct{}{done, endDone} {
+			select {
+			case <-c:
+			case <-time.After(10 * time.Second):
+				t.Fatal("a watch did not return after its context ended")
+			}
 		}
 	}
 }

@@ -140,3 +140,38 @@ func TestKilledLauncherLongSecret(t *testing.T) {
 		t.Fatalf("node 0: exit %d (ended %v), want 1 naming node 1's launcher:\n%s", code, ok, text(outs[0]))
 	}
 }
+
+// TestNodeEndsWhileOtherStops: rank 0 fails its first attempt, node 0
+// restarts and its next attempt succeeds, and node 0 ends (its store's
+// grace of 10 s over) while node 1 still waits, its grace of 12 s
+// running, for a worker that ignores SIGTERM. Node 1's next attempt
+// cannot reach the store, but node 0 said it ended: both exit 0, and
+// nobody is reported dead.
+func TestNodeEndsWhileOtherStops(t *testing.T) {
+	dir := t.TempDir()
+	port := freePortString(t)
+	script := fmt.Sprintf(`touch %s/up.$RANK.$TORCHELASTIC_RESTART_COUNT
+[ $TORCHELASTIC_RESTART_COUNT = 1 ] && exit 0
+[ $RANK = 0 ] && exit 1
+trap '' TERM
+exec sleep 60`, dir)
+	var outs [2]*os.File
+	var dones [2]chan error
+	for n := range 2 {
+		_, outs[n], dones[n] = startSlimerun(t, "ends-apart", "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
+			"--master-addr", "127.0.0.1", "--master-port", port, "--stop-grace", "12s", "--max-restarts", "1",
+			"sh", "-c", script)
+	}
+	for n := range 2 {
+		code, ok := exited(dones[n], 40*time.Second)
+		if !ok || code != 0 {
+			t.Errorf("node %d: exit %d (ended %v), want 0:\n%s", n, code, ok, text(outs[n]))
+		}
+	}
+	if _, err := os.Stat(dir + "/up.1.1"); err != nil {
+		t.Errorf("node 1 did not run its next attempt: %v\n%s", err, text(outs[1]))
+	}
+	if strings.Contains(text(outs[1]), "died") {
+		t.Errorf("node 1 reports a death:\n%s", text(outs[1]))
+	}
+}
