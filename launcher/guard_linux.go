@@ -305,6 +305,22 @@ func (r *report) send(attempt, pid int) error {
 		return err
 	}
 	defer st.Close()
+	// The store may be another run's of the same job (the same address,
+	// secret and run id, started again at once): only where this
+	// launcher's claim of its node rank stands is the run its own.
+	claim := claimKey(r.runID, r.node)
+	if ok, err := st.Check(ctx, claim); err != nil {
+		return err
+	} else if !ok {
+		return fmt.Errorf("the store at %s lists no launcher of node %d: another run of the job; not told", r.addr, r.node)
+	}
+	v, err := st.Get(ctx, claim)
+	if err != nil {
+		return err
+	}
+	if n, perr := parseNodeInfo(v); perr != nil || n.Pid != pid {
+		return fmt.Errorf("the store at %s lists another launcher of node %d (%s): another run of the job; not told", r.addr, r.node, printable(string(v), 200))
+	}
 	reason := lostReason(r.node, pid)
 	for a := attempt; a <= min(r.restarts, attempt+guardAbortsMax-1) || a == attempt; a++ {
 		if err := st.Abort(ctx, failedPrefix(r.runID, a), r.rank, reason); err != nil {

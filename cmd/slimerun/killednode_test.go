@@ -175,3 +175,35 @@ exec sleep 60`, dir)
 		t.Errorf("node 1 reports a death:\n%s", text(outs[1]))
 	}
 }
+
+// TestKilledJobSparesTheNext: both launchers of a job killed, and the
+// same command (same port, secret and run id) started again at once:
+// node 1's old guard, still trying to tell the old store, reaches the new
+// job's store and must not fail it (the claim of node 1 there is another
+// launcher's). Both nodes of the new job exit 0.
+func TestKilledJobSparesTheNext(t *testing.T) {
+	dir := t.TempDir()
+	cmds, _, dones := twoSleepingNodes(t, "next-job", "0", dir)
+	port := ""
+	for i, a := range cmds[0].Args {
+		if a == "--master-port" {
+			port = cmds[0].Args[i+1]
+		}
+	}
+	cmds[0].Process.Signal(syscall.SIGKILL)
+	cmds[1].Process.Signal(syscall.SIGKILL)
+	exited(dones[0], 5*time.Second)
+	exited(dones[1], 5*time.Second)
+	var outs [2]*os.File
+	var next [2]chan error
+	for n := range 2 {
+		_, outs[n], next[n] = startSlimerun(t, "next-job", "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
+			"--master-addr", "127.0.0.1", "--master-port", port, "sh", "-c", "sleep 6")
+	}
+	for n := range 2 {
+		code, ok := exited(next[n], 40*time.Second)
+		if !ok || code != 0 {
+			t.Errorf("the next job's node %d: exit %d (ended %v), want 0:\n%s", n, code, ok, text(outs[n]))
+		}
+	}
+}
