@@ -50,7 +50,9 @@ import (
 // needs to tell the other nodes ("s": the store's address, the run, the
 // node, its first rank, the job secret and the restarts allowed; "a":
 // the attempt that runs), and says "e" as it ends. A guard whose pipe
-// ends without "e" then aborts, in the store, the failure prefix and the
+// ends without "e" then aborts, in the store (where it still lists the
+// launcher's claim of its node: not another run of the job started again
+// at the same address), the failure prefix and the
 // prefix of that attempt and of the restarts that may follow it (the
 // other nodes may have started the next one meanwhile), naming the dead
 // launcher, so that the other nodes stop their workers at once and end
@@ -123,7 +125,7 @@ func (g *guard) add(pid int)  { g.say('+', strconv.Itoa(pid)) }
 func (g *guard) drop(pid int) { g.say('-', strconv.Itoa(pid)) }
 
 // tellStore gives the guard what it needs to report the launcher's death
-// to the other nodes through the store at addr; attempt names the
+// to the other nodes through the store at addr; attempt tells it the
 // attempt that runs from then on.
 func (g *guard) tellStore(addr, runID string, node, rank, restarts int, secret []byte) {
 	g.say('s', strings.Join([]string{addr, runID, strconv.Itoa(node), strconv.Itoa(rank), strconv.Itoa(restarts), hex.EncodeToString(secret)}, "\t"))

@@ -1248,7 +1248,7 @@ func (j *job) watchEnd(ctx context.Context) {
 const storeLostBound = 10 * time.Second
 
 // watchTimeout, when set (tests only), bounds each wait of watchFailures
-// (default: the client's, rendezvous.DefaultTimeout).
+// and watchEnd (default: the client's, rendezvous.DefaultTimeout).
 var watchTimeout time.Duration
 
 // reach dials node 0's store for watchFailures and watchEnd, within
