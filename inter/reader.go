@@ -356,7 +356,7 @@ func (r *Reader) FD() int { return r.fd }
 // at the stream's end, or when upto bytes are buffered already.
 func (r *Reader) Fill(fd uintptr, upto int) (int, error) {
 	if len(r.ahead) < upto {
-		a := make([]byte, max(upto, len(r.ahead)))
+		a := make([]byte, upto)
 		r.ahi = copy(a, r.ahead[r.alo:r.ahi])
 		r.ahead, r.alo = a, 0
 	} else if r.alo > 0 {

@@ -324,7 +324,8 @@ func (r *report) send(attempt, pid int) error {
 		return fmt.Errorf("the store at %s lists another launcher of node %d (%s): another run of the job; not told", r.addr, r.node, printable(string(v), 200))
 	}
 	reason := lostReason(r.node, pid)
-	for a := attempt; a <= min(r.restarts, attempt+guardAbortsMax-1) || a == attempt; a++ {
+	last := max(attempt, min(r.restarts, attempt+guardAbortsMax-1))
+	for a := attempt; a <= last; a++ {
 		if err := st.Abort(ctx, failedPrefix(r.runID, a), r.rank, reason); err != nil {
 			return err
 		}

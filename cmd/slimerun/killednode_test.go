@@ -71,6 +71,13 @@ func TestNodesEndApart(t *testing.T) {
 		if !ok || code != 0 {
 			t.Errorf("node %d: exit %d (ended %v), want 0:\n%s", n, code, ok, text(outs[n]))
 		}
+		if n == 0 {
+			select {
+			case <-dones[1]:
+				t.Fatal("node 1 ended before node 0 (and its store): the test saw no store go away")
+			default:
+			}
+		}
 	}
 	if strings.Contains(text(outs[1]), "died") {
 		t.Errorf("node 1 reports a death:\n%s", text(outs[1]))
