@@ -257,9 +257,10 @@ type RemoteError struct {
 	// restart, as it does on that node: another attempt would wait for
 	// workers that node does not start.
 	NotStarted bool
-	// Lost: node Node's launcher died (killed; its guard stopped its
-	// workers and said so); the job ends everywhere, with no restart:
-	// another attempt would wait for workers that node no longer runs.
+	// Lost: node Node's launcher died (its guard said so; for node 0,
+	// its store went away before node 0 said it ended); the job ends
+	// everywhere, with no restart: another attempt would wait for
+	// workers that node no longer runs.
 	Lost bool
 }
 
