@@ -1026,10 +1026,15 @@ func (b *p2pBench) paired(ctx context.Context, emit func(P2PResult)) error {
 	for _, pr := range pairs {
 		most = max(most, pr.bytes())
 	}
-	raw, cp := make([]byte, most), make([]byte, most)
+	// The memcpy reads src, not raw: raw has just been sent when the copy
+	// starts, so its bytes would be in this core's cache, where the read's
+	// source (the peer's memory, last read an iteration ago) is not. Like
+	// the read's destination, the copy's is cleared before it is timed.
+	raw, src, cp := make([]byte, most), make([]byte, most), make([]byte, most)
 	for i := range raw {
 		raw[i] = byte(i*7 + 1) // touched once, as memcpy's are
 	}
+	copy(src, raw)
 	copy(cp, raw)
 	for pi, pr := range pairs {
 		n := int(pr.s) * pr.batch
@@ -1076,8 +1081,9 @@ func (b *p2pBench) paired(ctx context.Context, emit func(P2PResult)) error {
 			dP2P := float64(time.Since(t0).Nanoseconds()) / 1e3
 			transport = f.Transport()
 			wrong += countWrongBytes(b.region[:n], b.expect[:n])
+			clear(cp[:n])
 			t0 = time.Now()
-			copy(cp[:n], raw[:n])
+			copy(cp[:n], src[:n])
 			dCopy := float64(time.Since(t0).Nanoseconds()) / 1e3
 			if timed {
 				tRaw, tP2P, tCopy = append(tRaw, dRaw), append(tP2P, dP2P), append(tCopy, dCopy)
