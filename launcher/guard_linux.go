@@ -171,6 +171,23 @@ func (g *guard) close() {
 	}
 }
 
+// abandon ends the list without the clean end's "e" (Run panicked): the
+// guard stops what is left and tells the other nodes, as if the launcher
+// had been killed. It does not wait for the guard (which takes up to
+// guardGrace), only reaps it once it exits.
+func (g *guard) abandon() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	if g.w != nil {
+		g.w.Close()
+		g.w = nil
+	}
+	g.mu.Unlock()
+	go g.cmd.Wait()
+}
+
 // runGuard is the guard process: it reads the list from in until it ends,
 // then cleans up after the groups still listed, telling errs what it did.
 // It returns the process's exit code.

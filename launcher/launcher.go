@@ -286,6 +286,12 @@ func interruptedReason(node int, s os.Signal) string {
 	return fmt.Sprintf("node %d was interrupted by %v", node, s)
 }
 
+// cancelledReason is interruptedReason for a Run whose context was
+// cancelled (the launcher used as a library, stopped by its caller).
+func cancelledReason(node int) string {
+	return fmt.Sprintf("node %d was interrupted by its launcher's caller (Run's context was cancelled)", node)
+}
+
 func isInterrupted(node int, reason string) bool {
 	return node >= 0 && strings.HasPrefix(reason, fmt.Sprintf("node %d was interrupted by ", node))
 }
@@ -528,7 +534,11 @@ type job struct {
 // returns nil when every worker exited 0, a *JobError naming the first
 // failure (and the rank the workers blame), a *RemoteError when a worker
 // of another node failed first (this node's workers are then stopped as
-// when one of its own fails), or an *ErrInterrupted.
+// when one of its own fails), or an *ErrInterrupted. Cancelling ctx stops
+// the workers as a SIGTERM would, and across nodes tells the others that
+// this node was interrupted (they stop theirs and do not restart). A
+// panic in Run is no clean end: the guard stops what is left and tells
+// the other nodes, as if the launcher had been killed.
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.defaults(); err != nil {
 		return err
@@ -578,7 +588,15 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		cfg.Logf("no guard process (what the workers leave is not cleaned up if slimerun is killed): %v", err)
 	}
-	defer g.close()
+	defer func() {
+		// A panic is no clean end: the guard stops what the workers
+		// left and tells the other nodes, as if the launcher were killed.
+		if r := recover(); r != nil {
+			g.abandon()
+			panic(r)
+		}
+		g.close()
+	}()
 	j := &job{cfg: &cfg, bindHost: "127.0.0.1", workerAddr: "127.0.0.1", guard: g, noProgram: noProgram}
 	defer func() {
 		if j.errDir != "" {
@@ -1291,6 +1309,10 @@ func (j *job) reach(ctx context.Context) (*rendezvous.Client, error) {
 	}
 }
 
+// testHookStarted, when set (tests only), runs once an attempt's workers
+// have been started, in Run's goroutine.
+var testHookStarted func(node, attempt int)
+
 // testHookAbort, when set (tests only), runs before an abort is sent
 // through the client, in the abort's goroutine.
 var testHookAbort func(rank int)
@@ -1476,6 +1498,9 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	if startErr != nil {
 		first = startErr
 	}
+	if testHookStarted != nil {
+		testHookStarted(cfg.NodeRank, attempt)
+	}
 	running := started
 	tick := time.NewTicker(cfg.MonitorInterval)
 	defer tick.Stop()
@@ -1634,6 +1659,9 @@ wait:
 			done = nil
 			if first == nil {
 				first = &ErrInterrupted{Signal: syscall.SIGTERM}
+				if cfg.NNodes > 1 { // as for a signal: the other nodes stop theirs too
+					j.abort(attempt, cfg.NodeRank*cfg.NProcPerNode, cancelledReason(cfg.NodeRank), true)
+				}
 			}
 			startStop(syscall.SIGTERM)
 		case <-killAt:
