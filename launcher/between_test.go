@@ -1,11 +1,13 @@
 package launcher
 
 import (
+	"context"
 	"errors"
 	"os"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestSignalBetweenAttempts: a signal that arrives after an attempt's
@@ -26,5 +28,30 @@ func TestSignalBetweenAttempts(t *testing.T) {
 	}
 	if !strings.Contains(out, "attempt=0") || strings.Contains(out, "attempt=1") {
 		t.Errorf("a worker of the next attempt started after the signal:\n%s", out)
+	}
+}
+
+// TestCancelBetweenAttempts: a Run whose context is cancelled after an
+// attempt's workers have all ended, before it restarts them, stops the
+// job there, as a signal does: no worker of the next attempt starts.
+// Before, the next attempt's workers started and were stopped at once
+// (here they ignore SIGTERM, so they say that they started).
+func TestCancelBetweenAttempts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	betweenAttempts = func(chan<- os.Signal) {
+		betweenAttempts = nil // the first attempt's end only
+		cancel()
+	}
+	t.Cleanup(func() { betweenAttempts = nil })
+	var out syncBuffer
+	err := Run(ctx, Config{Standalone: true, NProcPerNode: 1, MaxRestarts: 3, StopGrace: time.Second,
+		Program: "sh", Args: []string{"-c", `trap '' TERM; echo attempt=$TORCHELASTIC_RESTART_COUNT; exit 3`}, Stdout: &out, Stderr: &out})
+	var ie *ErrInterrupted
+	if !errors.As(err, &ie) || !strings.Contains(err.Error(), "exit") {
+		t.Errorf("err = %v; want an interruption naming the first attempt's failure", err)
+	}
+	if !strings.Contains(out.String(), "attempt=0") || strings.Contains(out.String(), "attempt=1") {
+		t.Errorf("a worker of the next attempt started after the cancel:\n%s", out.String())
 	}
 }

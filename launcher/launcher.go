@@ -700,6 +700,12 @@ func Run(ctx context.Context, cfg Config) error {
 				j.aborts.Wait()
 			}
 			return fmt.Errorf("launcher: node %d: %w before restarting the workers after: %v", cfg.NodeRank, &ErrInterrupted{Signal: s}, err)
+		case <-ctx.Done(): // as a signal, as in runAttempt
+			if cfg.NNodes > 1 {
+				j.abort(attempt+1, cfg.NodeRank*cfg.NProcPerNode, cancelledReason(cfg.NodeRank), true)
+				j.aborts.Wait()
+			}
+			return fmt.Errorf("launcher: node %d: %w (Run's context was cancelled) before restarting the workers after: %v", cfg.NodeRank, &ErrInterrupted{Signal: syscall.SIGTERM}, err)
 		default:
 		}
 		cfg.Logf("%v; restarting the workers (%d of %d restarts)", err, attempt+1, cfg.MaxRestarts)
