@@ -49,21 +49,24 @@ func twoNodes(t *testing.T, runID, dir string) (cancels [2]context.CancelFunc, e
 			}
 		}
 	})
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		_, e0 := os.Stat(dir + "/up.0.0")
-		_, e1 := os.Stat(dir + "/up.1.0")
-		if e0 == nil && e1 == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the workers did not start:\n%s\n%s", outs[0].String(), outs[1].String())
-		}
+	if !appears(dir+"/up.0.0") || !appears(dir+"/up.1.0") {
+		t.Fatalf("the workers did not start:\n%s\n%s", outs[0].String(), outs[1].String())
 	}
 	time.Sleep(200 * time.Millisecond) // the failure watches are on
 	if m, _ := filepath.Glob(dir + "/up.*.[1-9]"); len(m) > 0 {
 		t.Fatalf("workers restarted: %v", m)
 	}
 	return cancels, ends, outs
+}
+
+// appears waits (20 s at most) for path to exist and says whether it does.
+func appears(path string) bool {
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(path); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 type panicked struct{ v any }
@@ -117,16 +120,8 @@ func TestPanicInRunTellsOtherNodes(t *testing.T) {
 		if node != 1 {
 			return
 		}
-		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			if _, err := os.Stat(dir + "/up.0.0"); err == nil {
-				break
-			}
-		}
-		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			if _, err := os.Stat(dir + "/up.1.0"); err == nil {
-				break
-			}
-		}
+		appears(dir + "/up.0.0")
+		appears(dir + "/up.1.0")
 		time.Sleep(300 * time.Millisecond) // twoNodes has seen both
 		panic("a bug in the launcher")
 	}
