@@ -83,6 +83,54 @@ func TestConcurrentConnect(t *testing.T) {
 	}
 }
 
+// TestConcurrentConnectDialerEnds is the other way round: the Connect
+// that dials has the short deadline (or is cancelled) and the one
+// waiting for its link the long one. The dialer's end is its own: the
+// waiting Connect, whose context is live, dials again and links.
+func TestConcurrentConnectDialerEnds(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		short func(ctx context.Context) (context.Context, context.CancelFunc)
+		want  error
+	}{
+		{"deadline", func(ctx context.Context) (context.Context, context.CancelFunc) {
+			return context.WithTimeout(ctx, 200*time.Millisecond)
+		}, ErrTimeout},
+		{"cancel", func(ctx context.Context) (context.Context, context.CancelFunc) {
+			cctx, cancel := context.WithCancel(ctx)
+			time.AfterFunc(200*time.Millisecond, cancel)
+			return cctx, cancel
+		}, ErrCancelled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t, 20*time.Second)
+			a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+			in := info{name: "slow", addr: slowAcceptor(t, 600*time.Millisecond)}
+			sctx, cancel := tc.short(ctx)
+			defer cancel()
+			short := make(chan error, 1)
+			go func() {
+				_, err := a.ConnectInfo(sctx, in.encode())
+				short <- err
+			}()
+			time.Sleep(100 * time.Millisecond) // the first is dialing
+			lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+			defer lcancel()
+			start := time.Now()
+			p, err := a.ConnectInfo(lctx, in.encode())
+			if err != nil {
+				t.Fatalf("a Connect with 10 s left failed after %v because the dialing Connect's context ended (%s): %v", time.Since(start).Round(time.Millisecond), tc.name, err)
+			}
+			if p.Name() != "slow" {
+				t.Fatalf("linked to %q", p.Name())
+			}
+			if err := <-short; !errors.Is(err, tc.want) {
+				t.Fatalf("the dialing Connect: %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
 // TestConnectInfoOfAnotherName: Connect(name) takes the Info stored
 // under name; an Info there that names another endpoint (a stale or
 // tampered entry) is not that endpoint's: Connect must not return a

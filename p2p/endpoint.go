@@ -414,18 +414,32 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
 	for _, p := range held {
-		select {
-		case <-p.f.done:
-		case <-ctx.Done():
+		if !doneFirst(p.f.done, ctx) {
 			return opErr("deregister", p.f.peer, r.label(), ended(ctx), "this endpoint's %s from the peer is held up in the kernel by the peer's memory (a same-host copy whose pages do not come)", p.f.op)
 		}
 	}
-	select {
-	case <-r.drained:
-		return nil
-	case <-ctx.Done():
+	if !doneFirst(r.drained, ctx) {
 		peer, who := r.holding()
 		return opErr("deregister", peer, r.label(), ended(ctx), "%s still uses it", who)
+	}
+	return nil
+}
+
+// doneFirst waits for ch to close or ctx to end, and reports whether ch
+// closed. A ch already closed wins over a ctx already done: a select of
+// both would pick one at random, and fail a wait that had nothing left to
+// wait for.
+func doneFirst(ch <-chan struct{}, ctx context.Context) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+	}
+	select {
+	case <-ch:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -668,6 +682,8 @@ func (e *Endpoint) Publish(ctx context.Context) error {
 // the deadline passes, ErrCancelled when ctx is cancelled) and connecting
 // when there is no link yet. Both ends may call it, at once or not: there
 // is one link per pair, and either side may start any operation on it.
+// Several Connects to one peer at once share one dial, and each ends at
+// its own context: one whose dialing Connect ended first dials again.
 // An Info whose address refuses connections fails it at once: with
 // ErrPeerLost where the peer was on this host and its process has exited,
 // else with ErrRefused.
@@ -706,10 +722,23 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 	}
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
+	for {
+		p, again, err := e.connect(ctx, in)
+		if !again {
+			return p, err
+		}
+	}
+}
+
+// connect is one try of ConnectInfo: it dials, or waits for the link that
+// another Connect dials or the peer makes. again reports that the
+// Connect which dialed ended by its own context (not by the peer), while
+// ctx is live: ConnectInfo tries again, and may dial itself.
+func (e *Endpoint) connect(ctx context.Context, in info) (_ *Peer, again bool, _ error) {
 	e.mu.Lock()
 	if e.shut {
 		e.mu.Unlock()
-		return nil, opErr("connect", in.name, "", ErrClosed, "the endpoint is closed")
+		return nil, false, opErr("connect", in.name, "", ErrClosed, "the endpoint is closed")
 	}
 	p := e.peers[in.name]
 	dial := p == nil
@@ -725,11 +754,14 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 		if dial {
 			err := e.dial(ctx, p, in)
 			if err != nil && !errors.Is(err, errDup) {
-				if dup && ctx.Err() != nil { // a dial again, cut by the deadline
-					err = opErr("connect", in.name, "", ended(ctx), "%s", dupWhy)
+				if spent(ctx) {
+					if dup { // a dial again, cut by the deadline
+						err = opErr("connect", in.name, "", ended(ctx), "%s", dupWhy)
+					}
+					p.cut = true // before dropPeer closes p.ready
 				}
 				e.dropPeer(p, err)
-				return nil, err
+				return nil, false, err
 			}
 			dup = dup || err != nil
 		}
@@ -744,10 +776,12 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 		select {
 		case <-p.ready:
 			if p.err != nil {
-				return nil, p.err
+				// The dialing Connect's context ended, not the peer:
+				// this one's deadline is its own.
+				return nil, p.cut && !dial && ctx.Err() == nil, p.err
 			}
 			p.l.enableCMA(in)
-			return p, nil
+			return p, false, nil
 		case <-retry:
 			continue
 		case <-ctx.Done():
@@ -759,11 +793,22 @@ func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, er
 			if dial {
 				// Only the Connect that dials gives the peer up: another
 				// waiting for its link ends alone, at its own deadline.
+				p.cut = true
 				e.dropPeer(p, err)
 			}
-			return nil, err
+			return nil, false, err
 		}
 	}
+}
+
+// spent reports whether ctx has ended or its deadline has passed: a
+// socket's deadline, set from ctx's, may fire before ctx's own timer.
+func spent(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // refusedDial is Connect's error where the peer's Info's address refuses
