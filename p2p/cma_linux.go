@@ -435,10 +435,12 @@ func (c *conn) granted(h header, p *part) error {
 	// chunk).
 	l, idx, write := c.l, c.idx, h.sub == rWriteV
 	l.wg.Add(1) // the reader counts in l.wg: it is not at zero
+	l.grantCopies.Add(1)
 	go func() {
 		defer l.wg.Done()
 		err := l.grantCopy(p, rem, write)
 		l.enqueue(idx, frame{kind: kRelease, id: h.id})
+		l.grantCopies.Add(-1)
 		if err != nil {
 			p.finish(opErr(p.f.op, l.p.name, p.f.label(), ErrPeerLost, "copying through the grant: %v", err))
 			return

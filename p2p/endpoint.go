@@ -148,8 +148,11 @@ type Endpoint struct {
 	// peer linked again under the same name has another); seq orders
 	// them across links (Endpoint.Imm). A queue holds no link: one left
 	// here after its link's end keeps nothing else alive.
-	imms   map[*immQueue]struct{}
-	immN   int
+	imms map[*immQueue]struct{}
+	immN int
+	// immOf counts the undelivered immediates of each peer name, over
+	// all its links (maxImmPeer).
+	immOf  map[string]int
 	immSeq uint64
 	// immGen is closed, and replaced, when an immediate is queued or a
 	// link fails: every Imm waiting then looks again.
@@ -212,7 +215,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	rand.Read(first[:])
 	e := &Endpoint{opts: o, key: auth.NewKey(o.Auth.Secret, o.Auth.Job), ln: ln.(*net.TCPListener), addr: ln.Addr().String(),
 		host: machine.PIDSpace(), done: make(chan struct{}), closed: make(chan struct{}), regs: map[uint64]*Region{}, names: map[string]struct{}{}, peers: map[string]*Peer{},
-		immGen: make(chan struct{}), imms: make(map[*immQueue]struct{}), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
+		immGen: make(chan struct{}), imms: make(map[*immQueue]struct{}), immOf: make(map[string]int), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
 	e.token = new(uint64)
 	rand.Read(first[:])
 	*e.token = binary.LittleEndian.Uint64(first[:]) | 1
@@ -410,7 +413,7 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	if r == nil || r.e != e {
 		return opErr("deregister", "", "", ErrInvalid, "not a region of this endpoint")
 	}
-	held := e.withdraw(r)
+	held := e.withdraw(r, "deregistered")
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
 	for _, p := range held {
@@ -447,8 +450,9 @@ func doneFirst(ch <-chan struct{}, ctx context.Context) bool {
 // this side's transfers on it fail, and the peers' leases of it are
 // revoked; r.drained closes once the peers' requests let go of its memory,
 // and this side's transfers have once their parts in held (those whose
-// same-host copy was in the kernel: part.finish) are done.
-func (e *Endpoint) withdraw(r *Region) (held []*part) {
+// same-host copy was in the kernel: part.finish) are done. how ("was
+// deregistered") goes into the transfers' errors.
+func (e *Endpoint) withdraw(r *Region, how string) (held []*part) {
 	e.mu.Lock()
 	if e.regs[r.id] == r { // not withdrawn before: the name is r's
 		delete(e.regs, r.id)
@@ -466,7 +470,9 @@ func (e *Endpoint) withdraw(r *Region) (held []*part) {
 	}
 	r.mu.Unlock()
 	for _, p := range users {
-		if p.finish(opErr(p.f.op, p.f.peer, r.label(), ErrClosed, "the region was deregistered during the transfer")) {
+		// The error names the transfer's region (the peer's), as every
+		// other error of the transfer does, and this side's in its text.
+		if p.finish(opErr(p.f.op, p.f.peer, p.f.label(), ErrClosed, "this side's region %s was %s during the transfer", r.label(), how)) {
 			held = append(held, p)
 		}
 	}
@@ -1406,6 +1412,9 @@ func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 				delete(e.imms, from)
 			}
 			e.immN--
+			if e.immOf[v.Peer]--; e.immOf[v.Peer] == 0 {
+				delete(e.immOf, v.Peer)
+			}
 			e.immMu.Unlock()
 			return v, nil
 		}
@@ -1431,19 +1440,21 @@ func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 }
 
 // pushImm queues v, an immediate that q's link delivered, unless the
-// endpoint's queue or the link's share of it is full, or the link has
+// endpoint's queue or the peer name's share of it (over all the links
+// made under that name) is full, or the link has
 // failed (a frame its reader had read ahead): Peer.Imm may have said so
 // already, and the sender got no answer for it.
 func (e *Endpoint) pushImm(q *immQueue, v uint32) bool {
 	e.immMu.Lock()
 	defer e.immMu.Unlock()
-	if e.immN >= maxImm || len(q.q) >= maxImmPeer || q.err != nil {
+	if e.immN >= maxImm || e.immOf[q.peer] >= maxImmPeer || q.err != nil {
 		return false // full; or the link has failed, and its Peer.Imm said so
 	}
 	e.immSeq++
 	q.q = append(q.q, queuedImm{Imm{Peer: q.peer, Value: v}, e.immSeq})
 	e.imms[q] = struct{}{}
 	e.immN++
+	e.immOf[q.peer]++
 	close(e.immGen)
 	e.immGen = make(chan struct{})
 	return true
@@ -1464,9 +1475,11 @@ func (e *Endpoint) immsEnded(q *immQueue, err error) {
 // no peer touches a region any more. It gives this side's leases of the
 // peers' regions back, on every link at once (waiting up to half a
 // heartbeat or a second for leases still being granted or copied
-// through). Its regions are withdrawn then, as by Deregister: peers'
-// leases of them are revoked and the memory they copy is waited for, up
-// to a heartbeat, before the links close; memory
+// through). Its regions are withdrawn then, as by Deregister: this
+// side's transfers on them fail, its copies through the peers' grants
+// stop and give the grants back (up to half a heartbeat or a second),
+// peers' leases of them are revoked and the memory they copy is waited
+// for, up to a heartbeat, before the links close; memory
 // still lent then (a peer that did not answer) is waited for until the
 // peer's process has exited or another heartbeat has passed (ErrTimeout
 // if something still holds a region after that: its memory must not be
@@ -1501,8 +1514,17 @@ func (e *Endpoint) Close() error {
 	}
 	gave.Wait()
 	for _, r := range regs {
-		e.withdraw(r) // a part it leaves to a held-up copy keeps a goroutine of e.wg: see stopped below
+		e.withdraw(r, "withdrawn by Close") // a part it leaves to a held-up copy keeps a goroutine of e.wg: see stopped below
 	}
+	// The copies through the peers' grants (their parts finished now)
+	// send their releases before the links end, on every link at once.
+	released := time.Now().Add(min(e.opts.Heartbeat/2, time.Second))
+	for _, p := range peers {
+		if p.l != nil {
+			gave.Go(func() { p.l.endGrantCopies(released) })
+		}
+	}
+	gave.Wait()
 	drained := func(d time.Duration) error {
 		t := time.NewTimer(d)
 		defer t.Stop()

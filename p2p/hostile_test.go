@@ -2852,3 +2852,51 @@ func TestReadAnsweredOnNamedConnection(t *testing.T) {
 		t.Fatal("the honest read differs")
 	}
 }
+
+// TestImmPerPeerNameAcrossLinks: the share of undelivered immediates is
+// the peer name's, not its link's: a peer that filled its share and
+// links again under the same name (its immediates still queued) is
+// refused as busy at once, until the target takes some.
+func TestImmPerPeerNameAcrossLinks(t *testing.T) {
+	ctx := ctxT(t, 2*time.Minute)
+	target := endpoint(t, ctx, Options{Name: "target", Auth: testAuth(), TCPOnly: true})
+	tr, _ := target.Register("kv", make([]byte, 256))
+	link := func() (*Endpoint, *Peer, *Region) {
+		e, err := New(ctx, Options{Name: "flood", Auth: testAuth(), TCPOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := e.ConnectInfo(ctx, target.Info())
+		if err != nil {
+			t.Fatal(err)
+		}
+		lr, _ := e.Register("src", []byte{1})
+		return e, p, lr
+	}
+	e, p, lr := link()
+	for sent := 0; sent < maxImmPeer; {
+		var fs []*Future
+		for ; sent < maxImmPeer && len(fs) < 256; sent++ {
+			fs = append(fs, p.WriteWithImm([]Op{{Local: lr, Remote: tr.Remote(), RemoteOff: len(fs), Len: 1}}, uint32(sent)))
+		}
+		for _, f := range fs {
+			if err := f.Wait(ctx); err != nil {
+				t.Fatalf("immediate %d of %d: %v", sent, maxImmPeer, err)
+			}
+		}
+	}
+	e.Close()
+	e, p, lr = link()
+	defer e.Close()
+	ops := []Op{{Local: lr, Remote: tr.Remote(), Len: 1}}
+	err := p.WriteWithImm(ops, maxImmPeer).Wait(ctx)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "undelivered immediates") {
+		t.Fatalf("the same name linked again, its first link's %d immediates still queued: %v, want a busy refusal", maxImmPeer, err)
+	}
+	if _, err := target.Imm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WriteWithImm(ops, maxImmPeer+1).Wait(ctx); err != nil {
+		t.Fatalf("after the target took one: %v", err)
+	}
+}

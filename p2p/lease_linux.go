@@ -307,6 +307,23 @@ func (l *link) giveBackLeases() {
 	l.flush(time.Until(end) + time.Millisecond)
 }
 
+// endGrantCopies waits until end for this side's copies through the
+// peer's grants to queue their releases (Close has finished their parts:
+// each stops at its next chunk), then for the releases to leave. The
+// peer cannot tell a release lost with the link from a copy still going
+// in a process that runs, and would hold its regions until a heartbeat
+// after the link's end. A link with no such copy sends nothing and does
+// not wait.
+func (l *link) endGrantCopies(end time.Time) {
+	if l.grantCopies.Load() == 0 {
+		return
+	}
+	for time.Now().Before(end) && l.grantCopies.Load() > 0 && l.failed() == nil {
+		time.Sleep(time.Millisecond)
+	}
+	l.flush(time.Until(end) + time.Millisecond)
+}
+
 // leasesHeld says whether a lease of this side's is not given back yet
 // while the link lives.
 func (l *link) leasesHeld() bool {

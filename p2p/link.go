@@ -229,9 +229,13 @@ type link struct {
 	// grantRefs counts the region references of all grants, one per run
 	// of a grant's ranges in one region (at most maxGrantRefs).
 	grantRefs int
-	serving   map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
-	cma       atomic.Bool             // same host: copy with process_vm_readv/writev (cma_linux.go)
-	pid       int                     // the peer's process, when cma
+	// grantCopies counts this side's copies through the peer's grants
+	// that have not yet queued their release (Close waits for them:
+	// endGrantCopies).
+	grantCopies atomic.Int32
+	serving     map[uint64]*atomic.Bool // reads being answered, by the peer's request id: set to stop
+	cma         atomic.Bool             // same host: copy with process_vm_readv/writev (cma_linux.go)
+	pid         int                     // the peer's process, when cma
 	// waitReads: a small transfer's Wait may read its answer itself
 	// (own_linux.go): the peer is not in this process.
 	waitReads bool

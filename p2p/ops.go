@@ -78,7 +78,7 @@ func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
 	}
 	for _, o := range ops[1:] {
 		if o.Remote.ID != ops[0].Remote.ID {
-			f.region = "" // several: the error's detail names the descriptor
+			f.region = "" // several: the error names none (the target's OnRefuse names the descriptor)
 			break
 		}
 	}
