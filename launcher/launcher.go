@@ -806,15 +806,18 @@ func claimKey(runID string, n int) string { return nodesPrefix(runID) + "node/" 
 // it is, to name it.
 type nodeInfo struct {
 	NNodes, NProcPerNode int
-	Host, Addr           string
-	Pid                  int
+	// Restarts is the node's --max-restarts: a node that restarts its
+	// workers where another gives up would wait for that one's workers.
+	Restarts   int
+	Host, Addr string
+	Pid        int
 	// Machine is machine.PIDSpace() of the launcher: where it equals this
 	// launcher's, Pid is a process this one can see.
 	Machine string
 }
 
 func (n nodeInfo) encode() []byte {
-	return fmt.Appendf(nil, "nnodes=%d nproc=%d host=%s addr=%s pid=%d machine=%s", n.NNodes, n.NProcPerNode, n.Host, n.Addr, n.Pid, n.Machine)
+	return fmt.Appendf(nil, "nnodes=%d nproc=%d restarts=%d host=%s addr=%s pid=%d machine=%s", n.NNodes, n.NProcPerNode, n.Restarts, n.Host, n.Addr, n.Pid, n.Machine)
 }
 
 // dead says whether n is a launcher of this machine and pid namespace
@@ -838,6 +841,10 @@ func parseNodeInfo(b []byte) (nodeInfo, error) {
 			n.NNodes, err = strconv.Atoi(v)
 		case "nproc":
 			n.NProcPerNode, err = strconv.Atoi(v)
+		case "restarts":
+			if n.Restarts, err = strconv.Atoi(v); err == nil && n.Restarts < 0 {
+				err = errors.New("negative")
+			}
 		case "host":
 			n.Host = v
 		case "addr":
@@ -869,7 +876,7 @@ func (n nodeInfo) who() string {
 
 // given is what a node was given that every node must share.
 func (n nodeInfo) given() string {
-	return fmt.Sprintf("--nnodes %d --nproc-per-node %d", n.NNodes, n.NProcPerNode)
+	return fmt.Sprintf("--nnodes %d --nproc-per-node %d --max-restarts %d", n.NNodes, n.NProcPerNode, n.Restarts)
 }
 
 // joinInterruptible is joinNodes, called off by a SIGINT, SIGTERM, SIGHUP or
@@ -987,7 +994,7 @@ func (j *job) joinNodes(ctx context.Context) error {
 	}()
 	host, _ := os.Hostname()
 	ip, _ := netaddr.LocalIP("", cfg.MasterAddr) // "" where there is no route: the record names the host and pid still
-	self := nodeInfo{NNodes: cfg.NNodes, NProcPerNode: cfg.NProcPerNode, Host: host, Addr: ip, Pid: os.Getpid(), Machine: machine.PIDSpace()}
+	self := nodeInfo{NNodes: cfg.NNodes, NProcPerNode: cfg.NProcPerNode, Restarts: cfg.MaxRestarts, Host: host, Addr: ip, Pid: os.Getpid(), Machine: machine.PIDSpace()}
 	v, ok, err := st.CompareAndSet(ctx, claimKey(cfg.RunID, cfg.NodeRank), nil, self.encode())
 	if err != nil {
 		return fmt.Errorf("launcher: node %d: claim node rank %d: %w", cfg.NodeRank, cfg.NodeRank, err)
@@ -1059,7 +1066,7 @@ func (j *job) joinNodes(ctx context.Context) error {
 		if err != nil {
 			return fail(fmt.Errorf("node 0 published a bad %w", err))
 		}
-		if n0.NNodes != self.NNodes || n0.NProcPerNode != self.NProcPerNode {
+		if n0.NNodes != self.NNodes || n0.NProcPerNode != self.NProcPerNode || n0.Restarts != self.Restarts {
 			return fail(fmt.Errorf("node %d (%s) was given %s, node 0 (%s) %s: every node must be given the same", cfg.NodeRank, self.who(), self.given(), n0.who(), n0.given()))
 		}
 	}

@@ -95,6 +95,42 @@ func TestNodeMismatchRefused(t *testing.T) {
 	}
 }
 
+// TestRestartsMismatchRefused: nodes given different --max-restarts fail
+// at the rendezvous, each naming both counts. Else, after a failure, the
+// node allowed a restart started its workers again alone and waited for
+// the other node's ranks, which never came (or, its own ranks done,
+// ended with success a job whose other node had failed).
+func TestRestartsMismatchRefused(t *testing.T) {
+	port := freeTCPPort(t, "127.0.0.1")
+	runID := "restarts-" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var outs [2]syncBuffer
+	chs := make([]chan error, 2)
+	for n, restarts := range []int{1, 0} {
+		chs[n] = make(chan error, 1)
+		go func() {
+			chs[n] <- Run(ctx, Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
+				RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: 6 * time.Second, StopGrace: time.Second, MaxRestarts: restarts,
+				Program: "sh", Args: []string{"-c", "exit 3"}, Stdout: &outs[n], Stderr: &outs[n]})
+		}()
+	}
+	for n, ch := range chs {
+		err := result(ch, "node "+strconv.Itoa(n))
+		t.Logf("node %d: %v", n, err)
+		if err == nil || !strings.Contains(err.Error(), "--max-restarts 1") || !strings.Contains(err.Error(), "--max-restarts 0") {
+			t.Errorf("node %d: err = %v\nwant a refusal naming both --max-restarts", n, err)
+			continue
+		}
+		if strings.Contains(err.Error(), "did not join") {
+			t.Errorf("node %d waited out its rendezvous timeout: %v", n, err)
+		}
+		if strings.Contains(outs[n].String(), "restarting") {
+			t.Errorf("node %d restarted:\n%s", n, outs[n].String())
+		}
+	}
+}
+
 // TestDuplicateNodeRank: a second launcher that claims a node rank
 // already taken fails at once, naming the rank and the host and pid of
 // the launcher that holds it; it does not abort the job of the first,
@@ -180,6 +216,8 @@ func FuzzParseNodeInfo(f *testing.F) {
 	f.Add([]byte("nnodes=2 nproc=4"))
 	f.Add([]byte("nnodes=2 nproc=4 host=a=b extra=1"))
 	f.Add([]byte("nnodes=x"))
+	f.Add([]byte("nnodes=2 nproc=4 restarts=3 host=vm"))
+	f.Add([]byte("nnodes=2 nproc=4 restarts=-1"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		n, err := parseNodeInfo(b)
 		if err != nil {
