@@ -12,7 +12,8 @@
 // (Config.MasterPort: slimerun's --master-port or --rdzv-endpoint's port)
 // and node 0 picks a free port for MASTER_PORT (it binds port 0 on the
 // store's address, reads the port and closes, as torchrun's c10d backend
-// does) and publishes it in the store for the other nodes. Workers learn
+// does) and publishes it in the store for the other nodes, a new one for
+// each restart across nodes (startTogether). Workers learn
 // the launcher's store from SLIME_STORE_PORT (host: MASTER_ADDR) with
 // SLIME_AGENT_STORE=1, and TORCHELASTIC_USE_AGENT_STORE=False tells torch
 // to host its own store on MASTER_PORT.
@@ -680,16 +681,26 @@ func Run(ctx context.Context, cfg Config) error {
 		if betweenAttempts != nil {
 			betweenAttempts(sigs)
 		}
+		// The other nodes may wait at the next attempt's start
+		// (startTogether): a node that ends the job after a failure
+		// fails their wait at once, naming why.
+		end := func(err error) error {
+			if err != nil && cfg.NNodes > 1 && j.storeAddr != "" {
+				j.abort(attempt+1, cfg.NodeRank*cfg.NProcPerNode, endedReason(cfg.NodeRank, attempt, err), true)
+				j.aborts.Wait()
+			}
+			return err
+		}
 		if _, ok := errors.AsType[*UnreapedError](err); ok {
-			return err // no attempt beside workers that could not be reaped
+			return end(err) // no attempt beside workers that could not be reaped
 		}
 		var we *WorkerError
 		var re *RemoteError
 		if err == nil || !errors.As(err, &we) && !errors.As(err, &re) || attempt >= cfg.MaxRestarts {
-			return err
+			return end(err)
 		}
 		if re != nil && (re.Interrupted || re.NotStarted || re.Lost) { // another node was stopped, did not start its workers, or died: so is the job
-			return err
+			return end(err)
 		}
 		// A signal that came after the attempt's last worker ended stops
 		// the job here, before another attempt's workers start.
@@ -709,7 +720,121 @@ func Run(ctx context.Context, cfg Config) error {
 		default:
 		}
 		cfg.Logf("%v; restarting the workers (%d of %d restarts)", err, attempt+1, cfg.MaxRestarts)
+		if cfg.NNodes > 1 {
+			if serr := j.startTogether(ctx, attempt+1, sigs); serr != nil {
+				return serr
+			}
+		}
 	}
+}
+
+// endedReason is how a node that ends the job after a failed attempt
+// tells the nodes that may wait for it at the next attempt's start.
+func endedReason(node, attempt int, err error) string {
+	return fmt.Sprintf("node %d ended the job after its attempt %d, without a restart: %v", node, attempt, err)
+}
+
+// startKey is the barrier every node's launcher joins before attempt n
+// (n ≥ 1) of a job across nodes, and portKey where node 0 publishes that
+// attempt's MASTER_PORT. Both lie under failedPrefix(n): a node's
+// failure, death (its guard), signal or end aborts it, and the others'
+// waits there fail at once.
+func startKey(runID string, n int) string { return failedPrefix(runID, n) + "start" }
+func portKey(runID string, n int) string  { return failedPrefix(runID, n) + "master_port" }
+
+// startTogether is the start of attempt n (n ≥ 1) across nodes: each
+// node's launcher comes once its own workers of attempt n-1 are gone, and
+// none starts its workers before every node has come, so that no worker
+// of attempt n meets a worker of attempt n-1 still stopping on another
+// node (a rank 0 whose SIGTERM handler saves a checkpoint still serves
+// torch's store, which a new rank 1 would join and wait in for good). For
+// the same reason node 0 picks each attempt a MASTER_PORT of its own, and
+// publishes it before it comes. The wait is bounded by RdzvTimeout (a
+// node still stopping its workers takes up to its --stop-grace) and ends
+// at once when another node aborts the attempt (it ended the job, was
+// stopped, or died), or this one is stopped (SIGINT, SIGTERM, SIGHUP,
+// SIGQUIT or ctx), which it tells the others.
+func (j *job) startTogether(ctx context.Context, n int, sigs chan os.Signal) error {
+	cfg := j.cfg
+	rank := cfg.NodeRank * cfg.NProcPerNode
+	bctx, cancel := context.WithTimeout(ctx, cfg.RdzvTimeout)
+	defer cancel()
+	stopped := make(chan os.Signal, 1)
+	wctx, wcancel := context.WithCancel(bctx)
+	defer wcancel()
+	go func() {
+		select {
+		case s := <-sigs:
+			stopped <- s
+			wcancel()
+		case <-wctx.Done():
+		}
+	}()
+	fail := func(reason string, err error) error {
+		j.abort(n, rank, reason, true)
+		j.aborts.Wait()
+		return err
+	}
+	interrupted := func() error {
+		select {
+		case s := <-stopped:
+			return fail(interruptedReason(cfg.NodeRank, s), fmt.Errorf("launcher: node %d: %w while the nodes met to restart the workers (attempt %d)", cfg.NodeRank, &ErrInterrupted{Signal: s}, n))
+		default:
+		}
+		if ctx.Err() != nil {
+			return fail(cancelledReason(cfg.NodeRank), fmt.Errorf("launcher: node %d: %w (Run's context was cancelled) while the nodes met to restart the workers (attempt %d)", cfg.NodeRank, &ErrInterrupted{Signal: syscall.SIGTERM}, n))
+		}
+		return nil
+	}
+	st, err := rendezvous.Dial(wctx, j.storeAddr, cfg.auth())
+	if err != nil {
+		if ierr := interrupted(); ierr != nil {
+			return ierr
+		}
+		return fail(fmt.Sprintf("node %d could not reach the store to restart the workers: %v", cfg.NodeRank, err), fmt.Errorf("launcher: node %d: restart (attempt %d): %w", cfg.NodeRank, n, err))
+	}
+	defer st.Close()
+	if j.srv != nil {
+		port, err := freePort(j.bindHost)
+		if err == nil {
+			err = st.Set(wctx, portKey(cfg.RunID, n), []byte(strconv.Itoa(port)))
+		}
+		if err != nil {
+			if ierr := interrupted(); ierr != nil {
+				return ierr
+			}
+			return fail(fmt.Sprintf("node 0 could not publish the MASTER_PORT of attempt %d: %v", n, err), fmt.Errorf("launcher: node 0: restart (attempt %d): MASTER_PORT: %w", n, err))
+		}
+		j.torchPort = port
+	}
+	err = st.Barrier(wctx, startKey(cfg.RunID, n), cfg.NodeRank, cfg.NNodes)
+	if err == nil && j.srv == nil {
+		var v []byte
+		if v, err = st.Get(wctx, portKey(cfg.RunID, n)); err == nil {
+			p, perr := strconv.Atoi(string(v))
+			if perr != nil || p <= 0 || p > 65535 {
+				return fail(fmt.Sprintf("node 0 published MASTER_PORT %q for attempt %d, not a port", printable(string(v), 64), n), fmt.Errorf("launcher: node %d: node 0 published MASTER_PORT %q for attempt %d, not a port", cfg.NodeRank, printable(string(v), 64), n))
+			}
+			j.torchPort = p
+		}
+	}
+	if err == nil {
+		cfg.Logf("node %d: every node has stopped its workers; attempt %d's get MASTER_PORT=%d", cfg.NodeRank, n, j.torchPort)
+		return nil
+	}
+	if ierr := interrupted(); ierr != nil {
+		return ierr
+	}
+	if ae, ok := errors.AsType[*rendezvous.AbortError](err); ok {
+		// Another node ended the job, was stopped or died: the reason
+		// (read from the store, made printable) says which.
+		return fmt.Errorf("launcher: node %d: the workers were not restarted (attempt %d): %s", cfg.NodeRank, n, printable(ae.Reason, 512))
+	}
+	why := err.Error()
+	if me, ok := errors.AsType[*rendezvous.MissingError](err); ok {
+		why = fmt.Sprintf("node rank(s) %v did not come to restart the workers within %v (--rdzv-timeout): %v", me.Missing, cfg.RdzvTimeout, me.Err)
+	}
+	return fail(fmt.Sprintf("node %d gave up restarting the workers (attempt %d): %s", cfg.NodeRank, n, why), fmt.Errorf("launcher: node %d: restart (attempt %d): %s", cfg.NodeRank, n, why))
 }
 
 // betweenAttempts, when a test sets it, runs after each attempt, before

@@ -1,0 +1,138 @@
+package launcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRestartWaitsForOtherNodes: a job across two nodes restarts after a
+// worker of node 1 fails, while node 0's worker takes its time to stop
+// (a SIGTERM handler that saves a checkpoint for 2 s). Node 1's next
+// attempt must not start before node 0's last worker of the attempt
+// before has exited: a worker started early meets the old attempt's
+// workers (torch's store on MASTER_PORT, still served by the stopping
+// rank 0) and waits for good. Each attempt's workers get a MASTER_PORT
+// of their own for the same reason.
+func TestRestartWaitsForOtherNodes(t *testing.T) {
+	dir := t.TempDir()
+	port := freeTCPPort(t, "127.0.0.1")
+	runID := "restartsync-" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Every worker records when it started and (rank 0 of attempt 0)
+	// when it ended, in nanoseconds, and its MASTER_PORT.
+	stamp := `date +%s%N > ` + dir + `/$1.$RANK.$SLIME_RESTART_COUNT; echo $MASTER_PORT > ` + dir + `/port.$RANK.$SLIME_RESTART_COUNT`
+	script := `set -- start; ` + stamp + `
+if [ "$SLIME_RESTART_COUNT" = 0 ]; then
+	if [ "$RANK" = 1 ]; then sleep 0.3; exit 7; fi
+	trap 'sleep 2; set -- end; ` + stamp + `; exit 0' TERM
+	while :; do sleep 0.05; done
+fi`
+	var outs [2]syncBuffer
+	chs := make([]chan error, 2)
+	for n := range 2 {
+		chs[n] = make(chan error, 1)
+		go func() {
+			chs[n] <- Run(ctx, Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
+				RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: 20 * time.Second, StopGrace: 10 * time.Second, MaxRestarts: 1,
+				Program: "sh", Args: []string{"-c", script}, Stdout: &outs[n], Stderr: &outs[n]})
+		}()
+	}
+	for n, ch := range chs {
+		if err := result(ch, "node "+strconv.Itoa(n)); err != nil {
+			t.Fatalf("node %d: %v\n%s", n, err, outs[n].String())
+		}
+	}
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	ns := func(name string) int64 {
+		v, err := strconv.ParseInt(read(name), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	end0, start1 := ns("end.0.0"), ns("start.1.1")
+	t.Logf("rank 0 of attempt 0 ended %v before rank 1 of attempt 1 started", time.Duration(start1-end0))
+	if start1 < end0 {
+		t.Errorf("rank 1 of attempt 1 started %v before rank 0 of attempt 0 had ended", time.Duration(end0-start1))
+	}
+	for r := range 2 {
+		if read("port.0.1") != read("port."+strconv.Itoa(r)+".1") {
+			t.Errorf("attempt 1: ranks 0 and %d got MASTER_PORT %s and %s", r, read("port.0.1"), read("port."+strconv.Itoa(r)+".1"))
+		}
+	}
+	if read("port.0.0") == read("port.0.1") {
+		t.Errorf("attempts 0 and 1 got the same MASTER_PORT %s", read("port.0.0"))
+	}
+
+}
+
+// TestStopWhileWaitingToRestart: a node stopped while it waits for the
+// other nodes to restart (its Run's context cancelled, as a signal) ends
+// at once with ErrInterrupted and tells them: the other node, once its
+// worker has stopped, ends too, saying why, and does not restart again.
+// (The stopped node had come to the restart: the other may pass it and
+// start its workers, which the stopped node's abort of the attempt then
+// stops, as it stops a running attempt.)
+func TestStopWhileWaitingToRestart(t *testing.T) {
+	dir := t.TempDir()
+	port := freeTCPPort(t, "127.0.0.1")
+	runID := "restartstop-" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	script := `touch ` + dir + `/start.$RANK.$SLIME_RESTART_COUNT
+if [ "$RANK" = 1 ]; then sleep 0.3; exit 7; fi
+trap 'sleep 2; exit 0' TERM
+while :; do sleep 0.05; done`
+	var outs [2]syncBuffer
+	chs := make([]chan error, 2)
+	ctx1, cancel1 := context.WithCancel(ctx)
+	defer cancel1()
+	for n, c := range []context.Context{ctx, ctx1} {
+		chs[n] = make(chan error, 1)
+		go func() {
+			chs[n] <- Run(c, Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
+				RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: 20 * time.Second, StopGrace: 10 * time.Second, MaxRestarts: 1,
+				Program: "sh", Args: []string{"-c", script}, Stdout: &outs[n], Stderr: &outs[n],
+				Logf: func(f string, a ...any) { fmt.Fprintf(&outs[n], f+"\n", a...) }})
+		}()
+	}
+	for !strings.Contains(outs[1].String(), "restarting the workers") {
+		if ctx.Err() != nil {
+			t.Fatalf("node 1 never restarted:\n%s", outs[1].String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	cancel1()
+	err1 := result(chs[1], "node 1")
+	took1 := time.Since(start)
+	err0 := result(chs[0], "node 0")
+	t.Logf("node 1 (%v after its cancel): %v\nnode 0: %v", took1.Round(time.Millisecond), err1, err0)
+	if _, ok := errors.AsType[*ErrInterrupted](err1); !ok || took1 > 2*time.Second {
+		t.Errorf("node 1 cancelled while it waited to restart: %v after %v; want ErrInterrupted at once", err1, took1)
+	}
+	if err0 == nil || !strings.Contains(err0.Error(), "node 1 was interrupted") {
+		t.Errorf("node 0: %v; want it to say node 1 was interrupted\n%s", err0, outs[0].String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "start.1.1")); err == nil {
+		t.Errorf("rank 1 of attempt 1 started on the node that was stopped")
+	}
+	if took := time.Since(start); took > 6*time.Second {
+		t.Errorf("node 0 ended %v after node 1 was stopped (its worker takes 2 s to stop)", took.Round(time.Millisecond))
+	}
+}
