@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 )
 
@@ -89,6 +90,12 @@ func LocalIP(ifname, master string) (string, error) {
 // used instead, and with several the caller must choose (an error naming
 // them).
 func ListenIP(ifname, master string, spansHosts bool) (string, error) {
+	if ifname == "" && loopbackName(master) {
+		// Loopback on every host: the other hosts, and this one's
+		// workers, dial their own loopback. Meant as loopback (launchers
+		// side by side on one machine), as a loopback address is.
+		master = "127.0.0.1"
+	}
 	ip, err := LocalIP(ifname, master)
 	// A master given as a loopback address is meant: jobs of several
 	// "hosts" on one machine (launchers side by side, tests) bind it.
@@ -117,6 +124,18 @@ func ListenIP(ifname, master string, spansHosts bool) (string, error) {
 	}
 	return "", fmt.Errorf("%w: the master %s is loopback (%s) on this host, but the job spans hosts, which cannot reach that; this host has %d other IPv4 addresses %v: set SLIME_SOCKET_IFNAME, or give the master as an address the other hosts reach",
 		ErrNoListenAddr, master, ip, len(found), found)
+}
+
+// loopbackName reports whether name is a host name that means loopback
+// on every host: localhost and its subdomains (RFC 6761), and the names
+// distributions give ::1.
+func loopbackName(name string) bool {
+	n := strings.ToLower(strings.TrimSuffix(name, "."))
+	switch n {
+	case "localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback":
+		return true
+	}
+	return strings.HasSuffix(n, ".localhost")
 }
 
 // ErrNoListenAddr: no address of this host can be chosen for a job that
