@@ -1219,6 +1219,14 @@ func (j *job) joinNodes(ctx context.Context) error {
 		if ae, ok := errors.AsType[*rendezvous.AbortError](err); ok {
 			return fmt.Errorf("launcher: node %d: the rendezvous was called off: %w", cfg.NodeRank, ae)
 		}
+		if j.srv == nil && (errors.Is(err, rendezvous.ErrConnLost) || errors.Is(err, rendezvous.ErrUnreachable)) {
+			// Not a node that did not join: there is no store left to
+			// tell, nor to ask which nodes had come.
+			if me, ok := errors.AsType[*rendezvous.MissingError](err); ok {
+				err = me.Err
+			}
+			return fmt.Errorf("launcher: node %d: node 0's store at %s was lost during the rendezvous (node 0's launcher died, or its host or the link to it did): %w", cfg.NodeRank, addr, err)
+		}
 		var me *rendezvous.MissingError
 		if errors.As(err, &me) {
 			return fail(fmt.Errorf("node %d gave up: node rank(s) %v did not join within %v: %w", cfg.NodeRank, me.Missing, cfg.RdzvTimeout, me.Err))
