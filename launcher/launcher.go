@@ -2153,6 +2153,14 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 	if _, ok := lookupEnv(cfg.Env, "OMP_NUM_THREADS"); !ok && cfg.NProcPerNode > 1 {
 		set("OMP_NUM_THREADS", "1")
 	}
+	// As torchrun: a collective of torch's NCCL backend whose peer died
+	// fails (its watchdog aborts the communicator) rather than hangs.
+	// torch reads the first name up to 2.1, the second from 2.2.
+	for _, k := range []string{"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"} {
+		if _, ok := lookupEnv(cfg.Env, k); !ok {
+			set(k, "1")
+		}
+	}
 	cmd.Env = env
 	if cfg.Stdin != nil { // a nil *os.File in cmd.Stdin would close descriptor 0
 		cmd.Stdin = cfg.Stdin

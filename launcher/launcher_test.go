@@ -85,6 +85,22 @@ func TestOMPNumThreadsOneWorkerUnset(t *testing.T) {
 	}
 }
 
+// TestNCCLAsyncErrorHandling: as torchrun, the workers get NCCL's
+// asynchronous error handling (a collective on a dead peer fails instead
+// of hanging), under both the old and the new name, unless the
+// environment sets it.
+func TestNCCLAsyncErrorHandling(t *testing.T) {
+	const show = `echo "A=${NCCL_ASYNC_ERROR_HANDLING-unset} B=${TORCH_NCCL_ASYNC_ERROR_HANDLING-unset}"`
+	out, _, err := run(t, Config{NProcPerNode: 1, Env: []string{"PATH=" + os.Getenv("PATH")}}, show)
+	if err != nil || !strings.Contains(out, "A=1 B=1") {
+		t.Fatalf("defaults: %v\n%s", err, out)
+	}
+	out, _, err = run(t, Config{NProcPerNode: 1, Env: []string{"PATH=" + os.Getenv("PATH"), "NCCL_ASYNC_ERROR_HANDLING=0", "TORCH_NCCL_ASYNC_ERROR_HANDLING=3"}}, show)
+	if err != nil || !strings.Contains(out, "A=0 B=3") {
+		t.Fatalf("set by the user: %v\n%s", err, out)
+	}
+}
+
 func TestFailureStopsOthers(t *testing.T) {
 	dir := t.TempDir()
 	start := time.Now()
