@@ -69,17 +69,23 @@ func waitExited(pid int) (syscall.WaitStatus, error) {
 	return 0, fmt.Errorf("waitid %d: unexpected si_code %d", pid, c.code)
 }
 
-// groupMembers returns, for each of the process groups pgids, the pids of
-// its members that are alive (not zombies: a zombie whose threads still
-// run, its main thread gone, is alive), less the group's leader unless
-// leaders, by reading /proc: what the workers left behind once they have
-// exited (the guard counts a leader that still runs too).
-func groupMembers(pgids []int, leaders bool) (map[int][]int, error) {
+// groupMembers returns, for each worker's group and session (both of
+// id the worker's pid: a worker leads the two), the pids of its live
+// members (not zombies: a zombie whose threads still run, its main thread
+// gone, is alive), less the worker itself unless leaders, by reading
+// /proc: what the workers left behind once they have exited (the guard
+// counts a leader that still runs too). A member of the session in a
+// group of its own (a script's job control: bash's set -m) counts as its
+// worker's; groups lists the process groups of all of them, the workers'
+// own included, which the caller signals (kill(-pgid): a group with a live
+// member keeps its id, and a group lies within one session). A process
+// that left the session (setsid) is not the job's any more.
+func groupMembers(workers []int, leaders bool) (left map[int][]int, groups []int, err error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := make(map[int][]int)
+	left = make(map[int][]int)
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -89,18 +95,32 @@ func groupMembers(pgids []int, leaders bool) (map[int][]int, error) {
 		if err != nil {
 			continue // gone meanwhile
 		}
-		f, ok := machine.StatFields(b) // state ppid pgrp ...
+		f, ok := machine.StatFields(b) // state ppid pgrp session ...
 		if !ok {
 			continue
 		}
-		if len(f) < 3 || f[0] == "X" || f[0] == "Z" && !machine.Alive(pid) {
+		if len(f) < 4 || f[0] == "X" || f[0] == "Z" && !machine.Alive(pid) {
 			continue
 		}
-		pgrp, err := strconv.Atoi(f[2])
-		if err != nil || pgrp == pid && !leaders || !slices.Contains(pgids, pgrp) {
+		pgrp, err1 := strconv.Atoi(f[2])
+		sid, err2 := strconv.Atoi(f[3])
+		if err1 != nil || err2 != nil {
 			continue
 		}
-		out[pgrp] = append(out[pgrp], pid)
+		w := sid
+		if !slices.Contains(workers, w) {
+			w = pgrp // in a worker's group, though not its session
+			if !slices.Contains(workers, w) {
+				continue
+			}
+		}
+		if pid == w && !leaders {
+			continue
+		}
+		left[w] = append(left[w], pid)
+		if !slices.Contains(groups, pgrp) {
+			groups = append(groups, pgrp)
+		}
 	}
-	return out, nil
+	return left, groups, nil
 }

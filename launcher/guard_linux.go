@@ -266,7 +266,7 @@ func runGuard(in io.Reader, errs io.Writer) int {
 	tell()
 	removed, err := shm.SweepOrphans()
 	if len(killed) > 0 || len(removed) > 0 {
-		fmt.Fprintf(errs, "slimerun: the launcher (pid %d) died with its job running: killed what its workers left in process groups %v (%d process(es)); removed %d shared-memory segment(s)\n",
+		fmt.Fprintf(errs, "slimerun: the launcher (pid %d) died with its job running: killed what its workers left in their process groups and sessions %v (%d process(es)); removed %d shared-memory segment(s)\n",
 			parent, groups, len(killed), len(removed))
 	}
 	if err != nil {
@@ -353,22 +353,25 @@ func (r *report) send(attempt, pid int) error {
 	return nil
 }
 
-// killGroups sends SIGKILL to each of groups that has a live member, until
+// killGroups sends SIGKILL to each of groups (the workers') that has a
+// live member, and to the groups in their sessions (groupMembers), until
 // none has one or grace has passed; it returns the pids it found alive.
 func killGroups(groups []int, grace time.Duration) []int {
 	var seen []int
 	deadline := time.Now().Add(grace)
 	for {
-		left, err := groupMembers(groups, true)
+		left, all, err := groupMembers(groups, true)
 		if err != nil || len(left) == 0 {
 			return seen
 		}
-		for g, pids := range left {
+		for _, pids := range left {
 			for _, p := range pids {
 				if !slices.Contains(seen, p) {
 					seen = append(seen, p)
 				}
 			}
+		}
+		for _, g := range all { // the workers' groups, and the groups in their sessions
 			syscall.Kill(-g, syscall.SIGKILL)
 		}
 		if time.Now().After(deadline) {

@@ -1663,12 +1663,24 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	// signal only once continued: SIGCONT follows (the signals stop sends
 	// are SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGKILL), so that it ends now rather
 	// than at the grace's SIGKILL.
+	sigGroup := func(pgid int, sig syscall.Signal) {
+		syscall.Kill(-pgid, sig)
+		if sig != syscall.SIGKILL {
+			syscall.Kill(-pgid, syscall.SIGCONT)
+		}
+	}
 	stop := func(sig syscall.Signal) {
-		for _, w := range workers {
-			if w != nil {
-				syscall.Kill(-w.cmd.Process.Pid, sig)
-				if sig != syscall.SIGKILL {
-					syscall.Kill(-w.cmd.Process.Pid, syscall.SIGCONT)
+		pids := workerPids(workers)
+		for _, pid := range pids {
+			sigGroup(pid, sig)
+		}
+		// The groups of the workers' sessions that are not the workers'
+		// own (job control in a script): found in /proc, signalled while
+		// it shows them live.
+		if _, groups, err := groupMembers(pids, false); err == nil {
+			for _, g := range groups {
+				if !slices.Contains(pids, g) {
+					sigGroup(g, sig)
 				}
 			}
 		}
@@ -1737,7 +1749,7 @@ wait:
 			if killed {
 				break
 			}
-			left, err := groupMembers(workerPids(workers), false)
+			left, _, err := groupMembers(workerPids(workers), false)
 			if err != nil {
 				// Nothing can be told: end every group now.
 				cfg.Logf("node %d: reading /proc for what the workers left: %v; killing their process groups", cfg.NodeRank, err)
@@ -1757,13 +1769,13 @@ wait:
 						continue
 					}
 					if pids := left[w.cmd.Process.Pid]; len(pids) > 0 {
-						cfg.Warnf("rank %d's process group %d still has %d process(es) after the worker exited 0 (pids %v): stopping them as the job ends (SIGTERM, SIGKILL after %v); a process meant to outlive the job must leave the group (setsid)", w.rank, w.cmd.Process.Pid, len(pids), pids, cfg.StopGrace)
+						cfg.Warnf("rank %d's process group or session %d still has %d process(es) after the worker exited 0 (pids %v): stopping them as the job ends (SIGTERM, SIGKILL after %v); a process meant to outlive the job must leave the session (setsid)", w.rank, w.cmd.Process.Pid, len(pids), pids, cfg.StopGrace)
 					}
 				}
 				startStop(syscall.SIGTERM)
 				leftSaid = true
 			} else if !leftSaid {
-				cfg.Logf("node %d: the workers have exited; left in their process groups: %s; SIGKILL when the grace ends", cfg.NodeRank, leftText(workers, left))
+				cfg.Logf("node %d: the workers have exited; left in their process groups and sessions: %s; SIGKILL when the grace ends", cfg.NodeRank, leftText(workers, left))
 				leftSaid = true
 			}
 		}
