@@ -492,6 +492,9 @@ func stdFor(s []Std, local int) Std {
 // or its connection to node 0's (the others), and what the workers are
 // told.
 type job struct {
+	// refused counts the connections node 0's store refused (another
+	// job's secret or run id): said when a node does not join.
+	refused atomic.Int64
 	cfg *Config
 	// bindHost is the address the store (and the MASTER_PORT probe) bind:
 	// loopback on one node, else the one that reaches the master.
@@ -616,7 +619,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if cfg.NodeRank == 0 {
-		s, err := rendezvous.Listen(net.JoinHostPort(j.bindHost, strconv.Itoa(cfg.MasterPort)), rendezvous.ServerConfig{Auth: cfg.auth(), OnRefused: refusedWarning(cfg.Warnf)})
+		s, err := rendezvous.Listen(net.JoinHostPort(j.bindHost, strconv.Itoa(cfg.MasterPort)), rendezvous.ServerConfig{Auth: cfg.auth(), OnRefused: j.countRefused(refusedWarning(cfg.Warnf))})
 		if err != nil {
 			return fmt.Errorf("launcher: cannot host the rendezvous store on %s port %d: %w", j.bindHost, cfg.MasterPort, err)
 		}
@@ -1229,7 +1232,13 @@ func (j *job) joinNodes(ctx context.Context) error {
 		}
 		var me *rendezvous.MissingError
 		if errors.As(err, &me) {
-			return fail(fmt.Errorf("node %d gave up: node rank(s) %v did not join within %v: %w", cfg.NodeRank, me.Missing, cfg.RdzvTimeout, me.Err))
+			refused := ""
+			if n := j.refused.Load(); n > 0 {
+				// Not proven to be the missing nodes' (a refused
+				// connection proved nothing), but likely.
+				refused = fmt.Sprintf(" (the store refused %d connection(s) meanwhile, not this job's: a node given another SLIME_JOB_SECRET or run id?)", n)
+			}
+			return fail(fmt.Errorf("node %d gave up: node rank(s) %v did not join within %v%s: %w", cfg.NodeRank, me.Missing, cfg.RdzvTimeout, refused, me.Err))
 		}
 		return fail(err)
 	}
@@ -2370,6 +2379,14 @@ func sweepOrphans(cfg *Config) {
 // node started without the same secret waits for nothing otherwise), at
 // most once a second; those refused meanwhile are told at the second's
 // end, counted, with the last one's address.
+// countRefused is warn, counting the refusals in j.refused.
+func (j *job) countRefused(warn func(remote string, err error)) func(remote string, err error) {
+	return func(remote string, err error) {
+		j.refused.Add(1)
+		warn(remote, err)
+	}
+}
+
 func refusedWarning(warnf func(string, ...any)) func(remote string, err error) {
 	var mu sync.Mutex
 	var last time.Time

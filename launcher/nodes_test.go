@@ -334,3 +334,33 @@ func TestStrayLauncherDoesNotStopJob(t *testing.T) {
 		}
 	}
 }
+
+// TestWrongSecretNamedAtTimeout: a node given another job secret fails
+// at once; node 0, which cannot tell whose connection it refused (it
+// proved nothing), waits out its rendezvous timeout, and then says, beside
+// the node that did not join, that it refused connections meanwhile.
+func TestWrongSecretNamedAtTimeout(t *testing.T) {
+	port := freeTCPPort(t, "127.0.0.1")
+	runID := "secret-" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var outs [2]syncBuffer
+	chs := make([]chan error, 2)
+	for n, secret := range []string{"nodes-secret", "another-secret"} {
+		chs[n] = make(chan error, 1)
+		go func() {
+			chs[n] <- Run(ctx, Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
+				RunID: runID, JobSecret: []byte(secret), RdzvTimeout: 3 * time.Second, StopGrace: time.Second,
+				Program: "true", Stdout: &outs[n], Stderr: &outs[n]})
+		}()
+		if n == 0 {
+			time.Sleep(300 * time.Millisecond) // node 0's store listens
+		}
+	}
+	err1 := result(chs[1], "node 1")
+	err0 := result(chs[0], "node 0")
+	t.Logf("node 0: %v\nnode 1: %v", err0, err1)
+	if err0 == nil || !strings.Contains(err0.Error(), "did not join") || !strings.Contains(err0.Error(), "connection(s) meanwhile") {
+		t.Errorf("node 0: %v; want the missing node and the refused connection named", err0)
+	}
+}
