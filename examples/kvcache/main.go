@@ -31,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
 	"math/rand/v2"
 	"net"
@@ -145,14 +146,18 @@ func main() {
 		stage.Mul(stage, big.NewInt(int64(f)))
 	}
 	cache := new(big.Int).Mul(big.NewInt(int64(c.pages)), big.NewInt(int64(c.pageSize)))
+	// Where the memory available cannot be read, the bound is what an
+	// int (a slice's length, an offset) holds.
+	limit, what := int64(math.MaxInt), "an int holds"
 	if avail, _, ok := machine.Memory(); ok {
-		for _, m := range []struct {
-			what string
-			n    *big.Int
-		}{{"a prefill rank's staging area (decode ranks × --inflight × --batch × --page-size)", stage}, {"a decode rank's cache (--pages × --page-size)", cache}} {
-			if m.n.Cmp(big.NewInt(avail)) > 0 {
-				fail("%s is %s bytes, more than the %d bytes of memory available", m.what, m.n, avail)
-			}
+		limit, what = avail, "memory available"
+	}
+	for _, m := range []struct {
+		what string
+		n    *big.Int
+	}{{"a prefill rank's staging area (decode ranks × --inflight × --batch × --page-size)", stage}, {"a decode rank's cache (--pages × --page-size)", cache}} {
+		if m.n.Cmp(big.NewInt(limit)) > 0 {
+			fail("%s is %s bytes, more than the %d bytes of %s", m.what, m.n, limit, what)
 		}
 	}
 	if err := run(o, c); err != nil {
