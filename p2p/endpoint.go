@@ -107,7 +107,7 @@ const (
 	// and a hello's count).
 	MaxChannels = 64
 	// maxImm bounds the immediates received and not yet taken by Imm,
-	// and maxImmPeer those of one peer: a peer that floods the queue
+	// and maxImmPeer those of one link: a peer that floods the queue
 	// (or whose immediates the program leaves there) takes at most a
 	// quarter of it, and the others' WriteWithImm still go through.
 	maxImm     = 1 << 16
@@ -148,11 +148,8 @@ type Endpoint struct {
 	// peer linked again under the same name has another); seq orders
 	// them across links (Endpoint.Imm). A queue holds no link: one left
 	// here after its link's end keeps nothing else alive.
-	imms map[*immQueue]struct{}
-	immN int
-	// immOf counts the undelivered immediates of each peer name, over
-	// all its links (maxImmPeer).
-	immOf  map[string]int
+	imms   map[*immQueue]struct{}
+	immN   int
 	immSeq uint64
 	// immGen is closed, and replaced, when an immediate is queued or a
 	// link fails: every Imm waiting then looks again.
@@ -215,7 +212,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	rand.Read(first[:])
 	e := &Endpoint{opts: o, key: auth.NewKey(o.Auth.Secret, o.Auth.Job), ln: ln.(*net.TCPListener), addr: ln.Addr().String(),
 		host: machine.PIDSpace(), done: make(chan struct{}), closed: make(chan struct{}), regs: map[uint64]*Region{}, names: map[string]struct{}{}, peers: map[string]*Peer{},
-		immGen: make(chan struct{}), imms: make(map[*immQueue]struct{}), immOf: make(map[string]int), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
+		immGen: make(chan struct{}), imms: make(map[*immQueue]struct{}), next: binary.LittleEndian.Uint64(first[:])>>16 + 1}
 	e.token = new(uint64)
 	rand.Read(first[:])
 	*e.token = binary.LittleEndian.Uint64(first[:]) | 1
@@ -764,9 +761,8 @@ func (e *Endpoint) connect(ctx context.Context, in info) (_ *Peer, again bool, _
 					if dup { // a dial again, cut by the deadline
 						err = opErr("connect", in.name, "", ended(ctx), "%s", dupWhy)
 					}
-					p.cut = true // before dropPeer closes p.ready
 				}
-				e.dropPeer(p, err)
+				e.dropPeerCut(p, err, spent(ctx))
 				return nil, false, err
 			}
 			dup = dup || err != nil
@@ -799,8 +795,7 @@ func (e *Endpoint) connect(ctx context.Context, in info) (_ *Peer, again bool, _
 			if dial {
 				// Only the Connect that dials gives the peer up: another
 				// waiting for its link ends alone, at its own deadline.
-				p.cut = true
-				e.dropPeer(p, err)
+				e.dropPeerCut(p, err, true)
 			}
 			return nil, false, err
 		}
@@ -839,11 +834,16 @@ const dupRetry = time.Second
 const dupWhy = "the peer answered that it makes the link itself (its name is lower, or it has a link to this endpoint), and its connections never arrived"
 
 // dropPeer forgets p if it is not linked yet, failing its waiters.
-func (e *Endpoint) dropPeer(p *Peer, err error) {
+func (e *Endpoint) dropPeer(p *Peer, err error) { e.dropPeerCut(p, err, false) }
+
+// dropPeerCut is dropPeer by the dialing Connect; cut says that its own
+// context ended it (p.cut, set with p.err, under e.mu, before p.ready
+// closes).
+func (e *Endpoint) dropPeerCut(p *Peer, err error, cut bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if p.l == nil && p.err == nil {
-		p.err = err
+		p.err, p.cut = err, cut
 		close(p.ready)
 	}
 	if e.peers[p.name] == p && p.l == nil {
@@ -1412,9 +1412,6 @@ func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 				delete(e.imms, from)
 			}
 			e.immN--
-			if e.immOf[v.Peer]--; e.immOf[v.Peer] == 0 {
-				delete(e.immOf, v.Peer)
-			}
 			e.immMu.Unlock()
 			return v, nil
 		}
@@ -1440,21 +1437,25 @@ func (e *Endpoint) takeImm(ctx context.Context, p *Peer) (Imm, error) {
 }
 
 // pushImm queues v, an immediate that q's link delivered, unless the
-// endpoint's queue or the peer name's share of it (over all the links
-// made under that name) is full, or the link has
+// endpoint's queue or the link's share of it is full, or the link has
 // failed (a frame its reader had read ahead): Peer.Imm may have said so
 // already, and the sender got no answer for it.
 func (e *Endpoint) pushImm(q *immQueue, v uint32) bool {
 	e.immMu.Lock()
 	defer e.immMu.Unlock()
-	if e.immN >= maxImm || e.immOf[q.peer] >= maxImmPeer || q.err != nil {
+	// The share is the link's, not the peer name's: a link that failed
+	// keeps its queue (its immediates were delivered; Endpoint.Imm still
+	// hands them over), and a name's share over all its links would let a
+	// dead link's queue, which its Peer.Imm no longer drains, refuse the
+	// next link's immediates for good. A member that links again, or
+	// under another name, has another share: the endpoint's bound holds.
+	if e.immN >= maxImm || len(q.q) >= maxImmPeer || q.err != nil {
 		return false // full; or the link has failed, and its Peer.Imm said so
 	}
 	e.immSeq++
 	q.q = append(q.q, queuedImm{Imm{Peer: q.peer, Value: v}, e.immSeq})
 	e.imms[q] = struct{}{}
 	e.immN++
-	e.immOf[q.peer]++
 	close(e.immGen)
 	e.immGen = make(chan struct{})
 	return true

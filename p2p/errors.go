@@ -29,13 +29,14 @@ var (
 )
 
 // ended is the sentinel of a wait that ctx, which has ended, cut short:
-// ErrTimeout when its deadline passed, ErrCancelled when it was
-// cancelled.
+// ErrCancelled when it was cancelled, else ErrTimeout (its deadline
+// passed: a socket's deadline, set from ctx's, may fire before ctx's own
+// timer, ctx.Err still nil).
 func ended(ctx context.Context) error {
-	if ctx.Err() == context.DeadlineExceeded {
-		return ErrTimeout
+	if ctx.Err() == context.Canceled {
+		return ErrCancelled
 	}
-	return ErrCancelled
+	return ErrTimeout
 }
 
 // OpError is what a failed call returns: the operation, the peer and the

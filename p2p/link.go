@@ -46,7 +46,7 @@ type Peer struct {
 	name    string
 	ready   chan struct{} // closed when l or err is set
 	dialing bool
-	cut     bool // the dialing Connect ended by its own context; set before ready closes
+	cut     bool // the dialing Connect ended by its own context; set with err (dropPeerCut)
 	l       *link
 	err     error
 	imu     sync.Mutex
