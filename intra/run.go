@@ -133,6 +133,11 @@ func (o *Op) Run(ctx context.Context) error {
 		return g.broken
 	}
 	if err := o.run(ctx); err != nil {
+		if o.mode != modeStaged {
+			// This call's header offers the block in place: no reader
+			// may take it once this rank has returned (withdraw).
+			o.withdraw(g.epoch)
+		}
 		if oe, ok := err.(*fault.OpError); ok && errors.Is(oe.Err, fault.ErrSizeMismatch) {
 			return err
 		}
@@ -205,14 +210,24 @@ func (o *Op) run(ctx context.Context) error {
 				g.fail(err)
 				return err
 			}
+			if !g.claim(p, e) {
+				return o.withdrawn(p)
+			}
 			copyBlock(dst, src, g.cfg.BigCopy, g.cfg.ShareCores)
-			atomic.StoreUint64(&g.myAcks[p].ack, e)
+			if !g.copied(p, e) {
+				return o.withdrawn(p)
+			}
 			g.ring(p)
 		case ph.mode == modeCMA:
+			if !g.claim(p, e) {
+				return o.withdrawn(p)
+			}
 			if err := g.cmaRead(p, dst, ph.zcOff); err != nil {
 				return fault.New(o.name, g.global(me), g.global(p), fault.ErrPeerLost, "reading its memory: %v", err)
 			}
-			atomic.StoreUint64(&g.myAcks[p].ack, e)
+			if !g.copied(p, e) {
+				return o.withdrawn(p)
+			}
 			g.ring(p)
 		case len(dst) <= InlineBytes:
 			copy(dst, ph.inline[:len(dst)])
@@ -312,7 +327,7 @@ func (o *Op) run(ctx context.Context) error {
 			if p == me {
 				continue
 			}
-			for atomic.LoadUint64(&g.toMe[p].ack) < e {
+			for atomic.LoadUint64(&g.toMe[p].ack) != ackWord(e, ackDone) {
 				if err := w.idle(p, "the acknowledgement of a zero-copy read"); err != nil {
 					return err
 				}
@@ -322,6 +337,78 @@ func (o *Op) run(ctx context.Context) error {
 	}
 	w.progress()
 	return nil
+}
+
+// A block read in place (modeSymmetric, modeCMA) is acknowledged in the
+// reader's ack word about its owner (ackLine.ack): the call's epoch
+// shifted left by two, and its state. The reader claims the word before
+// it copies (ackReading) and marks it done after (ackDone), each by a
+// compare-and-swap; an owner that returns from a call without every
+// reader's ackDone (an error of its own: a timeout waiting for a late
+// rank) first withdraws the block by swapping in ackWithdrawn. Exactly
+// one of the two wins each word: a reader that finds its block withdrawn,
+// before or after its copy, fails the call instead of returning what the
+// owner's memory holds after the owner let go of it. The swaps order
+// the copy's loads before the reader's mark, and the owner's later stores
+// after its withdrawal.
+const (
+	ackDone      = 0
+	ackReading   = 1
+	ackWithdrawn = 2
+)
+
+func ackWord(e, state uint64) uint64 { return e<<2 | state }
+
+// claim marks this rank's read of owner p's block of call e begun, unless
+// the owner has withdrawn it.
+func (g *Group) claim(p int, e uint64) bool {
+	l := g.myAcks[p]
+	for {
+		v := atomic.LoadUint64(&l.ack)
+		if v>>2 >= e { // withdrawn: nothing else writes this epoch first
+			return false
+		}
+		if atomic.CompareAndSwapUint64(&l.ack, v, ackWord(e, ackReading)) {
+			return true
+		}
+	}
+}
+
+// copied marks the read of owner p's block of call e done, unless the
+// owner withdrew it meanwhile (the copy may then hold what it wrote since).
+func (g *Group) copied(p int, e uint64) bool {
+	return atomic.CompareAndSwapUint64(&g.myAcks[p].ack, ackWord(e, ackReading), ackWord(e, ackDone))
+}
+
+// withdrawn is a read's error once owner p has withdrawn its block.
+func (o *Op) withdrawn(p int) error {
+	g := o.g
+	why := g.lost(p)
+	if why == "" {
+		why = "peer gave up the call"
+	}
+	return fault.New(o.name, g.global(g.rank), g.global(p), fault.ErrPeerLost, "%s before this rank had read its block in place", why)
+}
+
+// withdraw takes this rank's block of call e, offered in place, back from
+// every reader that has not finished copying it: it never waits.
+func (o *Op) withdraw(e uint64) {
+	g := o.g
+	for p := range g.size {
+		if p == g.rank {
+			continue
+		}
+		l := g.toMe[p]
+		for {
+			v := atomic.LoadUint64(&l.ack)
+			if v == ackWord(e, ackDone) || v>>2 > e || v == ackWord(e, ackWithdrawn) {
+				break
+			}
+			if atomic.CompareAndSwapUint64(&l.ack, v, ackWord(e, ackWithdrawn)) {
+				break
+			}
+		}
+	}
 }
 
 // dependency reports whether this rank waits on peer p, and for what.
