@@ -495,7 +495,7 @@ type job struct {
 	// refused counts the connections node 0's store refused (another
 	// job's secret or run id): said when a node does not join.
 	refused atomic.Int64
-	cfg *Config
+	cfg     *Config
 	// bindHost is the address the store (and the MASTER_PORT probe) bind:
 	// loopback on one node, else the one that reaches the master.
 	bindHost string
@@ -687,8 +687,12 @@ func Run(ctx context.Context, cfg Config) error {
 		// The other nodes may wait at the next attempt's start
 		// (startTogether): a node that ends the job after a failure
 		// fails their wait at once, naming why.
+		// A success too: a node whose workers have all ended cannot
+		// take part in a restart that another node's later failure would
+		// start (where node 0 has ended, its store is going: the others
+		// learn that from node0Ended, and nothing is sent to it).
 		end := func(err error) error {
-			if err != nil && cfg.NNodes > 1 && j.storeAddr != "" {
+			if cfg.NNodes > 1 && j.storeAddr != "" && (err != nil || j.srv != nil || !j.node0Ended.Load()) {
 				j.abort(attempt+1, cfg.NodeRank*cfg.NProcPerNode, endedReason(cfg.NodeRank, attempt, err), true)
 				j.aborts.Wait()
 			}
@@ -734,6 +738,9 @@ func Run(ctx context.Context, cfg Config) error {
 // endedReason is how a node that ends the job after a failed attempt
 // tells the nodes that may wait for it at the next attempt's start.
 func endedReason(node, attempt int, err error) string {
+	if err == nil {
+		return fmt.Sprintf("node %d ended the job after its attempt %d: its workers all exited 0", node, attempt)
+	}
 	return fmt.Sprintf("node %d ended the job after its attempt %d, without a restart: %v", node, attempt, err)
 }
 
@@ -752,92 +759,130 @@ func portKey(runID string, n int) string  { return failedPrefix(runID, n) + "mas
 // node (a rank 0 whose SIGTERM handler saves a checkpoint still serves
 // torch's store, which a new rank 1 would join and wait in for good). For
 // the same reason node 0 picks each attempt a MASTER_PORT of its own, and
-// publishes it before it comes. The wait is bounded by RdzvTimeout (a
-// node still stopping its workers takes up to its --stop-grace) and ends
-// at once when another node aborts the attempt (it ended the job, was
-// stopped, or died), or this one is stopped (SIGINT, SIGTERM, SIGHUP,
-// SIGQUIT or ctx), which it tells the others.
+// publishes it before it comes. The wait is bounded by RdzvTimeout, or
+// the stop grace and reapBound where longer (a node still stopping its
+// workers takes that long), and ends at once when another node aborts the
+// attempt (it ended the job, after a failure or a success, was stopped,
+// or died), when node 0 has ended or its store is gone, or when this node
+// is stopped (SIGINT, SIGTERM, SIGHUP, SIGQUIT, or ctx), which it tells
+// the others; a signal that comes as the nodes pass the barrier stops the
+// job there too.
 func (j *job) startTogether(ctx context.Context, n int, sigs chan os.Signal) error {
 	cfg := j.cfg
 	rank := cfg.NodeRank * cfg.NProcPerNode
-	bctx, cancel := context.WithTimeout(ctx, cfg.RdzvTimeout)
+	bctx, cancel := context.WithTimeout(ctx, max(cfg.RdzvTimeout, cfg.StopGrace+reapBound+10*time.Second))
 	defer cancel()
 	stopped := make(chan os.Signal, 1)
 	wctx, wcancel := context.WithCancel(bctx)
-	defer wcancel()
-	go func() {
+	var watch sync.WaitGroup
+	watch.Go(func() {
 		select {
 		case s := <-sigs:
 			stopped <- s
 			wcancel()
 		case <-wctx.Done():
 		}
-	}()
+	})
+	err := j.meet(wctx, n)
+	wcancel()
+	watch.Wait() // a signal it took is in stopped now
 	fail := func(reason string, err error) error {
 		j.abort(n, rank, reason, true)
 		j.aborts.Wait()
 		return err
 	}
-	interrupted := func() error {
-		select {
-		case s := <-stopped:
-			return fail(interruptedReason(cfg.NodeRank, s), fmt.Errorf("launcher: node %d: %w while the nodes met to restart the workers (attempt %d)", cfg.NodeRank, &ErrInterrupted{Signal: s}, n))
-		default:
-		}
-		if ctx.Err() != nil {
-			return fail(cancelledReason(cfg.NodeRank), fmt.Errorf("launcher: node %d: %w (Run's context was cancelled) while the nodes met to restart the workers (attempt %d)", cfg.NodeRank, &ErrInterrupted{Signal: syscall.SIGTERM}, n))
-		}
-		return nil
+	select {
+	case s := <-stopped:
+		// Also where the barrier passed: the others' workers of attempt
+		// n, started by then, are stopped by this abort of it.
+		return fail(interruptedReason(cfg.NodeRank, s), fmt.Errorf("launcher: node %d: %w while the nodes met to restart the workers (attempt %d)", cfg.NodeRank, &ErrInterrupted{Signal: s}, n))
+	default:
 	}
-	st, err := rendezvous.Dial(wctx, j.storeAddr, cfg.auth())
-	if err != nil {
-		if ierr := interrupted(); ierr != nil {
-			return ierr
-		}
-		return fail(fmt.Sprintf("node %d could not reach the store to restart the workers: %v", cfg.NodeRank, err), fmt.Errorf("launcher: node %d: restart (attempt %d): %w", cfg.NodeRank, n, err))
-	}
-	defer st.Close()
-	if j.srv != nil {
-		port, err := freePort(j.bindHost)
-		if err == nil {
-			err = st.Set(wctx, portKey(cfg.RunID, n), []byte(strconv.Itoa(port)))
-		}
-		if err != nil {
-			if ierr := interrupted(); ierr != nil {
-				return ierr
-			}
-			return fail(fmt.Sprintf("node 0 could not publish the MASTER_PORT of attempt %d: %v", n, err), fmt.Errorf("launcher: node 0: restart (attempt %d): MASTER_PORT: %w", n, err))
-		}
-		j.torchPort = port
-	}
-	err = st.Barrier(wctx, startKey(cfg.RunID, n), cfg.NodeRank, cfg.NNodes)
-	if err == nil && j.srv == nil {
-		var v []byte
-		if v, err = st.Get(wctx, portKey(cfg.RunID, n)); err == nil {
-			p, perr := strconv.Atoi(string(v))
-			if perr != nil || p <= 0 || p > 65535 {
-				return fail(fmt.Sprintf("node 0 published MASTER_PORT %q for attempt %d, not a port", printable(string(v), 64), n), fmt.Errorf("launcher: node %d: node 0 published MASTER_PORT %q for attempt %d, not a port", cfg.NodeRank, printable(string(v), 64), n))
-			}
-			j.torchPort = p
-		}
+	if ctx.Err() != nil {
+		return fail(cancelledReason(cfg.NodeRank), fmt.Errorf("launcher: node %d: %w (Run's context was cancelled) while the nodes met to restart the workers (attempt %d)", cfg.NodeRank, &ErrInterrupted{Signal: syscall.SIGTERM}, n))
 	}
 	if err == nil {
 		cfg.Logf("node %d: every node has stopped its workers; attempt %d's get MASTER_PORT=%d", cfg.NodeRank, n, j.torchPort)
 		return nil
-	}
-	if ierr := interrupted(); ierr != nil {
-		return ierr
 	}
 	if ae, ok := errors.AsType[*rendezvous.AbortError](err); ok {
 		// Another node ended the job, was stopped or died: the reason
 		// (read from the store, made printable) says which.
 		return fmt.Errorf("launcher: node %d: the workers were not restarted (attempt %d): %s", cfg.NodeRank, n, printable(ae.Reason, 512))
 	}
+	if errors.Is(err, errNode0Gone) {
+		return fmt.Errorf("launcher: node %d: the workers were not restarted (attempt %d): %w", cfg.NodeRank, n, err)
+	}
 	why := err.Error()
 	if me, ok := errors.AsType[*rendezvous.MissingError](err); ok {
-		why = fmt.Sprintf("node rank(s) %v did not come to restart the workers within %v (--rdzv-timeout): %v", me.Missing, cfg.RdzvTimeout, me.Err)
+		why = fmt.Sprintf("node rank(s) %v did not come to restart the workers in time: %v", me.Missing, me.Err)
 	}
 	return fail(fmt.Sprintf("node %d gave up restarting the workers (attempt %d): %s", cfg.NodeRank, n, why), fmt.Errorf("launcher: node %d: restart (attempt %d): %s", cfg.NodeRank, n, why))
+}
+
+// errNode0Gone: node 0 has ended, or its store is out of reach, as
+// another node is about to restart its workers.
+var errNode0Gone = errors.New("node 0 has ended the job, or its launcher died")
+
+// meet is startTogether's wait: node 0 publishes attempt n's MASTER_PORT,
+// every node joins the barrier, and the others read the port. Node 0
+// dials its own store; the others reach it as the failure watch does
+// (reach: a refused connect means at once that node 0's store is gone,
+// where a dial would retry until the bound), on a connection of their
+// own (a call that a signal cuts short leaves it unusable; the aborts go
+// through job.client).
+func (j *job) meet(ctx context.Context, n int) error {
+	cfg := j.cfg
+	var st *rendezvous.Client
+	var err error
+	if j.srv != nil {
+		if st, err = rendezvous.Dial(ctx, j.storeAddr, cfg.auth()); err != nil {
+			return err
+		}
+	} else {
+		if j.node0Ended.Load() {
+			return fmt.Errorf("%w: node 0 said its workers had all ended", errNode0Gone)
+		}
+		if st, err = j.reach(ctx); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			return fmt.Errorf("%w: its store at %s is out of reach: %v", errNode0Gone, j.storeAddr, err)
+		}
+		if j.node0Ended.Load() {
+			st.Close()
+			return fmt.Errorf("%w: node 0 said its workers had all ended", errNode0Gone)
+		}
+	}
+	defer st.Close()
+	if j.srv != nil {
+		port, err := freePort(j.bindHost)
+		if err == nil {
+			err = st.Set(ctx, portKey(cfg.RunID, n), []byte(strconv.Itoa(port)))
+		}
+		if err != nil {
+			return fmt.Errorf("the MASTER_PORT of attempt %d: %w", n, err)
+		}
+		j.torchPort = port
+	}
+	if err := st.Barrier(ctx, startKey(cfg.RunID, n), cfg.NodeRank, cfg.NNodes); err != nil {
+		if j.srv == nil && ctx.Err() == nil && (errors.Is(err, rendezvous.ErrConnLost) || errors.Is(err, rendezvous.ErrUnreachable)) {
+			return fmt.Errorf("%w: its store at %s was lost: %v", errNode0Gone, j.storeAddr, err)
+		}
+		return err
+	}
+	if j.srv == nil {
+		v, err := st.Get(ctx, portKey(cfg.RunID, n))
+		if err != nil {
+			return err
+		}
+		p, perr := strconv.Atoi(string(v))
+		if perr != nil || p <= 0 || p > 65535 {
+			return fmt.Errorf("node 0 published MASTER_PORT %q for attempt %d, not a port", printable(string(v), 64), n)
+		}
+		j.torchPort = p
+	}
+	return nil
 }
 
 // betweenAttempts, when a test sets it, runs after each attempt, before

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -134,5 +136,91 @@ while :; do sleep 0.05; done`
 	}
 	if took := time.Since(start); took > 6*time.Second {
 		t.Errorf("node 0 ended %v after node 1 was stopped (its worker takes 2 s to stop)", took.Round(time.Millisecond))
+	}
+}
+
+// TestNoRestartAfterNode0Ended: node 0's workers all exit 0 and it ends;
+// a worker of node 1 fails later. Node 1 must not wait at the restart for
+// a node that has ended (a new connection to its store is refused, the
+// old one closes after its grace): it ends at once, saying node 0 ended,
+// and starts no worker again.
+func TestNoRestartAfterNode0Ended(t *testing.T) {
+	dir := t.TempDir()
+	port := freeTCPPort(t, "127.0.0.1")
+	runID := "restartend-" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	script := `touch ` + dir + `/start.$RANK.$SLIME_RESTART_COUNT; if [ "$RANK" = 1 ]; then sleep 1; exit 7; fi`
+	var outs [2]syncBuffer
+	chs := make([]chan error, 2)
+	for n := range 2 {
+		chs[n] = make(chan error, 1)
+		go func() {
+			chs[n] <- Run(ctx, Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
+				RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: 20 * time.Second, StopGrace: time.Second, MaxRestarts: 1,
+				Program: "sh", Args: []string{"-c", script}, Stdout: &outs[n], Stderr: &outs[n]})
+		}()
+	}
+	start := time.Now()
+	err0 := result(chs[0], "node 0")
+	err1 := result(chs[1], "node 1")
+	took := time.Since(start)
+	t.Logf("node 0: %v\nnode 1 (%v): %v", err0, took.Round(time.Millisecond), err1)
+	if err0 != nil {
+		t.Errorf("node 0: %v", err0)
+	}
+	if err1 == nil || !strings.Contains(err1.Error(), "node 0") || took > 8*time.Second {
+		t.Errorf("node 1 after %v: %v; want it to end at once, naming node 0's end", took.Round(time.Millisecond), err1)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "start.1.1")); err == nil {
+		t.Errorf("node 1 restarted its worker alone")
+	}
+}
+
+// TestSignalAsNodesMeet: a signal that comes as the nodes pass the
+// restart's barrier is not lost: the node that got it ends with
+// ErrInterrupted, and the other does not run its next attempt to the end.
+func TestSignalAsNodesMeet(t *testing.T) {
+	port := freeTCPPort(t, "127.0.0.1")
+	runID := "restartsig-" + strconv.Itoa(os.Getpid())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// Attempt 0: rank 0 fails (node 0's attempt ends first: the hook
+	// below takes its signal channel). Attempt 1: both run for 20 s.
+	script := `if [ "$SLIME_RESTART_COUNT" = 0 ] && [ "$RANK" = 0 ]; then sleep 0.3; exit 7; fi; exec sleep 20`
+	var outs [2]syncBuffer
+	var sigs0 chan<- os.Signal
+	var once sync.Once
+	caught := make(chan struct{})
+	betweenAttempts = func(s chan<- os.Signal) {
+		once.Do(func() { sigs0 = s; close(caught) })
+	}
+	defer func() { betweenAttempts = nil }()
+	chs := make([]chan error, 2)
+	for n := range 2 {
+		chs[n] = make(chan error, 1)
+		cfg := Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
+			RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: 20 * time.Second, StopGrace: time.Second, MaxRestarts: 1,
+			Program: "sh", Args: []string{"-c", script}, Stdout: &outs[n], Stderr: &outs[n]}
+		if n == 0 {
+			// The signal comes as node 0's launcher says the nodes met.
+			cfg.Logf = func(f string, a ...any) {
+				if strings.HasPrefix(f, "node %d: every node has stopped its workers") {
+					<-caught
+					sigs0 <- syscall.SIGTERM
+				}
+			}
+		}
+		go func() { chs[n] <- Run(ctx, cfg) }()
+	}
+	start := time.Now()
+	err0 := result(chs[0], "node 0")
+	err1 := result(chs[1], "node 1")
+	t.Logf("node 0: %v\nnode 1: %v", err0, err1)
+	if _, ok := errors.AsType[*ErrInterrupted](err0); !ok {
+		t.Errorf("node 0, signalled as the nodes met: %v; want ErrInterrupted", err0)
+	}
+	if err1 == nil || time.Since(start) > 15*time.Second {
+		t.Errorf("node 1: %v after %v; want it stopped", err1, time.Since(start))
 	}
 }

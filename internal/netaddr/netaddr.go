@@ -90,16 +90,12 @@ func LocalIP(ifname, master string) (string, error) {
 // used instead, and with several the caller must choose (an error naming
 // them).
 func ListenIP(ifname, master string, spansHosts bool) (string, error) {
-	if ifname == "" && loopbackName(master) {
-		// Loopback on every host: the other hosts, and this one's
-		// workers, dial their own loopback. Meant as loopback (launchers
-		// side by side on one machine), as a loopback address is.
-		master = "127.0.0.1"
-	}
 	ip, err := LocalIP(ifname, master)
 	// A master given as a loopback address is meant: jobs of several
-	// "hosts" on one machine (launchers side by side, tests) bind it.
-	if err != nil || ifname != "" || !spansHosts || !net.ParseIP(ip).IsLoopback() || net.ParseIP(master) != nil {
+	// "hosts" on one machine (launchers side by side, tests) bind it. So
+	// is a name that is loopback on every host (localhost): the other
+	// hosts, and this one's workers, dial their own loopback with it.
+	if err != nil || ifname != "" || !spansHosts || !net.ParseIP(ip).IsLoopback() || net.ParseIP(master) != nil || loopbackName(master) {
 		return ip, err
 	}
 	var found []string
