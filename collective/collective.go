@@ -497,13 +497,17 @@ func (c *Communicator) Close() error {
 	// A call lasts at most about two timeouts (its own wait, or a
 	// refusal's, then the explanation of a mismatch) and a few seconds;
 	// three leave room.
-	wait := 3*c.opts.Timeout + 10*time.Second
-	limit := time.Now().Add(wait)
+	// A Timeout near the largest Duration ("none") waits as long.
+	wait := time.Duration(math.MaxInt64)
+	if c.opts.Timeout < (wait-10*time.Second)/3 {
+		wait = 3*c.opts.Timeout + 10*time.Second
+	}
+	start := time.Now()
 	for !c.busy.CompareAndSwap(idle, closed) {
 		if c.busy.Load() == closed {
 			return nil
 		}
-		if time.Now().After(limit) {
+		if time.Since(start) > wait {
 			return fault.New("close", c.opts.Rank, -1, ErrTimeout, "a call of another goroutine did not return within %v; nothing was closed", wait)
 		}
 		time.Sleep(time.Millisecond)
@@ -954,9 +958,9 @@ func (b *Buffer) Free() error {
 // the peers in place. Free it with Buffer.Free on every rank. The ranks of
 // a node share one segment: where one asks for another n, every rank of
 // the node fails with ErrSizeMismatch naming it, and nothing is left
-// allocated. On one node, a rank whose call at this point is another
-// (an AllGather, a Barrier) makes every rank fail with ErrSizeMismatch
-// naming both calls at once.
+// allocated. A rank whose call at this point is another (an AllGather,
+// a Barrier), on this node or another, makes every rank fail with
+// ErrSizeMismatch naming both calls at once.
 func (c *Communicator) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	if err := c.enter("alloc"); err != nil {
 		return nil, err
@@ -965,10 +969,8 @@ func (c *Communicator) Alloc(ctx context.Context, n int) (*Buffer, error) {
 	if c.eng == nil {
 		return nil, c.closedErr("alloc")
 	}
-	if c.net == nil {
-		if err := c.announce(ctx, "alloc"); err != nil {
-			return nil, err
-		}
+	if err := c.announce(ctx, "alloc"); err != nil {
+		return nil, err
 	}
 	b, err := c.node.Alloc(ctx, n)
 	if err != nil {
@@ -982,8 +984,9 @@ func (c *Communicator) Alloc(ctx context.Context, n int) (*Buffer, error) {
 // (Alloc, through the store): a peer in another call (an AllGather, a
 // Barrier) then differs from it at once, and every rank returns
 // ErrSizeMismatch naming both calls, instead of each waiting out its
-// timeout where the other never comes. On one node only, where the
-// node's group is the engine.
+// timeout where the other never comes. Across nodes too: a node's
+// Alloc meets only its own ranks, and the other nodes' ranks would pair
+// their call with that rank's next one.
 func (c *Communicator) announce(ctx context.Context, op string) error {
 	for r := range c.sizes {
 		c.sizes[r], c.offs[r] = 0, 0

@@ -446,7 +446,7 @@ func (c *Communicator) syncGPU(ctx context.Context, op string, s *device.CUDAStr
 // own report, naming the peer, comes first. A wait that gives up breaks
 // the GPU path. It allocates nothing.
 func (c *Communicator) syncStream(ctx context.Context, op string, s *device.CUDAStream) error {
-	if err := s.SynchronizeBy(ctx, time.Now().Add(c.opts.Timeout+5*time.Second)); err != nil {
+	if err := s.SynchronizeBy(ctx, time.Now().Add(c.opts.Timeout).Add(5*time.Second)); err != nil { // no sum to overflow
 		c.gpu.broken = fault.New(op, c.Rank(), -1, ErrTimeout, "%v", err)
 		return c.gpu.broken
 	}
