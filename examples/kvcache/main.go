@@ -149,7 +149,7 @@ func main() {
 	// Where the memory available cannot be read, the bound is what an
 	// int (a slice's length, an offset) holds.
 	limit, what := int64(math.MaxInt), "an int holds"
-	if avail, _, ok := machine.Memory(); ok {
+	if avail, _, ok := machine.Memory(); ok && avail < limit {
 		limit, what = avail, "memory available"
 	}
 	for _, m := range []struct {
