@@ -1,8 +1,11 @@
 package intra
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -33,6 +36,58 @@ func cpusOf(pids []int) int {
 		}
 	}
 	return all.Count()
+}
+
+// watchExits aborts the store's waits under prefix, naming the rank,
+// when a peer's process exits while the group meets in the store (Alloc:
+// the sizes, the segment's name). The store knows nothing of processes:
+// under slimerun the launcher aborts the attempt's waits when a worker
+// exits, but under another launcher (srun, mpirun) nothing would, and the
+// other ranks would wait out their timeout for a rank that is gone. stop
+// ends the watch and waits for it. Peers in this process have no pidfd:
+// nothing to watch.
+func (g *Group) watchExits(prefix string) (stop func()) {
+	var fds []pollFD
+	var ranks []int
+	for p, fd := range g.pidfds {
+		if fd >= 0 {
+			fds = append(fds, pollFD{Fd: int32(fd), Events: pollIn})
+			ranks = append(ranks, p)
+		}
+	}
+	var wake [2]int
+	if len(fds) == 0 || g.cfg.Store == nil || unix.Pipe2(wake[:], unix.O_CLOEXEC) != nil {
+		return func() {}
+	}
+	// stop writes to the pipe, whose read end the poll watches too.
+	fds = append(fds, pollFD{Fd: int32(wake[0]), Events: pollIn})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			_, err := unix.Poll(fds, -1)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || fds[len(fds)-1].Revents != 0 {
+				return
+			}
+			for i := range ranks {
+				if fds[i].Revents != 0 {
+					p := g.global(ranks[i])
+					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					g.cfg.Store.Abort(ctx, prefix, p, fmt.Sprintf("rank %d's process exited", p))
+					cancel()
+					return
+				}
+			}
+		}
+	})
+	return func() {
+		unix.Write(wake[1], []byte{0})
+		wg.Wait()
+		unix.Close(wake[0])
+		unix.Close(wake[1])
+	}
 }
 
 // exited returns the index in fds of a process that has exited, or -1.

@@ -110,6 +110,9 @@ func (g *Group) alloc(ctx context.Context, n int) (*Buffer, error) {
 	} else if n > (math.MaxInt-2*pageBytes)/g.size {
 		bad = fault.New("alloc", g.global(g.rank), -1, fault.ErrInvalid, "%d bytes on each of %d ranks do not fit in memory", n, g.size)
 	}
+	// A local rank that dies now fails the others' waits in the store.
+	stop := g.watchExits(g.cfg.Key + "/" + key)
+	defer stop()
 	// The sizes first, before any memory: where they differ (or one is
 	// refused above), every rank fails and nothing is allocated.
 	if err := g.sameSize(ctx, "alloc", g.cfg.Key+"/"+key, n); err != nil {
