@@ -640,6 +640,9 @@ func (c *Communicator) layoutV(counts []int, dstLen int) error {
 			return fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "negative count %d for rank %d", n, r)
 		}
 		c.sizes[r], c.offs[r] = n, off
+		if n > math.MaxInt-off { // a sum that would wrap round and pass
+			return fault.New("allgatherv", c.Rank(), -1, ErrInvalid, "the counts add up to more than an int holds (at rank %d's, %d)", r, n)
+		}
 		off += n
 	}
 	if off > dstLen {
