@@ -85,12 +85,12 @@ func TestNodesEndApart(t *testing.T) {
 }
 
 // TestKilledLauncherDuringRestart: rank 0 fails its first attempt and
-// node 0 restarts while node 1 still waits, its grace running, for a
-// worker that ignores SIGTERM. Node 1's launcher killed then is told to
-// node 0's next attempt (its guard aborts the attempts after the one it
-// knew), which ends at once, naming it, rather than run on to exit 0.
-// Node 0's killed then, node 1 restarts once its grace is over, cannot
-// reach the store for its next attempt and ends, naming node 0.
+// node 0 comes to the restart, where it waits for node 1, whose grace
+// runs for a worker that ignores SIGTERM. Node 1's launcher killed then
+// is told to node 0's wait (its guard aborts the attempts after the one
+// it knew), which ends at once, naming it, rather than wait out its
+// bound or run on. With a short grace both nodes restart; node 0's
+// launcher killed then, node 1's next attempt ends, naming node 0.
 func TestKilledLauncherDuringRestart(t *testing.T) {
 	for _, k := range []struct {
 		killed int
@@ -112,14 +112,19 @@ exec sleep 60`, dir)
 					"sh", "-c", script)
 			}
 			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-				if _, err := os.Stat(dir + "/up.0.1"); err == nil { // node 0's next attempt runs
+				// Node 1 killed: once node 0 waits at the restart. Node
+				// 0 killed: once its next attempt runs.
+				if k.killed == 1 && strings.Contains(text(outs[0]), "restarting the workers") {
+					break
+				}
+				if _, err := os.Stat(dir + "/up.0.1"); err == nil && k.killed == 0 {
 					break
 				}
 				if time.Now().After(deadline) {
 					t.Fatalf("node 0 did not restart:\n%s\n%s", text(outs[0]), text(outs[1]))
 				}
 			}
-			time.Sleep(300 * time.Millisecond) // its failure watch is on
+			time.Sleep(300 * time.Millisecond) // its wait, or failure watch, is on
 			t0 := time.Now()
 			cmds[k.killed].Process.Signal(syscall.SIGKILL)
 			other := 1 - k.killed
@@ -148,12 +153,11 @@ func TestKilledLauncherLongSecret(t *testing.T) {
 	}
 }
 
-// TestNodeEndsWhileOtherStops: rank 0 fails its first attempt, node 0
-// restarts and its next attempt succeeds, and node 0 ends (its store's
-// grace of 10 s over) while node 1 still waits, its grace of 12 s
-// running, for a worker that ignores SIGTERM. Node 1's next attempt
-// cannot reach the store, but node 0 said it ended: both exit 0, and
-// nobody is reported dead.
+// TestNodeEndsWhileOtherStops: rank 0 fails its first attempt, and node
+// 1 waits, its grace of 12 s running, for a worker that ignores SIGTERM.
+// Node 0 waits for it at the restart (a new worker must not meet an old
+// one still stopping), then both nodes' next attempts run and succeed:
+// both exit 0, and nobody is reported dead.
 func TestNodeEndsWhileOtherStops(t *testing.T) {
 	dir := t.TempDir()
 	port := freePortString(t)
