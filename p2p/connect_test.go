@@ -3,6 +3,7 @@ package p2p
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -40,54 +41,13 @@ func slowAcceptor(t *testing.T, delay time.Duration) string {
 	return ln.Addr().String()
 }
 
-// TestConcurrentConnect: two Connects to one peer, the first with a long
-// deadline (it dials), the second ended first by its own context (a
-// short deadline, or its caller's cancel) while it waits for the first's
-// link. That ends the second alone: the first, whose context is live,
-// links.
+// TestConcurrentConnect: two Connects to one peer, one with a long
+// deadline and one ended first by its own context (a short deadline, or
+// its caller's cancel). Whichever dials (the first), the short one's end
+// is its own: where it waits for the long one's link it ends alone, and
+// where it is the dialer, the long one, which waits for its link, dials
+// again and links.
 func TestConcurrentConnect(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		short func(ctx context.Context) (context.Context, context.CancelFunc)
-		want  error
-	}{
-		{"deadline", func(ctx context.Context) (context.Context, context.CancelFunc) {
-			return context.WithTimeout(ctx, 100*time.Millisecond)
-		}, ErrTimeout},
-		{"cancel", func(ctx context.Context) (context.Context, context.CancelFunc) {
-			cctx, cancel := context.WithCancel(ctx)
-			time.AfterFunc(50*time.Millisecond, cancel)
-			return cctx, cancel
-		}, ErrCancelled},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx := ctxT(t, 20*time.Second)
-			a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-			in := info{name: "slow", addr: slowAcceptor(t, 600*time.Millisecond)}
-			long := make(chan error, 1)
-			go func() {
-				_, err := a.ConnectInfo(ctx, in.encode())
-				long <- err
-			}()
-			time.Sleep(100 * time.Millisecond) // the first is dialing
-			sctx, cancel := tc.short(ctx)
-			_, err := a.ConnectInfo(sctx, in.encode())
-			cancel()
-			if !errors.Is(err, tc.want) {
-				t.Fatalf("the second Connect: %v, want %v", err, tc.want)
-			}
-			if err := <-long; err != nil {
-				t.Fatalf("a Connect with 20 s left failed because another Connect's context ended (%s): %v", tc.name, err)
-			}
-		})
-	}
-}
-
-// TestConcurrentConnectDialerEnds is the other way round: the Connect
-// that dials has the short deadline (or is cancelled) and the one
-// waiting for its link the long one. The dialer's end is its own: the
-// waiting Connect, whose context is live, dials again and links.
-func TestConcurrentConnectDialerEnds(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		short func(ctx context.Context) (context.Context, context.CancelFunc)
@@ -102,32 +62,51 @@ func TestConcurrentConnectDialerEnds(t *testing.T) {
 			return cctx, cancel
 		}, ErrCancelled},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx := ctxT(t, 20*time.Second)
-			a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
-			in := info{name: "slow", addr: slowAcceptor(t, 600*time.Millisecond)}
-			sctx, cancel := tc.short(ctx)
-			defer cancel()
-			short := make(chan error, 1)
-			go func() {
-				_, err := a.ConnectInfo(sctx, in.encode())
-				short <- err
-			}()
-			time.Sleep(100 * time.Millisecond) // the first is dialing
-			lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
-			defer lcancel()
-			start := time.Now()
-			p, err := a.ConnectInfo(lctx, in.encode())
-			if err != nil {
-				t.Fatalf("a Connect with 10 s left failed after %v because the dialing Connect's context ended (%s): %v", time.Since(start).Round(time.Millisecond), tc.name, err)
-			}
-			if p.Name() != "slow" {
-				t.Fatalf("linked to %q", p.Name())
-			}
-			if err := <-short; !errors.Is(err, tc.want) {
-				t.Fatalf("the dialing Connect: %v, want %v", err, tc.want)
-			}
-		})
+		for _, shortDials := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/short dials %v", tc.name, shortDials), func(t *testing.T) {
+				ctx := ctxT(t, 20*time.Second)
+				a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1})
+				in := info{name: "slow", addr: slowAcceptor(t, 600*time.Millisecond)}
+				long := func() (*Peer, error) {
+					lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					defer cancel()
+					return a.ConnectInfo(lctx, in.encode())
+				}
+				short := func() error {
+					sctx, cancel := tc.short(ctx)
+					defer cancel()
+					_, err := a.ConnectInfo(sctx, in.encode())
+					return err
+				}
+				var shortErr, longErr error
+				var p *Peer
+				first := make(chan struct{})
+				go func() {
+					defer close(first)
+					if shortDials {
+						shortErr = short()
+					} else {
+						p, longErr = long()
+					}
+				}()
+				time.Sleep(100 * time.Millisecond) // the first is dialing
+				if shortDials {
+					p, longErr = long()
+				} else {
+					shortErr = short()
+				}
+				<-first
+				if !errors.Is(shortErr, tc.want) {
+					t.Errorf("the short Connect: %v, want %v", shortErr, tc.want)
+				}
+				if longErr != nil {
+					t.Fatalf("a Connect with 10 s left failed because the other Connect's context ended: %v", longErr)
+				}
+				if p.Name() != "slow" {
+					t.Fatalf("linked to %q", p.Name())
+				}
+			})
+		}
 	}
 }
 

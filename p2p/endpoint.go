@@ -414,22 +414,22 @@ func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
 	for _, p := range held {
-		if !doneFirst(p.f.done, ctx) {
+		if !doneFirst(p.f.done, ctx.Done()) {
 			return opErr("deregister", p.f.peer, r.label(), ended(ctx), "this endpoint's %s from the peer is held up in the kernel by the peer's memory (a same-host copy whose pages do not come)", p.f.op)
 		}
 	}
-	if !doneFirst(r.drained, ctx) {
+	if !doneFirst(r.drained, ctx.Done()) {
 		peer, who := r.holding()
 		return opErr("deregister", peer, r.label(), ended(ctx), "%s still uses it", who)
 	}
 	return nil
 }
 
-// doneFirst waits for ch to close or ctx to end, and reports whether ch
-// closed. A ch already closed wins over a ctx already done: a select of
-// both would pick one at random, and fail a wait that had nothing left to
-// wait for.
-func doneFirst(ch <-chan struct{}, ctx context.Context) bool {
+// doneFirst waits for ch to close or stop to fire (a context's Done, a
+// timer's C), and reports whether ch closed. A ch already closed wins over
+// a stop already fired: a select of both would pick one at random, and
+// fail a wait that had nothing left to wait for.
+func doneFirst[T any](ch <-chan struct{}, stop <-chan T) bool {
 	select {
 	case <-ch:
 		return true
@@ -438,7 +438,7 @@ func doneFirst(ch <-chan struct{}, ctx context.Context) bool {
 	select {
 	case <-ch:
 		return true
-	case <-ctx.Done():
+	case <-stop:
 		return false
 	}
 }
@@ -1529,23 +1529,10 @@ func (e *Endpoint) Close() error {
 	drained := func(d time.Duration) error {
 		t := time.NewTimer(d)
 		defer t.Stop()
-		// in reports whether ch is closed before t fires (preferred when
-		// both are: the timer of a spent bound fires at once).
-		in := func(ch <-chan struct{}) bool {
-			select {
-			case <-ch:
-				return true
-			default:
-			}
-			select {
-			case <-ch:
-				return true
-			case <-t.C:
-				return false
-			}
-		}
 		for _, r := range regs {
-			if !in(r.drained) {
+			// Closed before t fires (preferred when both are: the timer
+			// of a spent bound fires at once).
+			if !doneFirst(r.drained, t.C) {
 				peer, who := r.holding()
 				return opErr("close", peer, r.label(), ErrTimeout, "%s may still use it", who)
 			}
