@@ -495,7 +495,9 @@ type job struct {
 	// refused counts the connections node 0's store refused (another
 	// job's secret or run id): said when a node does not join.
 	refused atomic.Int64
-	cfg     *Config
+	// outGone and errGone say, once each, that a console stream failed.
+	outGone, errGone sync.Once
+	cfg              *Config
 	// bindHost is the address the store (and the MASTER_PORT probe) bind:
 	// loopback on one node, else the one that reaches the master.
 	bindHost string
@@ -2260,7 +2262,7 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 			outs = append(outs, &logWriter{f: f, warnf: cfg.Warnf, what: "rank " + itoa(rank) + "'s " + s.name + " log"})
 		}
 		if (redir&s.bit == 0 || tee&s.bit != 0) && (cfg.ConsoleRanks == nil || slices.Contains(cfg.ConsoleRanks, local)) {
-			pw := &prefixWriter{mu: consoleMu, out: s.console, prefix: prefix}
+			pw := &prefixWriter{mu: consoleMu, out: s.console, prefix: prefix, gone: j.consoleGone(s.name)}
 			w.consoles = append(w.consoles, pw)
 			outs = append(outs, pw)
 		}
@@ -2341,6 +2343,30 @@ func (l *logWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
+// consoleGone returns what a console writer of stream name ("stdout",
+// "stderr") calls when its writes fail: the first failure of each
+// stream in the job is said once, on standard error (where stdout is
+// piped into a reader that ended, stderr is usually still the terminal).
+// The workers go on and their console output is dropped, not held
+// back: a worker blocked on its output would hang the job.
+func (j *job) consoleGone(name string) func(error) {
+	once := j.consoleOnce(name)
+	return func(err error) {
+		once.Do(func() {
+			stream := map[string]string{"stdout": "output", "stderr": "error"}[name]
+			j.cfg.Warnf("the console's standard %s is gone (%v): the workers' %s is dropped from now on (their log files, with --redirects or --tee, still get it)", stream, err, name)
+		})
+	}
+}
+
+// consoleOnce is the job's sync.Once for console stream name.
+func (j *job) consoleOnce(name string) *sync.Once {
+	if name == "stdout" {
+		return &j.outGone
+	}
+	return &j.errGone
+}
+
 // prefixWriter writes whole lines to out, each behind prefix; a partial
 // line waits for its end, or for flush once the worker has exited.
 type prefixWriter struct {
@@ -2348,6 +2374,9 @@ type prefixWriter struct {
 	out    io.Writer
 	prefix string
 	buf    []byte
+	// gone, if set, is called when a write to out fails (the console's
+	// reader has gone: slimerun ... | head).
+	gone func(error)
 }
 
 func (p *prefixWriter) Write(b []byte) (int, error) {
@@ -2384,6 +2413,9 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 		_, err := io.WriteString(p.out, p.prefix+string(p.buf[:i+1]))
 		p.mu.Unlock()
 		if err != nil {
+			if p.gone != nil {
+				p.gone(err)
+			}
 			return len(b), nil // a broken console must not stop the worker
 		}
 		p.buf = p.buf[i+1:]
