@@ -73,9 +73,14 @@ func (g *Group) watchExits(prefix string) (stop func()) {
 			}
 			for i := range ranks {
 				if fds[i].Revents != 0 {
+					// On a connection of its own: this rank's wait
+					// holds the group's until it ends.
 					p := g.global(ranks[i])
-					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-					g.cfg.Store.Abort(ctx, prefix, p, fmt.Sprintf("rank %d's process exited", p))
+					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+					if st, err := g.cfg.Store.Redial(ctx); err == nil {
+						st.Abort(ctx, prefix, p, fmt.Sprintf("rank %d's process exited", p))
+						st.Close()
+					}
 					cancel()
 					return
 				}

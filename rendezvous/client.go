@@ -63,6 +63,7 @@ const DefaultTimeout = 5 * time.Minute
 // use; calls on one client are served one at a time.
 type Client struct {
 	addr string
+	auth Auth // what Dial proved, for Redial
 	// Timeout bounds calls whose context has no deadline; DefaultTimeout
 	// when zero.
 	Timeout time.Duration
@@ -114,7 +115,7 @@ func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 			}
 			herr := auth.Connect(conn, a.key(), purpose, hs)
 			if herr == nil {
-				return &Client{addr: addr, lock: make(chan struct{}, 1), conn: conn, r: bufio.NewReader(conn)}, nil
+				return &Client{addr: addr, auth: a, lock: make(chan struct{}, 1), conn: conn, r: bufio.NewReader(conn)}, nil
 			}
 			conn.Close()
 			if errors.Is(herr, auth.ErrRefused) {
@@ -142,6 +143,11 @@ func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 
 // Addr is the address of the store.
 func (c *Client) Addr() string { return c.addr }
+
+// Redial connects again to c's store, as Dial did for c: another client,
+// for a call that must not wait behind c's (calls on one client are
+// served one at a time: an Abort behind a Get that it would end).
+func (c *Client) Redial(ctx context.Context) (*Client, error) { return Dial(ctx, c.addr, c.auth) }
 
 // Close closes the connection.
 func (c *Client) Close() error {
