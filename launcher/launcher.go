@@ -1780,6 +1780,7 @@ func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal
 	// so that no process of the job outlives it or runs into the next
 	// attempt.
 	killed := false
+	interrupted := false // a SIGINT came: a second one kills at once
 	leftSaid, settled := false, false
 	onExit := func(ex exit) {
 		running--
@@ -1864,11 +1865,20 @@ wait:
 					j.abort(attempt, cfg.NodeRank*cfg.NProcPerNode, interruptedReason(cfg.NodeRank, s), true)
 				}
 			}
-			if stopping {
+			switch {
+			case s == syscall.SIGINT && interrupted && !killed:
+				// A second ^C: the user means now, not at the grace's
+				// end (a worker's handler may take all of it).
+				cfg.Warnf("node %d: a second SIGINT: killing the workers now (SIGKILL)", cfg.NodeRank)
+				stop(syscall.SIGKILL)
+				killed = true
+				reapBy = time.After(reapBound)
+			case stopping:
 				stop(s.(syscall.Signal))
-			} else {
+			default:
 				startStop(s.(syscall.Signal))
 			}
+			interrupted = interrupted || s == syscall.SIGINT
 		case <-done:
 			done = nil
 			if first == nil {
