@@ -567,6 +567,13 @@ func Run(ctx context.Context, cfg Config) error {
 			cfg.RunID = "p" + strconv.Itoa(cfg.MasterPort)
 		}
 	}
+	if cfg.LogDir != "" {
+		// The same command again (across nodes the run id defaults to
+		// the port): its logs go where the earlier run's are.
+		if d := filepath.Join(cfg.LogDir, cfg.RunID); dirExists(d) {
+			cfg.Warnf("the log directory %s holds an earlier run's logs (run id %q): this run's replace them where they meet; give each run its own --rdzv-id or --log-dir to keep both", d, cfg.RunID)
+		}
+	}
 	if len(cfg.JobSecret) == 0 {
 		if cfg.NNodes == 1 {
 			var b [32]byte
@@ -2311,6 +2318,11 @@ func openLog(cfg *Config, attempt, local int, name string) (*os.File, error) {
 		return nil, fmt.Errorf("launcher: log dir: %w", err)
 	}
 	return os.Create(filepath.Join(dir, name+".log"))
+}
+
+func dirExists(d string) bool {
+	fi, err := os.Stat(d)
+	return err == nil && fi.IsDir()
 }
 
 func lookupEnv(env []string, key string) (string, bool) {

@@ -270,3 +270,19 @@ func TestStdinNilIsDevNull(t *testing.T) {
 		t.Fatalf("%v, want stdin=/dev/null:\n%s", err, out)
 	}
 }
+
+// TestLogDirOfEarlierRunWarned: a run whose run id's log directory is
+// there already (the same command run again: across nodes the run id
+// defaults to the port) writes over the earlier run's logs; it says so
+// once, naming the directory, rather than replace them without a word.
+func TestLogDirOfEarlierRunWarned(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{NProcPerNode: 1, LogDir: dir, RunID: "again", Redirects: []Std{Stdout}}
+	if _, stderr, err := run(t, cfg, "echo first"); err != nil || strings.Contains(stderr, "earlier run") {
+		t.Fatalf("first run: %v\n%s", err, stderr)
+	}
+	_, stderr, err := run(t, cfg, "echo second")
+	if err != nil || strings.Count(stderr, "earlier run") != 1 || !strings.Contains(stderr, filepath.Join(dir, "again")) {
+		t.Fatalf("second run: %v; want one warning naming %s:\n%s", err, filepath.Join(dir, "again"), stderr)
+	}
+}
