@@ -698,10 +698,10 @@ func Run(ctx context.Context, cfg Config) error {
 		// fails their wait at once, naming why.
 		// A success too: a node whose workers have all ended cannot
 		// take part in a restart that another node's later failure would
-		// start (where node 0 has ended, its store is going: the others
-		// learn that from node0Ended, and nothing is sent to it).
+		// start. (Where node 0 has ended, its store is going: the others
+		// learn that from node0Ended, and nothing is sent to it.)
 		end := func(err error) error {
-			if cfg.NNodes > 1 && j.storeAddr != "" && (err != nil || j.srv != nil || !j.node0Ended.Load()) {
+			if cfg.NNodes > 1 && j.storeAddr != "" && (j.srv != nil || !j.node0Ended.Load()) {
 				j.abort(attempt+1, cfg.NodeRank*cfg.NProcPerNode, endedReason(cfg.NodeRank, attempt, err), true)
 				j.aborts.Wait()
 			}
@@ -1366,12 +1366,14 @@ func (j *job) abort(attempt, rank int, reason string, failed bool) {
 		if testHookAbort != nil {
 			testHookAbort(rank)
 		}
+		// Once node 0 has said it ended, its store is going: a failure to
+		// reach it is no news, and not said.
 		if failed {
-			if err := j.client.Abort(ctx, failedPrefix(j.cfg.RunID, attempt), rank, reason); err != nil {
+			if err := j.client.Abort(ctx, failedPrefix(j.cfg.RunID, attempt), rank, reason); err != nil && !j.node0Ended.Load() {
 				j.cfg.Logf("node %d: could not tell the other nodes that %s: %v", j.cfg.NodeRank, reason, err)
 			}
 		}
-		if err := j.client.Abort(ctx, prefix, rank, reason); err != nil {
+		if err := j.client.Abort(ctx, prefix, rank, reason); err != nil && !j.node0Ended.Load() {
 			j.cfg.Logf("node %d: could not tell the store that %s: %v", j.cfg.NodeRank, reason, err)
 		}
 	}()
