@@ -35,6 +35,31 @@ func startNode(ctx context.Context, port int, runID string, n node, script strin
 	return ch
 }
 
+// startTwoNodes starts the launchers of a job of two nodes of one worker each
+// (a shell running script) in the background, on a free port, and returns
+// the channels that yield their Runs' errors. tune(n, &cfg) changes node
+// n's Config from the common one (20 s rendezvous timeout, 1 s stop
+// grace); the context it returns, where not nil, is node n's Run's.
+func startTwoNodes(ctx context.Context, t *testing.T, runID, script string, outs *[2]syncBuffer, tune func(n int, c *Config) context.Context) [2]chan error {
+	t.Helper()
+	port := freeTCPPort(t, "127.0.0.1")
+	var chs [2]chan error
+	for n := range 2 {
+		cfg := Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
+			RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: 20 * time.Second, StopGrace: time.Second,
+			Program: "sh", Args: []string{"-c", script}, Stdout: &outs[n], Stderr: &outs[n]}
+		c := ctx
+		if tune != nil {
+			if tc := tune(n, &cfg); tc != nil {
+				c = tc
+			}
+		}
+		chs[n] = make(chan error, 1)
+		go func() { chs[n] <- Run(c, cfg) }()
+	}
+	return chs
+}
+
 // result waits (bounded) for a node's Run to return.
 func result(ch chan error, what string) error {
 	select {
@@ -101,20 +126,14 @@ func TestNodeMismatchRefused(t *testing.T) {
 // the other node's ranks, which never came (or, its own ranks done,
 // ended with success a job whose other node had failed).
 func TestRestartsMismatchRefused(t *testing.T) {
-	port := freeTCPPort(t, "127.0.0.1")
 	runID := "restarts-" + strconv.Itoa(os.Getpid())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var outs [2]syncBuffer
-	chs := make([]chan error, 2)
-	for n, restarts := range []int{1, 0} {
-		chs[n] = make(chan error, 1)
-		go func() {
-			chs[n] <- Run(ctx, Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
-				RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: 6 * time.Second, StopGrace: time.Second, MaxRestarts: restarts,
-				Program: "sh", Args: []string{"-c", "exit 3"}, Stdout: &outs[n], Stderr: &outs[n]})
-		}()
-	}
+	chs := startTwoNodes(ctx, t, runID, "exit 3", &outs, func(n int, c *Config) context.Context {
+		c.MaxRestarts, c.RdzvTimeout = 1-n, 6*time.Second
+		return nil
+	})
 	for n, ch := range chs {
 		err := result(ch, "node "+strconv.Itoa(n))
 		t.Logf("node %d: %v", n, err)
@@ -340,23 +359,17 @@ func TestStrayLauncherDoesNotStopJob(t *testing.T) {
 // proved nothing), waits out its rendezvous timeout, and then says, beside
 // the node that did not join, that it refused connections meanwhile.
 func TestWrongSecretNamedAtTimeout(t *testing.T) {
-	port := freeTCPPort(t, "127.0.0.1")
 	runID := "secret-" + strconv.Itoa(os.Getpid())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var outs [2]syncBuffer
-	chs := make([]chan error, 2)
-	for n, secret := range []string{"nodes-secret", "another-secret"} {
-		chs[n] = make(chan error, 1)
-		go func() {
-			chs[n] <- Run(ctx, Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
-				RunID: runID, JobSecret: []byte(secret), RdzvTimeout: 3 * time.Second, StopGrace: time.Second,
-				Program: "true", Stdout: &outs[n], Stderr: &outs[n]})
-		}()
-		if n == 0 {
-			time.Sleep(300 * time.Millisecond) // node 0's store listens
+	chs := startTwoNodes(ctx, t, runID, "true", &outs, func(n int, c *Config) context.Context {
+		c.RdzvTimeout = 3 * time.Second
+		if n == 1 {
+			c.JobSecret = []byte("another-secret")
 		}
-	}
+		return nil
+	})
 	err1 := result(chs[1], "node 1")
 	err0 := result(chs[0], "node 0")
 	t.Logf("node 0: %v\nnode 1: %v", err0, err1)

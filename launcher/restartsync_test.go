@@ -24,7 +24,6 @@ import (
 // of their own for the same reason.
 func TestRestartWaitsForOtherNodes(t *testing.T) {
 	dir := t.TempDir()
-	port := freeTCPPort(t, "127.0.0.1")
 	runID := "restartsync-" + strconv.Itoa(os.Getpid())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -38,15 +37,10 @@ if [ "$SLIME_RESTART_COUNT" = 0 ]; then
 	while :; do sleep 0.05; done
 fi`
 	var outs [2]syncBuffer
-	chs := make([]chan error, 2)
-	for n := range 2 {
-		chs[n] = make(chan error, 1)
-		go func() {
-			chs[n] <- Run(ctx, Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
-				RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: 20 * time.Second, StopGrace: 10 * time.Second, MaxRestarts: 1,
-				Program: "sh", Args: []string{"-c", script}, Stdout: &outs[n], Stderr: &outs[n]})
-		}()
-	}
+	chs := startTwoNodes(ctx, t, runID, script, &outs, func(n int, c *Config) context.Context {
+		c.StopGrace, c.MaxRestarts = 10*time.Second, 1
+		return nil
+	})
 	for n, ch := range chs {
 		if err := result(ch, "node "+strconv.Itoa(n)); err != nil {
 			t.Fatalf("node %d: %v\n%s", n, err, outs[n].String())
@@ -91,7 +85,6 @@ fi`
 // stops, as it stops a running attempt.)
 func TestStopWhileWaitingToRestart(t *testing.T) {
 	dir := t.TempDir()
-	port := freeTCPPort(t, "127.0.0.1")
 	runID := "restartstop-" + strconv.Itoa(os.Getpid())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -100,18 +93,16 @@ if [ "$RANK" = 1 ]; then sleep 0.3; exit 7; fi
 trap 'sleep 2; exit 0' TERM
 while :; do sleep 0.05; done`
 	var outs [2]syncBuffer
-	chs := make([]chan error, 2)
 	ctx1, cancel1 := context.WithCancel(ctx)
 	defer cancel1()
-	for n, c := range []context.Context{ctx, ctx1} {
-		chs[n] = make(chan error, 1)
-		go func() {
-			chs[n] <- Run(c, Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
-				RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: 20 * time.Second, StopGrace: 10 * time.Second, MaxRestarts: 1,
-				Program: "sh", Args: []string{"-c", script}, Stdout: &outs[n], Stderr: &outs[n],
-				Logf: func(f string, a ...any) { fmt.Fprintf(&outs[n], f+"\n", a...) }})
-		}()
-	}
+	chs := startTwoNodes(ctx, t, runID, script, &outs, func(n int, c *Config) context.Context {
+		c.StopGrace, c.MaxRestarts = 10*time.Second, 1
+		c.Logf = func(f string, a ...any) { fmt.Fprintf(&outs[n], f+"\n", a...) }
+		if n == 1 {
+			return ctx1
+		}
+		return nil
+	})
 	for !strings.Contains(outs[1].String(), "restarting the workers") {
 		if ctx.Err() != nil {
 			t.Fatalf("node 1 never restarted:\n%s", outs[1].String())
@@ -146,21 +137,15 @@ while :; do sleep 0.05; done`
 // and starts no worker again.
 func TestNoRestartAfterNode0Ended(t *testing.T) {
 	dir := t.TempDir()
-	port := freeTCPPort(t, "127.0.0.1")
 	runID := "restartend-" + strconv.Itoa(os.Getpid())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	script := `touch ` + dir + `/start.$RANK.$SLIME_RESTART_COUNT; if [ "$RANK" = 1 ]; then sleep 1; exit 7; fi`
 	var outs [2]syncBuffer
-	chs := make([]chan error, 2)
-	for n := range 2 {
-		chs[n] = make(chan error, 1)
-		go func() {
-			chs[n] <- Run(ctx, Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
-				RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: 20 * time.Second, StopGrace: time.Second, MaxRestarts: 1,
-				Program: "sh", Args: []string{"-c", script}, Stdout: &outs[n], Stderr: &outs[n]})
-		}()
-	}
+	chs := startTwoNodes(ctx, t, runID, script, &outs, func(n int, c *Config) context.Context {
+		c.MaxRestarts = 1
+		return nil
+	})
 	start := time.Now()
 	err0 := result(chs[0], "node 0")
 	err1 := result(chs[1], "node 1")
@@ -181,7 +166,6 @@ func TestNoRestartAfterNode0Ended(t *testing.T) {
 // restart's barrier is not lost: the node that got it ends with
 // ErrInterrupted, and the other does not run its next attempt to the end.
 func TestSignalAsNodesMeet(t *testing.T) {
-	port := freeTCPPort(t, "127.0.0.1")
 	runID := "restartsig-" + strconv.Itoa(os.Getpid())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -196,23 +180,19 @@ func TestSignalAsNodesMeet(t *testing.T) {
 		once.Do(func() { sigs0 = s; close(caught) })
 	}
 	defer func() { betweenAttempts = nil }()
-	chs := make([]chan error, 2)
-	for n := range 2 {
-		chs[n] = make(chan error, 1)
-		cfg := Config{NNodes: 2, NodeRank: n, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port,
-			RunID: runID, JobSecret: []byte("nodes-secret"), RdzvTimeout: 20 * time.Second, StopGrace: time.Second, MaxRestarts: 1,
-			Program: "sh", Args: []string{"-c", script}, Stdout: &outs[n], Stderr: &outs[n]}
+	chs := startTwoNodes(ctx, t, runID, script, &outs, func(n int, c *Config) context.Context {
+		c.MaxRestarts = 1
 		if n == 0 {
 			// The signal comes as node 0's launcher says the nodes met.
-			cfg.Logf = func(f string, a ...any) {
+			c.Logf = func(f string, a ...any) {
 				if strings.HasPrefix(f, "node %d: every node has stopped its workers") {
 					<-caught
 					sigs0 <- syscall.SIGTERM
 				}
 			}
 		}
-		go func() { chs[n] <- Run(ctx, cfg) }()
-	}
+		return nil
+	})
 	start := time.Now()
 	err0 := result(chs[0], "node 0")
 	err1 := result(chs[1], "node 1")
