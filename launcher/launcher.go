@@ -694,12 +694,12 @@ func Run(ctx context.Context, cfg Config) error {
 			betweenAttempts(sigs)
 		}
 		// The other nodes may wait at the next attempt's start
-		// (startTogether): a node that ends the job after a failure
-		// fails their wait at once, naming why.
-		// A success too: a node whose workers have all ended cannot
-		// take part in a restart that another node's later failure would
-		// start. (Where node 0 has ended, its store is going: the others
-		// learn that from node0Ended, and nothing is sent to it.)
+		// (startTogether): a node that ends the job fails their wait at
+		// once, naming why, after a success too (a node whose workers
+		// have all ended cannot take part in a restart that another
+		// node's later failure would start). Where node 0 has ended, its
+		// store is going: the others learn that from node0Ended, and
+		// nothing is sent to it.
 		end := func(err error) error {
 			if cfg.NNodes > 1 && j.storeAddr != "" && (j.srv != nil || !j.node0Ended.Load()) {
 				j.abort(attempt+1, cfg.NodeRank*cfg.NProcPerNode, endedReason(cfg.NodeRank, attempt, err), true)
@@ -744,8 +744,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 }
 
-// endedReason is how a node that ends the job after a failed attempt
-// tells the nodes that may wait for it at the next attempt's start.
+// endedReason is how a node that ends the job after an attempt (failed,
+// or err nil: its workers all exited 0) tells the nodes that may wait
+// for it at the next attempt's start.
 func endedReason(node, attempt int, err error) string {
 	if err == nil {
 		return fmt.Sprintf("node %d ended the job after its attempt %d: its workers all exited 0", node, attempt)
