@@ -59,7 +59,8 @@ func (g *Group) watchExits(prefix string) (stop func()) {
 	if len(fds) == 0 || g.cfg.Store == nil || unix.Pipe2(wake[:], unix.O_CLOEXEC) != nil {
 		return func() {}
 	}
-	// stop writes to the pipe, whose read end the poll watches too.
+	// stop closes the pipe's write end, which the poll sees on the read
+	// end (a write could fail; a close always wakes it).
 	fds = append(fds, pollFD{Fd: int32(wake[0]), Events: pollIn})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -88,10 +89,9 @@ func (g *Group) watchExits(prefix string) (stop func()) {
 		}
 	})
 	return func() {
-		unix.Write(wake[1], []byte{0})
+		unix.Close(wake[1])
 		wg.Wait()
 		unix.Close(wake[0])
-		unix.Close(wake[1])
 	}
 }
 

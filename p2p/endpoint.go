@@ -757,12 +757,11 @@ func (e *Endpoint) connect(ctx context.Context, in info) (_ *Peer, again bool, _
 		if dial {
 			err := e.dial(ctx, p, in)
 			if err != nil && !errors.Is(err, errDup) {
-				if spent(ctx) {
-					if dup { // a dial again, cut by the deadline
-						err = opErr("connect", in.name, "", ended(ctx), "%s", dupWhy)
-					}
+				cut := spent(ctx)
+				if cut && dup { // a dial again, cut by the deadline
+					err = opErr("connect", in.name, "", ended(ctx), "%s", dupWhy)
 				}
-				e.dropPeerCut(p, err, spent(ctx))
+				e.dropPeerCut(p, err, cut)
 				return nil, false, err
 			}
 			dup = dup || err != nil
