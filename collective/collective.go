@@ -369,7 +369,7 @@ func (c *Communicator) dialNodes(ctx context.Context, key string) (*inter.Transp
 		peers = inter.RingPeers(o.WorldSize, o.Rank)
 	}
 	return inter.New(ctx, inter.Config{
-		Store: c.store, Key: c.key(key), Rank: o.Rank, Peers: peers, Channels: o.Channels,
+		Store: c.store, Key: c.key(key), Rank: o.Rank, World: o.WorldSize, Peers: peers, Channels: o.Channels,
 		IfName: o.SocketIfName, MasterAddr: o.MasterAddr, Timeout: o.Timeout, Lowat: o.RcvLowat,
 		SendCopyMin: o.SendCopyMin, Auth: auth.NewKey(o.JobSecret, o.JobID),
 		PollMax: pollMax(c.node != nil && c.node.Oversubscribed()),

@@ -202,14 +202,23 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 // A receive not collected would go on writing dst after Run returned (and
 // a send reading src), until its peer's bytes or the call's deadline
 // came. A link error (peer >= 0) names the peer the link lost first
-// (blame). The node's other ranks are told first (fail); the link is
-// interrupted, its transfers then ending at once (the communicator is
-// broken: it has no further use for it).
+// (blame); a node peer that gave up is asked why (Explain). This rank's
+// account goes to the store (Record), then the node's other ranks are
+// told (fail) and the link is interrupted, its transfers then ending at
+// once (the communicator is broken: it has no further use for it): both
+// the node's ranks and the rail peers find the account when they see
+// this rank give up.
 func (o *HierOpOver[M]) failDrained(err error, peer, recvd, sent int) error {
 	h := o.h
+	var oe *fault.OpError
 	if peer >= 0 { // the link's error: the peer it lost first is the one to name
 		err, peer = blame(h.t, err, peer)
+	} else if errors.As(err, &oe) && oe.Peer >= 0 && oe.Peer != h.rank {
+		if p, why := h.t.Explain(oe.Peer, err); why != err {
+			err, peer = why, p
+		}
 	}
+	h.t.Record(peer, err)
 	err = o.fail(err, peer)
 	h.t.Interrupt()
 	for _, p := range h.peers[recvd:] {

@@ -49,6 +49,12 @@ type Link[M any] interface {
 	// Lost reports the failure that lost a peer, and interrupted the
 	// link, if one did (see Transport.Lost).
 	Lost() (peer int, err error)
+	// Record writes this rank's account of why it gives up, before it
+	// interrupts the link or tells its node (see Transport.Record).
+	Record(peer int, err error)
+	// Explain names the rank a wait for peer p that failed with err
+	// holds responsible (see Transport.Explain).
+	Explain(p int, err error) (int, error)
 	Close() error
 }
 
@@ -149,6 +155,12 @@ func (s *Staged) Interrupt() { s.t.Interrupt() }
 
 // Lost is the transport's.
 func (s *Staged) Lost() (int, error) { return s.t.Lost() }
+
+// Record is the transport's.
+func (s *Staged) Record(peer int, err error) { s.t.Record(peer, err) }
+
+// Explain is the transport's.
+func (s *Staged) Explain(p int, err error) (int, error) { return s.t.Explain(p, err) }
 
 // CopyRides is false: the own block's copy is a device copy, not one a
 // socket's writer can make.

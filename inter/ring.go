@@ -150,14 +150,20 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 			// The call has failed: end the send (the successor may be
 			// late, or stuck) rather than wait for it, and collect it,
 			// so that nothing reads src once Run has returned.
+			// Its account goes to the store first (Record), for the
+			// successor, which sees only the connection close.
+			err, peer := blame(r.t, rerr, r.prev)
+			r.t.Record(peer, err)
 			r.t.Interrupt()
 			r.t.WaitSend(r.next)
-			return o.fail(blame(r.t, rerr, r.prev))
+			return o.fail(err, peer)
 		}
 		serr := r.t.WaitSend(r.next)
 		// A peer's failure says more than this rank's copy failing beside it.
 		if serr != nil {
-			return o.fail(blame(r.t, serr, r.next))
+			err, peer := blame(r.t, serr, r.next)
+			r.t.Record(peer, err)
+			return o.fail(err, peer)
 		}
 		if cerr != nil {
 			return o.fail(cerr, -1)

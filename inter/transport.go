@@ -29,6 +29,10 @@ type Config struct {
 	Store *rendezvous.Client
 	Key   string // store key prefix unique to the communicator
 	Rank  int    // global rank
+	// World is the number of ranks in the job: a rank read from the
+	// store (a failure record, see Explain) is checked against it
+	// (0: against MaxRank only).
+	World int
 	// Peers are the global ranks this rank exchanges data with.
 	Peers []int
 	// Channels is the number of TCP connections per peer pair; a block is
@@ -134,6 +138,16 @@ type Transport struct {
 	// failures are its consequence and not recorded.
 	lost        atomic.Pointer[loss]
 	interrupted atomic.Bool
+	// losing is set by the first loss, whose goroutine then explains it
+	// (Explain) before it sets lost and closes explained: Lost waits for
+	// that, so that no failure names a peer the loss would not.
+	losing    atomic.Bool
+	explained chan struct{}
+	// recorded is set by this rank's failure record (Record); goneBy
+	// bounds the store calls of the record and of Explain (GoneTimeout).
+	recorded atomic.Bool
+	goneMu   sync.Mutex
+	goneBy   time.Time
 }
 
 // loss is a transfer's failure with peer.
@@ -244,7 +258,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inter: listen on %s: %w", ip, err)
 	}
-	t := &Transport{cfg: cfg, ln: ln, peers: map[int]*peer{}, addr: ln.Addr().String()}
+	t := &Transport{cfg: cfg, ln: ln, peers: map[int]*peer{}, addr: ln.Addr().String(), explained: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
@@ -698,13 +712,17 @@ func (t *Transport) Interrupt() {
 
 // Lost reports the transfer failure that lost a peer (fault.ErrPeerLost:
 // its connection closed or reset, its stream out of step) and with it
-// the call: the first one, from the goroutine that met it. The transport
-// then interrupted itself, ending the transfers still waiting for other
-// peers, which fail as a consequence: their errors name the peer they
-// waited for, Lost the one that was lost. A failure after Interrupt is
-// not recorded (the interrupt caused it). err is nil while no peer was
-// lost.
+// the call: the first one, from the goroutine that met it, as Explain
+// tells it (the peer named is the rank held responsible, where the peer
+// lost gave up because of another). The transport then interrupted
+// itself, ending the transfers still waiting for other peers, which fail
+// as a consequence: their errors name the peer they waited for, Lost the
+// one that was lost. A failure after Interrupt is not recorded (the
+// interrupt caused it). err is nil while no peer was lost.
 func (t *Transport) Lost() (peer int, err error) {
+	if t.losing.Load() && t.explained != nil {
+		<-t.explained // bounded by GoneTimeout
+	}
 	if l := t.lost.Load(); l != nil {
 		return l.peer, l.err
 	}
@@ -714,12 +732,21 @@ func (t *Transport) Lost() (peer int, err error) {
 // lose returns err, a transfer's result with peer p, after recording it
 // as the link's loss and interrupting the link, where it is the first
 // peer lost (see Lost). Without it a call that had lost one peer went on
-// waiting for another, a late one, up to the call's deadline.
+// waiting for another, a late one, up to the call's deadline. The loss
+// is explained and this rank's failure record written before the link is
+// interrupted (see Record).
 func (p *peer) lose(err error) error {
 	t := p.t
-	if err != nil && errors.Is(err, fault.ErrPeerLost) && !t.interrupted.Load() && t.lost.CompareAndSwap(nil, &loss{p.rank, err}) {
-		t.Interrupt()
+	if err == nil || !errors.Is(err, fault.ErrPeerLost) || t.interrupted.Load() || !t.losing.CompareAndSwap(false, true) {
+		return err
 	}
+	who, why := t.Explain(p.rank, err)
+	t.lost.Store(&loss{who, why})
+	if t.explained != nil {
+		close(t.explained)
+	}
+	t.Record(who, why)
+	t.Interrupt()
 	return err
 }
 

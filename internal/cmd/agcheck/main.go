@@ -64,7 +64,12 @@ func main() {
 	}
 	defer c.Close()
 	if *fault != "" {
-		os.Exit(runFault(ctx, c, *fault, *faultRank, mustSize(*faultSize)))
+		// Closed before the exit, as a program that handles the error
+		// would: where this rank hosts the store, the others still
+		// reach it (for a failed peer's account, inter.Explain).
+		code := runFault(ctx, c, *fault, *faultRank, mustSize(*faultSize))
+		c.Close()
+		os.Exit(code)
 	}
 	var ns []int
 	for _, s := range *sizes {

@@ -1,0 +1,233 @@
+package inter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/slimego/slimego/internal/fault"
+)
+
+// A rank that gives up on a call closes its connections, and its peers
+// see no more than that: in a ring, the ranks beyond a dead rank's two
+// neighbours would each name the neighbour whose connection closed, and
+// across nodes in hier a rank's node and rail peers would name the rank
+// that told them. So before a rank closes its connections, or tells its
+// node's ranks (Record), it writes in the store, under the transport's
+// key ("gone/<rank>"), the rank it holds responsible, the rank that saw
+// that one fail first-hand (the witness), and what the witness saw. A
+// rank whose wait for peer p failed because p gave up reads p's record
+// (Explain) and names the rank it holds responsible, and records that in
+// its turn, so that the first-hand account travels on unchanged.
+//
+// The record is written before the connections close, and a peer reads
+// it only after it saw them close, so it finds it (the store serves its
+// calls in order). A rank that died wrote nothing, and the peers that
+// saw it die name it themselves.
+
+// GoneTimeout bounds the store calls of one rank's account of a failure
+// (its look-up of a peer's record and its own record, together): where
+// the store does not answer, a failure reaches the rank's peers at most
+// this much later than it would have, and they name the nearer rank.
+const GoneTimeout = 250 * time.Millisecond
+
+// maxGoneReason bounds the account a record carries, in bytes.
+const maxGoneReason = 512
+
+// ErrGoneRecord marks a record in the store that is not one.
+var ErrGoneRecord = errors.New("inter: malformed failure record")
+
+// goneRecord is one rank's account of why it gave up on a call.
+type goneRecord struct {
+	culprit int    // the rank it holds responsible
+	witness int    // the rank that saw the culprit fail first-hand
+	reason  string // what the witness saw
+}
+
+// encode is "culprit witness\nreason".
+func (r goneRecord) encode() []byte {
+	return []byte(strconv.Itoa(r.culprit) + " " + strconv.Itoa(r.witness) + "\n" + clean(r.reason))
+}
+
+// decodeGone parses a record read from the store. Both ranks must be
+// ranks of the job (below world, where world > 0), and the reason is
+// bounded and printable; decodeGone never panics.
+func decodeGone(b []byte, world int) (goneRecord, error) {
+	var r goneRecord
+	if len(b) > maxGoneReason+32 {
+		return r, fmt.Errorf("%w: %d bytes", ErrGoneRecord, len(b))
+	}
+	head, reason, ok := strings.Cut(string(b), "\n")
+	if !ok {
+		return r, fmt.Errorf("%w: no reason", ErrGoneRecord)
+	}
+	c, w, ok := strings.Cut(head, " ")
+	if !ok {
+		return r, fmt.Errorf("%w: %q", ErrGoneRecord, head)
+	}
+	var err error
+	if r.culprit, err = parseRank(c, world); err != nil {
+		return r, err
+	}
+	if r.witness, err = parseRank(w, world); err != nil {
+		return r, err
+	}
+	if len(reason) > maxGoneReason || clean(reason) != reason {
+		return r, fmt.Errorf("%w: the reason is not %d bytes of printable text", ErrGoneRecord, maxGoneReason)
+	}
+	r.reason = reason
+	return r, nil
+}
+
+func parseRank(s string, world int) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || strconv.Itoa(n) != s || world > 0 && n >= world || n > MaxRank {
+		return 0, fmt.Errorf("%w: rank %q is not one of the job's", ErrGoneRecord, s)
+	}
+	return n, nil
+}
+
+// MaxRank bounds a rank read from a failure record where the world size
+// is not known.
+const MaxRank = 1<<31 - 1
+
+// clean makes s printable and at most maxGoneReason bytes long: invalid
+// UTF-8 and control characters become '?', and a longer text is cut at a
+// character's start.
+func clean(s string) string {
+	ok := len(s) <= maxGoneReason && utf8.ValidString(s)
+	for _, c := range s {
+		if !ok {
+			break
+		}
+		ok = unicode.IsPrint(c)
+	}
+	if ok {
+		return s
+	}
+	var b strings.Builder
+	for _, c := range s {
+		if c == utf8.RuneError || !unicode.IsPrint(c) {
+			c = '?'
+		}
+		if b.Len()+utf8.RuneLen(c) > maxGoneReason {
+			break
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func (t *Transport) goneKey(r int) string { return t.cfg.Key + "/gone/" + strconv.Itoa(r) }
+
+// goneCtx bounds the store calls of this rank's account (GoneTimeout in
+// all, from its first call on).
+func (t *Transport) goneCtx() (context.Context, context.CancelFunc) {
+	t.goneMu.Lock()
+	if t.goneBy.IsZero() {
+		t.goneBy = time.Now().Add(GoneTimeout)
+	}
+	by := t.goneBy
+	t.goneMu.Unlock()
+	return context.WithDeadline(context.Background(), by)
+}
+
+// Record writes this rank's account of why it gives up (once per
+// transport; later calls do nothing): it holds peer responsible (this
+// rank itself where peer < 0) for err. Where this rank's wait failed
+// because a peer gave up, err is what Explain returned, and the record
+// passes that peer's account on. A failure to write is dropped: the
+// peers then name this rank.
+func (t *Transport) Record(peer int, err error) {
+	if err == nil || t.cfg.Store == nil || !t.recorded.CompareAndSwap(false, true) {
+		return
+	}
+	r := goneRecord{culprit: peer, witness: t.cfg.Rank, reason: account(err)}
+	var g *goneError
+	if errors.As(err, &g) {
+		r = g.rec
+	}
+	var oe *fault.OpError
+	if r.culprit < 0 && errors.As(err, &oe) && oe.Peer >= 0 {
+		r.culprit = oe.Peer // a node peer's failure, as the node's gather saw it
+	}
+	if r.culprit < 0 {
+		r.culprit = t.cfg.Rank
+	}
+	ctx, cancel := t.goneCtx()
+	defer cancel()
+	_ = t.cfg.Store.Set(ctx, t.goneKey(t.cfg.Rank), r.encode())
+}
+
+// Explain is the error, and the rank to name, of a wait for peer p that
+// failed with err: where err says p was lost (fault.ErrPeerLost) and p
+// recorded that it gave up because of another rank, that rank, with the
+// witness's account and err; else p and err.
+func (t *Transport) Explain(p int, err error) (int, error) {
+	if err == nil || p < 0 || p == t.cfg.Rank || t.cfg.Store == nil || !errors.Is(err, fault.ErrPeerLost) {
+		return p, err
+	}
+	var g *goneError
+	if errors.As(err, &g) {
+		return p, err // explained already
+	}
+	ctx, cancel := t.goneCtx()
+	defer cancel()
+	key := t.goneKey(p)
+	if ok, cerr := t.cfg.Store.Check(ctx, key); cerr != nil || !ok {
+		return p, err
+	}
+	v, gerr := t.cfg.Store.Get(ctx, key)
+	if gerr != nil {
+		return p, err
+	}
+	r, derr := decodeGone(v, t.cfg.World)
+	if derr != nil {
+		return p, fmt.Errorf("%w (rank %d's failure record: %v)", err, p, derr)
+	}
+	name := r.culprit
+	if name == t.cfg.Rank {
+		name = p // this rank is the one held responsible: name the peer that gave up on it
+	}
+	return name, &goneError{rec: r, via: p, here: account(err), me: t.cfg.Rank}
+}
+
+// goneError is the error of a wait whose peer gave up because of another
+// rank (Explain).
+type goneError struct {
+	rec  goneRecord
+	via  int    // the peer that gave up
+	here string // what this rank saw of it
+	me   int
+}
+
+func (e *goneError) Error() string {
+	who := "rank " + strconv.Itoa(e.rec.culprit)
+	if e.rec.culprit == e.me {
+		who = "this rank"
+	}
+	return fmt.Sprintf("%v: %s, as rank %d saw it (%s); rank %d then gave up (here: %s)",
+		fault.ErrPeerLost, who, e.rec.witness, e.rec.reason, e.via, strings.TrimPrefix(e.here, "peer lost: "))
+}
+
+func (e *goneError) Unwrap() error { return fault.ErrPeerLost }
+
+// account is err as a record's reason: without the operation and rank of
+// an OpError (the record says whose it is) and without the project's
+// prefix.
+func account(err error) string {
+	s := err.Error()
+	var oe *fault.OpError
+	if errors.As(err, &oe) {
+		s = oe.Err.Error()
+		if oe.Detail != "" {
+			s += ": " + oe.Detail
+		}
+	}
+	return clean(strings.TrimPrefix(s, "slimego: "))
+}
