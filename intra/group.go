@@ -175,6 +175,13 @@ func New(ctx context.Context, cfg Config) (g *Group, err error) {
 	g = &Group{cfg: cfg, rank: cfg.Rank, size: cfg.Size, lay: lay}
 	defer func() {
 		if err != nil {
+			if g.rank == 0 && g.seg != nil {
+				// The segment's name goes with the failed Init: where a
+				// rank never came, nobody counted last to unlink it, and
+				// no sweep removes it while this process lives. A rank
+				// still on its way fails to open it, as its Init would.
+				shm.Unlink(g.seg.Name)
+			}
 			g.release()
 			if _, ok := err.(*fault.OpError); !ok {
 				err = fault.New("init", g.global(g.rank), -1, err, "")
@@ -356,6 +363,9 @@ func (g *Group) shareSegment(ctx context.Context, op, key string, size int, id i
 	}
 	n, err := st.Add(ctx, base+"/mapped", 1)
 	if err != nil {
+		if g.rank == 0 && seg != nil {
+			shm.Unlink(seg.Name) // nobody may count last: see New's
+		}
 		seg.Close()
 		if failed != nil {
 			return nil, failed
