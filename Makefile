@@ -120,7 +120,7 @@ test-short:
 # Every decoder of bytes from the wire, the store or /proc, 30 s each
 # (FUZZTIME).
 FUZZTIME ?= 30s
-FUZZ := rendezvous:FuzzDecode rendezvous:FuzzServer inter:FuzzDecode inter:FuzzParseAddr \
+FUZZ := rendezvous:FuzzDecode rendezvous:FuzzServer inter:FuzzDecode inter:FuzzParseAddr inter:FuzzDecodeGone \
   internal/auth:FuzzHandshake internal/shm:FuzzCheckName internal/shm:FuzzParseStartTime \
   intra:FuzzIdentity collective:FuzzParseTasksPerNode collective:FuzzParseWhere collective:FuzzParseKnobs collective:FuzzDecodeCall \
   p2p:FuzzDecodeHeader p2p:FuzzDecodeDescs p2p:FuzzDecodeIPCGrant p2p:FuzzDecodeInfo p2p:FuzzRemoteRegion p2p:FuzzProcAddr \

@@ -25,9 +25,9 @@ func TestDecodeGone(t *testing.T) {
 		{"02 1\nx", goneRecord{}, false}, // not canonical
 		{"+2 1\nx", goneRecord{}, false},
 		{"2  1\nx", goneRecord{}, false},
-		{"2 1", goneRecord{}, false},            // no reason line
-		{"2\nx", goneRecord{}, false},           // no witness
-		{"2 1\nbell\a", goneRecord{}, false},    // a control character
+		{"2 1", goneRecord{}, false},             // no reason line
+		{"2\nx", goneRecord{}, false},            // no witness
+		{"2 1\nbell\a", goneRecord{}, false},     // a control character
 		{"2 1\nnext\nline", goneRecord{}, false}, // a second line
 		{"2 1\n\xff", goneRecord{}, false},       // not UTF-8
 		{"2 1\n" + long, goneRecord{}, false},
