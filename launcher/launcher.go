@@ -1297,17 +1297,35 @@ func (j *job) joinNodes(ctx context.Context) error {
 		}
 		return fail(err)
 	}
+	// Past the barrier the other nodes start their workers: a node that
+	// gives up now fails the first attempt as a worker that could not
+	// start does (failedPrefix, then the attempt's waits), so that they
+	// end at once rather than wait for its ranks.
+	failStarted := func(err error) error {
+		reason := fmt.Sprintf("node %d gave up before it started its workers: %v", cfg.NodeRank, err)
+		actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer acancel()
+		rank := cfg.NodeRank * cfg.NProcPerNode
+		aerr := st.Abort(actx, failedPrefix(cfg.RunID, 0), rank, reason)
+		if aerr == nil {
+			aerr = st.Abort(actx, rendezvous.AttemptPrefix(cfg.RunID, 0), rank, reason)
+		}
+		if aerr != nil {
+			cfg.Logf("node %d: could not tell the other nodes that it gave up: %v", cfg.NodeRank, aerr)
+		}
+		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
+	}
 	if cfg.BindToCore {
 		// Every node published before it joined the barrier.
 		myHost, myCPUs, _ := parsePlacement([]byte(me))
 		for n := range cfg.NodeRank {
 			v, err := st.Get(ctx, placeKey(cfg.RunID, n))
 			if err != nil {
-				return fmt.Errorf("launcher: node %d: read node %d's machine and CPUs: %w", cfg.NodeRank, n, err)
+				return failStarted(fmt.Errorf("read node %d's machine and CPUs: %w", n, err))
 			}
 			host, cpus, err := parsePlacement(v)
 			if err != nil {
-				return fmt.Errorf("launcher: node %d: node %d published a bad %w", cfg.NodeRank, n, err)
+				return failStarted(fmt.Errorf("node %d published a bad %w", n, err))
 			}
 			if sharesCPUs(myHost, myCPUs, host, cpus) {
 				j.cpuBase += cfg.NProcPerNode
