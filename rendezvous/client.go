@@ -472,37 +472,66 @@ func BarrierKey(name string, me int) string { return name + "/" + strconv.Itoa(m
 // Barrier records that member me of size has reached name, then waits until
 // every member has. If the wait fails it returns a *MissingError naming the
 // members that never arrived.
+//
+// A member arrives once, however often it calls: its key (BarrierKey) is
+// created by compare-and-set, and only the call that created it counts
+// the member in (name+"/arrived"); the member that counts the last one
+// sets name+"/all", which every member waits for. Each member so waits on
+// one key, and a barrier of P members costs the store O(P), where waiting
+// on every member's key cost P² key slots and as many checks per change.
 func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
 	if size > MaxCallKeys {
 		return fmt.Errorf("%w: barrier %q of %d members at %s: a barrier waits for at most %d", ErrBadRequest, name, size, c.addr, MaxCallKeys)
 	}
-	if err := c.Set(ctx, BarrierKey(name, me), nil); err != nil {
+	if me < 0 || me >= size {
+		return fmt.Errorf("%w: barrier %q: member %d of %d", ErrBadRequest, name, me, size)
+	}
+	_, created, err := c.CompareAndSet(ctx, BarrierKey(name, me), nil, []byte{'1'})
+	if err != nil {
 		return err
 	}
+	if created {
+		n, err := c.Add(ctx, name+"/arrived", 1)
+		if err != nil {
+			return err
+		}
+		if n == int64(size) {
+			if err := c.Set(ctx, name+"/all", nil); err != nil {
+				return err
+			}
+		}
+	}
+	err = c.Wait(ctx, name+"/all")
+	if err == nil {
+		return nil
+	}
+	// A fresh context, the caller's having usually expired by now, for
+	// all the checks together.
+	check, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
 	keys := make([]string, size)
 	for i := range keys {
 		keys[i] = BarrierKey(name, i)
 	}
-	err := c.Wait(ctx, keys...)
-	if err == nil {
+	return &MissingError{Name: name, Missing: c.missing(check, keys, 0), Err: err}
+}
+
+// missing returns the indices (from base) of keys that the store does not
+// hold, checking halves of a range that is not all there: a few calls
+// where few are missing, at most twice as many as keys where all are. It
+// reports what it learned before a check failed.
+func (c *Client) missing(ctx context.Context, keys []string, base int) []int {
+	if len(keys) == 0 {
 		return nil
 	}
-	var missing []int
-	// A fresh context, the caller's having usually expired by now, for
-	// all the checks together: the report of a barrier of many members
-	// (a check each) takes seconds at most.
-	check, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for i, k := range keys {
-		ok, cerr := c.Check(check, k)
-		if cerr != nil {
-			break // the connection is gone or the time is up: report what is known
-		}
-		if !ok {
-			missing = append(missing, i)
-		}
+	if ok, err := c.Check(ctx, keys...); err != nil || ok {
+		return nil
 	}
-	return &MissingError{Name: name, Missing: missing, Err: err}
+	if len(keys) == 1 {
+		return []int{base}
+	}
+	h := len(keys) / 2
+	return append(c.missing(ctx, keys[:h], base), c.missing(ctx, keys[h:], base+h)...)
 }
 
 // AttemptPrefix starts every store key of one attempt of a job: a launcher

@@ -52,7 +52,8 @@ func TestBlockedWaitsDoNotPinMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fits := budget / keyBytes // the waits the budget holds
+	held1 := keyBytes + keySlot*1500 // a wait's keys and its list's slots
+	fits := budget / held1           // the waits the budget holds
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		s.mu.Lock()
@@ -67,11 +68,11 @@ func TestBlockedWaitsDoNotPinMemory(t *testing.T) {
 	s.mu.Lock()
 	w, held := s.waiting, s.waitingKeys
 	s.mu.Unlock()
-	if w != fits || held != int64(fits*keyBytes) {
+	if w != fits || held != int64(fits*held1) {
 		t.Errorf("%d Waits of %d key bytes each: %d blocked holding %d key bytes, want %d (the %d-byte budget)", conns, keyBytes, w, held, fits, budget)
 	}
 	frames = nil
-	if d, most := int64(heap())-int64(before), int64(fits*keyBytes)+4<<20; d > most {
+	if d, most := int64(heap())-int64(before), int64(fits*held1)+4<<20; d > most {
 		t.Errorf("%d Waits blocked, holding %d key bytes in all, make the server hold %d bytes (at most %d expected: their frames are let go)", w, held, d, most)
 	}
 }

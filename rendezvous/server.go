@@ -36,10 +36,11 @@ type Server struct {
 	// (abortedWait).
 	abortSeq, deleteSeq uint64
 	// waitingKeys sums the bytes of the distinct keys that the requests
-	// blocked in handle hold for as long as they wait: at most
-	// MaxTotalBytes. The blocked requests share one copy of each key
-	// (waitKeys): the members of a barrier all wait on the same keys, and
-	// counted once per waiter a barrier of P members held P² keys.
+	// blocked in handle hold for as long as they wait, and of each one's
+	// list of them (keySlot a key): at most MaxTotalBytes. The blocked
+	// requests share one copy of each key (waitKeys), but not their
+	// lists: requests that wait on the same many keys cost a slot per key
+	// each (a Barrier waits on one key).
 	waitingKeys int64
 	waitKeys    map[string]*waitKey
 	closed      bool
@@ -75,7 +76,8 @@ type ServerConfig struct {
 	// MaxTotalBytes bounds the keys and values stored, summed (default
 	// DefaultMaxTotalBytes); a set beyond it is refused. It bounds as well,
 	// apart, the keys of the requests blocked at once (Get, Wait), which
-	// they hold for as long as they wait: a wait beyond it is refused
+	// they hold for as long as they wait, and their lists of them (16
+	// bytes a key and request): a wait beyond it is refused
 	// (ErrBadRequest).
 	MaxTotalBytes int64
 	// MaxKeys bounds how many keys the store holds (default
@@ -429,7 +431,7 @@ func (s *Server) handle(req *message, w *hangupWatch) message {
 			if n, mine := s.holdKeys(req.Keys); n > s.cfg.MaxTotalBytes {
 				s.releaseKeys(req.Keys)
 				s.mu.Unlock()
-				return message{Code: statusBadRequest, Value: fmt.Appendf(nil, "the blocked requests would hold %d bytes of keys with this one's %d new ones, beyond the server's %d-byte limit (MaxTotalBytes)", n, mine, s.cfg.MaxTotalBytes)}
+				return message{Code: statusBadRequest, Value: fmt.Appendf(nil, "the blocked requests would hold %d bytes of keys with this one's %d, beyond the server's %d-byte limit (MaxTotalBytes)", n, mine, s.cfg.MaxTotalBytes)}
 			}
 			held = true
 		}
@@ -463,9 +465,11 @@ type waitKey struct {
 }
 
 // holdKeys counts keys, under s.mu, as held by a blocked request, and
-// points them at the copy the blocked requests share. It returns the key
-// bytes they then hold in all and the bytes of those keys new to them.
+// points them at the copy the blocked requests share. It returns the
+// bytes they then hold in all and those this request adds: its list's
+// slots and the keys new to them.
 func (s *Server) holdKeys(keys []string) (total, added int64) {
+	added = keySlot * int64(len(keys))
 	for i, k := range keys {
 		e := s.waitKeys[k]
 		if e == nil {
@@ -480,8 +484,13 @@ func (s *Server) holdKeys(keys []string) (total, added int64) {
 	return s.waitingKeys, added
 }
 
+// keySlot is what a blocked request's list holds per key: a string
+// header.
+const keySlot = 16
+
 // releaseKeys undoes holdKeys, under s.mu.
 func (s *Server) releaseKeys(keys []string) {
+	s.waitingKeys -= keySlot * int64(len(keys))
 	for _, k := range keys {
 		e := s.waitKeys[k]
 		if e.n--; e.n == 0 {

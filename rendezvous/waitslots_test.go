@@ -1,0 +1,92 @@
+package rendezvous
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestSharedKeyWaitsCounted: blocked requests that wait on the same keys
+// share one copy of each key, but each holds its own list of them (a
+// string header per key): MaxTotalBytes must bound those lists too, or
+// conns waits on 65535 short keys hold conns MiB whatever the limit.
+func TestSharedKeyWaitsCounted(t *testing.T) {
+	const budget = 4 << 20
+	s, _ := startCfg(t, ServerConfig{MaxTotalBytes: budget})
+	keys := make([]string, MaxCallKeys)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	frame := (&message{Code: uint8(opWait), Keys: keys, TimeoutMS: 60_000}).encode(nil)
+	const conns = 32
+	before := heapAfterGC()
+	for range conns {
+		c := rawConn(t, s, Auth{})
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := c.Write(frame); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every request is either blocked or answered (refused) by now.
+	time.Sleep(2 * time.Second)
+	s.mu.Lock()
+	w, held := s.waiting, s.waitingKeys
+	s.mu.Unlock()
+	d := int64(heapAfterGC()) - int64(before)
+	if most := int64(budget) + 8<<20; d > most || held > budget { // 8 MiB: the connections' own buffers and the first frame
+		t.Fatalf("%d blocked waits on %d shared keys (%d bytes counted, MaxTotalBytes %d) make the server hold %d bytes", w, len(keys), held, budget, d)
+	}
+	t.Logf("%d of %d waits blocked, %d bytes counted, heap grew %d", w, conns, held, d)
+}
+
+// TestBarrierOfManyMembers: a barrier's members each wait on one key, so
+// that a barrier of P members costs the store O(P), not P² key slots; it
+// still passes only when all have arrived, once per member however often
+// a member arrives, and names the members that did not.
+func TestBarrierOfManyMembers(t *testing.T) {
+	const P = 512
+	s, dial := startCfg(t, ServerConfig{MaxTotalBytes: 1 << 20})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	clients := make([]*Client, P)
+	for i := range clients {
+		clients[i] = dial()
+	}
+	// A member that arrives twice (a retry) counts once: P-1 members,
+	// one of them twice, do not pass.
+	short, scancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	var wg sync.WaitGroup
+	errs := make([]error, P)
+	for i := range P - 1 {
+		wg.Go(func() { errs[i] = clients[i].Barrier(short, "b", i, P) })
+	}
+	wg.Go(func() { errs[P-1] = clients[P-1].Barrier(short, "b", 0, P) })
+	time.Sleep(100 * time.Millisecond)
+	s.mu.Lock()
+	held := s.waitingKeys
+	s.mu.Unlock()
+	wg.Wait()
+	scancel()
+	for i, err := range errs {
+		me, ok := err.(*MissingError)
+		if !ok || len(me.Missing) != 1 || me.Missing[0] != P-1 {
+			t.Fatalf("member %d: %v; want member %d missing", i, err, P-1)
+		}
+	}
+	if held > 64*P {
+		t.Errorf("%d members waiting held %d bytes of keys", P, held)
+	}
+	// The last member arrives: every member passes.
+	for i := range P {
+		wg.Go(func() { errs[i] = clients[i].Barrier(ctx, "b", i, P) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+}
