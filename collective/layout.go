@@ -44,12 +44,12 @@ func parseWhere(v []byte) (where, error) {
 	for i := range n {
 		x, err := strconv.ParseInt(f[i], 10, 32)
 		if err != nil || x < 0 {
-			return where{}, fmt.Errorf("field %d is %q", i+1, f[i])
+			return where{}, fmt.Errorf("field %d is %.64q", i+1, f[i])
 		}
 		n[i] = int(x)
 	}
 	if !machine.ValidID(f[3]) {
-		return where{}, fmt.Errorf("machine %q", f[3])
+		return where{}, fmt.Errorf("machine %.128q", f[3])
 	}
 	return where{node: n[0], local: n[1], size: n[2], host: f[3]}, nil
 }
@@ -79,20 +79,20 @@ func (c *Communicator) exchangeLayout(ctx context.Context, kind device.Kind) (la
 			return layout{}, c.storeFault("init", err, r, fmt.Sprintf("rank %d never joined", r))
 		}
 		if all[r], err = parseWhere(v); err != nil {
-			return layout{}, fault.New("init", o.Rank, r, ErrInvalid, "rank %d published the layout %q: %v", r, v, err)
+			return layout{}, fault.New("init", o.Rank, r, ErrInvalid, "rank %d published the layout %.128q: %v", r, v, err)
 		}
 		if r == o.Rank && all[r] != me {
 			// Another client rewrote it: the layout built from the
 			// store would not be this rank's (its node's ranks and its
 			// own place there are what its Options say).
-			return layout{}, fault.New("init", o.Rank, -1, ErrInvalid, "this rank's layout entry in the store is %q, not the %q it published", v, me.String())
+			return layout{}, fault.New("init", o.Rank, -1, ErrInvalid, "this rank's layout entry in the store is %.128q, not the %q it published", v, me.String())
 		}
 		// Set before the layout: there already.
 		if v, err = c.store.Get(ctx, c.key("knobs/"+strconv.Itoa(r))); err != nil {
 			return layout{}, c.storeFault("init", err, r, fmt.Sprintf("rank %d never joined", r))
 		}
 		if knobs[r], err = parseKnobs(v); err != nil {
-			return layout{}, fault.New("init", o.Rank, r, ErrInvalid, "rank %d published the knobs %q: %v", r, v, err)
+			return layout{}, fault.New("init", o.Rank, r, ErrInvalid, "rank %d published the knobs %.128q: %v", r, v, err)
 		}
 	}
 	// Everyone has read everyone's before anyone acts on it: rank 0 may

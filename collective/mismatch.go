@@ -144,7 +144,7 @@ func decodeCall(v []byte, n int) (call, error) {
 		}
 		r, err := url.QueryUnescape(f[n+1])
 		if err != nil || r == "" || len(r) > maxReason || !utf8.ValidString(r) {
-			return call{}, fmt.Errorf("a refused call's reason %q", f[n+1])
+			return call{}, fmt.Errorf("a refused call's reason %.128q", f[n+1])
 		}
 		cl.refused, f[0], f = r, f[0][1:], f[:n+1]
 	}

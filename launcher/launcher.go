@@ -1016,7 +1016,7 @@ func parseNodeInfo(b []byte) (nodeInfo, error) {
 	for f := range strings.FieldsSeq(string(b)) {
 		k, v, ok := strings.Cut(f, "=")
 		if !ok {
-			return n, fmt.Errorf("node record %q: %q is not key=value", b, f)
+			return n, fmt.Errorf("node record %.128q: %.64q is not key=value", b, f)
 		}
 		var err error
 		switch k {
@@ -1038,11 +1038,14 @@ func parseNodeInfo(b []byte) (nodeInfo, error) {
 			n.Machine = v
 		}
 		if err != nil {
-			return n, fmt.Errorf("node record %q: %s: %v", b, k, err)
+			if ne, ok := errors.AsType[*strconv.NumError](err); ok {
+				err = ne.Err // without the whole value again
+			}
+			return n, fmt.Errorf("node record %.128q: %s=%.32q: %v", b, k, v, err)
 		}
 	}
 	if n.NNodes < 1 || n.NProcPerNode < 1 {
-		return n, fmt.Errorf("node record %q: no node or worker count", b)
+		return n, fmt.Errorf("node record %.128q: no node or worker count", b)
 	}
 	return n, nil
 }
@@ -1237,7 +1240,7 @@ func (j *job) joinNodes(ctx context.Context) error {
 		}
 		p, err := strconv.Atoi(string(v))
 		if err != nil || p <= 0 || p > 65535 {
-			return fail(fmt.Errorf("node 0 published MASTER_PORT %q, not a port", v))
+			return fail(fmt.Errorf("node 0 published MASTER_PORT %.32q, not a port", v))
 		}
 		j.torchPort = p
 		// Node 0 claimed its rank before it published MASTER_PORT.

@@ -49,7 +49,7 @@ func parsePlacement(b []byte) (host, cpus string, err error) {
 	}
 	f := strings.Split(string(b), " ")
 	if len(f) != 2 || !machine.ValidID(f[0]) || !validCPUList(f[1]) {
-		return "", "", fmt.Errorf("placement %q is not a machine and a CPU list", b)
+		return "", "", fmt.Errorf("placement %.128q is not a machine and a CPU list", b)
 	}
 	return f[0], f[1], nil
 }
