@@ -32,8 +32,12 @@ import (
 
 // GoneTimeout bounds the store calls of one rank's account of a failure
 // (its look-up of a peer's record and its own record, together): where
-// the store does not answer, a failure reaches the rank's peers at most
-// this much later than it would have, and they name the nearer rank.
+// the store is slow, or its connection busy with another call, a failure
+// reaches the rank's peers at most this much later than it would have,
+// and they name the nearer rank. A store that is connected but does not
+// answer at all (a stopped host) costs the client's answer slack
+// (rendezvous: 2 s) on top, once: the client then gives the connection
+// up, and the rest fails at once.
 const GoneTimeout = 250 * time.Millisecond
 
 // maxGoneReason bounds the account a record carries, in bytes.
