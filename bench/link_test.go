@@ -1,15 +1,19 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/internal/testranks"
 )
 
@@ -75,5 +79,98 @@ func TestLinkWrongPerPlacement(t *testing.T) {
 	}
 	if r := got[0]; r.Wrong != 0 || r.WrongIn == 0 {
 		t.Errorf("out of place %d wrong bytes, in place %d: want 0 and some (only the in-place gather did nothing)", r.Wrong, r.WrongIn)
+	}
+}
+
+// TestLinkStranger: a process that reaches rank 0's listener before rank
+// 1 does, without the job's key (or with it, but a bad hello), is not
+// taken for rank 1: its connection is closed, the real rank 1's
+// connections make the link, and a duplex transfer over it delivers
+// each rank's bytes to the other, stripe by stripe.
+func TestLinkStranger(t *testing.T) {
+	const channels = 2
+	cases := []struct {
+		name string
+		// greet is what the stranger does once connected; key is the
+		// job's.
+		greet func(c net.Conn, key auth.Key) error
+	}{
+		{"silent", func(net.Conn, auth.Key) error { return nil }},
+		{"junk", func(c net.Conn, _ auth.Key) error {
+			_, err := c.Write(bytes.Repeat([]byte("rank 1 "), 20))
+			return err
+		}},
+		{"other secret", func(c net.Conn, key auth.Key) error {
+			return auth.Connect(c, auth.NewKey([]byte("a guess"), key.Job()), "bench", time.Now().Add(5*time.Second))
+		}},
+		{"other purpose", func(c net.Conn, key auth.Key) error {
+			return auth.Connect(c, key, "transport", time.Now().Add(5*time.Second))
+		}},
+		{"bad hello", func(c net.Conn, key auth.Key) error {
+			if err := auth.Connect(c, key, "bench", time.Now().Add(5*time.Second)); err != nil {
+				return err
+			}
+			_, err := c.Write(bytes.Repeat([]byte{0xff}, 64))
+			return err
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var strangers []net.Conn
+			defer func() {
+				for _, s := range strangers {
+					s.Close()
+				}
+			}()
+			var key auth.Key
+			testHookLinkDial = func(addr string) {
+				for range channels { // as many as the link has
+					s, err := net.DialTimeout("tcp", addr, 5*time.Second)
+					if err != nil {
+						t.Errorf("stranger: dial %s: %v", addr, err)
+						return
+					}
+					strangers = append(strangers, s)
+					go tc.greet(s, key) // its own outcome does not matter
+				}
+				time.Sleep(100 * time.Millisecond) // rank 0 accepts the strangers first
+			}
+			defer func() { testHookLinkDial = nil }()
+			testranks.Run(t, 2, 1, func(o *collective.Options) {
+				o.Timeout = 10 * time.Second // RunInProcess gives the job a secret
+			}, func(c *collective.Communicator) error {
+				if c.Rank() == 1 {
+					key = auth.NewKey(c.Options().JobSecret, c.Options().JobID)
+				}
+				l, err := openLink(context.Background(), c, "127.0.0.1", channels, 0)
+				if err != nil {
+					return err
+				}
+				defer l.close()
+				if len(l.conns) != channels {
+					return fmt.Errorf("rank %d: %d connections, want %d", c.Rank(), len(l.conns), channels)
+				}
+				const n = 1 << 16
+				out, in := make([]byte, n), make([]byte, n)
+				for i := range out {
+					out[i] = byte(i*7 + c.Rank() + 1)
+				}
+				if err := l.duplex(out, in); err != nil {
+					return err
+				}
+				for i := range in {
+					if want := byte(i*7 + (1 - c.Rank()) + 1); in[i] != want {
+						return fmt.Errorf("rank %d: byte %d from rank %d is %#x, want %#x", c.Rank(), i, 1-c.Rank(), in[i], want)
+					}
+				}
+				return nil
+			})
+			for i, s := range strangers { // rank 0 hung up on every one
+				s.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if _, err := io.Copy(io.Discard, s); errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Errorf("stranger %d: its connection is still open after the link was made", i)
+				}
+			}
+		})
 	}
 }

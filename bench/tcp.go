@@ -2,14 +2,18 @@ package bench
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/inter"
+	"github.com/slimego/slimego/internal/auth"
 	"github.com/slimego/slimego/internal/interleave"
 )
 
@@ -190,24 +194,56 @@ func (l *link) arm() {
 	}
 }
 
+// testHookLinkDial, when set, is called by rank 1 with rank 0's address
+// before it dials (tests: a stranger connects first).
+var testHookLinkDial func(addr string)
+
+const (
+	// linkPurpose is the purpose the link's connections prove with the
+	// job's key (internal/auth): neither the store's nor the transport's.
+	linkPurpose = "bench"
+	// linkMagic opens the hello that follows the handshake, which names
+	// the channel a connection is and how many the link has.
+	linkMagic     = "SLMGBNCH"
+	linkHelloSize = len(linkMagic) + 8
+	// linkHandshake bounds one connection's handshake and hello (the
+	// transport's default, inter.DefaultHandshakeTimeout).
+	linkHandshake = inter.DefaultHandshakeTimeout
+	// linkMaxPending bounds the connections whose handshake is under way;
+	// those beyond are closed at once (rank 1 dials one at a time).
+	linkMaxPending = 32
+)
+
 // openLink connects rank 0 and rank 1 of c with channels connections;
-// rank 0 listens on the interface that reaches masterAddr.
+// rank 0 listens on the interface that reaches masterAddr. Every
+// connection first proves, both ways, that its two ends hold the job's
+// key (internal/auth, with the key the collective's own connections
+// prove, purpose "bench"), then rank 1 names the connection's channel in
+// a hello; rank 0 closes a connection that fails either, within
+// linkHandshake, and it does not count: whoever reaches the listener
+// first, only rank 1's connections make the link. Both ranks give up at
+// c's timeout (or ctx's deadline).
 func openLink(ctx context.Context, c *collective.Communicator, masterAddr string, channels int, lowat int) (*link, error) {
 	if c.Size() != 2 {
 		return nil, fmt.Errorf("bench: the link is measured between two ranks (one per node); this job has %d", c.Size())
 	}
+	if channels <= 0 || channels > 1<<16 {
+		return nil, fmt.Errorf("bench: the link has %d channels, want 1 to %d", channels, 1<<16)
+	}
 	// Rank 0 listens; its address reaches rank 1 through an all-gather.
 	const addrLen = 64
 	mine := make([]byte, addrLen)
-	var ln net.Listener
+	var ln *net.TCPListener
 	if c.Rank() == 0 {
 		ip, err := inter.LocalIP("", masterAddr)
 		if err != nil {
 			return nil, err
 		}
-		if ln, err = net.Listen("tcp", net.JoinHostPort(ip, "0")); err != nil {
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
 			return nil, err
 		}
+		ln = l.(*net.TCPListener)
 		defer ln.Close()
 		copy(mine, ln.Addr().String())
 	}
@@ -216,27 +252,198 @@ func openLink(ctx context.Context, c *collective.Communicator, masterAddr string
 		return nil, err
 	}
 	addr := strings.TrimRight(string(all[:addrLen]), "\x00")
+	if testHookLinkDial != nil && c.Rank() == 1 {
+		testHookLinkDial(addr)
+	}
 	l := &link{errs: make(chan error, 2*channels), timeout: c.Timeout(), rank: c.Rank()}
-	for range channels {
-		var conn net.Conn
-		var err error
-		if c.Rank() == 0 {
-			ln.(*net.TCPListener).SetDeadline(time.Now().Add(c.Timeout()))
-			conn, err = ln.Accept()
-		} else {
-			conn, err = net.DialTimeout("tcp", addr, c.Timeout())
-		}
-		if err != nil {
-			l.close()
-			return nil, fmt.Errorf("bench: tcp: %w", err)
-		}
-		tc := conn.(*net.TCPConn)
+	deadline := time.Now().Add(c.Timeout())
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	key := auth.NewKey(c.Options().JobSecret, c.Options().JobID)
+	var conns []*net.TCPConn
+	var err error
+	if c.Rank() == 0 {
+		conns, err = acceptLink(ctx, ln, key, channels, deadline)
+	} else {
+		conns, err = dialLink(addr, key, channels, deadline)
+	}
+	if err != nil {
+		return nil, l.fail("opening the plain TCP link", err)
+	}
+	for _, tc := range conns {
+		tc.SetDeadline(time.Time{})
 		tc.SetNoDelay(true)
 		tc.SetWriteBuffer(inter.DefaultSockBuf) // receive buffers autotuned, as the transport's (inter.Config.SockBuf)
 		l.conns = append(l.conns, tc)
 		l.readers = append(l.readers, inter.NewReader(tc, lowat))
 	}
 	return l, nil
+}
+
+// handshakeBy is when one connection's handshake and hello must be done:
+// linkHandshake from now, or at deadline if that comes first.
+func handshakeBy(deadline time.Time) time.Time {
+	if d := time.Now().Add(linkHandshake); d.Before(deadline) {
+		return d
+	}
+	return deadline
+}
+
+// dialLink is rank 1's side of openLink: channels connections to addr, one
+// at a time, each with the handshake and the hello naming its channel.
+func dialLink(addr string, key auth.Key, channels int, deadline time.Time) ([]*net.TCPConn, error) {
+	var conns []*net.TCPConn
+	fail := func(ch int, op string, err error) ([]*net.TCPConn, error) {
+		for _, c := range conns {
+			c.Close()
+		}
+		return nil, fmt.Errorf("channel %d of %d: %s %s: %w", ch, channels, op, addr, err)
+	}
+	for ch := range channels {
+		conn, err := net.DialTimeout("tcp", addr, time.Until(deadline))
+		if err != nil {
+			return fail(ch, "dial", err)
+		}
+		tc := conn.(*net.TCPConn)
+		by := handshakeBy(deadline)
+		if err := auth.Connect(tc, key, linkPurpose, by); err != nil {
+			tc.Close()
+			return fail(ch, "handshake with", err)
+		}
+		hello := make([]byte, 0, linkHelloSize)
+		hello = append(hello, linkMagic...)
+		hello = binary.LittleEndian.AppendUint32(hello, uint32(ch))
+		hello = binary.LittleEndian.AppendUint32(hello, uint32(channels))
+		tc.SetDeadline(by)
+		if _, err := tc.Write(hello); err != nil {
+			tc.Close()
+			return fail(ch, "hello to", err)
+		}
+		conns = append(conns, tc)
+	}
+	return conns, nil
+}
+
+// acceptLink is rank 0's side of openLink: it accepts on ln until rank 1's
+// channels connections have each passed the handshake and named a channel
+// of their own, by deadline. Each connection's handshake runs on a
+// goroutine of its own, so that one that stalls holds up no other; a
+// connection that fails is closed. Every goroutine it started has ended
+// when it returns.
+func acceptLink(ctx context.Context, ln *net.TCPListener, key auth.Key, channels int, deadline time.Time) ([]*net.TCPConn, error) {
+	type greeted struct {
+		c   *net.TCPConn
+		ch  int
+		err error
+	}
+	results := make(chan greeted)
+	stop := make(chan struct{})
+	var mu sync.Mutex
+	pending := map[*net.TCPConn]bool{}
+	var wg sync.WaitGroup
+	ln.SetDeadline(deadline)
+	wg.Add(1)
+	go func() { // the accept loop: ends when ln is closed or at deadline
+		defer wg.Done()
+		for {
+			conn, err := ln.AcceptTCP()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			if len(pending) >= linkMaxPending {
+				mu.Unlock()
+				conn.Close()
+				continue
+			}
+			pending[conn] = true
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ch, err := greetLink(conn, key, channels, handshakeBy(deadline))
+				select {
+				case results <- greeted{conn, ch, err}:
+				case <-stop:
+				}
+			}()
+		}
+	}()
+	conns := make([]*net.TCPConn, channels)
+	var got, refused int
+	var last error
+	defer func() {
+		close(stop)
+		ln.Close()
+		mu.Lock()
+		for c := range pending { // unblocks the handshakes under way
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	}()
+	t0 := time.Now()
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for got < channels {
+		select {
+		case r := <-results:
+			mu.Lock()
+			delete(pending, r.c)
+			mu.Unlock()
+			if r.err == nil && conns[r.ch] != nil {
+				r.err = fmt.Errorf("%s named channel %d, which another connection has", r.c.RemoteAddr(), r.ch)
+			}
+			if r.err != nil {
+				r.c.Close()
+				refused++
+				last = r.err
+				continue
+			}
+			conns[r.ch] = r.c
+			got++
+		case <-timer.C:
+			for _, c := range conns {
+				if c != nil {
+					c.Close()
+				}
+			}
+			msg := fmt.Sprintf("accept: %d of %d connections after %v", got, channels, time.Since(t0).Round(time.Millisecond))
+			if refused > 0 {
+				msg += fmt.Sprintf("; %d others were refused, the last: %v", refused, last)
+			}
+			return nil, fmt.Errorf("%s: %w", msg, os.ErrDeadlineExceeded)
+		case <-ctx.Done():
+			for _, c := range conns {
+				if c != nil {
+					c.Close()
+				}
+			}
+			return nil, fmt.Errorf("accept: %d of %d connections: %w", got, channels, ctx.Err())
+		}
+	}
+	return conns, nil
+}
+
+// greetLink runs rank 0's side of one connection by deadline: the
+// handshake, then the hello, which must name a channel below channels of a
+// link of channels connections.
+func greetLink(c *net.TCPConn, key auth.Key, channels int, deadline time.Time) (int, error) {
+	if err := auth.Accept(c, key, linkPurpose, deadline); err != nil {
+		return 0, fmt.Errorf("%s: %w", c.RemoteAddr(), err)
+	}
+	c.SetDeadline(deadline)
+	var b [linkHelloSize]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return 0, fmt.Errorf("%s passed the handshake, then sent no hello: %w", c.RemoteAddr(), err)
+	}
+	ch := binary.LittleEndian.Uint32(b[len(linkMagic):])
+	n := binary.LittleEndian.Uint32(b[len(linkMagic)+4:])
+	if string(b[:len(linkMagic)]) != linkMagic || n != uint32(channels) || ch >= n {
+		return 0, fmt.Errorf("%s passed the handshake, then sent a bad hello (channel %d of %d, want one of %d)", c.RemoteAddr(), ch, n, channels)
+	}
+	return int(ch), nil
 }
 
 // duplex sends out and receives len(in) bytes at once, each striped over
