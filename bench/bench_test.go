@@ -326,6 +326,50 @@ func TestLaterCallsChecked(t *testing.T) {
 	}
 }
 
+// TestWrongCountsEachByteOnce: the wrong column is the number of wrong
+// bytes in the ranks' destinations (P·P·S out of place; in place each
+// rank's own block is its source, so P·(P-1)·S could be wrong), however
+// many times they are checked: a gather that moves nothing is wrong in
+// nearly every one of those bytes (a byte of the stale fill may match by
+// chance), and in no more.
+func TestWrongCountsEachByteOnce(t *testing.T) {
+	const P, S = 2, 4096
+	nothing := func(context.Context) error { return nil } // every rank alike: no peer waits
+	cases := []struct {
+		name string
+		hook func(run func(context.Context) error) func(context.Context) error
+	}{
+		{"no call moves anything", func(func(context.Context) error) func(context.Context) error { return nothing }},
+		{"the first call alone moves", func(run func(context.Context) error) func(context.Context) error {
+			calls := 0
+			return func(ctx context.Context) error {
+				if calls++; calls == 1 {
+					return run(ctx)
+				}
+				return nil
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			testHookRun = tc.hook
+			defer func() { testHookRun = nil }()
+			rows := sweep(t, P, nil, func(c *collective.Communicator) Config {
+				return Config{Sizes: []int64{S}, Iters: 3, Warmup: 1, Backend: c.Backend().String(), Mode: "intra"}
+			})
+			for _, r := range rows {
+				most := int64(P * P * S)
+				if r.InPlace {
+					most = int64(P * (P - 1) * S)
+				}
+				if r.Wrong > most || r.Wrong < most*9/10 {
+					t.Errorf("in place %t: wrong = %d, want at most the %d bytes that could be wrong, and nearly all", r.InPlace, r.Wrong, most)
+				}
+			}
+		})
+	}
+}
+
 // TestProgressRow: the progress line after each size carries the row
 // BENCH.md leads with, out of place (the table's first columns, the one
 // "Avg bus bandwidth" averages), not the in-place row that happens to
