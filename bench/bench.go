@@ -89,12 +89,17 @@ func Sizes(min, max int64, factor float64) ([]int64, error) {
 // of bench/mpi warms up alike.
 const DefaultWarmupTime = 100 * time.Millisecond
 
+// MaxIters is the time rule's cap on a size's timed iterations (the
+// OpenMPI program of bench/mpi caps its count alike), and the most that
+// Config.Iters and Config.Warmup may fix.
+const MaxIters = interleave.MaxIters
+
 // Config drives an AllGather sweep.
 type Config struct {
 	Sizes []int64
-	// Iters and Warmup fix the counts; zero applies the time rule (a
-	// warm-up of at least 5 calls and WarmupTime, then at least MinIters
-	// calls and MinTime).
+	// Iters and Warmup fix the counts, at most MaxIters; zero applies the
+	// time rule (a warm-up of at least 5 calls and WarmupTime, then at
+	// least MinIters calls and MinTime).
 	Iters, Warmup int
 	MinIters      int
 	MinTime       time.Duration
@@ -161,6 +166,9 @@ func CeilingApplies(c *collective.Communicator) bool {
 // an out-of-place and an in-place row per size (and with Config.Ceiling,
 // the ceiling's row after the out-of-place one).
 func AllGather(ctx context.Context, c *collective.Communicator, cfg Config) ([]Result, error) {
+	if cfg.Iters < 0 || cfg.Iters > MaxIters || cfg.Warmup < 0 || cfg.Warmup > MaxIters {
+		return nil, fmt.Errorf("bench: rank %d: %d timed and %d warm-up iterations: want 0 (the time rule) to %d each", c.Rank(), cfg.Iters, cfg.Warmup, MaxIters)
+	}
 	cfg.defaults()
 	cfg.Ceiling = cfg.Ceiling && CeilingApplies(c)
 	var out []Result
@@ -464,7 +472,7 @@ func timeRuns(ctx context.Context, c *collective.Communicator, cfg Config, res *
 	// barrier's cost is not known beforehand). After each batch the ranks
 	// agree on the time it took (the slowest rank's), so that every rank
 	// runs as many iterations.
-	const maxIters = 200_000
+	const maxIters = MaxIters
 	n := cfg.Iters
 	if n <= 0 {
 		per += 2e-6 // the barrier is not free

@@ -82,7 +82,7 @@ func TCP(ctx context.Context, c *collective.Communicator, masterAddr string, siz
 	if err != nil {
 		return nil, err
 	}
-	iters := min(max(1000, int(minTime.Seconds()/per)), 200_000)
+	iters := min(max(1000, int(minTime.Seconds()/per)), MaxIters)
 	times := make([]float64, iters)
 	l.arm()
 	for i := range times {

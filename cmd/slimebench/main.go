@@ -283,11 +283,11 @@ func allgather(args []string) error {
 	if err := checkInProcess("allgather", *inProcess); err != nil {
 		return err
 	}
-	if *iters < 0 {
-		return usagef("allgather: --iters %d: want 1 or more (0: at least 5 and 0.2 s)", *iters)
+	if *iters < 0 || *iters > bench.MaxIters {
+		return usagef("allgather: --iters %d: want 1 to %d (0: at least 5 and 0.2 s)", *iters, bench.MaxIters)
 	}
-	if *warmup < 0 {
-		return usagef("allgather: --warmup %d: want 1 or more (0: at least 5 and 0.1 s)", *warmup)
+	if *warmup < 0 || *warmup > bench.MaxIters {
+		return usagef("allgather: --warmup %d: want 1 to %d (0: at least 5 and 0.1 s)", *warmup, bench.MaxIters)
 	}
 	if err := checkChannels("allgather", *channels, true); err != nil {
 		return err
@@ -815,8 +815,8 @@ func linkCmd(args []string) error {
 	if err := checkChannels("link", *channels, true); err != nil {
 		return err
 	}
-	if *minIters < 1 {
-		return usagef("link: --iters %d: want 1 or more", *minIters)
+	if *minIters < 1 || *minIters > bench.MaxIters {
+		return usagef("link: --iters %d: want 1 to %d", *minIters, bench.MaxIters)
 	}
 	if *minTime < 0 {
 		return usagef("link: --min-time %v: want 0 or more", *minTime)
@@ -967,8 +967,8 @@ func overlapCmd(args []string) error {
 	if err := checkMode("overlap", *mode); err != nil {
 		return err
 	}
-	if *iters < 1 {
-		return usagef("overlap: --iters %d: want 1 or more", *iters)
+	if *iters < 1 || *iters > bench.MaxIters {
+		return usagef("overlap: --iters %d: want 1 to %d", *iters, bench.MaxIters)
 	}
 	if *cpuWindow < 0 {
 		return usagef("overlap: --cpu-window %v: want 0 (skip) or more", *cpuWindow)

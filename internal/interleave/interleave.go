@@ -6,14 +6,20 @@ package interleave
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
 	"github.com/slimego/slimego/collective"
 )
 
+// MaxIters is the most iterations Time runs, whatever the rule: the time
+// rule's cap (bench.MaxIters). A Rule whose MinIters exceeds it is
+// refused: its times alone would take gigabytes, its runs hours.
+const MaxIters = 200_000
+
 // Rule bounds the iterations: enough for the longest way to fill MinTime,
-// at most MaxIters (0: no bound), at least MinIters (and 1).
+// at most MaxIters (0: the package's MaxIters), at least MinIters (and 1).
 type Rule struct {
 	MinIters, MaxIters int
 	MinTime            time.Duration
@@ -26,6 +32,9 @@ type Rule struct {
 // iterations. It returns, for every way, each iteration's time (µs) on the
 // slowest rank: the same figures on every rank.
 func Time(ctx context.Context, c *collective.Communicator, ways []func(context.Context) error, rule Rule) ([][]float64, error) {
+	if rule.MinIters > MaxIters {
+		return nil, fmt.Errorf("interleave: rank %d: at least %d iterations: more than %d", c.Rank(), rule.MinIters, MaxIters)
+	}
 	timeOne := func(run func(context.Context) error) (float64, error) {
 		if err := c.Barrier(ctx); err != nil {
 			return 0, err
@@ -59,6 +68,7 @@ func Time(ctx context.Context, c *collective.Communicator, ways []func(context.C
 	if rule.MaxIters > 0 {
 		iters = min(iters, rule.MaxIters)
 	}
+	iters = min(iters, MaxIters)
 	iters = max(iters, rule.MinIters, 1)
 	// times[w*iters+i]: way w, iteration i.
 	times := make([]float64, len(ways)*iters)

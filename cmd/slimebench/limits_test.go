@@ -1,0 +1,62 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slimego/slimego/internal/testbin"
+)
+
+// TestRunsTooLarge: counts beyond the time rule's cap (bench.MaxIters)
+// are refused before anything runs, exit 2 with a line naming the flag, by
+// every rank of a launched job: they tried multi-GB allocations and died
+// of the runtime's "out of memory", or ran for hours. The commands run
+// with their virtual memory capped (16 GB), so that one that does try
+// the allocation fails at once instead of taking the machine's memory.
+func TestRunsTooLarge(t *testing.T) {
+	bin := slimebench(t)
+	slimerun := filepath.Join(filepath.Dir(bin), "slimerun")
+	const huge = "2000000000"
+	small := []string{"--m-min", "4", "--m-max", "4", "--nk", "4", "--cpu-window", "0", "--quiet"}
+	for _, tc := range []struct {
+		launched bool // two ranks under slimerun, else no launcher
+		args     []string
+		want     string
+	}{
+		{false, []string{"allgather", "-b", "8", "-e", "8", "--iters", huge}, "allgather: --iters " + huge + ": want 1 to 200000"},
+		{false, []string{"allgather", "-b", "8", "-e", "8", "--warmup", huge}, "allgather: --warmup " + huge + ": want 1 to 200000"},
+		{true, []string{"allgather", "--quiet", "-b", "8", "-e", "8", "--iters", huge}, "allgather: --iters " + huge + ": want 1 to 200000"},
+		{true, []string{"allgather", "--quiet", "-b", "8", "-e", "8", "--warmup", huge}, "allgather: --warmup " + huge + ": want 1 to 200000"},
+		{false, []string{"link", "--iters", huge}, "link: --iters " + huge + ": want 1 to 200000"},
+		{false, append([]string{"overlap", "--iters", huge}, small...), "overlap: --iters " + huge + ": want 1 to 200000"},
+		{true, append([]string{"overlap", "--iters", "1000000000"}, small...), "overlap: --iters 1000000000: want 1 to 200000"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			argv := append([]string{bin}, tc.args...)
+			if tc.launched {
+				argv = append([]string{slimerun, "-q", "--standalone", "--nproc-per-node", "2"}, argv...)
+			}
+			argv = append([]string{"sh", "-c", `ulimit -v 16000000 && exec "$@"`, "sh"}, argv...)
+			out, code := testbin.Run(t, 30*time.Second, []string{"SLIME_JOB_SECRET=slimebench-test"}, argv...)
+			if crashed(out) || !strings.Contains(out, tc.want) {
+				t.Fatalf("exit %d, want a refusal saying %q:\n%s", code, tc.want, out)
+			}
+			if !tc.launched {
+				if code != 2 || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+					t.Fatalf("exit %d, want exit 2 and one line:\n%s", code, out)
+				}
+				return
+			}
+			for _, r := range []string{"[0]: ", "[1]: "} {
+				if !strings.Contains(out, r+"slimebench: "+tc.want) {
+					t.Errorf("rank %s said nothing of it:\n%s", strings.Trim(r, "[]: "), out)
+				}
+			}
+			if !strings.Contains(out, "exited with code 2") {
+				t.Errorf("no rank exited with code 2:\n%s", out)
+			}
+		})
+	}
+}
