@@ -10,7 +10,8 @@ import (
 )
 
 // TestRunsTooLarge: counts beyond the time rule's cap (bench.MaxIters)
-// are refused before anything runs, exit 2 with a line naming the flag, by
+// and overlap shapes whose matrices exceed the memory available are
+// refused before anything runs, exit 2 with a line naming the flag, by
 // every rank of a launched job: they tried multi-GB allocations and died
 // of the runtime's "out of memory", or ran for hours. The commands run
 // with their virtual memory capped (16 GB), so that one that does try
@@ -32,6 +33,10 @@ func TestRunsTooLarge(t *testing.T) {
 		{false, []string{"link", "--iters", huge}, "link: --iters " + huge + ": want 1 to 200000"},
 		{false, append([]string{"overlap", "--iters", huge}, small...), "overlap: --iters " + huge + ": want 1 to 200000"},
 		{true, append([]string{"overlap", "--iters", "1000000000"}, small...), "overlap: --iters 1000000000: want 1 to 200000"},
+		{true, []string{"overlap", "--m-min", "1048576", "--m-max", "1048576", "--nk", "16384", "--iters", "1", "--cpu-window", "0", "--quiet"},
+			"overlap: --m-max 1048576, --nk 16384: the matrices of m=1048576 n=16384 k=16384 float32 for 2 rank(s) of 2 here need"},
+		{false, []string{"overlap", "--in-process", "2", "--m-min", "1024", "--m-max", "1048576", "--nk", "512,1048576", "--dtype", "float32,float64", "--iters", "1", "--cpu-window", "0", "--quiet"},
+			"overlap: --m-max 1048576, --nk 1048576: the matrices of m=1048576 n=1048576 k=1048576 float64 for 2 rank(s) of 2 here need"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			argv := append([]string{bin}, tc.args...)

@@ -317,13 +317,7 @@ func allgather(args []string) error {
 	// memory on the CPU, (P+1)·S on CUDA (the buffers are the GPU's), times
 	// the ranks of this node (the goroutines of this process with
 	// --in-process).
-	P, local := int64(*inProcess), int64(*inProcess)
-	if *inProcess == 0 {
-		P, local = 1, 1
-		if o, err := collective.LoadEnv(os.Getenv); err == nil { // else Init says what is wrong
-			P, local = int64(o.WorldSize), int64(max(o.LocalWorldSize, 1))
-		}
-	}
+	P, local := ranksHere(*inProcess)
 	copies := int64(2)
 	if kind == device.CUDA {
 		copies = 1
@@ -991,6 +985,9 @@ func overlapCmd(args []string) error {
 			piecing.MinPieceBytes = -1
 		}
 	}
+	if err := fitOverlap(kind, *inProcess, *mMin, *mMax, *nks, *nFixed, *dtypes); err != nil {
+		return err
+	}
 	ctx := context.Background()
 	opts := collective.Options{Backend: kind, CUDA: collective.CUDA{Eager: *eager}}
 	sweepRank := func(c *collective.Communicator) error {
@@ -1006,6 +1003,57 @@ func overlapCmd(args []string) error {
 	}
 	defer c.Close()
 	return sweepRank(c)
+}
+
+// fitOverlap refuses, before anything runs, an overlap sweep whose
+// largest shape needs more memory than is available on this node. Each
+// rank holds A (m×k), B (k×n), the gathered A ((P·m)×k) and C ((P·m)×n),
+// and host copies of A and B to write them from: all of it in host memory
+// on the CPU backend, the copies alone on CUDA (the GPU's memory is its
+// own to refuse); times the ranks on this node.
+func fitOverlap(kind device.Kind, inProcess, mMin, mMax int, nks []int, nFixed int, dtypes []string) error {
+	avail, _, ok := machine.Memory()
+	if !ok {
+		return nil
+	}
+	P, local := ranksHere(inProcess)
+	m := mMin // the sweep's largest m: mMin doubled while it stays within mMax
+	for m <= mMax/2 {
+		m *= 2
+	}
+	var need float64
+	var worst string
+	for _, dt := range dtypes {
+		esz := 4.0
+		if dt == "float64" {
+			esz = 8
+		}
+		for _, k := range nks {
+			n := k
+			if nFixed > 0 {
+				n = nFixed
+			}
+			M, N, K := float64(m), float64(n), float64(k)
+			elems := 2 * (M*K + K*N) // the host copies, and A and B
+			if kind == device.CUDA {
+				elems = M*K + K*N
+			} else {
+				elems += float64(P) * M * (N + K)
+			}
+			if b := esz * elems * float64(local); b > need {
+				need = b
+				flags := fmt.Sprintf("--m-max %d, --nk %d", mMax, k)
+				if nFixed > 0 {
+					flags += fmt.Sprintf(", --n %d", nFixed)
+				}
+				worst = fmt.Sprintf("%s: the matrices of m=%d n=%d k=%d %s for %d rank(s) of %d here", flags, m, n, k, dt, local, P)
+			}
+		}
+	}
+	if need > float64(avail) {
+		return usagef("overlap: %s need %.1f GiB of memory at once, and %.1f GiB is available: lower --m-max or --nk", worst, need/(1<<30), float64(avail)/(1<<30))
+	}
+	return nil
 }
 
 // overlapRank runs the overlap sweep on one rank; rank 0 prints.
@@ -1400,6 +1448,19 @@ func rowPs(rs []bench.Result) []int {
 		}
 	}
 	return ps
+}
+
+// ranksHere is the job's ranks and those on this node: inProcess of
+// each with --in-process, else the launcher's (1 and 1 where it says
+// nothing: Init will say what is wrong).
+func ranksHere(inProcess int) (P, local int64) {
+	if inProcess > 0 {
+		return int64(inProcess), int64(inProcess)
+	}
+	if o, err := collective.LoadEnv(os.Getenv); err == nil {
+		return int64(max(o.WorldSize, 1)), int64(max(o.LocalWorldSize, 1))
+	}
+	return 1, 1
 }
 
 // localRanks is the number of ranks the launcher's environment puts on
