@@ -186,7 +186,7 @@ func TestSweepBounds(t *testing.T) {
 		{[]string{"-b", "8", "-e", "64K", "-f", "8"}, []int64{8, 64, 512, 4096, 32768}},
 	} {
 		fs := pflag.NewFlagSet("slimebench allgather", pflag.ContinueOnError)
-		sw := sweepFlags(fs)
+		sw := sweepFlags(fs, defaultSizes)
 		if err := fs.Parse(tc.args); err != nil {
 			t.Fatal(err)
 		}

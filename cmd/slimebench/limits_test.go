@@ -65,3 +65,31 @@ func TestRunsTooLarge(t *testing.T) {
 		})
 	}
 }
+
+// TestHelpDefaults: the sweep flags' help says what a run without them
+// measures (BENCH.md's size list, or tcp's and link's), and shows no
+// default values: giving those would sweep a ×8 grid instead.
+func TestHelpDefaults(t *testing.T) {
+	bin := slimebench(t)
+	const bench, link = "8, 64, 512, 4K, 32K, 256K, 1M, 4M, 16M, 64M", "are 1M, 4M, 16M, 64M;"
+	for _, tc := range []struct{ cmd, list string }{
+		{"allgather", bench}, {"memcpy", bench}, {"d2d", bench}, {"tcp", link}, {"link", link},
+	} {
+		t.Run(tc.cmd, func(t *testing.T) {
+			out, code := run(t, bin, tc.cmd, "--help")
+			if code != 0 {
+				t.Fatalf("exit %d:\n%s", code, out)
+			}
+			for _, l := range strings.Split(out, "\n") {
+				if strings.Contains(l, "-bytes") || strings.Contains(l, "--step-factor") {
+					if strings.Contains(l, "(default ") {
+						t.Errorf("a default that a run without the flag does not sweep: %s", strings.TrimSpace(l))
+					}
+				}
+			}
+			if !strings.Contains(out, tc.list) {
+				t.Errorf("the help does not name the sizes %s:\n%s", tc.list, out)
+			}
+		})
+	}
+}

@@ -163,10 +163,10 @@ func fitSweep(cmd string, sw sweep, sizes []int64, perS int64, what string) erro
 	s := slices.Max(sizes)
 	need := float64(perS) * float64(s)
 	if need >= math.MaxInt64 || perS > 0 && s > math.MaxInt64/perS {
-		return usagef("%s: --max-bytes %s: %s need %d × %d bytes, more than an int holds: lower --max-bytes", cmd, *sw.max, what, perS, s)
+		return usagef("%s: --max-bytes %s: %s need %d × %d bytes, more than an int holds: lower --max-bytes", cmd, sw.maxText(), what, perS, s)
 	}
 	if avail, _, ok := machine.Memory(); ok && int64(need) > avail {
-		return usagef("%s: --max-bytes %s: %s need %.1f GiB of memory at once, and %.1f GiB is available: lower --max-bytes", cmd, *sw.max, what, need/(1<<30), float64(avail)/(1<<30))
+		return usagef("%s: --max-bytes %s: %s need %.1f GiB of memory at once, and %.1f GiB is available: lower --max-bytes", cmd, sw.maxText(), what, need/(1<<30), float64(avail)/(1<<30))
 	}
 	return nil
 }
@@ -193,18 +193,43 @@ type sweep struct {
 	fs               *pflag.FlagSet
 	min, max, factor *string
 	// grid: the sizes are min … max by factor even when no flag is given
-	// (else defaultSizes).
+	// (else the command's list, defaultSizes or its own).
 	grid bool
 }
 
-func sweepFlags(fs *pflag.FlagSet) sweep {
+// The sweep flags' values where one of them is given and these are not.
+// The help shows no default: without any of them the sweep is a list
+// (defaultSizes, or the command's), which no values of theirs give.
+const sweepMin, sweepMax, sweepFactor = "8", "64M", "8"
+
+// sweepFlags are the flags of a sweep whose sizes, when none is given,
+// are the list list (defaultSizes, or the command's own).
+func sweepFlags(fs *pflag.FlagSet, list []int64) sweep {
+	names := make([]string, len(list))
+	for i, n := range list {
+		names[i] = bytesize.Format(n)
+	}
 	return sweep{
-		fs:     fs,
-		min:    fs.StringP("min-bytes", "b", "8", "smallest per-rank size (suffixes K, M, G; default sweep: 8 … 64M as in BENCH.md)"),
-		max:    fs.StringP("max-bytes", "e", "64M", "largest per-rank size"),
-		factor: fs.StringP("step-factor", "f", "8", "multiply the size by this between steps"),
+		fs: fs,
+		min: fs.StringP("min-bytes", "b", "", "smallest per-rank size (suffixes K, M, G). Without -b, -e and -f the sizes are "+
+			strings.Join(names, ", ")+"; -b or -e alone: ../shared/BENCH.md's sizes between the bounds, and the bounds; "+
+			"-f: nccl-tests' grid, -b, -b·f, … up to -e (-b 8, -e 64M where not given)"),
+		max:    fs.StringP("max-bytes", "e", "", "largest per-rank size (see --min-bytes)"),
+		factor: fs.StringP("step-factor", "f", "", "multiply the size by this between steps (see --min-bytes)"),
 	}
 }
+
+// value is a sweep flag's value: def where it is not given (a grid's
+// flags have their defaults already).
+func (s sweep) value(name string, p *string, def string) string {
+	if s.grid || s.fs.Changed(name) {
+		return *p
+	}
+	return def
+}
+
+// maxText is --max-bytes as the sweep reads it.
+func (s sweep) maxText() string { return s.value("max-bytes", s.max, sweepMax) }
 
 // gridFlags are sweep flags whose defaults, min … max by factor, are the
 // sweep when none is given.
@@ -221,26 +246,31 @@ func gridFlags(fs *pflag.FlagSet, min, max, factor, what string) sweep {
 // defaultSizes is ../shared/BENCH.md's sweep.
 var defaultSizes = []int64{8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}
 
+// linkSizes are tcp's and link's sizes where no sweep flag is given.
+var linkSizes = []int64{1 << 20, 4 << 20, 16 << 20, 64 << 20}
+
 func (s sweep) sizes() ([]int64, error) {
 	if !s.grid && !s.fs.Changed("min-bytes") && !s.fs.Changed("max-bytes") && !s.fs.Changed("step-factor") {
 		return defaultSizes, nil
 	}
 	cmd := strings.TrimPrefix(s.fs.Name(), "slimebench ")
-	lo, err := bytesize.Parse(*s.min)
+	minB, maxB := s.value("min-bytes", s.min, sweepMin), s.maxText()
+	factor := s.value("step-factor", s.factor, sweepFactor)
+	lo, err := bytesize.Parse(minB)
 	if err != nil {
-		return nil, usagef("%s: --min-bytes %q: %v", cmd, *s.min, err)
+		return nil, usagef("%s: --min-bytes %q: %v", cmd, minB, err)
 	}
-	hi, err := bytesize.Parse(*s.max)
+	hi, err := bytesize.Parse(maxB)
 	if err != nil {
-		return nil, usagef("%s: --max-bytes %q: %v", cmd, *s.max, err)
+		return nil, usagef("%s: --max-bytes %q: %v", cmd, maxB, err)
 	}
-	f, err := strconv.ParseFloat(*s.factor, 64)
+	f, err := strconv.ParseFloat(factor, 64)
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return nil, usagef("%s: --step-factor %q: want a finite number", cmd, *s.factor)
+		return nil, usagef("%s: --step-factor %q: want a finite number", cmd, factor)
 	}
 	sizes, err := bench.Sizes(lo, hi, f)
 	if err != nil {
-		return nil, usagef("%s: --min-bytes %s, --max-bytes %s, --step-factor %s: %w", cmd, *s.min, *s.max, *s.factor, err)
+		return nil, usagef("%s: --min-bytes %s, --max-bytes %s, --step-factor %s: %w", cmd, minB, maxB, factor, err)
 	}
 	if !s.grid && !s.fs.Changed("step-factor") {
 		// Bounds alone: BENCH.md's sizes between them, and the bounds
@@ -261,7 +291,7 @@ func (s sweep) sizes() ([]int64, error) {
 
 func allgather(args []string) error {
 	fs := pflag.NewFlagSet("slimebench allgather", pflag.ContinueOnError)
-	sw := sweepFlags(fs)
+	sw := sweepFlags(fs, defaultSizes)
 	iters := fs.IntP("iters", "n", 0, "timed iterations per size (default: at least 5 and 0.2 s)")
 	warmup := fs.IntP("warmup", "w", 0, "warm-up iterations per size (default: at least 5 and 0.1 s)")
 	mode := fs.String("mode", "auto", "intra, inter or auto")
@@ -445,7 +475,7 @@ func inProcessRanks(ctx context.Context, n int, opts collective.Options, body fu
 
 func memcpy(args []string) error {
 	fs := pflag.NewFlagSet("slimebench memcpy", pflag.ContinueOnError)
-	sw := sweepFlags(fs)
+	sw := sweepFlags(fs, defaultSizes)
 	asCSV := fs.Bool("csv", false, "print CSV (impl memcpy, P = threads) instead of the table")
 	threads := fs.Int("threads", 1, "threads that copy each size together, each its own share (2: the bound of two ranks out of place)")
 	gather := fs.Bool("gather", false, "the all-gather's copies instead: each of --threads threads gathers --threads blocks of the size "+
@@ -507,7 +537,7 @@ func memcpy(args []string) error {
 
 func d2d(args []string) error {
 	fs := pflag.NewFlagSet("slimebench d2d", pflag.ContinueOnError)
-	sw := sweepFlags(fs)
+	sw := sweepFlags(fs, defaultSizes)
 	ordinal := fs.Int("device", 0, "GPU ordinal")
 	asCSV := fs.Bool("csv", false, "print CSV (impl d2d, busbw = GB/s copied) instead of the table")
 	if err := parseFlags(fs, args, false); err != nil {
@@ -547,7 +577,7 @@ func d2d(args []string) error {
 
 func tcp(args []string) error {
 	fs := pflag.NewFlagSet("slimebench tcp", pflag.ContinueOnError)
-	sw := sweepFlags(fs)
+	sw := sweepFlags(fs, linkSizes)
 	channels := fs.IntSlice("channels", []int{1, 2, 4}, "connections to stripe each transfer over (one sweep each)")
 	asCSV := fs.Bool("csv", false, "print CSV (impl tcp-N[-duplex][-lowatB], busbw = link GB/s; tcp-1-latency: the 8-byte ping-pong, median_us half a round trip) instead of the table")
 	lowats := fs.StringSlice("lowat", []string{"0", "4M"}, "receive low-water mark bounds to measure (0: plain reads; see inter.Reader)")
@@ -567,7 +597,7 @@ func tcp(args []string) error {
 		}
 		lws = append(lws, int(n))
 	}
-	sizes := []int64{1 << 20, 4 << 20, 16 << 20, 64 << 20}
+	sizes := linkSizes
 	if fs.Changed("min-bytes") || fs.Changed("max-bytes") || fs.Changed("step-factor") {
 		var err error
 		if sizes, err = sw.sizes(); err != nil {
@@ -796,7 +826,7 @@ func p2pCmd(args []string) error {
 
 func linkCmd(args []string) error {
 	fs := pflag.NewFlagSet("slimebench link", pflag.ContinueOnError)
-	sw := sweepFlags(fs)
+	sw := sweepFlags(fs, linkSizes)
 	channels := fs.Int("channels", 0, "TCP connections per peer pair, the transport's and the raw link's (default: SLIME_CHANNELS, else 4)")
 	lowat := fs.String("lowat", "", "receive low-water mark bound, the transport's and the raw link's (default: SLIME_RCVLOWAT, else 4M; -1: none)")
 	minIters := fs.IntP("iters", "n", 5, "least timed iterations per size (each times the link twice and the all-gather out of place and in place)")
@@ -815,7 +845,7 @@ func linkCmd(args []string) error {
 	if *minTime < 0 {
 		return usagef("link: --min-time %v: want 0 or more", *minTime)
 	}
-	sizes := []int64{1 << 20, 4 << 20, 16 << 20, 64 << 20}
+	sizes := linkSizes
 	if fs.Changed("min-bytes") || fs.Changed("max-bytes") || fs.Changed("step-factor") {
 		var err error
 		if sizes, err = sw.sizes(); err != nil {

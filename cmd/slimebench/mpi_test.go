@@ -67,7 +67,7 @@ func TestMPISweepMatches(t *testing.T) {
 		{"-b", "8", "-e", "12", "-f", "1.05"},
 	} {
 		fs := pflag.NewFlagSet("slimebench allgather", pflag.ContinueOnError)
-		sw := sweepFlags(fs)
+		sw := sweepFlags(fs, defaultSizes)
 		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
