@@ -51,12 +51,16 @@ type Options struct {
 // the gather cut into the given number of pieces (a number below 1 counts
 // as 1, where NewWith's zero Pieces is DefaultPieces; across nodes fewer
 // where a piece would carry less than MinPieceBytes(c) per rank).
-// It is a collective call: every rank plans the same shape. Planning
-// compares nothing between ranks: an m or k that differs on one rank
-// makes every rank's Run fail with ErrSizeMismatch naming it; on the GPU,
-// where the difference also changes how many pieces the ranks cut the
-// gather into, the ranks whose pieces find no counterpart fail instead
-// with ErrTimeout naming the peer, after the communicator's timeout.
+// It is a collective call: every rank plans the same m and k, of the same
+// element type, cut into the same pieces (n, B's and C's width, is each
+// rank's own). Planning compares them across the ranks, once, before
+// anything is allocated: where they differ on one rank, every rank's New
+// returns ErrSizeMismatch naming a rank whose plan differs and what
+// differs, and where one rank refuses its own shape (negative, or too
+// large for int), that rank returns its ErrInvalid and every other rank
+// ErrInvalid naming it. The gather's plans compare only byte counts, which
+// a different m and k can share: without this a run would multiply
+// misread rows and return nil.
 func New[T Float](ctx context.Context, c *collective.Communicator, m, n, k, pieces int) (*Op[T], error) {
 	return NewWith[T](ctx, c, m, n, k, Options{Pieces: max(pieces, 1)})
 }
@@ -64,9 +68,7 @@ func New[T Float](ctx context.Context, c *collective.Communicator, m, n, k, piec
 // NewWith is New with its settings in opts.
 func NewWith[T Float](ctx context.Context, c *collective.Communicator, m, n, k int, opts Options) (o *Op[T], err error) {
 	var z T
-	if err := checkShape(c, m, n, k, int(unsafe.Sizeof(z))); err != nil {
-		return nil, err
-	}
+	esz := int(unsafe.Sizeof(z))
 	if opts.Pieces <= 0 {
 		opts.Pieces = DefaultPieces
 	}
@@ -75,8 +77,15 @@ func NewWith[T Float](ctx context.Context, c *collective.Communicator, m, n, k i
 	}
 	P, me := c.Size(), c.Rank()
 	o = &Op[T]{c: c, ranks: P, me: me, m: m, n: n, k: k}
-	esz := o.esz()
-	o.pieces = Pieces(m, PieceCount(opts.Pieces, m*k*esz, opts.MinPieceBytes))
+	bad := checkShape(c, m, n, k, esz)
+	if bad == nil {
+		o.pieces = Pieces(m, PieceCount(opts.Pieces, m*k*esz, opts.MinPieceBytes))
+	}
+	// Every rank takes part, a refusing one too, so that a refusal is
+	// every rank's error rather than a peer's timeout.
+	if err := agree(ctx, c, planned{m: m, n: n, k: k, esz: esz, pieces: len(o.pieces)}, bad); err != nil {
+		return nil, err
+	}
 	o.tasks = Tasks(P, me, m, o.pieces)
 	// newEngine releases what it made when it fails.
 	if o.eng, err = newEngine(ctx, c, shape{P: P, me: me, m: m, n: n, k: k, esz: esz}, o.pieces, o.tasks); err != nil {
@@ -91,24 +100,31 @@ func NewWith[T Float](ctx context.Context, c *collective.Communicator, m, n, k i
 // wrap, and the buffers planned from them be smaller than the shape.
 func checkShape(c *collective.Communicator, m, n, k, esz int) error {
 	P := c.Size()
-	bad := func(why string) error {
+	if why := shapeFault(P, m, n, k, esz); why != "" {
 		return &collective.OpError{Op: "overlap-plan", Rank: c.Rank(), Peer: -1, Err: collective.ErrInvalid,
 			Detail: fmt.Sprintf("shape %d×%d×%d of %d-byte elements on %d ranks: %s", m, n, k, esz, P, why)}
 	}
+	return nil
+}
+
+// shapeFault is why checkShape refuses a shape on P ranks, or "": the
+// same words on every rank, which computes it from the plan a refusing
+// rank published (agree).
+func shapeFault(P, m, n, k, esz int) string {
 	if m < 0 || n < 0 || k < 0 {
-		return bad("negative")
+		return "negative"
 	}
 	for _, f := range [][]int{{m, k}, {k, n}, {P, m, n}, {P, m, k}} {
 		prod := uint64(esz)
 		for _, x := range f {
 			hi, lo := bits.Mul64(prod, uint64(x))
 			if hi != 0 || lo > math.MaxInt {
-				return bad("a matrix's size overflows int")
+				return "a matrix's size overflows int"
 			}
 			prod = lo
 		}
 	}
-	return nil
+	return ""
 }
 
 // closed is what a call on a closed Op returns.
@@ -225,7 +241,10 @@ func (o *Op[T]) Gather(ctx context.Context) error {
 	return o.eng.gather(ctx)
 }
 
-// GEMM runs only the GEMMs, on whatever G holds (t_gemm).
+// GEMM runs only the GEMMs, on whatever G holds (t_gemm). It is local: it
+// takes part in no collective, so it needs no counterpart on the peers
+// (and a Run on one rank meets no GEMM on another: its gather pairs with
+// the peer's next gather).
 func (o *Op[T]) GEMM(ctx context.Context) error {
 	if o.eng == nil {
 		return o.closed("overlap")
