@@ -15,5 +15,8 @@
 // and what multiplies them (gonum or OpenBLAS on host memory, cuBLAS on a
 // GPU's). [NewWith] sets how finely the gather is cut ([Options]); once
 // planned, an Op runs as often as needed and allocates nothing per run.
-// Every method that waits takes its context; the Op keeps none.
+// Every method that waits on peers takes its context; the Op keeps none.
+// The ranks' plans are compared once, at New; the communicator's timeout
+// bounds the waits for the gather, Options.ComputeTimeout those for the
+// GEMMs, and a run that fails returns only once what it enqueued is done.
 package overlap

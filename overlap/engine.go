@@ -1,9 +1,10 @@
 package overlap
 
 import (
-	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/device"
@@ -15,9 +16,12 @@ import (
 // launched in order on the communicator's stream (comm) and followed by an
 // event; the GEMMs run on a compute stream of the same device, this
 // rank's own rows at once and each piece's rows once its event is reached.
-// The compute stream forks off comm at the start of a run and joins it at
-// the end, so that waiting for comm (the communicator's Synchronize)
-// waits for the whole run.
+// The compute stream forks off comm at the start of a run; the end of a
+// run waits for comm (the communicator's Synchronize: the gather, bounded
+// by the communicator's timeout), then for the compute stream (the GEMMs,
+// which wait on no peer, bounded by Options.ComputeTimeout), and only then
+// joins the compute stream into comm, so that comm's later work is ordered
+// after the run. A run that fails waits for both all the same (finish).
 //
 // On the GPU the launches enqueue kernels and the host returns at once; on
 // the CPU a launch gathers on the calling goroutine while the compute
@@ -36,6 +40,17 @@ type engine struct {
 	tasks         []gemmTask
 	n, k          int    // B's dimensions
 	fallback      string // the mode without plans
+	// computeSync waits for the compute stream up to a deadline (both
+	// backends' streams have it), within computeTimeout
+	// (Options.ComputeTimeout): the GEMMs wait for no peer, so the
+	// communicator's timeout does not bound them.
+	computeSync interface {
+		SynchronizeBy(context.Context, time.Time) error
+	}
+	computeTimeout time.Duration
+	// pending is set where a wait for the GEMMs gave up: they may still
+	// write C. Every later call waits for them first (settle).
+	pending bool
 }
 
 // The matrices' places in engine.mats.
@@ -57,12 +72,12 @@ type gemmTask struct {
 	a, g, c     device.Buffer
 }
 
-func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces []Piece, tasks []Task) (_ *engine, err error) {
+func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces []Piece, tasks []Task, computeTimeout time.Duration) (_ *engine, err error) {
 	dev, comm := c.Device(), c.Stream()
 	if comm == nil {
 		return nil, &collective.OpError{Op: "overlap", Rank: c.Rank(), Peer: -1, Err: collective.ErrClosed, Detail: "the communicator is closed"}
 	}
-	e := &engine{c: c, comm: comm, n: sh.n, k: sh.k, fallback: "host"}
+	e := &engine{c: c, comm: comm, n: sh.n, k: sh.k, fallback: "host", computeTimeout: computeTimeout}
 	if dev.Kind() == device.CUDA {
 		e.fallback = "graph"
 		if c.Options().Eager {
@@ -84,6 +99,12 @@ func newEngine(ctx context.Context, c *collective.Communicator, sh shape, pieces
 	A, G, C := e.mats[matA], e.mats[matG], e.mats[matC]
 	if e.compute, err = dev.NewStream(); err != nil {
 		return nil, err
+	}
+	var ok bool
+	if e.computeSync, ok = e.compute.(interface {
+		SynchronizeBy(context.Context, time.Time) error
+	}); !ok {
+		return nil, fmt.Errorf("overlap: a %T has no bounded wait: %w", e.compute, collective.ErrInvalid)
 	}
 	if e.gemm, err = dev.NewGEMM(); err != nil {
 		return nil, err
@@ -233,23 +254,117 @@ func (e *engine) forkCompute() error {
 	return e.compute.Wait(e.fork)
 }
 
-// finish joins the compute stream into comm, waits for comm (the
-// communicator's Synchronize: within its timeout on the GPU, reporting
-// what the kernels saw), and collects each plan's outcome; err, an error
-// of the launches, comes first.
+// finish ends a run: it waits for the gather (the communicator's
+// Synchronize of comm: within the communicator's timeout, reporting what
+// the kernels saw), then for the GEMMs (the compute stream, within
+// computeTimeout: a slow GEMM is no peer's timeout and breaks nothing),
+// joins the compute stream into comm, and collects each plan's outcome;
+// err, an error of the launches, comes first. comm holds no work of the
+// compute stream until the join, so the first wait is the gather's alone.
+// On any error, ctx's cancellation included, it drains the streams before
+// it returns. The success path allocates nothing.
 func (e *engine) finish(ctx context.Context, err error) error {
-	if jerr := e.join.Record(e.compute); jerr != nil {
-		err = cmp.Or(err, jerr)
-	} else if jerr := e.comm.Wait(e.join); jerr != nil {
-		err = cmp.Or(err, jerr)
+	if err == nil && ctx.Err() != nil {
+		// Ended: the run returns ctx's error, once drained. A wait with
+		// it would give up at once, and on the GPU break the path.
+		err = &collective.OpError{Op: "allgather-gemm", Rank: e.c.Rank(), Peer: -1, Err: ctx.Err(), Detail: "the run's context ended; what it had enqueued was waited for"}
 	}
-	if serr := e.c.Synchronize(ctx, e.comm); serr != nil || err != nil {
-		return e.named("allgather-gemm", cmp.Or(err, serr))
+	if err == nil {
+		err = e.c.Synchronize(ctx, e.comm)
+	}
+	if err == nil {
+		err = e.waitCompute(ctx)
+	}
+	if err != nil {
+		return e.drain(ctx, err)
+	}
+	// The GEMMs are done: comm's wait for them is over at once.
+	if err := e.joinCompute(); err != nil {
+		return e.named("allgather-gemm", err)
 	}
 	for _, p := range e.plans {
 		if err := p.Check(ctx); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// drain is finish's error path: whatever ended the run (ctx may be
+// cancelled), it waits for what the run enqueued, with ctx's values but
+// not its cancellation: the gather within the communicator's timeout (its
+// Synchronize's bound), the GEMMs within computeTimeout, so that nothing
+// writes C or G once the run has returned. Where the GEMMs outlast that,
+// pending stays set for the next call, and the compute stream is not
+// joined into comm: comm's wait for it would be bounded by the
+// communicator's timeout, and fail comm (and the compute stream's waits
+// on comm's events after it) while the GEMMs merely run long; settle joins
+// it once they are done. It returns err, named.
+func (e *engine) drain(ctx context.Context, err error) error {
+	ctx = context.WithoutCancel(ctx)
+	// The run's error comes first: the gather's wait fails only where the
+	// run failed already (and a GPU path it breaks stays broken, for every
+	// later call to report), and the join only where the stream did.
+	_ = e.c.Synchronize(ctx, e.comm)
+	cerr := e.waitCompute(ctx)
+	if errors.Is(cerr, ErrComputeTimeout) && !errors.Is(err, ErrComputeTimeout) {
+		// That its GEMMs still run is said too.
+		err = fmt.Errorf("%w (and %w)", err, cerr)
+	}
+	if !e.pending {
+		_ = e.joinCompute()
+	}
+	return e.named("allgather-gemm", err)
+}
+
+// waitCompute waits for the GEMMs enqueued on the compute stream, within
+// computeTimeout: ErrComputeTimeout naming this rank (no peer) where they
+// are not done by then, pending set; ctx's error where ctx ended first;
+// the GEMMs' own failure otherwise. It allocates nothing unless it fails.
+func (e *engine) waitCompute(ctx context.Context) error {
+	err := e.computeSync.SynchronizeBy(ctx, time.Now().Add(e.computeTimeout))
+	switch {
+	case err == nil:
+		e.pending = false
+		return nil
+	case ctx.Err() != nil:
+		// A CUDA stream's wait reports ctx's end as ErrWaitTimeout too.
+		e.pending = true
+		return &collective.OpError{Op: "allgather-gemm", Rank: e.c.Rank(), Peer: -1, Err: ctx.Err(), Detail: "waiting for the GEMMs"}
+	case errors.Is(err, device.ErrWaitTimeout):
+		e.pending = true
+		return &collective.OpError{Op: "allgather-gemm", Rank: e.c.Rank(), Peer: -1, Err: fmt.Errorf("%w: %w", ErrComputeTimeout, err),
+			Detail: fmt.Sprintf("this rank's GEMMs were not done within %v (Options.ComputeTimeout)", e.computeTimeout)}
+	}
+	e.pending = false // failed, not running
+	return e.named("allgather-gemm", err)
+}
+
+// joinCompute orders comm's later work after the compute stream's.
+func (e *engine) joinCompute() error {
+	if err := e.join.Record(e.compute); err != nil {
+		return err
+	}
+	return e.comm.Wait(e.join)
+}
+
+// settle is nil unless GEMMs of an earlier run may still be running (a
+// wait for them gave up): then it waits for them, within computeTimeout,
+// and returns ErrComputeTimeout where they still run, so that no call
+// touches the matrices under them. One bool read when nothing is pending.
+func (e *engine) settle(op string) error {
+	if !e.pending {
+		return nil
+	}
+	if err := e.waitCompute(context.Background()); err != nil {
+		var oe *collective.OpError
+		if errors.As(err, &oe) {
+			oe.Op = op
+		}
+		return err
+	}
+	if err := e.joinCompute(); err != nil { // as drain left it undone
+		return e.named(op, err)
 	}
 	return nil
 }
@@ -268,6 +383,9 @@ func (e *engine) usable(op string) error {
 
 func (e *engine) run(ctx context.Context) error {
 	if err := e.usable("allgather-gemm"); err != nil {
+		return err
+	}
+	if err := e.settle("allgather-gemm"); err != nil {
 		return err
 	}
 	if err := e.forkCompute(); err != nil {
@@ -325,6 +443,9 @@ func (e *engine) sequential(ctx context.Context) error {
 	if err := e.usable("allgather-gemm"); err != nil {
 		return err
 	}
+	if err := e.settle("allgather-gemm"); err != nil {
+		return err
+	}
 	err := e.launchGather(ctx)
 	if err == nil {
 		err = e.launchGEMMs()
@@ -336,11 +457,17 @@ func (e *engine) gather(ctx context.Context) error {
 	if err := e.usable("allgather-gemm"); err != nil {
 		return err
 	}
+	if err := e.settle("allgather-gemm"); err != nil {
+		return err
+	}
 	return e.finish(ctx, e.launchGather(ctx))
 }
 
 func (e *engine) gemmOnly(ctx context.Context) error {
 	if err := e.usable("allgather-gemm"); err != nil {
+		return err
+	}
+	if err := e.settle("allgather-gemm"); err != nil {
 		return err
 	}
 	return e.finish(ctx, e.launchGEMMs())
@@ -351,10 +478,17 @@ func (e *engine) gemmOnly(ctx context.Context) error {
 // more.
 func (e *engine) close() error {
 	var errs []error
+	// GEMMs of a run that timed out may still write the matrices: wait for
+	// them (within computeTimeout); where they still run, the compute
+	// stream, its GEMM and the matrices are left to them, not freed.
+	running := e.settle("overlap-close")
 	for _, p := range e.plans {
 		errs = append(errs, p.Close())
 	}
 	e.plans = nil
+	if running != nil {
+		return errors.Join(append(errs, running)...)
+	}
 	if e.compute != nil {
 		// Nothing is in flight between runs; a failed New may have
 		// enqueued nothing at all.

@@ -2,9 +2,11 @@ package overlap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
+	"time"
 	"unsafe"
 
 	"github.com/slimego/slimego/collective"
@@ -45,7 +47,26 @@ type Options struct {
 	// one that the wire bounds (a NIC), smaller pieces hide more of the
 	// gather. Negative: no least.
 	MinPieceBytes int
+	// ComputeTimeout bounds a run's wait for its own GEMMs, which involve
+	// no peer: the communicator's timeout bounds only the waits for the
+	// gather. 0 (or negative): DefaultComputeTimeout, or the
+	// communicator's timeout where that is longer. A run whose GEMMs are
+	// not done by then returns ErrComputeTimeout.
+	ComputeTimeout time.Duration
 }
+
+// DefaultComputeTimeout is Options.ComputeTimeout unless told: far beyond
+// any GEMM an Op plans, a bound only against a device that stopped.
+const DefaultComputeTimeout = 10 * time.Minute
+
+// ErrComputeTimeout is a run's error where its GEMMs did not finish within
+// Options.ComputeTimeout. It is this rank's own (an *collective.OpError
+// naming the rank, no peer) and no ErrTimeout: the communicator is not
+// broken by it. The GEMMs may still be running: every later call on the
+// Op first waits for them, within ComputeTimeout again, and returns
+// ErrComputeTimeout while they run, so that none reads or writes the
+// matrices under them.
+var ErrComputeTimeout = errors.New("overlap: the GEMMs did not finish within the compute timeout")
 
 // New plans an Op for m × k blocks of A on each rank of c, B of k × n, and
 // the gather cut into the given number of pieces (a number below 1 counts
@@ -75,6 +96,9 @@ func NewWith[T Float](ctx context.Context, c *collective.Communicator, m, n, k i
 	if opts.MinPieceBytes == 0 {
 		opts.MinPieceBytes = MinPieceBytes(c)
 	}
+	if opts.ComputeTimeout <= 0 {
+		opts.ComputeTimeout = max(DefaultComputeTimeout, c.Timeout())
+	}
 	P, me := c.Size(), c.Rank()
 	o = &Op[T]{c: c, ranks: P, me: me, m: m, n: n, k: k}
 	bad := checkShape(c, m, n, k, esz)
@@ -88,7 +112,7 @@ func NewWith[T Float](ctx context.Context, c *collective.Communicator, m, n, k i
 	}
 	o.tasks = Tasks(P, me, m, o.pieces)
 	// newEngine releases what it made when it fails.
-	if o.eng, err = newEngine(ctx, c, shape{P: P, me: me, m: m, n: n, k: k, esz: esz}, o.pieces, o.tasks); err != nil {
+	if o.eng, err = newEngine(ctx, c, shape{P: P, me: me, m: m, n: n, k: k, esz: esz}, o.pieces, o.tasks, opts.ComputeTimeout); err != nil {
 		return nil, err
 	}
 	return o, nil
@@ -200,6 +224,9 @@ func (o *Op[T]) write(name string, which int, src []T, want int) error {
 	if len(src) != want {
 		return fmt.Errorf("overlap: %s takes %d elements, not %d: %w", name, want, len(src), collective.ErrInvalid)
 	}
+	if err := o.eng.settle("overlap"); err != nil {
+		return err
+	}
 	return o.eng.mats[which].CopyIn(asBytes(src))
 }
 
@@ -210,13 +237,22 @@ func (o *Op[T]) read(name string, which int, dst []T, want int) error {
 	if len(dst) != want {
 		return fmt.Errorf("overlap: %s holds %d elements, not %d: %w", name, want, len(dst), collective.ErrInvalid)
 	}
+	if err := o.eng.settle("overlap"); err != nil {
+		return err
+	}
 	return o.eng.mats[which].CopyOut(asBytes(dst))
 }
 
 // Run computes C, overlapping each gather piece with the GEMMs that do not
 // need it: this rank's own rows first, then each piece's rows once the
 // piece is gathered. An error of the gather (a lost peer, a timeout) ends
-// the run and is returned.
+// the run and is returned. The communicator's timeout bounds the waits for
+// the gather, Options.ComputeTimeout the wait for the GEMMs. Whatever it
+// returns, the run's work is done by then (within those bounds): a run
+// that fails, its context cancelled included, first waits for what it
+// enqueued, so that nothing writes C or G after it returns; only where
+// that wait gives up (ErrComputeTimeout) may GEMMs still run, and later
+// calls wait for them first.
 func (o *Op[T]) Run(ctx context.Context) error {
 	if o.eng == nil {
 		return o.closed("overlap")
