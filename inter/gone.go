@@ -31,7 +31,8 @@ import (
 // saw it die name it themselves.
 
 // GoneTimeout bounds the store calls of one rank's account of a failure
-// (its look-up of a peer's record and its own record, together): where
+// (its look-up of a peer's record and its own record, together; a wait
+// that timed out waits longer for records: goneWait): where
 // the store is slow, or its connection busy with another call, a failure
 // reaches the rank's peers at most this much later than it would have,
 // and they name the nearer rank. A store that is connected but does not
@@ -51,11 +52,19 @@ type goneRecord struct {
 	culprit int    // the rank it holds responsible
 	witness int    // the rank that saw the culprit fail first-hand
 	reason  string // what the witness saw
+	// waited says the witness's wait for the culprit timed out: the
+	// culprit may be waiting in turn, and write a record of its own about
+	// now (Explain waits for it).
+	waited bool
 }
 
-// encode is "culprit witness\nreason".
+// encode is "culprit witness how\nreason", how being "waited" or "lost".
 func (r goneRecord) encode() []byte {
-	return []byte(strconv.Itoa(r.culprit) + " " + strconv.Itoa(r.witness) + "\n" + clean(r.reason))
+	how := "lost"
+	if r.waited {
+		how = "waited"
+	}
+	return []byte(strconv.Itoa(r.culprit) + " " + strconv.Itoa(r.witness) + " " + how + "\n" + clean(r.reason))
 }
 
 // decodeGone parses a record read from the store. Both ranks must be
@@ -70,10 +79,12 @@ func decodeGone(b []byte, world int) (goneRecord, error) {
 	if !ok {
 		return r, fmt.Errorf("%w: no reason", ErrGoneRecord)
 	}
-	c, w, ok := strings.Cut(head, " ")
-	if !ok {
-		return r, fmt.Errorf("%w: %q", ErrGoneRecord, head)
+	c, rest, ok := strings.Cut(head, " ")
+	w, how, ok2 := strings.Cut(rest, " ")
+	if !ok || !ok2 || how != "waited" && how != "lost" {
+		return r, fmt.Errorf("%w: %.64q", ErrGoneRecord, head)
 	}
+	r.waited = how == "waited"
 	var err error
 	if r.culprit, err = parseRank(c, world); err != nil {
 		return r, err
@@ -130,15 +141,36 @@ func clean(s string) string {
 func (t *Transport) goneKey(r int) string { return t.cfg.Key + "/gone/" + strconv.Itoa(r) }
 
 // goneCtx bounds the store calls of this rank's account (GoneTimeout in
-// all, from its first call on).
-func (t *Transport) goneCtx() (context.Context, context.CancelFunc) {
+// all, from its first call on; goneWait from now where waiting, once:
+// the look-ups of a timed-out wait).
+func (t *Transport) goneCtx(waiting bool) (context.Context, context.CancelFunc) {
 	t.goneMu.Lock()
+	now := time.Now()
 	if t.goneBy.IsZero() {
-		t.goneBy = time.Now().Add(GoneTimeout)
+		t.goneBy = now.Add(GoneTimeout)
+	}
+	if waiting && !t.goneWaited {
+		t.goneWaited = true
+		if by := now.Add(goneWait(t.cfg.Timeout)); by.After(t.goneBy) {
+			t.goneBy = by
+		}
 	}
 	by := t.goneBy
 	t.goneMu.Unlock()
 	return context.WithDeadline(context.Background(), by)
+}
+
+// MaxGoneWait bounds how long a timed-out wait waits for the records of
+// the ranks it waited for through (goneWait).
+const MaxGoneWait = 5 * time.Second
+
+// goneWait is how long a wait that timed out waits for the records of
+// the ranks it waited for through: their own waits, started a little
+// earlier or later, time out about now. A quarter of the timeout, at
+// least GoneTimeout and at most MaxGoneWait: where the ranks' calls
+// started further apart than that, the rank names the peer it waited for.
+func goneWait(timeout time.Duration) time.Duration {
+	return min(max(timeout/4, GoneTimeout), MaxGoneWait)
 }
 
 // Record writes this rank's account of why it gives up (once per
@@ -151,7 +183,7 @@ func (t *Transport) Record(peer int, err error) {
 	if err == nil || t.cfg.Store == nil || !t.recorded.CompareAndSwap(false, true) {
 		return
 	}
-	r := goneRecord{culprit: peer, witness: t.cfg.Rank, reason: account(err)}
+	r := goneRecord{culprit: peer, witness: t.cfg.Rank, reason: account(err), waited: errors.Is(err, fault.ErrTimeout)}
 	var g *goneError
 	if errors.As(err, &g) {
 		r = g.rec
@@ -163,51 +195,100 @@ func (t *Transport) Record(peer int, err error) {
 	if r.culprit < 0 {
 		r.culprit = t.cfg.Rank
 	}
-	ctx, cancel := t.goneCtx()
+	ctx, cancel := t.goneCtx(false)
 	defer cancel()
 	_ = t.cfg.Store.Set(ctx, t.goneKey(t.cfg.Rank), r.encode())
 }
 
+// maxGoneHops bounds the records one Explain follows.
+const maxGoneHops = 32
+
 // Explain is the error, and the rank to name, of a wait for peer p that
-// failed with err: where err says p was lost (fault.ErrPeerLost) and p
-// recorded that it gave up because of another rank, that rank, with the
-// witness's account and err; else p and err.
+// failed with err: where p gave up (fault.ErrPeerLost: its connection
+// closed) or was waited for in vain (fault.ErrTimeout), and p recorded
+// whom it held responsible, Explain follows the records from rank to
+// rank, up to one that has none (it died, or is the late one) or that
+// holds itself responsible, and names that rank, with the account of the
+// rank that saw it; else p and err. A lost peer's record was written
+// before its connections closed, so it is read at once; a timed-out wait
+// waits (within GoneTimeout) for the record of a rank whose own wait may
+// time out about now: the peer it waited for, and the rank a record says
+// its witness waited for. The error keeps err's kind.
 func (t *Transport) Explain(p int, err error) (int, error) {
-	if err == nil || p < 0 || p == t.cfg.Rank || t.cfg.Store == nil || !errors.Is(err, fault.ErrPeerLost) {
+	if err == nil || p < 0 || p == t.cfg.Rank || t.cfg.Store == nil {
+		return p, err
+	}
+	timeout := errors.Is(err, fault.ErrTimeout)
+	if !timeout && !errors.Is(err, fault.ErrPeerLost) {
 		return p, err
 	}
 	var g *goneError
 	if errors.As(err, &g) {
 		return p, err // explained already
 	}
-	ctx, cancel := t.goneCtx()
+	ctx, cancel := t.goneCtx(timeout)
 	defer cancel()
-	key := t.goneKey(p)
-	if ok, cerr := t.cfg.Store.Check(ctx, key); cerr != nil || !ok {
+	var last *goneRecord // the record that names the rank held responsible
+	cur, seen := p, map[int]bool{p: true}
+	wait := timeout
+	for range maxGoneHops {
+		r, ok, derr := t.lookGone(ctx, cur, wait)
+		if derr != nil {
+			if last == nil {
+				return p, fmt.Errorf("%w (rank %d's failure record: %v)", err, cur, derr)
+			}
+			break
+		}
+		if !ok {
+			break
+		}
+		last = &r
+		if r.culprit == cur || r.culprit == t.cfg.Rank || seen[r.culprit] {
+			break // it holds itself responsible, or this rank, or the records go round
+		}
+		seen[r.culprit] = true
+		cur, wait = r.culprit, r.waited
+	}
+	if last == nil {
 		return p, err
 	}
-	v, gerr := t.cfg.Store.Get(ctx, key)
-	if gerr != nil {
-		return p, err
-	}
-	r, derr := decodeGone(v, t.cfg.World)
-	if derr != nil {
-		return p, fmt.Errorf("%w (rank %d's failure record: %v)", err, p, derr)
-	}
-	name := r.culprit
+	name := last.culprit
 	if name == t.cfg.Rank {
 		name = p // this rank is the one held responsible: name the peer that gave up on it
 	}
-	return name, &goneError{rec: r, via: p, here: account(err), me: t.cfg.Rank}
+	kind := fault.ErrPeerLost
+	if timeout {
+		kind = fault.ErrTimeout
+	}
+	return name, &goneError{rec: *last, via: p, here: account(err), me: t.cfg.Rank, kind: kind}
 }
 
-// goneError is the error of a wait whose peer gave up because of another
-// rank (Explain).
+// lookGone reads rank r's failure record: at once (wait false: a lost
+// peer's record is there before its connections closed), or waiting for
+// it until ctx's deadline. ok is false where there is none (by then).
+func (t *Transport) lookGone(ctx context.Context, r int, wait bool) (goneRecord, bool, error) {
+	key := t.goneKey(r)
+	if !wait {
+		if ok, err := t.cfg.Store.Check(ctx, key); err != nil || !ok {
+			return goneRecord{}, false, nil
+		}
+	}
+	v, err := t.cfg.Store.Get(ctx, key)
+	if err != nil {
+		return goneRecord{}, false, nil
+	}
+	rec, err := decodeGone(v, t.cfg.World)
+	return rec, err == nil, err
+}
+
+// goneError is the error of a wait whose peer gave up, or was held up,
+// because of another rank (Explain).
 type goneError struct {
 	rec  goneRecord
-	via  int    // the peer that gave up
+	via  int    // the peer that gave up, or was waited for
 	here string // what this rank saw of it
 	me   int
+	kind error // fault.ErrPeerLost or fault.ErrTimeout
 }
 
 func (e *goneError) Error() string {
@@ -215,11 +296,15 @@ func (e *goneError) Error() string {
 	if e.rec.culprit == e.me {
 		who = "this rank"
 	}
+	if e.kind == fault.ErrTimeout {
+		return fmt.Sprintf("%v: %s, as rank %d saw it (%s), held up this rank's wait for rank %d (here: %s)",
+			e.kind, who, e.rec.witness, e.rec.reason, e.via, strings.TrimPrefix(e.here, "timeout: "))
+	}
 	return fmt.Sprintf("%v: %s, as rank %d saw it (%s); rank %d then gave up (here: %s)",
-		fault.ErrPeerLost, who, e.rec.witness, e.rec.reason, e.via, strings.TrimPrefix(e.here, "peer lost: "))
+		e.kind, who, e.rec.witness, e.rec.reason, e.via, strings.TrimPrefix(e.here, "peer lost: "))
 }
 
-func (e *goneError) Unwrap() error { return fault.ErrPeerLost }
+func (e *goneError) Unwrap() error { return e.kind }
 
 // account is err as a record's reason: without the operation and rank of
 // an OpError (the record says whose it is) and without the project's

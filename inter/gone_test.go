@@ -18,19 +18,21 @@ func TestDecodeGone(t *testing.T) {
 		want goneRecord
 		ok   bool
 	}{
-		{"2 3\npeer lost: connection to rank 2 closed while sending", goneRecord{2, 3, "peer lost: connection to rank 2 closed while sending"}, true},
-		{"0 0\n", goneRecord{0, 0, ""}, true},
-		{"7 1\nx", goneRecord{}, false},  // rank 7 of 4
-		{"-1 1\nx", goneRecord{}, false}, // negative
-		{"02 1\nx", goneRecord{}, false}, // not canonical
-		{"+2 1\nx", goneRecord{}, false},
-		{"2  1\nx", goneRecord{}, false},
-		{"2 1", goneRecord{}, false},             // no reason line
-		{"2\nx", goneRecord{}, false},            // no witness
-		{"2 1\nbell\a", goneRecord{}, false},     // a control character
-		{"2 1\nnext\nline", goneRecord{}, false}, // a second line
-		{"2 1\n\xff", goneRecord{}, false},       // not UTF-8
-		{"2 1\n" + long, goneRecord{}, false},
+		{"2 3 lost\npeer lost: connection to rank 2 closed while sending", goneRecord{2, 3, "peer lost: connection to rank 2 closed while sending", false}, true},
+		{"2 3 waited\ntimeout: receiving a header, peer rank 2", goneRecord{2, 3, "timeout: receiving a header, peer rank 2", true}, true},
+		{"0 0 lost\n", goneRecord{0, 0, "", false}, true},
+		{"2 3\nx", goneRecord{}, false},       // no how
+		{"2 3 slow\nx", goneRecord{}, false},  // an unknown how
+		{"7 1 lost\nx", goneRecord{}, false},  // rank 7 of 4
+		{"-1 1 lost\nx", goneRecord{}, false}, // negative
+		{"02 1 lost\nx", goneRecord{}, false}, // not canonical
+		{"+2 1 lost\nx", goneRecord{}, false},
+		{"2  1 lost\nx", goneRecord{}, false},
+		{"2 1 lost", goneRecord{}, false},             // no reason line
+		{"2 1 lost\nbell\a", goneRecord{}, false},     // a control character
+		{"2 1 lost\nnext\nline", goneRecord{}, false}, // a second line
+		{"2 1 lost\n\xff", goneRecord{}, false},       // not UTF-8
+		{"2 1 lost\n" + long, goneRecord{}, false},
 	} {
 		got, err := decodeGone([]byte(tc.in), 4)
 		if tc.ok != (err == nil) || tc.ok && got != tc.want {
@@ -46,18 +48,18 @@ func TestDecodeGone(t *testing.T) {
 // the reason holds (cut and made printable).
 func TestGoneRecordRoundTrip(t *testing.T) {
 	for _, reason := range []string{"", "timeout: receiving a header, peer rank 2", "a\nb\tc\x00", strings.Repeat("é", maxGoneReason)} {
-		r := goneRecord{culprit: 3, witness: 1, reason: reason}
+		r := goneRecord{culprit: 3, witness: 1, reason: reason, waited: len(reason)%2 == 0}
 		got, err := decodeGone(r.encode(), 4)
-		if err != nil || got.culprit != 3 || got.witness != 1 || got.reason != clean(reason) || len(got.reason) > maxGoneReason {
+		if err != nil || got.culprit != 3 || got.witness != 1 || got.waited != r.waited || got.reason != clean(reason) || len(got.reason) > maxGoneReason {
 			t.Errorf("%q: got %+v, %v", reason, got, err)
 		}
 	}
 }
 
 func FuzzDecodeGone(f *testing.F) {
-	f.Add([]byte("2 3\npeer lost: connection to rank 2 closed while sending"), 4)
-	f.Add([]byte("0 0\n"), 0)
-	f.Add([]byte("99999999999999999999 1\nx"), 0)
+	f.Add([]byte("2 3 lost\npeer lost: connection to rank 2 closed while sending"), 4)
+	f.Add([]byte("0 0 waited\n"), 0)
+	f.Add([]byte("99999999999999999999 1 lost\nx"), 0)
 	f.Fuzz(func(t *testing.T, b []byte, world int) {
 		r, err := decodeGone(b, world)
 		if err != nil {
@@ -96,19 +98,15 @@ func TestExplain(t *testing.T) {
 	}
 	// Rank 4 passes rank 3's account on unchanged.
 	r4.Record(who, err)
-	if v, gerr := cs[0].Get(ctx, "job/gone/4"); gerr != nil || string(v) != "2 3\npeer lost: connection to rank 2 closed while sending" {
+	if v, gerr := cs[0].Get(ctx, "job/gone/4"); gerr != nil || string(v) != "2 3 lost\npeer lost: connection to rank 2 closed while sending" {
 		t.Fatalf("rank 4's record %q, %v", v, gerr)
 	}
-	// A wait that timed out, or whose peer has no record, is left as it is.
-	timeout := fmt.Errorf("%w: receiving a header, peer rank 1", fault.ErrTimeout)
-	if who, err := r4.Explain(3, timeout); who != 3 || err != timeout {
-		t.Errorf("a timeout: %d, %v", who, err)
-	}
+	// A peer without a record is named itself.
 	if who, err := r4.Explain(0, closed); who != 0 || err != closed {
 		t.Errorf("no record: %d, %v", who, err)
 	}
 	// A record that names a rank outside the job is not believed.
-	for _, bad := range []string{"9 1\nx", "1 1\n\x1b[2J", "garbage"} {
+	for _, bad := range []string{"9 1 lost\nx", "1 1 lost\n\x1b[2J", "garbage"} {
 		if err := cs[0].Set(ctx, "job/gone/1", []byte(bad)); err != nil {
 			t.Fatal(err)
 		}
@@ -144,5 +142,58 @@ func TestExplainBounded(t *testing.T) {
 	r.Record(0, closed)
 	if d := time.Since(start); d > GoneTimeout+200*time.Millisecond {
 		t.Errorf("Explain and Record took %v (bound %v)", d, GoneTimeout)
+	}
+}
+
+// TestExplainFollowsWaits: ranks whose waits timed out at about the same
+// moment, each waiting for the next, name the rank at the end of the
+// chain, the one that recorded nothing (the late one), whichever of them
+// recorded first; a lost peer's record that names a rank which waited in
+// vain is followed to the rank that one waited for.
+func TestExplainFollowsWaits(t *testing.T) {
+	cs := testStore(t, 5)
+	tr := func(rank int) *Transport {
+		return &Transport{cfg: Config{Store: cs[rank], Key: "job", Rank: rank, World: 5}}
+	}
+	waited := func(p int) error { return fmt.Errorf("%w: receiving a header, peer rank %d", fault.ErrTimeout, p) }
+	// A ring 0 <- 4 <- 3 <- 2 (late): rank 0 explains its timeout first,
+	// rank 4 and rank 3 record theirs a little later.
+	r0 := tr(0)
+	r0.Record(4, waited(4))
+	done := make(chan struct{})
+	var who int
+	var err error
+	go func() {
+		defer close(done)
+		who, err = r0.Explain(4, waited(4))
+	}()
+	time.Sleep(30 * time.Millisecond)
+	tr(4).Record(3, waited(3))
+	time.Sleep(30 * time.Millisecond)
+	tr(3).Record(2, waited(2))
+	<-done
+	want := "slimego: timeout: rank 2, as rank 3 saw it (timeout: receiving a header, peer rank 2), held up this rank's wait for rank 4 (here: receiving a header, peer rank 4)"
+	if who != 2 || !errors.Is(err, fault.ErrTimeout) || err.Error() != want {
+		t.Fatalf("Explain = %d, %v\nwant 2, %s", who, err, want)
+	}
+	// Rank 1 sees rank 0's connection close: rank 0 recorded that it
+	// waited for rank 4, and rank 4 that it waited for rank 3, ...
+	closed := fmt.Errorf("%w: connection to rank 0 closed while receiving a header", fault.ErrPeerLost)
+	who, err = tr(1).Explain(0, closed)
+	if who != 2 || !errors.Is(err, fault.ErrPeerLost) || !strings.Contains(err.Error(), "peer lost: rank 2, as rank 3 saw it") {
+		t.Fatalf("Explain of a lost peer = %d, %v", who, err)
+	}
+}
+
+func TestGoneWait(t *testing.T) {
+	for _, tc := range []struct{ timeout, want time.Duration }{
+		{0, GoneTimeout},
+		{time.Second, GoneTimeout},
+		{3 * time.Second, 750 * time.Millisecond},
+		{5 * time.Minute, MaxGoneWait},
+	} {
+		if got := goneWait(tc.timeout); got != tc.want {
+			t.Errorf("goneWait(%v) = %v, want %v", tc.timeout, got, tc.want)
+		}
 	}
 }

@@ -202,23 +202,27 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 // A receive not collected would go on writing dst after Run returned (and
 // a send reading src), until its peer's bytes or the call's deadline
 // came. A link error (peer >= 0) names the peer the link lost first
-// (blame); a node peer that gave up is asked why (Explain). This rank's
-// account goes to the store (Record), then the node's other ranks are
-// told (fail) and the link is interrupted, its transfers then ending at
-// once (the communicator is broken: it has no further use for it): both
-// the node's ranks and the rail peers find the account when they see
-// this rank give up.
+// (blame). This rank's account goes to the store (Record), and the rank
+// it holds responsible is asked in turn (Explain: a peer that gave up, or
+// one waited for in vain, may have recorded another); then the node's
+// other ranks are told (fail) and the link is interrupted, its transfers
+// then ending at once (the communicator is broken: it has no further use
+// for it): both the node's ranks and the rail peers find the account
+// when they see this rank give up.
 func (o *HierOpOver[M]) failDrained(err error, peer, recvd, sent int) error {
 	h := o.h
+	q := peer // the rank this rank holds responsible
 	var oe *fault.OpError
 	if peer >= 0 { // the link's error: the peer it lost first is the one to name
 		err, peer = blame(h.t, err, peer)
+		q = peer
 	} else if errors.As(err, &oe) && oe.Peer >= 0 && oe.Peer != h.rank {
-		if p, why := h.t.Explain(oe.Peer, err); why != err {
-			err, peer = why, p
-		}
+		q = oe.Peer // a node peer's failure, as the node's gather saw it
 	}
-	h.t.Record(peer, err)
+	h.t.Record(q, err)
+	if p, why := h.t.Explain(q, err); why != err {
+		err, peer = why, p
+	}
 	err = o.fail(err, peer)
 	h.t.Interrupt()
 	for _, p := range h.peers[recvd:] {

@@ -152,10 +152,13 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 			// so that nothing reads src once Run has returned.
 			// Its account goes to the store first (Record), for the
 			// successor, which sees only the connection close.
+			// A timed-out wait then follows the records of the ranks
+			// it waited for through (Explain).
 			err, peer := blame(r.t, rerr, r.prev)
 			r.t.Record(peer, err)
 			r.t.Interrupt()
 			r.t.WaitSend(r.next)
+			peer, err = r.t.Explain(peer, err)
 			return o.fail(err, peer)
 		}
 		serr := r.t.WaitSend(r.next)
@@ -163,6 +166,7 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 		if serr != nil {
 			err, peer := blame(r.t, serr, r.next)
 			r.t.Record(peer, err)
+			peer, err = r.t.Explain(peer, err)
 			return o.fail(err, peer)
 		}
 		if cerr != nil {

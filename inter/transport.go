@@ -144,10 +144,12 @@ type Transport struct {
 	losing    atomic.Bool
 	explained chan struct{}
 	// recorded is set by this rank's failure record (Record); goneBy
-	// bounds the store calls of the record and of Explain (GoneTimeout).
-	recorded atomic.Bool
-	goneMu   sync.Mutex
-	goneBy   time.Time
+	// bounds the store calls of the record and of Explain (GoneTimeout,
+	// goneWait).
+	recorded   atomic.Bool
+	goneMu     sync.Mutex
+	goneBy     time.Time
+	goneWaited bool // goneBy was pushed to goneWait once
 }
 
 // loss is a transfer's failure with peer.
