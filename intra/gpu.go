@@ -314,8 +314,8 @@ func (g *GPUGroup) doneWith(ctx context.Context, count string, barriers ...strin
 		return
 	}
 	for _, b := range barriers {
-		for r := range g.cfg.Size {
-			st.Delete(ctx, b+"/"+strconv.Itoa(r))
+		for _, k := range rendezvous.BarrierKeys(b, g.cfg.Size) {
+			st.Delete(ctx, k)
 		}
 	}
 	st.Delete(ctx, count)

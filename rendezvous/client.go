@@ -469,6 +469,17 @@ func (e *MissingError) Unwrap() error { return e.Err }
 // waits in the barrier or has passed it.
 func BarrierKey(name string, me int) string { return name + "/" + strconv.Itoa(me) }
 
+// BarrierKeys are the keys a barrier of size members leaves in the store:
+// its members' (BarrierKey), its count and the key its members wait on.
+// Whoever knows that no member waits there any more may delete them.
+func BarrierKeys(name string, size int) []string {
+	keys := make([]string, 0, size+2)
+	for i := range size {
+		keys = append(keys, BarrierKey(name, i))
+	}
+	return append(keys, name+"/arrived", name+"/all")
+}
+
 // Barrier records that member me of size has reached name, then waits until
 // every member has. If the wait fails it returns a *MissingError naming the
 // members that never arrived.
