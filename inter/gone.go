@@ -30,9 +30,10 @@ import (
 // calls in order). A rank that died wrote nothing, and the peers that
 // saw it die name it themselves.
 
-// GoneTimeout bounds the store calls of one rank's account of a failure
-// (its look-up of a peer's record and its own record, together; a wait
-// that timed out waits longer for records: goneWait): where
+// GoneTimeout bounds each part of one rank's account of a failure: its
+// look-ups of the records of the ranks it held responsible (Explain, all
+// of them together; a wait that timed out waits longer: goneWait), and
+// its own record (Record): where
 // the store is slow, or its connection busy with another call, a failure
 // reaches the rank's peers at most this much later than it would have,
 // and they name the nearer rank. A store that is connected but does not
@@ -140,9 +141,9 @@ func clean(s string) string {
 
 func (t *Transport) goneKey(r int) string { return t.cfg.Key + "/gone/" + strconv.Itoa(r) }
 
-// goneCtx bounds the store calls of this rank's account (GoneTimeout in
-// all, from its first call on; goneWait from now where waiting, once:
-// the look-ups of a timed-out wait).
+// goneCtx bounds the look-ups of this rank's Explain calls (GoneTimeout
+// in all, from the first on; goneWait from now where waiting, once: the
+// look-ups of a timed-out wait).
 func (t *Transport) goneCtx(waiting bool) (context.Context, context.CancelFunc) {
 	t.goneMu.Lock()
 	now := time.Now()
@@ -174,15 +175,23 @@ func goneWait(timeout time.Duration) time.Duration {
 }
 
 // Record writes this rank's account of why it gives up (once per
-// transport; later calls do nothing): it holds peer responsible (this
-// rank itself where peer < 0) for err. Where this rank's wait failed
-// because a peer gave up, err is what Explain returned, and the record
-// passes that peer's account on. A failure to write is dropped: the
-// peers then name this rank.
+// transport; later calls write nothing, and return once the first one's
+// write has ended, so that no caller interrupts the link before the
+// account is in the store): it holds peer responsible (this rank itself
+// where peer < 0) for err. Where this rank's wait failed because a peer
+// gave up, err is what Explain returned, and the record passes that
+// peer's account on. The write takes at most GoneTimeout; a failure to
+// write is dropped: the peers then name this rank.
 func (t *Transport) Record(peer int, err error) {
-	if err == nil || t.cfg.Store == nil || !t.recorded.CompareAndSwap(false, true) {
+	if err == nil || t.cfg.Store == nil {
 		return
 	}
+	t.recordMu.Lock()
+	defer t.recordMu.Unlock()
+	if t.recorded {
+		return
+	}
+	t.recorded = true
 	r := goneRecord{culprit: peer, witness: t.cfg.Rank, reason: account(err), waited: errors.Is(err, fault.ErrTimeout)}
 	var g *goneError
 	if errors.As(err, &g) {
@@ -195,7 +204,7 @@ func (t *Transport) Record(peer int, err error) {
 	if r.culprit < 0 {
 		r.culprit = t.cfg.Rank
 	}
-	ctx, cancel := t.goneCtx(false)
+	ctx, cancel := context.WithTimeout(context.Background(), GoneTimeout)
 	defer cancel()
 	_ = t.cfg.Store.Set(ctx, t.goneKey(t.cfg.Rank), r.encode())
 }

@@ -124,7 +124,7 @@ func TestExplain(t *testing.T) {
 }
 
 // TestExplainBounded: a store that does not answer costs a failing rank
-// at most GoneTimeout for its look-up and its record together.
+// at most GoneTimeout for its look-up and as much for its record.
 func TestExplainBounded(t *testing.T) {
 	cs := testStore(t, 1)
 	r := &Transport{cfg: Config{Store: cs[0], Key: "job", Rank: 1, World: 2}}
@@ -140,7 +140,7 @@ func TestExplainBounded(t *testing.T) {
 		t.Errorf("Explain = %d, %v", who, err)
 	}
 	r.Record(0, closed)
-	if d := time.Since(start); d > GoneTimeout+200*time.Millisecond {
+	if d := time.Since(start); d > 2*GoneTimeout+200*time.Millisecond { // each within GoneTimeout
 		t.Errorf("Explain and Record took %v (bound %v)", d, GoneTimeout)
 	}
 }
@@ -195,5 +195,42 @@ func TestGoneWait(t *testing.T) {
 		if got := goneWait(tc.timeout); got != tc.want {
 			t.Errorf("goneWait(%v) = %v, want %v", tc.timeout, got, tc.want)
 		}
+	}
+}
+
+// TestRecordBeforeInterrupt: a caller whose Record returns goes on to
+// interrupt the link (ring.go), closing the connections the peers then
+// see close: this rank's record must be in the store by then, also where
+// a connection goroutine's loss (lose) wrote it, at the same time.
+func TestRecordBeforeInterrupt(t *testing.T) {
+	cs := testStore(t, 2)
+	missing := 0
+	const runs = 200
+	for i := range runs {
+		tr := &Transport{cfg: Config{Store: cs[0], Key: fmt.Sprintf("job%d", i), Rank: 3, World: 5}, explained: make(chan struct{})}
+		p := &peer{t: tr, rank: 4}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p.lose(fmt.Errorf("%w: connection to rank 4 closed while sending", fault.ErrPeerLost))
+		}()
+		for !tr.losing.Load() {
+		}
+		// The caller's own receive from rank 2 failed too.
+		err, peer := blame(tcpLink{tr}, fmt.Errorf("%w: connection to rank 2 closed", fault.ErrPeerLost), 2)
+		tr.Record(peer, err)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ok, cerr := cs[1].Check(ctx, tr.goneKey(3))
+		cancel()
+		if cerr != nil {
+			t.Fatal(cerr)
+		}
+		if !ok {
+			missing++
+		}
+		<-done
+	}
+	if missing > 0 {
+		t.Errorf("%d of %d runs: Record returned before this rank's record was in the store", missing, runs)
 	}
 }

@@ -143,10 +143,11 @@ type Transport struct {
 	// that, so that no failure names a peer the loss would not.
 	losing    atomic.Bool
 	explained chan struct{}
-	// recorded is set by this rank's failure record (Record); goneBy
-	// bounds the store calls of the record and of Explain (GoneTimeout,
+	// recorded is set, under recordMu, by this rank's failure record
+	// (Record); goneBy bounds the look-ups of Explain (GoneTimeout,
 	// goneWait).
-	recorded   atomic.Bool
+	recordMu   sync.Mutex
+	recorded   bool
 	goneMu     sync.Mutex
 	goneBy     time.Time
 	goneWaited bool // goneBy was pushed to goneWait once
@@ -744,10 +745,11 @@ func (p *peer) lose(err error) error {
 	}
 	who, why := t.Explain(p.rank, err)
 	t.lost.Store(&loss{who, why})
+	// Recorded before Lost lets a caller go on to interrupt the link.
+	t.Record(who, why)
 	if t.explained != nil {
 		close(t.explained)
 	}
-	t.Record(who, why)
 	t.Interrupt()
 	return err
 }
