@@ -826,6 +826,9 @@ func (j *job) startTogether(ctx context.Context, n int, sigs chan os.Signal) err
 	why := err.Error()
 	if me, ok := errors.AsType[*rendezvous.MissingError](err); ok {
 		why = fmt.Sprintf("node rank(s) %v did not come to restart the workers in time: %v", me.Missing, me.Err)
+		if me.AllArrived {
+			why = fmt.Sprintf("every node came to restart the workers, but one did not finish (its launcher failed in between): %v", me.Err)
+		}
 	}
 	return fail(fmt.Sprintf("node %d gave up restarting the workers (attempt %d): %s", cfg.NodeRank, n, why), fmt.Errorf("launcher: node %d: restart (attempt %d): %s", cfg.NodeRank, n, why))
 }
@@ -1295,6 +1298,9 @@ func (j *job) joinNodes(ctx context.Context) error {
 				// Not proven to be the missing nodes' (a refused
 				// connection proved nothing), but likely.
 				refused = fmt.Sprintf(" (the store refused %d connection(s) meanwhile, not this job's: a node given another SLIME_JOB_SECRET or run id?)", n)
+			}
+			if me.AllArrived {
+				return fail(fmt.Errorf("node %d gave up: every node came, but one did not finish joining within %v (its launcher failed in between): %w", cfg.NodeRank, cfg.RdzvTimeout, me.Err))
 			}
 			return fail(fmt.Errorf("node %d gave up: node rank(s) %v did not join within %v%s: %w", cfg.NodeRank, me.Missing, cfg.RdzvTimeout, refused, me.Err))
 		}

@@ -452,9 +452,15 @@ type MissingError struct {
 	Name    string
 	Missing []int
 	Err     error
+	// AllArrived: every member's key is there, but one was not counted
+	// in (its call failed in between, and it did not call again).
+	AllArrived bool
 }
 
 func (e *MissingError) Error() string {
+	if e.AllArrived {
+		return fmt.Sprintf("rendezvous: barrier %q: every member arrived, but one was not counted in (its call failed between the two, and it did not call again): %v", e.Name, e.Err)
+	}
 	const show = 16
 	if len(e.Missing) > show {
 		return fmt.Sprintf("rendezvous: barrier %q: %v and %d more never arrived: %v", e.Name, e.Missing[:show], len(e.Missing)-show, e.Err)
@@ -501,6 +507,13 @@ func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
 	if err != nil {
 		return err
 	}
+	keys := func() []string {
+		keys := make([]string, size)
+		for i := range keys {
+			keys[i] = BarrierKey(name, i)
+		}
+		return keys
+	}
 	if created {
 		n, err := c.Add(ctx, name+"/arrived", 1)
 		if err != nil {
@@ -511,6 +524,14 @@ func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
 				return err
 			}
 		}
+	} else if err := c.Wait(ctx, keys()...); err == nil {
+		// An earlier call of this member arrived, and may have failed
+		// before it counted itself in: this one waits for every
+		// member's key instead (as many key slots, for this member
+		// alone), and completes the barrier.
+		if err := c.Set(ctx, name+"/all", nil); err != nil {
+			return err
+		}
 	}
 	err = c.Wait(ctx, name+"/all")
 	if err == nil {
@@ -520,29 +541,36 @@ func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
 	// all the checks together.
 	check, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	keys := make([]string, size)
-	for i := range keys {
-		keys[i] = BarrierKey(name, i)
-	}
-	return &MissingError{Name: name, Missing: c.missing(check, keys, 0), Err: err}
+	missing, known := c.missing(check, keys(), 0)
+	return &MissingError{Name: name, Missing: missing, Err: err, AllArrived: known && len(missing) == 0}
 }
 
 // missing returns the indices (from base) of keys that the store does not
 // hold, checking halves of a range that is not all there: a few calls
-// where few are missing, at most twice as many as keys where all are. It
-// reports what it learned before a check failed.
-func (c *Client) missing(ctx context.Context, keys []string, base int) []int {
+// where few are missing, at most twice as many as keys where all are.
+// known is false where a check failed: missing then holds what was
+// learned before.
+func (c *Client) missing(ctx context.Context, keys []string, base int) (missing []int, known bool) {
 	if len(keys) == 0 {
-		return nil
+		return nil, true
 	}
-	if ok, err := c.Check(ctx, keys...); err != nil || ok {
-		return nil
+	ok, err := c.Check(ctx, keys...)
+	if err != nil {
+		return nil, false
+	}
+	if ok {
+		return nil, true
 	}
 	if len(keys) == 1 {
-		return []int{base}
+		return []int{base}, true
 	}
 	h := len(keys) / 2
-	return append(c.missing(ctx, keys[:h], base), c.missing(ctx, keys[h:], base+h)...)
+	a, ka := c.missing(ctx, keys[:h], base)
+	if !ka {
+		return a, false
+	}
+	b, kb := c.missing(ctx, keys[h:], base+h)
+	return append(a, b...), kb
 }
 
 // AttemptPrefix starts every store key of one attempt of a job: a launcher

@@ -2,6 +2,8 @@ package rendezvous
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"strconv"
 	"sync"
 	"testing"
@@ -87,6 +89,51 @@ func TestBarrierOfManyMembers(t *testing.T) {
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+}
+
+// TestBarrierAfterUncountedArrival: member 0's first call created its key
+// and failed before it counted itself in (its deadline, a lost
+// connection): a second call of member 0, with the other members' calls,
+// must pass the barrier, as when arriving was one Set. Without that
+// second call, the barrier fails at its deadline saying so, not naming
+// members "never arrived" that all did.
+func TestBarrierAfterUncountedArrival(t *testing.T) {
+	_, dial := startCfg(t, ServerConfig{})
+	const P = 3
+	cs := make([]*Client, P)
+	for i := range cs {
+		cs[i] = dial()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, name := range []string{"again", "once"} {
+		if _, created, err := cs[0].CompareAndSet(ctx, BarrierKey(name, 0), nil, []byte{'1'}); err != nil || !created {
+			t.Fatal(created, err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, P)
+	for i := range P {
+		wg.Go(func() { errs[i] = cs[i].Barrier(ctx, "again", i, P) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("member %d: %v", i, err)
+		}
+	}
+	short, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer scancel()
+	for i := 1; i < P; i++ {
+		wg.Go(func() { errs[i] = cs[i].Barrier(short, "once", i, P) })
+	}
+	wg.Wait()
+	for i := 1; i < P; i++ {
+		var me *MissingError
+		if !errors.As(errs[i], &me) || len(me.Missing) != 0 || !strings.Contains(errs[i].Error(), "every member arrived") {
+			t.Errorf("member %d: %v; want every member arrived, one not counted", i, errs[i])
 		}
 	}
 }
