@@ -3,8 +3,8 @@ package rendezvous
 import (
 	"context"
 	"errors"
-	"strings"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
