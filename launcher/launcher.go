@@ -1308,13 +1308,16 @@ func (j *job) joinNodes(ctx context.Context) error {
 	}
 	// Past the barrier the other nodes start their workers: a node that
 	// gives up now fails the first attempt as a worker that could not
-	// start does (failedPrefix, then the attempt's waits), so that they
-	// end at once rather than wait for its ranks.
+	// start does (failedPrefix, then the attempt's waits, with a start
+	// failure's reason), so that they end at once, and do not restart,
+	// rather than wait for its ranks.
 	failStarted := func(err error) error {
-		reason := fmt.Sprintf("node %d gave up before it started its workers: %v", cfg.NodeRank, err)
+		// A start failure's reason (isStartFailure): the job ends, with no
+		// restart, as where a worker could not start.
+		rank := cfg.NodeRank * cfg.NProcPerNode
+		reason := startError(rank, fmt.Errorf("node %d gave up before it started its workers: %v", cfg.NodeRank, err)).Error()
 		actx, acancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer acancel()
-		rank := cfg.NodeRank * cfg.NProcPerNode
 		aerr := st.Abort(actx, failedPrefix(cfg.RunID, 0), rank, reason)
 		if aerr == nil {
 			aerr = st.Abort(actx, rendezvous.AttemptPrefix(cfg.RunID, 0), rank, reason)

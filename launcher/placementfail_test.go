@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -18,21 +19,29 @@ import (
 // when node 0 is already starting its workers. Node 1 must tell the
 // others, as a node whose worker could not start does: node 0 ends at
 // once naming node 1, rather than running its workers as if the job were
-// whole until they time out waiting for node 1's ranks.
+// whole until they time out waiting for node 1's ranks; with restarts
+// allowed too (a node that cannot start its workers is no worker's
+// failure: a restart would wait for workers that node never starts).
 func TestPlacementFailureAfterBarrierEndsJob(t *testing.T) {
+	for _, restarts := range []int{0, 1} {
+		t.Run(fmt.Sprintf("restarts=%d", restarts), func(t *testing.T) { placementFailure(t, restarts) })
+	}
+}
+
+func placementFailure(t *testing.T, restarts int) {
 	cpus, err := allowedCPUs()
 	if err != nil || len(cpus) < 1 {
 		t.Skip("no CPU list")
 	}
 	port := testbin.FreePort(t)
-	runID := "placefail"
+	runID := fmt.Sprintf("placefail%d", restarts)
 	secret := []byte("s")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var outs [2]syncBuffer
 	cfg := func(node int) Config {
 		return Config{NNodes: 2, NodeRank: node, NProcPerNode: 1, MasterAddr: "127.0.0.1", MasterPort: port, RunID: runID,
-			RdzvTimeout: 30 * time.Second, StopGrace: time.Second, BindToCore: true, JobSecret: secret,
+			RdzvTimeout: 30 * time.Second, StopGrace: time.Second, BindToCore: true, JobSecret: secret, MaxRestarts: restarts,
 			Env: []string{"PATH=" + os.Getenv("PATH")}, Program: "sh",
 			// A worker that stands for one waiting in Init for node 1's ranks.
 			Args:   []string{"-c", "sleep 25"},
