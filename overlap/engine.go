@@ -306,10 +306,12 @@ func (e *engine) drain(ctx context.Context, err error) error {
 	// run failed already (and a GPU path it breaks stays broken, for every
 	// later call to report), and the join only where the stream did.
 	_ = e.c.Synchronize(ctx, e.comm)
-	cerr := e.waitCompute(ctx)
-	if errors.Is(cerr, ErrComputeTimeout) && !errors.Is(err, ErrComputeTimeout) {
-		// That its GEMMs still run is said too.
-		err = fmt.Errorf("%w (and %w)", err, cerr)
+	if !errors.Is(err, ErrComputeTimeout) { // a wait that passed the bound is not made again
+		cerr := e.waitCompute(ctx)
+		if errors.Is(cerr, ErrComputeTimeout) {
+			// That its GEMMs still run is said too.
+			err = fmt.Errorf("%w (and %w)", err, cerr)
+		}
 	}
 	if !e.pending {
 		_ = e.joinCompute()

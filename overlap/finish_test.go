@@ -141,10 +141,17 @@ func TestSlowGEMMIsNoPeerTimeout(t *testing.T) {
 						if err := beforeRun.meet(); err != nil {
 							return err
 						}
+						// Each wait for the GEMMs lasts up to ComputeTimeout:
+						// a run that passed it waits no more.
+						waits := &countingSync{s: o.eng.computeSync}
+						o.eng.computeSync = waits
 						start := time.Now()
 						err = way.f64(o)(ctx)
 						took := time.Since(start)
 						t.Logf("rank %d: %s took %v: %v", c.Rank(), way.name, took.Round(time.Millisecond), err)
+						if n := waits.n.Load(); computeTimeout > 0 && n != 1 {
+							t.Errorf("rank %d: %s waited for its GEMMs %d times (each up to ComputeTimeout), want once", c.Rank(), way.name, n)
+						}
 						if computeTimeout == 0 && err != nil {
 							return fmt.Errorf("%s whose GEMMs took %v, under a %v peer timeout: %w", way.name, took.Round(time.Millisecond), timeout, err)
 						}
@@ -199,4 +206,17 @@ func (l *lineUp) meet() error {
 	case <-time.After(30 * time.Second):
 		return errors.New("the other ranks did not line up within 30 s")
 	}
+}
+
+// countingSync counts the engine's waits for its compute stream.
+type countingSync struct {
+	s interface {
+		SynchronizeBy(context.Context, time.Time) error
+	}
+	n atomic.Int32
+}
+
+func (c *countingSync) SynchronizeBy(ctx context.Context, d time.Time) error {
+	c.n.Add(1)
+	return c.s.SynchronizeBy(ctx, d)
 }
