@@ -174,3 +174,44 @@ func TestLinkStranger(t *testing.T) {
 		})
 	}
 }
+
+// TestLinkSilentStrangersFillPending: as many silent connections as rank
+// 0 greets at once reach its listener first; rank 1 then opens the link,
+// which must pair: the oldest handshake under way gives way to a new
+// connection (as the transport's do), and rank 1 dials again after a
+// failed handshake, until the deadline.
+func TestLinkSilentStrangersFillPending(t *testing.T) {
+	key := auth.NewKey([]byte("secret"), "job")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := l.(*net.TCPListener)
+	addr := ln.Addr().String()
+	for range linkMaxPending {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	deadline := time.Now().Add(4 * time.Second)
+	type dialed struct {
+		conns []*net.TCPConn
+		err   error
+	}
+	out := make(chan dialed, 1)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		conns, err := dialLink(addr, key, 2, deadline)
+		out <- dialed{conns, err}
+	}()
+	conns, err := acceptLink(context.Background(), ln, key, 2, deadline)
+	d := <-out
+	for _, c := range append(conns, d.conns...) {
+		c.Close()
+	}
+	if err != nil || d.err != nil {
+		t.Errorf("rank 0: %v\nrank 1: %v", err, d.err)
+	}
+}

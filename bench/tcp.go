@@ -210,8 +210,12 @@ const (
 	// transport's default, inter.DefaultHandshakeTimeout).
 	linkHandshake = inter.DefaultHandshakeTimeout
 	// linkMaxPending bounds the connections whose handshake is under way;
-	// those beyond are closed at once (rank 1 dials one at a time).
+	// beyond it the oldest is closed (rank 1 dials one at a time, and
+	// again after a failed handshake).
 	linkMaxPending = 32
+	// linkRedial is how long rank 1 waits before it dials again after a
+	// handshake that failed.
+	linkRedial = 50 * time.Millisecond
 )
 
 // openLink connects rank 0 and rank 1 of c with channels connections;
@@ -301,16 +305,27 @@ func dialLink(addr string, key auth.Key, channels int, deadline time.Time) ([]*n
 		return nil, fmt.Errorf("channel %d of %d: %s %s: %w", ch, channels, op, addr, err)
 	}
 	for ch := range channels {
-		conn, err := net.DialTimeout("tcp", addr, time.Until(deadline))
-		if err != nil {
-			return fail(ch, "dial", err)
-		}
-		tc := conn.(*net.TCPConn)
-		by := handshakeBy(deadline)
-		if err := auth.Connect(tc, key, linkPurpose, by); err != nil {
+		var tc *net.TCPConn
+		for {
+			conn, err := net.DialTimeout("tcp", addr, time.Until(deadline))
+			if err != nil {
+				return fail(ch, "dial", err)
+			}
+			tc = conn.(*net.TCPConn)
+			err = auth.Connect(tc, key, linkPurpose, handshakeBy(deadline))
+			if err == nil {
+				break
+			}
 			tc.Close()
-			return fail(ch, "handshake with", err)
+			// Rank 0 may have let this connection go for strangers'
+			// (its handshakes under way are bounded): dial again, until
+			// the deadline.
+			if time.Until(deadline) < linkRedial {
+				return fail(ch, "handshake with", err)
+			}
+			time.Sleep(linkRedial)
 		}
+		by := handshakeBy(deadline)
 		hello := make([]byte, 0, linkHelloSize)
 		hello = append(hello, linkMagic...)
 		hello = binary.LittleEndian.AppendUint32(hello, uint32(ch))
@@ -341,6 +356,8 @@ func acceptLink(ctx context.Context, ln *net.TCPListener, key auth.Key, channels
 	stop := make(chan struct{})
 	var mu sync.Mutex
 	pending := map[*net.TCPConn]bool{}
+	var order []*net.TCPConn // pending's, oldest first (and some no longer pending)
+	ended := false           // acceptLink is returning: no new handshake
 	var wg sync.WaitGroup
 	ln.SetDeadline(deadline)
 	wg.Add(1)
@@ -352,12 +369,28 @@ func acceptLink(ctx context.Context, ln *net.TCPListener, key auth.Key, channels
 				return
 			}
 			mu.Lock()
-			if len(pending) >= linkMaxPending {
+			if ended {
+				// accepted as acceptLink returned: closed now, not
+				// left to a handshake nobody waits for
 				mu.Unlock()
 				conn.Close()
-				continue
+				return
+			}
+			if len(pending) >= linkMaxPending {
+				// The oldest handshake under way gives way, as the
+				// transport's do: connections that say nothing would
+				// otherwise keep rank 1 out until the deadline.
+				for len(order) > 0 && !pending[order[0]] {
+					order = order[1:]
+				}
+				if len(order) > 0 {
+					delete(pending, order[0])
+					order[0].Close()
+					order = order[1:]
+				}
 			}
 			pending[conn] = true
+			order = append(order, conn)
 			mu.Unlock()
 			wg.Add(1)
 			go func() {
@@ -366,6 +399,7 @@ func acceptLink(ctx context.Context, ln *net.TCPListener, key auth.Key, channels
 				select {
 				case results <- greeted{conn, ch, err}:
 				case <-stop:
+					conn.Close() // a connection nobody took
 				}
 			}()
 		}
@@ -377,6 +411,7 @@ func acceptLink(ctx context.Context, ln *net.TCPListener, key auth.Key, channels
 		close(stop)
 		ln.Close()
 		mu.Lock()
+		ended = true
 		for c := range pending { // unblocks the handshakes under way
 			c.Close()
 		}
