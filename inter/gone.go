@@ -174,27 +174,25 @@ func goneWait(timeout time.Duration) time.Duration {
 	return min(max(timeout/4, GoneTimeout), MaxGoneWait)
 }
 
-// Record writes this rank's account of why it gives up (once per
-// transport; later calls write nothing, and return once the first one's
-// write has ended, so that no caller interrupts the link before the
-// account is in the store): it holds peer responsible (this rank itself
-// where peer < 0) for err. Where this rank's wait failed because a peer
-// gave up, err is what Explain returned, and the record passes that
-// peer's account on. The write takes at most GoneTimeout; a failure to
-// write is dropped: the peers then name this rank.
+// Record writes this rank's account of why it gives up: it holds peer
+// responsible (this rank itself where peer < 0) for err. A rank records
+// first the peer it waited for or lost (before it interrupts the link,
+// so that the peers that see it go find it), and then, where Explain
+// followed that peer's record to another rank, err is Explain's error and
+// the record is written again naming that rank, so that the ranks that
+// follow this one's record reach it in fewer steps; nothing after that.
+// Record returns once its write, or one under way, has ended, so that no
+// caller interrupts the link before the account is in the store. Each
+// write takes at most GoneTimeout; a failure to write is dropped: the
+// peers then name this rank.
 func (t *Transport) Record(peer int, err error) {
 	if err == nil || t.cfg.Store == nil {
 		return
 	}
-	t.recordMu.Lock()
-	defer t.recordMu.Unlock()
-	if t.recorded {
-		return
-	}
-	t.recorded = true
 	r := goneRecord{culprit: peer, witness: t.cfg.Rank, reason: account(err), waited: errors.Is(err, fault.ErrTimeout)}
 	var g *goneError
-	if errors.As(err, &g) {
+	explained := errors.As(err, &g)
+	if explained {
 		r = g.rec
 	}
 	var oe *fault.OpError
@@ -204,6 +202,12 @@ func (t *Transport) Record(peer int, err error) {
 	if r.culprit < 0 {
 		r.culprit = t.cfg.Rank
 	}
+	t.recordMu.Lock()
+	defer t.recordMu.Unlock()
+	if t.recorded && (t.recordedFinal || !explained || t.record == r) {
+		return
+	}
+	t.recorded, t.recordedFinal, t.record = true, explained, r
 	ctx, cancel := context.WithTimeout(context.Background(), GoneTimeout)
 	defer cancel()
 	_ = t.cfg.Store.Set(ctx, t.goneKey(t.cfg.Rank), r.encode())
@@ -235,13 +239,13 @@ func (t *Transport) Explain(p int, err error) (int, error) {
 	if errors.As(err, &g) {
 		return p, err // explained already
 	}
-	ctx, cancel := t.goneCtx(timeout)
-	defer cancel()
 	var last *goneRecord // the record that names the rank held responsible
 	cur, seen := p, map[int]bool{p: true}
 	wait := timeout
 	for range maxGoneHops {
+		ctx, cancel := t.goneCtx(wait)
 		r, ok, derr := t.lookGone(ctx, cur, wait)
+		cancel()
 		if derr != nil {
 			if last == nil {
 				return p, fmt.Errorf("%w (rank %d's failure record: %v)", err, cur, derr)

@@ -222,6 +222,7 @@ func (o *HierOpOver[M]) failDrained(err error, peer, recvd, sent int) error {
 	h.t.Record(q, err)
 	if p, why := h.t.Explain(q, err); why != err {
 		err, peer = why, p
+		h.t.Record(peer, err)
 	}
 	err = o.fail(err, peer)
 	h.t.Interrupt()

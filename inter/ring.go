@@ -159,6 +159,7 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 			r.t.Interrupt()
 			r.t.WaitSend(r.next)
 			peer, err = r.t.Explain(peer, err)
+			r.t.Record(peer, err)
 			return o.fail(err, peer)
 		}
 		serr := r.t.WaitSend(r.next)
@@ -167,6 +168,7 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 			err, peer := blame(r.t, serr, r.next)
 			r.t.Record(peer, err)
 			peer, err = r.t.Explain(peer, err)
+			r.t.Record(peer, err)
 			return o.fail(err, peer)
 		}
 		if cerr != nil {

@@ -143,11 +143,13 @@ type Transport struct {
 	// that, so that no failure names a peer the loss would not.
 	losing    atomic.Bool
 	explained chan struct{}
-	// recorded is set, under recordMu, by this rank's failure record
-	// (Record); goneBy bounds the look-ups of Explain (GoneTimeout,
-	// goneWait).
-	recordMu   sync.Mutex
-	recorded   bool
+	// recorded and what follows, under recordMu, are this rank's failure
+	// record (Record); goneBy bounds the look-ups of Explain
+	// (GoneTimeout, goneWait).
+	recordMu      sync.Mutex
+	recorded      bool       // a record was written: record
+	recordedFinal bool       // it was an explanation (Explain's), not to be written again
+	record        goneRecord
 	goneMu     sync.Mutex
 	goneBy     time.Time
 	goneWaited bool // goneBy was pushed to goneWait once
@@ -743,14 +745,18 @@ func (p *peer) lose(err error) error {
 	if err == nil || !errors.Is(err, fault.ErrPeerLost) || t.interrupted.Load() || !t.losing.CompareAndSwap(false, true) {
 		return err
 	}
+	// The peer lost is recorded before the link is interrupted, for the
+	// ranks that see this one go; then the loss is explained, and the
+	// explanation recorded, before Lost answers (and a caller interrupts
+	// the link itself, or records its own account).
+	t.Record(p.rank, err)
+	t.Interrupt()
 	who, why := t.Explain(p.rank, err)
 	t.lost.Store(&loss{who, why})
-	// Recorded before Lost lets a caller go on to interrupt the link.
 	t.Record(who, why)
 	if t.explained != nil {
 		close(t.explained)
 	}
-	t.Interrupt()
 	return err
 }
 
