@@ -147,12 +147,12 @@ type Transport struct {
 	// record (Record); goneBy bounds the look-ups of Explain
 	// (GoneTimeout, goneWait).
 	recordMu      sync.Mutex
-	recorded      bool       // a record was written: record
-	recordedFinal bool       // it was an explanation (Explain's), not to be written again
+	recorded      bool // a record was written: record
+	recordedFinal bool // it was an explanation (Explain's), not to be written again
 	record        goneRecord
-	goneMu     sync.Mutex
-	goneBy     time.Time
-	goneWaited bool // goneBy was pushed to goneWait once
+	goneMu        sync.Mutex
+	goneBy        time.Time
+	goneWaited    bool // goneBy was pushed to goneWait once
 }
 
 // loss is a transfer's failure with peer.
