@@ -12,6 +12,7 @@ import (
 
 	"github.com/slimego/slimego/inter"
 	"github.com/slimego/slimego/internal/fault"
+	"github.com/slimego/slimego/internal/verdict"
 	"github.com/slimego/slimego/intra"
 )
 
@@ -169,45 +170,7 @@ func decodeCall(v []byte, n int) (call, error) {
 // other group, or, on that rank, the reference's first rank; -1 when
 // every call agrees.
 func differs(calls []call, me int) (peer int, detail string) {
-	var groups [][]int // ranks with the same call, by first rank
-	for r, cl := range calls {
-		i := slices.IndexFunc(groups, func(g []int) bool { return sameCall(calls[g[0]], cl) })
-		if i < 0 {
-			groups = append(groups, []int{r})
-		} else {
-			groups[i] = append(groups[i], r)
-		}
-	}
-	if len(groups) < 2 {
-		return -1, ""
-	}
-	ref := 0
-	for i, g := range groups {
-		if len(g) > len(groups[ref]) {
-			ref = i
-		}
-	}
-	for i, g := range groups {
-		if i != ref && len(g) == len(groups[ref]) {
-			ref = 0 // a tie: no majority, rank 0's call is the reference
-			break
-		}
-	}
-	var parts []string
-	peer = -1
-	for i, g := range groups {
-		if i == ref {
-			continue
-		}
-		if peer < 0 {
-			peer = g[0]
-			if peer == me {
-				peer = groups[ref][0]
-			}
-		}
-		parts = append(parts, describeDiff(calls[g[0]], g, calls[groups[ref][0]], groups[ref]))
-	}
-	return peer, strings.Join(parts, "; ")
+	return verdict.Differs(calls, me, sameCall, describeDiff)
 }
 
 func sameCall(a, b call) bool {
@@ -275,29 +238,5 @@ func countList(s []int) string {
 	return strings.TrimSuffix(fmt.Sprint(s[:max]), "]") + " … (" + strconv.Itoa(len(s)) + " counts)]"
 }
 
-// rankList is "rank 3", "ranks 0 and 2", "ranks 0-2, 5 and 7": sorted
-// ranks, runs of three or more as ranges.
-func rankList(ranks []int) string {
-	var items []string
-	for i := 0; i < len(ranks); {
-		j := i
-		for j+1 < len(ranks) && ranks[j+1] == ranks[j]+1 {
-			j++
-		}
-		if j-i >= 2 {
-			items = append(items, fmt.Sprintf("%d-%d", ranks[i], ranks[j]))
-			i = j + 1
-			continue
-		}
-		items = append(items, strconv.Itoa(ranks[i]))
-		i++
-	}
-	word := "ranks "
-	if len(ranks) == 1 {
-		word = "rank "
-	}
-	if len(items) == 1 {
-		return word + items[0]
-	}
-	return word + strings.Join(items[:len(items)-1], ", ") + " and " + items[len(items)-1]
-}
+// rankList is verdict.RankList.
+func rankList(ranks []int) string { return verdict.RankList(ranks) }

@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/slimego/slimego/collective"
+	"github.com/slimego/slimego/internal/verdict"
 )
 
 // What the ranks compare at New. The gather's plans agree between ranks on
@@ -78,7 +76,7 @@ func agree(ctx context.Context, c *collective.Communicator, mine planned, bad er
 		p := recs[r]
 		return &collective.OpError{Op: "overlap-plan", Rank: me, Peer: r, Err: collective.ErrInvalid,
 			Detail: fmt.Sprintf("%s refused %s overlap plan as invalid (rank %d: shape %d×%d×%d of %d-byte elements on %d ranks: %s); no rank planned",
-				rankList(refusers), map[bool]string{true: "its", false: "their"}[len(refusers) == 1], r, p.m, p.n, p.k, p.esz, P, shapeFault(P, p.m, p.n, p.k, p.esz))}
+				verdict.RankList(refusers), map[bool]string{true: "its", false: "their"}[len(refusers) == 1], r, p.m, p.n, p.k, p.esz, P, shapeFault(P, p.m, p.n, p.k, p.esz))}
 	}
 	if peer, detail := differs(recs, me); peer >= 0 {
 		return &collective.OpError{Op: "overlap-plan", Rank: me, Peer: peer, Err: collective.ErrSizeMismatch,
@@ -99,44 +97,7 @@ func same(a, b planned) bool {
 // group, or, on that rank, the reference's first rank; -1 where every
 // plan agrees.
 func differs(recs []planned, me int) (peer int, detail string) {
-	var groups [][]int
-	for r, p := range recs {
-		i := slices.IndexFunc(groups, func(g []int) bool { return same(recs[g[0]], p) })
-		if i < 0 {
-			groups = append(groups, []int{r})
-		} else {
-			groups[i] = append(groups[i], r)
-		}
-	}
-	if len(groups) < 2 {
-		return -1, ""
-	}
-	ref := 0
-	for i, g := range groups {
-		if len(g) > len(groups[ref]) {
-			ref = i
-		}
-	}
-	for i, g := range groups {
-		if i != ref && len(g) == len(groups[ref]) {
-			ref = 0 // a tie: rank 0's plan is the reference
-			break
-		}
-	}
-	rp, rr := recs[groups[ref][0]], groups[ref]
-	var parts []string
-	peer = -1
-	for i, g := range groups {
-		if i == ref {
-			continue
-		}
-		if peer < 0 {
-			peer = g[0]
-			if peer == me {
-				peer = rr[0]
-			}
-		}
-		p := recs[g[0]]
+	return verdict.Differs(recs, me, same, func(p planned, g []int, rp planned, rr []int) string {
 		var what []string
 		for _, d := range []struct {
 			name string
@@ -153,33 +114,12 @@ func differs(recs []planned, me int) (peer int, detail string) {
 		if len(g) > 1 {
 			plan = "plan"
 		}
-		parts = append(parts, fmt.Sprintf("%s %s: %s %s %s, %s %s",
-			andList(what), differ, rankList(g), plan, describe(p), rankList(rr), describe(rp)))
-	}
-	return peer, strings.Join(parts, "; ")
+		return fmt.Sprintf("%s %s: %s %s %s, %s %s",
+			verdict.AndList(what), differ, verdict.RankList(g), plan, describe(p), verdict.RankList(rr), describe(rp))
+	})
 }
 
 // describe is "m=4 k=8 of 4-byte elements in 4 pieces".
 func describe(p planned) string {
 	return fmt.Sprintf("m=%d k=%d of %d-byte elements in %d pieces", p.m, p.k, p.esz, p.pieces)
-}
-
-// rankList is "rank 3" or "ranks 0, 2 and 5".
-func rankList(ranks []int) string {
-	s := make([]string, len(ranks))
-	for i, r := range ranks {
-		s[i] = strconv.Itoa(r)
-	}
-	if len(s) == 1 {
-		return "rank " + s[0]
-	}
-	return "ranks " + andList(s)
-}
-
-// andList is "a", "a and b", "a, b and c".
-func andList(s []string) string {
-	if len(s) < 2 {
-		return strings.Join(s, "")
-	}
-	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }
