@@ -726,7 +726,7 @@ func (t *Transport) Interrupt() {
 // interrupt caused it). err is nil while no peer was lost.
 func (t *Transport) Lost() (peer int, err error) {
 	if t.losing.Load() && t.explained != nil {
-		<-t.explained // bounded by GoneTimeout
+		<-t.explained // bounded: Explain's look-ups, a Record
 	}
 	if l := t.lost.Load(); l != nil {
 		return l.peer, l.err
@@ -737,18 +737,16 @@ func (t *Transport) Lost() (peer int, err error) {
 // lose returns err, a transfer's result with peer p, after recording it
 // as the link's loss and interrupting the link, where it is the first
 // peer lost (see Lost). Without it a call that had lost one peer went on
-// waiting for another, a late one, up to the call's deadline. The loss
-// is explained and this rank's failure record written before the link is
-// interrupted (see Record).
+// waiting for another, a late one, up to the call's deadline. The peer
+// lost is recorded (Record) before the link is interrupted; the loss is
+// explained, and the explanation recorded, before Lost answers.
 func (p *peer) lose(err error) error {
 	t := p.t
 	if err == nil || !errors.Is(err, fault.ErrPeerLost) || t.interrupted.Load() || !t.losing.CompareAndSwap(false, true) {
 		return err
 	}
-	// The peer lost is recorded before the link is interrupted, for the
-	// ranks that see this one go; then the loss is explained, and the
-	// explanation recorded, before Lost answers (and a caller interrupts
-	// the link itself, or records its own account).
+	// Recorded before the interrupt, for the ranks that see this one go;
+	// explained after it, so that they see it at once.
 	t.Record(p.rank, err)
 	t.Interrupt()
 	who, why := t.Explain(p.rank, err)
