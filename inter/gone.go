@@ -18,25 +18,29 @@ import (
 // neighbours would each name the neighbour whose connection closed, and
 // across nodes in hier a rank's node and rail peers would name the rank
 // that told them. So before a rank closes its connections, or tells its
-// node's ranks (Record), it writes in the store, under the transport's
-// key ("gone/<rank>"), the rank it holds responsible, the rank that saw
-// that one fail first-hand (the witness), and what the witness saw. A
-// rank whose wait for peer p failed because p gave up reads p's record
-// (Explain) and names the rank it holds responsible, and records that in
-// its turn, so that the first-hand account travels on unchanged.
+// node's ranks, it writes in the store (Record), under the transport's
+// key ("gone/<rank>"), the peer it lost or waited for in vain, and what
+// it saw. A rank whose wait for peer p failed because p gave up, or came
+// to nothing, reads p's record (Explain), follows the records from rank
+// to rank to one that has none (it died, or is the late one) or that
+// holds itself responsible, and names that rank with the account of the
+// rank that saw it (the witness); it then records that rank in its turn,
+// so that later readers take fewer steps.
 //
 // The record is written before the connections close, and a peer reads
 // it only after it saw them close, so it finds it (the store serves its
 // calls in order). A rank that died wrote nothing, and the peers that
-// saw it die name it themselves.
+// saw it die name it themselves. Ranks whose waits time out together
+// write theirs about the same time: a timed-out wait waits a while for
+// the records it follows (goneWait).
 
 // GoneTimeout bounds each part of one rank's account of a failure: its
 // look-ups of the records of the ranks it held responsible (Explain, all
-// of them together; a wait that timed out waits longer: goneWait), and
-// its own record (Record): where
-// the store is slow, or its connection busy with another call, a failure
-// reaches the rank's peers at most this much later than it would have,
-// and they name the nearer rank. A store that is connected but does not
+// of them together; where a record says its witness waited, goneWait),
+// and each of its own records (Record): where the store is slow, or its
+// connection busy with another call, a failure reaches the rank's peers
+// at most this much later than it would have, and they name the nearer
+// rank. A store that is connected but does not
 // answer at all (a stopped host) costs the client's answer slack
 // (rendezvous: 2 s) on top, once: the client then gives the connection
 // up, and the rest fails at once.
@@ -51,7 +55,7 @@ var ErrGoneRecord = errors.New("inter: malformed failure record")
 // goneRecord is one rank's account of why it gave up on a call.
 type goneRecord struct {
 	culprit int    // the rank it holds responsible
-	witness int    // the rank that saw the culprit fail first-hand
+	witness int    // the rank that saw the culprit fail or wait first-hand
 	reason  string // what the witness saw
 	// waited says the witness's wait for the culprit timed out: the
 	// culprit may be waiting in turn, and write a record of its own about
