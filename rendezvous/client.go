@@ -496,6 +496,9 @@ func BarrierKeys(name string, size int) []string {
 // sets name+"/all", which every member waits for. Each member so waits on
 // one key, and a barrier of P members costs the store O(P), where waiting
 // on every member's key cost P² key slots and as many checks per change.
+// A later call of a member whose key is there already (an earlier call
+// may have failed before it counted itself in) waits for every member's
+// key instead, and then sets name+"/all" itself.
 func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
 	if size > MaxCallKeys {
 		return fmt.Errorf("%w: barrier %q of %d members at %s: a barrier waits for at most %d", ErrBadRequest, name, size, c.addr, MaxCallKeys)
