@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,7 +32,11 @@ type Server struct {
 	conns   map[net.Conn]struct{}
 	pending []pendingConn // connections in their handshake, oldest first
 	aborts  []abortRecord // oldest first, at most maxAborts
-	waiting int           // requests blocked in handle
+	// abortAt indexes aborts by prefix, abortLens holds their prefixes'
+	// lengths, distinct and ascending (abortFor).
+	abortAt   map[string]int
+	abortLens []int
+	waiting   int // requests blocked in handle
 	// abortSeq counts the aborts recorded, deleteSeq the keys deleted
 	// (abortedWait).
 	abortSeq, deleteSeq uint64
@@ -738,7 +743,44 @@ func (s *Server) abort(prefix string, rank int, reason string) {
 	}
 	s.abortSeq++
 	s.aborts = append(s.aborts, abortRecord{prefix: prefix, rank: rank, reason: reason, seq: s.abortSeq})
+	s.abortAt, s.abortLens = make(map[string]int, len(s.aborts)), s.abortLens[:0]
+	for i, a := range s.aborts {
+		s.abortAt[a.prefix] = i // prefixes are distinct (above)
+		if j, found := slices.BinarySearch(s.abortLens, len(a.prefix)); !found {
+			s.abortLens = slices.Insert(s.abortLens, j, len(a.prefix))
+		}
+	}
 	s.notify()
+}
+
+// abortFor returns, under s.mu, the first abort from aborts[first:] whose
+// prefix starts key k. A waiter's first check takes each of its missing
+// keys (up to MaxCallKeys) against every abort recorded (up to
+// maxAborts): compared one by one, that held the server's lock for
+// seconds, and every other call, new connections' among them, waited.
+// The index looks up each length of prefix instead.
+func (s *Server) abortFor(k string, first int) (abortRecord, bool) {
+	if len(s.aborts)-first <= len(s.abortLens) {
+		for _, a := range s.aborts[first:] {
+			if strings.HasPrefix(k, a.prefix) {
+				return a, true
+			}
+		}
+		return abortRecord{}, false
+	}
+	best := -1
+	for _, n := range s.abortLens {
+		if n > len(k) {
+			break
+		}
+		if i, ok := s.abortAt[k[:n]]; ok && i >= first && (best < 0 || i < best) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return abortRecord{}, false
+	}
+	return s.aborts[best], true
 }
 
 // abortedWait reports, under s.mu, the abort that fails blocking request
@@ -761,10 +803,8 @@ func (s *Server) abortedWait(req *message, seen *waitScan) (abortRecord, bool) {
 		if _, ok := s.data[k]; ok {
 			continue
 		}
-		for _, a := range s.aborts[first:] {
-			if strings.HasPrefix(k, a.prefix) {
-				return a, true
-			}
+		if a, ok := s.abortFor(k, first); ok {
+			return a, true
 		}
 	}
 	return abortRecord{}, false
