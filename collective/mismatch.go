@@ -195,13 +195,13 @@ func describeDiff(a call, ra []int, b call, rb []int) string {
 		side := func(cl call, rs []int) string {
 			one := len(rs) == 1
 			if cl.refused == "" {
-				return fmt.Sprintf("%s called %s", rankList(rs), cl.name)
+				return fmt.Sprintf("%s called %s", verdict.RankList(rs), cl.name)
 			}
 			whose := "their"
 			if one {
 				whose = "its"
 			}
-			return fmt.Sprintf("%s refused %s %s call as invalid: %s", rankList(rs), whose, cl.name, cl.refused)
+			return fmt.Sprintf("%s refused %s %s call as invalid: %s", verdict.RankList(rs), whose, cl.name, cl.refused)
 		}
 		if a.refused == "" {
 			return side(b, rb) + "; " + side(a, ra)
@@ -209,14 +209,14 @@ func describeDiff(a call, ra []int, b call, rb []int) string {
 		return side(a, ra) + "; " + side(b, rb)
 	}
 	if a.name != b.name {
-		return fmt.Sprintf("%s %s %s, %s %s", rankList(ra), verb("calls", "call"), a.name, rankList(rb), b.name)
+		return fmt.Sprintf("%s %s %s, %s %s", verdict.RankList(ra), verb("calls", "call"), a.name, verdict.RankList(rb), b.name)
 	}
 	if ua, ok := uniform(a.sizes); ok {
 		if ub, ok := uniform(b.sizes); ok {
-			return fmt.Sprintf("%s %s %d bytes, %s %d", rankList(ra), verb("contributes", "contribute"), ua, rankList(rb), ub)
+			return fmt.Sprintf("%s %s %d bytes, %s %d", verdict.RankList(ra), verb("contributes", "contribute"), ua, verdict.RankList(rb), ub)
 		}
 	}
-	return fmt.Sprintf("%s's counts differ: %s passed %s, %s %s", rankList(ra), verb("it", "they"), countList(a.sizes), rankList(rb), countList(b.sizes))
+	return fmt.Sprintf("%s's counts differ: %s passed %s, %s %s", verdict.RankList(ra), verb("it", "they"), countList(a.sizes), verdict.RankList(rb), countList(b.sizes))
 }
 
 // uniform reports whether every size is the same, and which.
@@ -237,6 +237,3 @@ func countList(s []int) string {
 	}
 	return strings.TrimSuffix(fmt.Sprint(s[:max]), "]") + " … (" + strconv.Itoa(len(s)) + " counts)]"
 }
-
-// rankList is verdict.RankList.
-func rankList(ranks []int) string { return verdict.RankList(ranks) }

@@ -208,10 +208,10 @@ func (t *Transport) Record(peer int, err error) {
 	}
 	t.recordMu.Lock()
 	defer t.recordMu.Unlock()
-	if t.recorded && (t.recordedFinal || !explained || t.record == r) {
+	if t.recorded != nil && (t.recordedFinal || !explained || *t.recorded == r) {
 		return
 	}
-	t.recorded, t.recordedFinal, t.record = true, explained, r
+	t.recorded, t.recordedFinal = &r, explained
 	ctx, cancel := context.WithTimeout(context.Background(), GoneTimeout)
 	defer cancel()
 	_ = t.cfg.Store.Set(ctx, t.goneKey(t.cfg.Rank), r.encode())

@@ -147,9 +147,8 @@ type Transport struct {
 	// record (Record); goneBy bounds the look-ups of Explain
 	// (GoneTimeout, goneWait).
 	recordMu      sync.Mutex
-	recorded      bool // a record was written: record
-	recordedFinal bool // it was an explanation (Explain's), not to be written again
-	record        goneRecord
+	recorded      *goneRecord // the record written, nil before
+	recordedFinal bool        // it was an explanation (Explain's), not to be written again
 	goneMu        sync.Mutex
 	goneBy        time.Time
 	goneWaited    bool // goneBy was pushed to goneWait once
