@@ -87,6 +87,14 @@ func child() error {
 	if err != nil {
 		return err
 	}
+	// Memory freed after the endpoint's Close (deferred before it, so
+	// run after it): a link may be granting it until then.
+	var free []func()
+	defer func() {
+		for i := len(free) - 1; i >= 0; i-- {
+			free[i]()
+		}
+	}()
 	defer e.Close()
 	n, _ := strconv.Atoi(os.Getenv("P2P_SIZE"))
 	seed, _ := strconv.ParseUint(os.Getenv("P2P_SEED"), 10, 64)
@@ -106,7 +114,7 @@ func child() error {
 		if err != nil {
 			return err
 		}
-		defer g.Close()
+		free = append(free, func() { g.Close() })
 		b, err := g.Alloc(ctx, n)
 		if err != nil {
 			return err
@@ -116,7 +124,7 @@ func child() error {
 		if err != nil {
 			return err
 		}
-		defer sh.Close()
+		free = append(free, func() { sh.Close() })
 		buf, mem = b.Bytes(), sh // the group's mapping of the same pages
 	}
 	fill(buf, seed)
@@ -128,7 +136,7 @@ func child() error {
 		if err != nil {
 			return err
 		}
-		defer d.Free()
+		free = append(free, func() { d.Free() })
 		mem = d
 		fill(buf, seed+1)
 		if _, err := e.Register("host", buf); err != nil {
