@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -130,8 +131,7 @@ func (l *link) enableCMA(in info) bool {
 // /proc/pid/fd. A 4-tuple names one socket in a namespace, so no other
 // process can pass this for a link it does not hold.
 func (l *link) heldBy(pid int) bool {
-	type ends struct{ local, remote netip.AddrPort }
-	want := map[ends]bool{}
+	want := map[sockEnds]bool{}
 	for _, c := range l.conns {
 		lo, ok1 := c.c.LocalAddr().(*net.TCPAddr)
 		re, ok2 := c.c.RemoteAddr().(*net.TCPAddr)
@@ -139,25 +139,13 @@ func (l *link) heldBy(pid int) bool {
 			return false
 		}
 		la, ra := lo.AddrPort(), re.AddrPort()
-		want[ends{unmap(ra), unmap(la)}] = true
+		want[sockEnds{unmap(ra), unmap(la)}] = true
 	}
 	inodes := map[string]bool{}
 	dir := "/proc/" + strconv.Itoa(pid)
 	for _, table := range []string{"/net/tcp", "/net/tcp6"} {
-		b, err := os.ReadFile(dir + table)
-		if err != nil {
-			continue
-		}
-		for i, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			if i == 0 || len(f) < 10 {
-				continue
-			}
-			lo, err1 := procAddr(f[1])
-			re, err2 := procAddr(f[2])
-			if err1 == nil && err2 == nil && want[ends{lo, re}] && f[9] != "0" {
-				inodes["socket:["+f[9]+"]"] = true
-			}
+		if b, err := os.ReadFile(dir + table); err == nil {
+			tableInodes(b, want, inodes)
 		}
 	}
 	if len(inodes) != len(want) {
@@ -175,6 +163,91 @@ func (l *link) heldBy(pid int) bool {
 		}
 	}
 	return found == len(want)
+}
+
+// sockEnds is a TCP socket's local and remote address.
+type sockEnds struct{ local, remote netip.AddrPort }
+
+// tableInodes adds to inodes, as "socket:[inode]", the inode of each
+// socket in b (the text of a /proc/pid/net/tcp or tcp6) whose ends are in
+// want. A busy host's table lists every socket of the namespace, time-wait
+// ones too (tens of thousands), so lines are walked in place, and only
+// those whose local port is a wanted one are parsed.
+func tableInodes(b []byte, want map[sockEnds]bool, inodes map[string]bool) {
+	ports := map[uint16]bool{}
+	for e := range want {
+		ports[e.local.Port()] = true
+	}
+	first := true
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		if first { // the header
+			first = false
+			continue
+		}
+		var f [10][]byte
+		if fields(line, f[:2]) < 2 {
+			continue
+		}
+		if p, ok := hexPort(f[1]); !ok || !ports[p] || fields(line, f[:]) < len(f) {
+			continue
+		}
+		lo, err1 := procAddr(string(f[1]))
+		re, err2 := procAddr(string(f[2]))
+		if err1 == nil && err2 == nil && want[sockEnds{lo, re}] && string(f[9]) != "0" {
+			inodes["socket:["+string(f[9])+"]"] = true
+		}
+	}
+}
+
+// fields fills f with line's first len(f) fields (separated by spaces)
+// and returns how many it found.
+func fields(line []byte, f [][]byte) int {
+	n := 0
+	for n < len(f) {
+		for len(line) > 0 && line[0] == ' ' {
+			line = line[1:]
+		}
+		if len(line) == 0 {
+			break
+		}
+		i := bytes.IndexByte(line, ' ')
+		if i < 0 {
+			i = len(line)
+		}
+		f[n], line = line[:i], line[i:]
+		n++
+	}
+	return n
+}
+
+// hexPort is the port of a /proc/net/tcp address (the four hex digits
+// after its colon), or false where it has none.
+func hexPort(a []byte) (uint16, bool) {
+	i := bytes.LastIndexByte(a, ':')
+	if i < 0 || len(a)-i-1 != 4 {
+		return 0, false
+	}
+	var p uint16
+	for _, c := range a[i+1:] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		default:
+			return 0, false
+		}
+		p = p<<4 | uint16(c)
+	}
+	return p, true
 }
 
 // unmap is a as /proc/net/tcp shows it: IPv4 in IPv6 as IPv4, no zone.
