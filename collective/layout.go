@@ -76,7 +76,7 @@ func (c *Communicator) exchangeLayout(ctx context.Context, kind device.Kind) (la
 	for r := range all {
 		v, err := c.store.Get(ctx, c.key("layout/"+strconv.Itoa(r)))
 		if err != nil {
-			return layout{}, c.storeFault("init", err, r, fmt.Sprintf("rank %d never joined", r))
+			return layout{}, c.storeFault("init", err, r, fmt.Sprintf("waiting for rank %d to join", r))
 		}
 		if all[r], err = parseWhere(v); err != nil {
 			return layout{}, fault.New("init", o.Rank, r, ErrInvalid, "rank %d published the layout %.128q: %v", r, v, err)
@@ -89,7 +89,7 @@ func (c *Communicator) exchangeLayout(ctx context.Context, kind device.Kind) (la
 		}
 		// Set before the layout: there already.
 		if v, err = c.store.Get(ctx, c.key("knobs/"+strconv.Itoa(r))); err != nil {
-			return layout{}, c.storeFault("init", err, r, fmt.Sprintf("rank %d never joined", r))
+			return layout{}, c.storeFault("init", err, r, fmt.Sprintf("waiting for rank %d to join", r))
 		}
 		if knobs[r], err = parseKnobs(v); err != nil {
 			return layout{}, fault.New("init", o.Rank, r, ErrInvalid, "rank %d published the knobs %.128q: %v", r, v, err)
@@ -123,7 +123,7 @@ func (c *Communicator) sameWorld(ctx context.Context) error {
 	o := c.opts
 	v, err := c.store.Get(ctx, c.key("knobs/0"))
 	if err != nil {
-		return c.storeFault("init", err, 0, "rank 0 never joined")
+		return c.storeFault("init", err, 0, "waiting for rank 0 to join")
 	}
 	k0, err := parseKnobs(v)
 	if err != nil {

@@ -22,7 +22,8 @@ import (
 const abortInvalid = "invalid: "
 
 // storeFault turns an error of the store into the error a rank reports for
-// op. The store's own failures name who caused them:
+// op; what says what this rank was doing ("waiting for rank 3 to join"),
+// not why it failed. The store's own failures name who caused them:
 //   - an abort by a rank that found the ranks set up apart is ErrInvalid
 //     naming that rank, with its reason;
 //   - an abort (the launcher saw a rank exit) is ErrPeerLost naming that rank;
@@ -41,7 +42,9 @@ func (c *Communicator) storeFault(op string, err error, peer int, what string) e
 		// this rank waited for will never come, and the reason says why.
 		return fault.New(op, o.Rank, ae.Rank, ErrInvalid, "%s (found by rank %d, while this rank waited: %s)", ae.Reason[len(abortInvalid):], ae.Rank, what)
 	case errors.As(err, &ae):
-		return fault.New(op, o.Rank, ae.Rank, ErrPeerLost, "%s: %s", what, ae.Reason)
+		// The reason first: what this rank waited for (another rank's
+		// key, say) is not the cause, and that rank may be alive.
+		return fault.New(op, o.Rank, ae.Rank, ErrPeerLost, "%s (while this rank was %s)", ae.Reason, what)
 	case errors.Is(err, rendezvous.ErrConnLost):
 		host, hostRank := c.storeHost()
 		return fault.New(op, o.Rank, hostRank, ErrPeerLost, "%s: %s went away: %v", what, host, err)
