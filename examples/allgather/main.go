@@ -8,6 +8,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
+	"math/big"
 	"os"
 	"sort"
 	"time"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/pattern"
 )
 
@@ -29,7 +32,29 @@ func main() {
 	iters := pflag.Int("iters", 100, "timed iterations")
 	pflag.Parse()
 	if *mode != "intra" && *mode != "inter" {
-		fail("--mode %q: want intra or inter", *mode)
+		usage("--mode %q: want intra or inter", *mode)
+	}
+	for _, f := range []struct {
+		name string
+		n    int
+	}{{"m", *rows}, {"n", *cols}, {"iters", *iters}} {
+		if f.n < 1 {
+			usage("--%s %d: want a positive count", f.name, f.n)
+		}
+	}
+	// A rank holds its tensor twice (src and the reference) and everyone's
+	// once (dst): (P+2)·m·n float32s, counted without overflow.
+	if o, err := collective.LoadEnv(os.Getenv); err == nil {
+		need := new(big.Int).Mul(big.NewInt(int64(o.WorldSize+2)), big.NewInt(4))
+		need.Mul(need, big.NewInt(int64(*rows)))
+		need.Mul(need, big.NewInt(int64(*cols)))
+		limit, what := int64(math.MaxInt), "an int holds"
+		if avail, _, ok := machine.Memory(); ok && avail < limit {
+			limit, what = avail, "memory available"
+		}
+		if need.Cmp(big.NewInt(limit)) > 0 {
+			usage("--m %d --n %d on %d ranks: %s bytes a rank, more than the %d bytes of %s", *rows, *cols, o.WorldSize, need, limit, what)
+		}
 	}
 	kind, err := device.Parse(*backend)
 	if err != nil {
@@ -136,4 +161,11 @@ func f32bytes(s []float32) []byte {
 func fail(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "allgather: "+format+"\n", a...)
 	os.Exit(1)
+}
+
+// usage reports a bad flag and exits 2, as pflag does for one it cannot
+// parse.
+func usage(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "allgather: "+format+"\n", a...)
+	os.Exit(2)
 }

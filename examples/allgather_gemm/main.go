@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/big"
 	"math/rand/v2"
 	"os"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/overlap"
 )
 
@@ -31,6 +33,44 @@ func main() {
 	eager := pflag.Bool("eager-mode", false, "launch directly instead of replaying a captured graph (CUDA backend; the CPU backend always runs eagerly)")
 	backend := pflag.String("backend", "auto", "cpu, cuda or auto (cuda: cuBLAS, the gather by the communicator's GPU plans)")
 	pflag.Parse()
+	esz := map[string]int64{"float32": 4, "float64": 8}[*dtype]
+	if esz == 0 {
+		usage("--dtype %q: want float32 or float64", *dtype)
+	}
+	for _, f := range []struct {
+		name string
+		n    int
+	}{{"m", *m}, {"n", *n}, {"k", *k}, {"pieces", *pieces}, {"iters", *iters}} {
+		if f.n < 1 {
+			usage("--%s %d: want a positive count", f.name, f.n)
+		}
+	}
+	if *minPiece < -1 {
+		usage("--min-piece %d: want 0, -1 or a byte count", *minPiece)
+	}
+	// What a rank allocates, in elements, counted without overflow: A and
+	// B (m·k, k·n) twice (host and the Op's), C and the reference (P·m·n)
+	// twice, G and the gathered A (P·m·k) twice.
+	if o, err := collective.LoadEnv(os.Getenv); err == nil {
+		mul := func(x ...int) *big.Int {
+			r := big.NewInt(1)
+			for _, v := range x {
+				r.Mul(r, big.NewInt(int64(v)))
+			}
+			return r
+		}
+		P := o.WorldSize
+		need := new(big.Int).Add(mul(*m, *k), mul(*k, *n))
+		need.Add(need, mul(P, *m, *n)).Add(need, mul(P, *m, *k))
+		need.Mul(need, big.NewInt(2*esz))
+		limit, what := int64(math.MaxInt), "an int holds"
+		if avail, _, ok := machine.Memory(); ok && avail < limit {
+			limit, what = avail, "memory available"
+		}
+		if need.Cmp(big.NewInt(limit)) > 0 {
+			usage("--m %d --n %d --k %d of %s on %d ranks: about %s bytes a rank, more than the %d bytes of %s", *m, *n, *k, *dtype, P, need, limit, what)
+		}
+	}
 	kind, err := device.Parse(*backend)
 	if err != nil {
 		fail("%v", err)
@@ -46,8 +86,6 @@ func main() {
 		err = run[float32](ctx, c, *m, *n, *k, overlap.Options{Pieces: *pieces, MinPieceBytes: *minPiece}, *iters, 1e-5)
 	case "float64":
 		err = run[float64](ctx, c, *m, *n, *k, overlap.Options{Pieces: *pieces, MinPieceBytes: *minPiece}, *iters, 1e-12)
-	default:
-		err = fmt.Errorf("--dtype %q: want float32 or float64", *dtype)
 	}
 	if err != nil {
 		fail("%v", err)
@@ -122,4 +160,11 @@ func run[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n,
 func fail(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "allgather_gemm: "+format+"\n", a...)
 	os.Exit(1)
+}
+
+// usage reports a bad flag and exits 2, as pflag does for one it cannot
+// parse.
+func usage(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "allgather_gemm: "+format+"\n", a...)
+	os.Exit(2)
 }
