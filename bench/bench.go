@@ -1,4 +1,4 @@
-// Package bench measures AllGather the way ../shared/BENCH.md prescribes,
+// Package bench measures AllGather the way docs/BENCHMARKS.md prescribes,
 // so that slimego's figures stand beside nccl-tests, OpenMPI and Gloo: a
 // sweep of per-rank sizes, warm-up, then timed iterations (at least 5 and
 // at least 0.2 s), the median over iterations of the slowest rank's time,
@@ -394,7 +394,7 @@ func buffers(ctx context.Context, c *collective.Communicator, n int, inPlace, sy
 	return dst, src, free, nil
 }
 
-// timeRuns applies BENCH.md's timing to run on every rank: warm-up, an
+// timeRuns applies BENCHMARKS.md's timing to run on every rank: warm-up, an
 // iteration count every rank agrees on, each iteration between barriers,
 // the slowest rank's time of each, then the median; it fills res.
 //

@@ -212,7 +212,7 @@ func sweep(t *testing.T, P int, opts func(*collective.Options), cfg func(*collec
 }
 
 // TestTimeRule: without fixed counts the timed iterations last MinTime at
-// least (BENCH.md: at least 5 and 0.2 s per size), also where the calls
+// least (BENCHMARKS.md: at least 5 and 0.2 s per size), also where the calls
 // turn out faster than the warm-up's (here 2 ms warm, 20 µs timed), on
 // every rank alike.
 func TestTimeRule(t *testing.T) {
@@ -371,7 +371,7 @@ func TestWrongCountsEachByteOnce(t *testing.T) {
 }
 
 // TestProgressRow: the progress line after each size carries the row
-// BENCH.md leads with, out of place (the table's first columns, the one
+// BENCHMARKS.md leads with, out of place (the table's first columns, the one
 // "Avg bus bandwidth" averages), not the in-place row that happens to
 // finish the size.
 func TestProgressRow(t *testing.T) {

@@ -33,7 +33,7 @@ type OverlapResult struct {
 const noisyShare = overlap.NoisyShare
 
 // NoisyRows says, one line each, which of rs have an efficiency that is
-// mostly noise (overlap.Times.Noisy): the CSV's columns are BENCH.md's,
+// mostly noise (overlap.Times.Noisy): the CSV's columns are BENCHMARKS.md's,
 // so a CSV's reader learns it beside the rows (on stderr), as the table's
 // reader does from its '*'.
 func NoisyRows(rs []OverlapResult) []string {
@@ -51,7 +51,7 @@ func (r OverlapResult) noisy() bool {
 	return overlap.Times{Comm: r.Comm, GEMM: r.GEMM, Seq: r.Seq}.Noisy()
 }
 
-// OverlapCSVHeader is ../shared/BENCH.md's column list.
+// OverlapCSVHeader is docs/BENCHMARKS.md's column list.
 var OverlapCSVHeader = []string{"impl", "backend", "mode", "P", "m", "n", "k", "dtype", "t_comm_us", "t_gemm_us", "t_seq_us", "t_overlap_us", "efficiency"}
 
 // WriteOverlapCSV writes rs with OverlapCSVHeader.

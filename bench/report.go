@@ -13,7 +13,7 @@ import (
 	"github.com/slimego/slimego/internal/bytesize"
 )
 
-// CSVHeader is the column list of ../shared/BENCH.md.
+// CSVHeader is the column list of docs/BENCHMARKS.md.
 var CSVHeader = []string{"impl", "backend", "mode", "P", "nodes", "S", "median_us", "algbw_GBps", "busbw_GBps", "wrong"}
 
 // implName tells in-place rows apart in CSV and JSON.

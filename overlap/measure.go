@@ -10,7 +10,7 @@ import (
 )
 
 // Times are the medians, over iterations, of the slowest rank's time of
-// each way to compute C (µs), as ../shared/BENCH.md defines them.
+// each way to compute C (µs), as docs/BENCHMARKS.md defines them.
 type Times struct {
 	Comm, GEMM, Seq, Overlap float64
 	// CommCPU and GEMMCPU are the fractions of the machine's processor

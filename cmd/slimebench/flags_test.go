@@ -170,7 +170,7 @@ func TestExitCodes(t *testing.T) {
 	}
 }
 
-// TestSweepBounds: bounds alone sweep BENCH.md's sizes between them and
+// TestSweepBounds: bounds alone sweep BENCHMARKS.md's sizes between them and
 // the bounds themselves (-e 64M alone was a ×8 grid that skipped 1M, 4M
 // and 64M); a step factor gives nccl-tests' grid, up to the bound.
 func TestSweepBounds(t *testing.T) {

@@ -67,7 +67,7 @@ func TestRunsTooLarge(t *testing.T) {
 }
 
 // TestHelpDefaults: the sweep flags' help says what a run without them
-// measures (BENCH.md's size list, or tcp's and link's), and shows no
+// measures (BENCHMARKS.md's size list, or tcp's and link's), and shows no
 // default values: giving those would sweep a ×8 grid instead.
 func TestHelpDefaults(t *testing.T) {
 	bin := slimebench(t)

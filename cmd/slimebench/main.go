@@ -1,4 +1,4 @@
-// Command slimebench measures slimego as ../shared/BENCH.md prescribes.
+// Command slimebench measures slimego as docs/BENCHMARKS.md prescribes.
 //
 //	slimerun --standalone --nproc-per-node 2 slimebench allgather -b 8 -e 64M -f 8
 //	slimebench memcpy -b 8 -e 64M [--threads 2] [--gather]
@@ -212,7 +212,7 @@ func sweepFlags(fs *pflag.FlagSet, list []int64) sweep {
 	return sweep{
 		fs: fs,
 		min: fs.StringP("min-bytes", "b", "", "smallest per-rank size (suffixes K, M, G). Without -b, -e and -f the sizes are "+
-			strings.Join(names, ", ")+"; -b or -e alone: ../shared/BENCH.md's sizes between the bounds, and the bounds; "+
+			strings.Join(names, ", ")+"; -b or -e alone: docs/BENCHMARKS.md's sizes between the bounds, and the bounds; "+
 			"-f: nccl-tests' grid, -b, -b·f, … up to -e (-b 8, -e 64M where not given)"),
 		max:    fs.StringP("max-bytes", "e", "", "largest per-rank size (see --min-bytes)"),
 		factor: fs.StringP("step-factor", "f", "", "multiply the size by this between steps (see --min-bytes)"),
@@ -243,7 +243,7 @@ func gridFlags(fs *pflag.FlagSet, min, max, factor, what string) sweep {
 	}
 }
 
-// defaultSizes is ../shared/BENCH.md's sweep.
+// defaultSizes is docs/BENCHMARKS.md's sweep.
 var defaultSizes = []int64{8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}
 
 // linkSizes are tcp's and link's sizes where no sweep flag is given.
@@ -273,7 +273,7 @@ func (s sweep) sizes() ([]int64, error) {
 		return nil, usagef("%s: --min-bytes %s, --max-bytes %s, --step-factor %s: %w", cmd, minB, maxB, factor, err)
 	}
 	if !s.grid && !s.fs.Changed("step-factor") {
-		// Bounds alone: BENCH.md's sizes between them, and the bounds
+		// Bounds alone: BENCHMARKS.md's sizes between them, and the bounds
 		// themselves (a step factor gives nccl-tests' grid instead:
 		// min, min·f, … up to max).
 		sizes = []int64{lo}
@@ -831,7 +831,7 @@ func linkCmd(args []string) error {
 	lowat := fs.String("lowat", "", "receive low-water mark bound, the transport's and the raw link's (default: SLIME_RCVLOWAT, else 4M; -1: none)")
 	minIters := fs.IntP("iters", "n", 5, "least timed iterations per size (each times the link twice and the all-gather out of place and in place)")
 	minTime := fs.Duration("min-time", time.Second, "time each way fills per size, at least")
-	asCSV := fs.Bool("csv", false, "print CSV rows of ../shared/BENCH.md (impl tcp-N-duplex[-lowatB], slimego, slimego/in-place) instead of the table")
+	asCSV := fs.Bool("csv", false, "print CSV rows of docs/BENCHMARKS.md (impl tcp-N-duplex[-lowatB], slimego, slimego/in-place) instead of the table")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
@@ -1296,7 +1296,7 @@ func compare(args []string) error {
 	fs.Usage = func() {
 		fmt.Fprint(os.Stderr, `usage: slimebench compare BASE.csv OTHER.csv ...
 
-Prints the CSV files' rows side by side (BENCH.md's columns, as
+Prints the CSV files' rows side by side (BENCHMARKS.md's columns, as
 slimebench allgather --csv writes them), the first file's implementation
 as the base, with each other's time over the base's. Rows match by P,
 size and placement; a row with no match shows '-'. Files of the same

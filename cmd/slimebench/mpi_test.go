@@ -44,7 +44,7 @@ static int MPI_Reduce(const void *s, void *r, int n, MPI_Datatype d, MPI_Op o, i
 // TestMPISweepMatches: bench/mpi's OpenMPI program sweeps the sizes that
 // slimebench allgather sweeps for the same -b, -e and -f (make bench
 // passes BENCH_ARGS to both, and compare matches rows by size): bounds
-// alone are BENCH.md's sizes between them and the bounds themselves, a
+// alone are BENCHMARKS.md's sizes between them and the bounds themselves, a
 // step factor nccl-tests' grid. Built against a one-rank MPI stub.
 func TestMPISweepMatches(t *testing.T) {
 	cc, err := exec.LookPath("cc")
