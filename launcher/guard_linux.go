@@ -104,6 +104,7 @@ func startGuard(stderr io.Writer) (*guard, error) {
 	}
 	defer r.Close()
 	cmd := exec.Command("/proc/self/exe", guardArg)
+	cmd.Args[0] = "slimerun-guard" // its command line in ps -ef and ps aux
 	cmd.Env = append(os.Environ(), guardEnv+"=1")
 	cmd.Stdin, cmd.Stderr = r, os.Stderr
 	if f, ok := stderr.(*os.File); ok {
