@@ -33,3 +33,70 @@ func TestConsoleGoneWarned(t *testing.T) {
 		t.Errorf("%d warnings of the console gone, want 1:\n%s", n, errb.String())
 	}
 }
+
+// waitFor waits up to limit for s to read want, and returns what it reads.
+func waitFor(s *syncBuffer, want string, limit time.Duration) string {
+	for end := time.Now().Add(limit); ; time.Sleep(10 * time.Millisecond) {
+		if got := s.String(); got == want || time.Now().After(end) {
+			return got
+		}
+	}
+}
+
+// TestPrefixWriterPrompt: a partial line that waits (a prompt: pdb's
+// "(Pdb) ", input()) reaches the console behind its prefix, and its
+// continuation follows it without a second prefix; another writer's line
+// in between first ends it with a newline (the rest then has its prefix
+// again); flush ends a line left shown and unfinished.
+func TestPrefixWriterPrompt(t *testing.T) {
+	var out syncBuffer
+	con := new(console)
+	p := &prefixWriter{con: con, out: &out, prefix: "[0]: "}
+	q := &prefixWriter{con: con, out: &out, prefix: "[1]: "}
+	want := ""
+	step := func(what string, w *prefixWriter, s, shows string) {
+		t.Helper()
+		w.Write([]byte(s))
+		want += shows
+		if got := waitFor(&out, want, 5*time.Second); got != want {
+			t.Fatalf("%s: the console reads %q, want %q", what, got, want)
+		}
+	}
+	step("a prompt", p, "(Pdb) ", "[0]: (Pdb) ")
+	step("its answer", p, "10\n", "10\n")
+	step("a prompt again", p, "(Pdb) ", "[0]: (Pdb) ")
+	step("another rank's line", q, "hello\n", "\n[1]: hello\n")
+	step("the rest, after it", p, "20\n", "[0]: 20\n")
+	step("a line written slowly", p, "loading... ", "[0]: loading... ")
+	step("its end", p, "done\n", "done\n")
+	step("a progress bar", p, " 10%", "[0]:  10%")
+	step("its update", p, "\r 20%", "\r[0]:  20%")
+	step("a last partial line", p, "\nbye", "\n[0]: bye")
+	p.flush()
+	if got := out.String(); got != want+"\n" {
+		t.Fatalf("after flush the console reads %q, want %q", got, want+"\n")
+	}
+}
+
+// TestPromptShown: a worker's prompt (no newline) reaches slimerun's
+// console while the worker waits, not only when it exits.
+func TestPromptShown(t *testing.T) {
+	var out, errb syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{NProcPerNode: 1, Standalone: true, StopGrace: time.Second,
+			Program: "sh", Args: []string{"-c", "printf 'name? '; sleep 3; echo"},
+			Env: []string{"PATH=" + os.Getenv("PATH")}, Stdout: &out, Stderr: &errb})
+	}()
+	if got := waitFor(&out, "[0]: name? ", 2*time.Second); got != "[0]: name? " {
+		t.Errorf("2 s into the worker's wait the console reads %q, want the prompt", got)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	if got := out.String(); got != "[0]: name? \n" {
+		t.Errorf("at the end the console reads %q", got)
+	}
+}

@@ -1713,13 +1713,13 @@ func (e exit) failed() bool { return e.err != nil || e.status != 0 }
 func (j *job) runAttempt(ctx context.Context, attempt int, sigs <-chan os.Signal) error {
 	cfg := j.cfg
 	defer j.aborts.Wait()
-	var consoleMu sync.Mutex
+	var con console
 	workers := make([]*worker, cfg.NProcPerNode)
 	exits := make(chan exit, cfg.NProcPerNode)
 	started := 0
 	var startErr error
 	for local := range cfg.NProcPerNode {
-		w, err := j.startWorker(attempt, local, &consoleMu)
+		w, err := j.startWorker(attempt, local, &con)
 		if err != nil {
 			startErr = err
 			break
@@ -2226,7 +2226,7 @@ func workerError(ex exit, attempt int) error {
 	return we
 }
 
-func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, error) {
+func (j *job) startWorker(attempt, local int, con *console) (*worker, error) {
 	cfg := j.cfg
 	rank := cfg.NodeRank*cfg.NProcPerNode + local
 	w := &worker{local: local, rank: rank}
@@ -2312,7 +2312,7 @@ func (j *job) startWorker(attempt, local int, consoleMu *sync.Mutex) (*worker, e
 			outs = append(outs, &logWriter{f: f, warnf: cfg.Warnf, what: "rank " + itoa(rank) + "'s " + s.name + " log"})
 		}
 		if (redir&s.bit == 0 || tee&s.bit != 0) && (cfg.ConsoleRanks == nil || slices.Contains(cfg.ConsoleRanks, local)) {
-			pw := &prefixWriter{mu: consoleMu, out: s.console, prefix: prefix, gone: j.consoleGone(s.name)}
+			pw := &prefixWriter{con: con, out: s.console, prefix: prefix, gone: j.consoleGone(s.name)}
 			w.consoles = append(w.consoles, pw)
 			outs = append(outs, pw)
 		}
@@ -2422,19 +2422,38 @@ func (j *job) consoleOnce(name string) *sync.Once {
 	return &j.errGone
 }
 
-// prefixWriter writes whole lines to out, each behind prefix; a partial
-// line waits for its end, or for flush once the worker has exited.
+// console is what the prefixWriters of an attempt share: the lock that
+// keeps their lines whole, and which of them, if any, left a line
+// unfinished on its output (a prompt shown before its newline).
+type console struct {
+	mu   sync.Mutex
+	open *prefixWriter
+}
+
+// partialDelay is how long a partial line waits for its end before it is
+// shown as it is: a prompt (pdb's "(Pdb) ", input()) ends in no newline,
+// and the user must see it before typing.
+const partialDelay = 100 * time.Millisecond
+
+// prefixWriter writes lines to out, each behind prefix. A partial line
+// waits for its end, for partialDelay, or for flush once the worker has
+// exited; shown unfinished, it is continued without a second prefix
+// unless another writer's line came in between (which first ends it with
+// a newline).
 type prefixWriter struct {
-	mu     *sync.Mutex
+	con    *console
 	out    io.Writer
 	prefix string
 	buf    []byte
+	timer  *time.Timer // shows the partial line in buf; nil until one waits
 	// gone, if set, is called when a write to out fails (the console's
 	// reader has gone: slimerun ... | head).
 	gone func(error)
 }
 
 func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.con.mu.Lock()
+	defer p.con.mu.Unlock()
 	p.buf = append(p.buf, b...)
 	for {
 		// A line ends at '\n', or at a '\r' that rewrites it in place
@@ -2460,35 +2479,83 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		if i == 0 && p.buf[0] == '\r' { // nothing to rewrite: the prefix starts the update
+		if i == 0 && p.buf[0] == '\r' {
+			// Nothing of this line shown, nothing to rewrite: the prefix
+			// starts the update. Where its start is shown, back to it.
+			if p.con.open == p && !p.emit([]byte{'\r'}, true) {
+				return len(b), nil
+			}
 			p.buf = p.buf[1:]
 			continue
 		}
-		p.mu.Lock()
-		_, err := io.WriteString(p.out, p.prefix+string(p.buf[:i+1]))
-		p.mu.Unlock()
-		if err != nil {
-			if p.gone != nil {
-				p.gone(err)
-			}
+		if !p.emit(p.buf[:i+1], true) {
 			return len(b), nil // a broken console must not stop the worker
 		}
 		p.buf = p.buf[i+1:]
 	}
 	if len(p.buf) > 64<<10 { // an endless line: emit what we have
-		p.mu.Lock()
-		io.WriteString(p.out, p.prefix+string(p.buf)+"\n")
-		p.mu.Unlock()
+		if !p.emit(append(p.buf, '\n'), true) {
+			return len(b), nil
+		}
 		p.buf = p.buf[:0]
+	}
+	if len(p.buf) > 0 && p.timer == nil {
+		p.timer = time.AfterFunc(partialDelay, p.showPartial)
 	}
 	return len(b), nil
 }
 
+// showPartial shows the partial line that has waited partialDelay, but a
+// '\r' at its end (the start of "\r\n", maybe).
+func (p *prefixWriter) showPartial() {
+	p.con.mu.Lock()
+	defer p.con.mu.Unlock()
+	p.timer = nil
+	n := len(p.buf)
+	if n > 0 && p.buf[n-1] == '\r' {
+		n--
+	}
+	if n > 0 && p.emit(p.buf[:n], false) {
+		p.buf = p.buf[n:]
+	}
+}
+
+// emit writes line to p.out, behind the prefix unless it continues p's
+// unfinished line, after ending another writer's unfinished line; whole
+// says that line ends p's (p.con.mu is held). It reports false where out
+// failed.
+func (p *prefixWriter) emit(line []byte, whole bool) bool {
+	head := p.prefix
+	if o := p.con.open; o == p {
+		head = ""
+	} else if o != nil {
+		io.WriteString(o.out, "\n")
+	}
+	p.con.open = nil
+	if !whole {
+		p.con.open = p
+	}
+	if _, err := io.WriteString(p.out, head+string(line)); err != nil {
+		p.con.open = nil
+		if p.gone != nil {
+			p.gone(err)
+		}
+		return false
+	}
+	return true
+}
+
+// flush ends what is pending once the worker has exited: its partial
+// line, shown or not, ends with a newline.
 func (p *prefixWriter) flush() {
-	if len(p.buf) > 0 {
-		p.mu.Lock()
-		io.WriteString(p.out, p.prefix+string(p.buf)+"\n")
-		p.mu.Unlock()
+	p.con.mu.Lock()
+	defer p.con.mu.Unlock()
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	if len(p.buf) > 0 || p.con.open == p {
+		p.emit(append(p.buf, '\n'), true)
 		p.buf = p.buf[:0]
 	}
 }

@@ -59,7 +59,7 @@ func TestPrefixWriterLines(t *testing.T) {
 		{"over 64 KiB is emitted", []string{big + "a", "b\n"}, "[0]: " + big + "a\n[0]: b\n"},
 	} {
 		var out bytes.Buffer
-		p := &prefixWriter{mu: new(sync.Mutex), out: &out, prefix: "[0]: "}
+		p := &prefixWriter{con: new(console), out: &out, prefix: "[0]: "}
 		for _, w := range tc.writes {
 			if n, err := p.Write([]byte(w)); n != len(w) || err != nil {
 				t.Errorf("%s: Write = %d, %v; want %d, nil", tc.name, n, err, len(w))
@@ -82,7 +82,7 @@ func TestPrefixWriterLines(t *testing.T) {
 // newline (a whole epoch) or 64 KiB. "\r\n" still ends one line.
 func TestPrefixWriterCarriageReturn(t *testing.T) {
 	var out bytes.Buffer
-	p := &prefixWriter{mu: new(sync.Mutex), out: &out, prefix: "[0]: "}
+	p := &prefixWriter{con: new(console), out: &out, prefix: "[0]: "}
 	for _, w := range []string{"\r 10%|#", "\r 20%|##", "\r 30%|###"} {
 		p.Write([]byte(w))
 	}
