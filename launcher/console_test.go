@@ -2,7 +2,9 @@ package launcher
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -98,5 +100,39 @@ func TestPromptShown(t *testing.T) {
 	}
 	if got := out.String(); got != "[0]: name? \n" {
 		t.Errorf("at the end the console reads %q", got)
+	}
+}
+
+// TestLogDirAnnounced: output redirected without a log directory goes to
+// a new one, which the launcher names even when it reports no progress
+// (slimerun -q): it was made silently, and the user could not find it.
+func TestLogDirAnnounced(t *testing.T) {
+	var out, errb syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var warned []string
+	err := Run(ctx, Config{NProcPerNode: 1, Standalone: true, StopGrace: time.Second, Redirects: []Std{Stdout},
+		Program: "sh", Args: []string{"-c", "echo redirected"},
+		Env: []string{"PATH=" + os.Getenv("PATH")}, Stdout: &out, Stderr: &errb,
+		Warnf: func(f string, a ...any) { warned = append(warned, fmt.Sprintf(f, a...)) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dir string
+	for _, w := range warned {
+		if i := strings.Index(w, os.TempDir()+"/slimerun-"); i >= 0 {
+			dir = strings.Fields(w[i:])[0]
+		}
+	}
+	if dir == "" {
+		t.Fatalf("no warning names the log directory made: %q", warned)
+	}
+	defer os.RemoveAll(dir)
+	logs, _ := filepath.Glob(filepath.Join(dir, "*", "attempt_0", "0", "stdout.log"))
+	if len(logs) != 1 {
+		t.Fatalf("%s holds no stdout.log of rank 0", dir)
+	}
+	if b, _ := os.ReadFile(logs[0]); string(b) != "redirected\n" {
+		t.Fatalf("%s reads %q", logs[0], b)
 	}
 }

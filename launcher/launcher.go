@@ -2344,7 +2344,9 @@ func openLog(cfg *Config, attempt, local int, name string) (*os.File, error) {
 			return nil, err
 		}
 		cfg.LogDir = d
-		cfg.Logf("logs in %s", d)
+		// Said even where Logf is silent: the user named no directory,
+		// and could not find this one otherwise.
+		cfg.Warnf("no log directory given (--log-dir): logs in %s", d)
 	}
 	dir := filepath.Join(cfg.LogDir, cfg.RunID, "attempt_"+strconv.Itoa(attempt), strconv.Itoa(local))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
