@@ -143,7 +143,10 @@ type Config struct {
 
 	Program string
 	Args    []string
-	Env     []string // base environment; os.Environ() when nil
+	// Script, if set, is a file Program runs (a Python script): where it
+	// is missing, the program is, as where Program is not found.
+	Script string
+	Env    []string // base environment; os.Environ() when nil
 	// Stdin is every worker's standard input, as torchrun's workers
 	// inherit its own (slimerun gives os.Stdin); nil: /dev/null.
 	Stdin  *os.File
@@ -553,9 +556,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Program != "" {
 		if _, err := exec.LookPath(cfg.Program); err != nil {
 			noProgram = fmt.Errorf("%w: %v", ErrBadConfig, err)
-			if cfg.NNodes == 1 {
-				return noProgram
+		} else if cfg.Script != "" {
+			if _, err := os.Stat(cfg.Script); err != nil {
+				noProgram = fmt.Errorf("%w: the program's script: %v", ErrBadConfig, err)
 			}
+		}
+		if noProgram != nil && cfg.NNodes == 1 {
+			return noProgram
 		}
 	}
 	if cfg.RunID == "" {

@@ -234,6 +234,7 @@ func run(args []string) int {
 	case *module:
 		cfg.Program, cfg.Args = python(), append([]string{"-u", "-m", cfg.Program}, cfg.Args...)
 	case !*noPython && strings.HasSuffix(cfg.Program, ".py"):
+		cfg.Script = cfg.Program
 		cfg.Program, cfg.Args = python(), append([]string{"-u", cfg.Program}, cfg.Args...)
 	}
 	if !*quiet {

@@ -238,42 +238,47 @@ func startFailureStopsOtherNodes(t *testing.T, restarts string) {
 // exist there fails its launcher as bad usage (exit 2) and, across
 // nodes, first calls the rendezvous off: the other node fails within
 // seconds naming that node and the program, not at its rendezvous
-// timeout (a minute here). Either node may be the one missing it.
+// timeout (a minute here). Either node may be the one missing it, and
+// the program may be a Python script (run by python3) that is missing.
 func TestMissingProgramCallsOffRendezvous(t *testing.T) {
-	for _, bad := range []int{0, 1} {
-		t.Run("node"+strconv.Itoa(bad), func(t *testing.T) {
-			port := freePortString(t)
-			missing := filepath.Join(t.TempDir(), "no-such-program")
-			var outs [2]*os.File
-			var dones [2]chan error
-			t0 := time.Now()
-			for n := range 2 {
-				prog := "true"
-				if n == bad {
-					prog = missing
-				}
-				_, outs[n], dones[n] = startSlimerun(t, "no-program", "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
-					"--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-timeout", "60s", prog)
-			}
-			for n := range 2 {
-				want := 1
-				if n == bad {
-					want = 2
-				}
-				code, ok := exited(dones[n], 20*time.Second)
-				if !ok {
-					t.Fatalf("node %d still runs %v after the start:\nnode 0:\n%s\nnode 1:\n%s", n, time.Since(t0).Round(time.Millisecond), text(outs[0]), text(outs[1]))
-				}
-				if code != want {
-					t.Errorf("node %d: exit %d, want %d:\n%s", n, code, want, text(outs[n]))
-				}
-			}
-			for n := range 2 {
-				if s := text(outs[n]); !strings.Contains(s, "node "+strconv.Itoa(bad)) || !strings.Contains(s, missing) {
-					t.Errorf("node %d does not name node %d and the program:\n%s", n, bad, s)
-				}
-			}
-			t.Logf("node 0:\n%snode 1:\n%s", text(outs[0]), text(outs[1]))
-		})
+	for _, name := range []string{"no-such-program", "no-such-script.py"} {
+		for _, bad := range []int{0, 1} {
+			t.Run(name+"/node"+strconv.Itoa(bad), func(t *testing.T) { missingProgram(t, name, bad) })
+		}
 	}
+}
+
+func missingProgram(t *testing.T, name string, bad int) {
+	port := freePortString(t)
+	missing := filepath.Join(t.TempDir(), name)
+	var outs [2]*os.File
+	var dones [2]chan error
+	t0 := time.Now()
+	for n := range 2 {
+		prog := "true"
+		if n == bad {
+			prog = missing
+		}
+		_, outs[n], dones[n] = startSlimerun(t, "no-program", "--nnodes", "2", "--node-rank", strconv.Itoa(n), "--nproc-per-node", "1",
+			"--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-timeout", "60s", prog)
+	}
+	for n := range 2 {
+		want := 1
+		if n == bad {
+			want = 2
+		}
+		code, ok := exited(dones[n], 20*time.Second)
+		if !ok {
+			t.Fatalf("node %d still runs %v after the start:\nnode 0:\n%s\nnode 1:\n%s", n, time.Since(t0).Round(time.Millisecond), text(outs[0]), text(outs[1]))
+		}
+		if code != want {
+			t.Errorf("node %d: exit %d, want %d:\n%s", n, code, want, text(outs[n]))
+		}
+	}
+	for n := range 2 {
+		if s := text(outs[n]); !strings.Contains(s, "node "+strconv.Itoa(bad)) || !strings.Contains(s, missing) {
+			t.Errorf("node %d does not name node %d and the program:\n%s", n, bad, s)
+		}
+	}
+	t.Logf("node 0:\n%snode 1:\n%s", text(outs[0]), text(outs[1]))
 }
