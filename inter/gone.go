@@ -206,12 +206,22 @@ func (t *Transport) Record(peer int, err error) {
 	if r.culprit < 0 {
 		r.culprit = t.cfg.Rank
 	}
-	t.recordMu.Lock()
-	defer t.recordMu.Unlock()
-	if t.recorded != nil && (t.recordedFinal || !explained || *t.recorded == r) {
+	t.put(r, explained)
+}
+
+// put writes r as this rank's record, unless it wrote one already that
+// r does not replace: a record replaces only one that was not final (an
+// explanation, Explain's, is; so is a rank's own giving up, giveUp).
+func (t *Transport) put(r goneRecord, final bool) {
+	if t.cfg.Store == nil {
 		return
 	}
-	t.recorded, t.recordedFinal = &r, explained
+	t.recordMu.Lock()
+	defer t.recordMu.Unlock()
+	if t.recorded != nil && (t.recordedFinal || !final || *t.recorded == r) {
+		return
+	}
+	t.recorded, t.recordedFinal = &r, final
 	ctx, cancel := context.WithTimeout(context.Background(), GoneTimeout)
 	defer cancel()
 	_ = t.cfg.Store.Set(ctx, t.goneKey(t.cfg.Rank), r.encode())

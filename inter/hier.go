@@ -140,6 +140,8 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 	e := h.epoch + 1
 	h.epoch = e
 	deadline := callDeadline(ctx, h.timeout)
+	h.t.Watch(ctx)
+	defer h.t.Unwatch()
 	for k, p := range h.peers {
 		h.t.Recv(p, e, o.hash, h.g.Slice(o.dst, o.offs[p], o.sizes[p]), deadline)
 		if k == 0 && o.ownRides {
@@ -213,7 +215,11 @@ func (o *HierOpOver[M]) failDrained(err error, peer, recvd, sent int) error {
 	h := o.h
 	q := peer // the rank this rank holds responsible
 	var oe *fault.OpError
-	if peer >= 0 { // the link's error: the peer it lost first is the one to name
+	if h.t.Cancelled() {
+		// This rank gave up (recorded, the link interrupted): whatever
+		// its waits met came of that.
+		err, peer, q = context.Canceled, -1, -1
+	} else if peer >= 0 { // the link's error: the peer it lost first is the one to name
 		err, peer = blame(h.t, err, peer)
 		q = peer
 	} else if errors.As(err, &oe) && oe.Peer >= 0 && oe.Peer != h.rank {

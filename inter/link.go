@@ -1,6 +1,7 @@
 package inter
 
 import (
+	"context"
 	"fmt"
 	"time"
 	"unsafe"
@@ -55,6 +56,12 @@ type Link[M any] interface {
 	// Explain names the rank a wait for peer p that failed with err
 	// holds responsible (see Transport.Explain).
 	Explain(p int, err error) (int, error)
+	// Watch and Unwatch bracket a call, whose context's cancellation in
+	// between interrupts the link; Cancelled reports that it did (see
+	// Transport.Watch).
+	Watch(ctx context.Context)
+	Unwatch()
+	Cancelled() bool
 	Close() error
 }
 
@@ -161,6 +168,11 @@ func (s *Staged) Record(peer int, err error) { s.t.Record(peer, err) }
 
 // Explain is the transport's.
 func (s *Staged) Explain(p int, err error) (int, error) { return s.t.Explain(p, err) }
+
+// Watch, Unwatch and Cancelled are the transport's.
+func (s *Staged) Watch(ctx context.Context) { s.t.Watch(ctx) }
+func (s *Staged) Unwatch()                  { s.t.Unwatch() }
+func (s *Staged) Cancelled() bool           { return s.t.Cancelled() }
 
 // CopyRides is false: the own block's copy is a device copy, not one a
 // socket's writer can make.

@@ -110,6 +110,8 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 	e := r.epoch + 1
 	r.epoch = e
 	deadline := callDeadline(ctx, r.timeout)
+	r.t.Watch(ctx)
+	defer r.t.Unwatch()
 	// The own block goes first, from src; its copy into dst rides with
 	// that send (Transport.SendCopy) where it is large, or is made here,
 	// right after the first send is under way: the copy then overlaps the
@@ -154,6 +156,10 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 			// successor, which sees only the connection close.
 			// A timed-out wait then follows the records of the ranks
 			// it waited for through (Explain).
+			if r.t.Cancelled() { // this rank gave up (recorded, interrupted)
+				r.t.WaitSend(r.next)
+				return o.fail(context.Canceled, -1)
+			}
 			err, peer := blame(r.t, rerr, r.prev)
 			r.t.Record(peer, err)
 			r.t.Interrupt()
@@ -164,6 +170,9 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 		}
 		serr := r.t.WaitSend(r.next)
 		// A peer's failure says more than this rank's copy failing beside it.
+		if serr != nil && r.t.Cancelled() {
+			return o.fail(context.Canceled, -1)
+		}
 		if serr != nil {
 			err, peer := blame(r.t, serr, r.next)
 			r.t.Record(peer, err)

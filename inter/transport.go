@@ -152,6 +152,9 @@ type Transport struct {
 	goneMu        sync.Mutex
 	goneBy        time.Time
 	goneWaited    bool // goneBy was pushed to goneWait once
+	// watch makes a cancellation of a call's context end the call
+	// (cancel.go).
+	watch watch
 }
 
 // loss is a transfer's failure with peer.
