@@ -701,7 +701,11 @@ func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
 	defer cancel()
 	v, err := e.opts.Store.Get(ctx, e.infoKey(name))
 	if err != nil {
-		if ctx.Err() != nil {
+		// The store's own timeout, not ctx.Err alone: the store ends a
+		// wait at ctx's deadline by its own clock (in whole
+		// milliseconds), before ctx's timer fires (ErrTimeout, not
+		// ErrPeerLost).
+		if spent(ctx) || errors.Is(err, rendezvous.ErrTimeout) {
 			return nil, opErr("connect", name, "", ended(ctx), "it never published its info: %v", err)
 		}
 		return nil, opErr("connect", name, "", ErrPeerLost, "the store: %v", err)
