@@ -335,7 +335,9 @@ func (r *Region) label() string { return fmt.Sprintf("%q", r.name) }
 // costs two map inserts; it pins nothing (Go's heap does not move).
 func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 	if err := validName(name); err != nil {
-		return nil, &OpError{Op: "register", Region: name, Err: err}
+		// The name clipped and quoted, as validName's text has it: a
+		// name of any length or bytes makes an error of one short line.
+		return nil, &OpError{Op: "register", Region: fmt.Sprintf("%.32q", name), Err: err}
 	}
 	if v := reflect.ValueOf(mem); v.Kind() == reflect.Pointer && v.IsNil() {
 		// A nil *Shared, *device.HostBuffer or *device.CUDABuffer: no
@@ -694,8 +696,13 @@ func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
 	if e.opts.Store == nil {
 		return nil, opErr("connect", name, "", ErrInvalid, "no store in Options: use ConnectInfo")
 	}
-	if err := validName(name); err != nil || name == "" {
-		return nil, opErr("connect", name, "", ErrInvalid, "a peer's name")
+	if name == "" {
+		return nil, opErr("connect", "", "", ErrInvalid, "an empty peer name")
+	}
+	if err := validName(name); err != nil {
+		// The name clipped (validName's text quotes its start): a name
+		// of any length makes an error of one short line.
+		return nil, &OpError{Op: "connect", Peer: clip(name, 32), Err: err}
 	}
 	ctx, cancel := e.bound(ctx)
 	defer cancel()

@@ -130,3 +130,11 @@ func validName(s string) error {
 	}
 	return nil
 }
+
+// clip is s cut to at most n bytes, "..." marking a cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
