@@ -20,6 +20,7 @@ type Future struct {
 	region    string // the remote region a one-sided batch names, if one, for errors (label)
 	transport string
 	shm       atomic.Bool // a part copied through a mapping of the peer's Shared memory
+	tcp       atomic.Bool // a same-host part went over TCP after all (conn.overTCP): set while it runs, and Transport may be read meanwhile, so not in transport
 	done      chan struct{}
 	left      atomic.Int32
 	mu        sync.Mutex
@@ -296,6 +297,9 @@ func (f *Future) Transport() string {
 	}
 	if f.shm.Load() {
 		return "shm"
+	}
+	if f.tcp.Load() {
+		return "tcp"
 	}
 	return f.transport
 }

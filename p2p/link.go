@@ -1656,9 +1656,7 @@ func (c *conn) overTCP(p *part) {
 		return
 	}
 	p.sub = map[uint8]uint8{rReadV: rRead, rWriteV: rWrite, rReadG: rRead, rWriteG: rWrite}[p.sub]
-	// Read by Transport only after the Future is done, which it cannot
-	// be while p is active and its lock held.
-	p.f.transport = "tcp"
+	p.f.tcp.Store(true) // Transport may be read meanwhile: not f.transport
 	p.mu.Unlock()
 	c.l.enqueue(c.idx, reqJob{p: p})
 }
