@@ -136,8 +136,12 @@ type Endpoint struct {
 	peers map[string]*Peer
 	shut  bool
 	// closed is closed when the first Close returns (a second Close
-	// waits for it).
-	closed chan struct{}
+	// waits for it); closedRegs are the regions it withdrew and stopped
+	// closes when the endpoint's goroutines have ended, from which a
+	// later Close says again what the first said if it still holds.
+	closed     chan struct{}
+	closedRegs []*Region
+	stopped    chan struct{}
 	// mapCount and mapBytes count the peers' Shared memories that the
 	// links map (shared_linux.go), within maxEndpointMaps and
 	// maxMappedBytes.
@@ -1496,13 +1500,18 @@ func (e *Endpoint) immsEnded(q *immQueue, err error) {
 // if something still holds a region after that: its memory must not be
 // reused). A same-host copy that a peer's memory holds up in the kernel
 // is waited for as long, then reported the same way (ErrTimeout: its
-// local memory may still be written).
+// local memory may still be written). A later Close returns once the
+// first has, with its error while that still holds (nil once the held
+// memory is let go of).
 func (e *Endpoint) Close() error {
 	e.mu.Lock()
 	if e.shut {
 		e.mu.Unlock()
 		<-e.closed // the first Close's
-		return nil
+		// What the first reported, if it still holds (a held-up copy
+		// that has not returned yet): not nil, which would say the
+		// memory may be reused.
+		return e.closeErr(0)
 	}
 	e.shut = true
 	close(e.done)
@@ -1536,20 +1545,8 @@ func (e *Endpoint) Close() error {
 		}
 	}
 	gave.Wait()
-	drained := func(d time.Duration) error {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		for _, r := range regs {
-			// Closed before t fires (preferred when both are: the timer
-			// of a spent bound fires at once).
-			if !doneFirst(r.drained, t.C) {
-				peer, who := r.holding()
-				return opErr("close", peer, r.label(), ErrTimeout, "%s may still use it", who)
-			}
-		}
-		return nil
-	}
-	drained(e.opts.Heartbeat)
+	e.closedRegs = regs
+	e.drained(e.opts.Heartbeat)
 	for _, p := range peers {
 		if p.l != nil {
 			p.l.fail(opErr("close", p.name, "", ErrClosed, "the endpoint was closed"))
@@ -1562,6 +1559,7 @@ func (e *Endpoint) Close() error {
 	// wait for them is bounded too, and reported below.
 	bound := time.Now().Add(2 * e.opts.Heartbeat)
 	stopped := make(chan struct{})
+	e.stopped = stopped
 	go func() { e.wg.Wait(); close(stopped) }()
 	t := time.NewTimer(time.Until(bound))
 	select {
@@ -1571,11 +1569,33 @@ func (e *Endpoint) Close() error {
 	t.Stop()
 	// Lent memory is released a heartbeat after its link's end at the
 	// latest (fail), the links' own references when their goroutines end.
-	if err := drained(max(time.Until(bound), 0)); err != nil {
+	return e.closeErr(max(time.Until(bound), 0))
+}
+
+// drained waits up to d for the regions Close withdrew to be let go of,
+// or says which is not.
+func (e *Endpoint) drained(d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for _, r := range e.closedRegs {
+		// Closed before t fires (preferred when both are: the timer of a
+		// spent bound fires at once).
+		if !doneFirst(r.drained, t.C) {
+			peer, who := r.holding()
+			return opErr("close", peer, r.label(), ErrTimeout, "%s may still use it", who)
+		}
+	}
+	return nil
+}
+
+// closeErr is Close's result once the links have ended: the regions
+// drained within d, and the endpoint's goroutines ended.
+func (e *Endpoint) closeErr(d time.Duration) error {
+	if err := e.drained(d); err != nil {
 		return err
 	}
 	select {
-	case <-stopped:
+	case <-e.stopped:
 		return nil
 	default:
 		return opErr("close", "", "", ErrTimeout, "a goroutine of the endpoint has not ended within two heartbeats (a same-host copy held up in the kernel by a peer's memory): this side's memory may still be written")
