@@ -26,7 +26,7 @@ type Future struct {
 	mu        sync.Mutex
 	err       error
 	parts     []*part
-	n         int // Recv: the message's length
+	n         atomic.Int64 // Recv: the message's length, set when matched (Len may be read meanwhile)
 	// WriteWithImm: the immediate's part, sent when writesLeft parts have
 	// succeeded.
 	then       *part
@@ -310,5 +310,5 @@ func (f *Future) Len() int {
 	if f == nil {
 		return 0
 	}
-	return f.n
+	return int(f.n.Load())
 }

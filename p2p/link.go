@@ -1702,7 +1702,7 @@ func (l *link) matchLocked(r *part, n uint64) {
 		go r.finish(opErr("recv", l.p.name, "", ErrRefused, "a message of %d bytes, the receive holds %d", n, r.total))
 		return
 	}
-	r.f.n = int(n)
+	r.f.n.Store(int64(n))
 	r.total = n
 	r.cts = true
 	l.enqueue(ch, frame{kind: kReq, sub: rCTS, id: r.id})
