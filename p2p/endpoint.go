@@ -326,6 +326,27 @@ func (r *Region) Remote() RemoteRegion {
 
 func (r *Region) label() string { return fmt.Sprintf("%q", r.name) }
 
+// labelOrNil is label, for a Region that may be nil or not made by
+// Register (an argument's, for its error).
+func (r *Region) labelOrNil() string {
+	if r == nil || r.e == nil {
+		return ""
+	}
+	return r.label()
+}
+
+// whose says what r is, for an error about a Region that is not the
+// endpoint's: nil, not made by Register, or whose.
+func (r *Region) whose() string {
+	switch {
+	case r == nil:
+		return "a nil region"
+	case r.e == nil:
+		return "a Region not made by Register"
+	}
+	return fmt.Sprintf("region %q of endpoint %q", r.name, r.e.opts.Name)
+}
+
 // Register makes mem readable and writable by the endpoint's peers and
 // returns its Region, with a fresh random 64-bit key that a request must
 // carry. mem is a []byte, a *Shared (which a peer on the same host maps
@@ -414,7 +435,7 @@ func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 // r's memory must not be reused.
 func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
 	if r == nil || r.e != e {
-		return opErr("deregister", "", "", ErrInvalid, "not a region of this endpoint")
+		return opErr("deregister", "", r.labelOrNil(), ErrInvalid, "not a region of this endpoint (%q): %s", e.opts.Name, r.whose())
 	}
 	held := e.withdraw(r, "deregistered")
 	ctx, cancel := e.bound(ctx)

@@ -41,7 +41,7 @@ func (p *Peer) check(op string, ops []Op) (uint64, error) {
 	var total uint64
 	for i, o := range ops {
 		if o.Local == nil || o.Local.e != p.e {
-			return 0, opErr(op, p.name, "", ErrInvalid, "operation %d: its local region is not this endpoint's", i)
+			return 0, opErr(op, p.name, "", ErrInvalid, "operation %d: its local region is not this endpoint's (%q): %s", i, p.e.opts.Name, o.Local.whose())
 		}
 		if o.Len <= 0 {
 			return 0, opErr(op, p.name, "", ErrInvalid, "operation %d: a length of %d (1 byte or more)", i, o.Len)
@@ -244,7 +244,10 @@ func (l *link) register(parts []*part, m map[uint64]*part) *Future {
 			}
 			r.mu.Unlock()
 			if closed {
-				pt.finish(opErr(f.op, f.peer, r.label(), ErrClosed, "the local region is deregistered"))
+				// Region names the transfer's (the peer's) region, as
+				// every other error of the transfer does; this side's
+				// is in the text (as withdraw's is).
+				pt.finish(opErr(f.op, f.peer, f.label(), ErrClosed, "this side's region %s is deregistered", r.label()))
 				return f
 			}
 		}
