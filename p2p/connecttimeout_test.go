@@ -30,3 +30,26 @@ func TestMisuseConnectTimeoutSentinel(t *testing.T) {
 		t.Errorf("%d of 20 Connects whose deadline passed did not fail with ErrTimeout; the last: %v", bad, last)
 	}
 }
+
+// TestMisusePublishContextSentinel: Publish whose context is cancelled,
+// or whose deadline has passed, fails with ErrCancelled or ErrTimeout
+// (the sentinels' doc), not ErrPeerLost ("the peer's process exited").
+func TestMisusePublishContextSentinel(t *testing.T) {
+	_, st := storeFor(t)
+	ctx := ctxT(t, 20*time.Second)
+	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Store: st})
+	dctx, cancel := context.WithTimeout(ctx, time.Nanosecond)
+	defer cancel()
+	time.Sleep(time.Millisecond)
+	if err := a.Publish(dctx); !errors.Is(err, ErrTimeout) {
+		t.Errorf("Publish past its deadline: %v, want ErrTimeout", err)
+	}
+	cctx, cancel2 := context.WithCancel(ctx)
+	cancel2()
+	if err := a.Publish(cctx); !errors.Is(err, ErrCancelled) {
+		t.Errorf("Publish with a cancelled context: %v, want ErrCancelled", err)
+	}
+	if err := a.Publish(ctx); err != nil {
+		t.Errorf("Publish after: %v", err)
+	}
+}

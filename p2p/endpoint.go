@@ -684,6 +684,9 @@ func (e *Endpoint) Publish(ctx context.Context) error {
 	for {
 		cur, ok, err := e.opts.Store.CompareAndSet(ctx, key, old, mine)
 		if err != nil {
+			if spent(ctx) || errors.Is(err, rendezvous.ErrTimeout) { // as Connect's
+				return opErr("publish", "", "", ended(ctx), "the store: %v", err)
+			}
 			return opErr("publish", "", "", ErrPeerLost, "the store: %v", err)
 		}
 		if ok {
