@@ -112,11 +112,14 @@ const (
 	// quarter of it, and the others' WriteWithImm still go through.
 	maxImm     = 1 << 16
 	maxImmPeer = maxImm / 4
-	// maxPendingRTS bounds the sends announced by a peer before their
-	// receives are posted.
-	maxPendingRTS = 1 << 16
-	purpose       = "p2p"
+	purpose    = "p2p"
 )
+
+// maxPendingRTS bounds the sends announced by a peer before their
+// receives are posted; past it an announced send is refused (stBusy), and
+// so many refused sequences are remembered, so that the receive of that
+// rank fails at once instead of waiting for a send that will not come.
+var maxPendingRTS = 1 << 16
 
 // Endpoint is one process's side of the engine: its registered regions,
 // its listener and its links to peers. Its methods are safe for concurrent

@@ -206,17 +206,21 @@ type link struct {
 	conns []*conn
 	hb    time.Duration
 
-	mu      sync.Mutex
-	err     error
-	nextID  uint64
-	parts   map[uint64]*part // this side's reads, writes and immediates
-	sends   map[uint64]*part // this side's sends, by sequence
-	recvs   map[uint64]*part // this side's posted receives, by sequence
-	rts     map[uint64]uint64
-	sendSeq uint64
-	recvSeq uint64
-	rr      int                  // the next connection for a small request
-	grants  map[uint64][]*Region // same host: ranges lent to the peer, by its request id
+	mu     sync.Mutex
+	err    error
+	nextID uint64
+	parts  map[uint64]*part // this side's reads, writes and immediates
+	sends  map[uint64]*part // this side's sends, by sequence
+	recvs  map[uint64]*part // this side's posted receives, by sequence
+	rts    map[uint64]uint64
+	// rtsRefused are the peer's sends refused because rts was full
+	// (at most maxPendingRTS of them): a receive of one of their
+	// sequences fails at once.
+	rtsRefused map[uint64]struct{}
+	sendSeq    uint64
+	recvSeq    uint64
+	rr         int                  // the next connection for a small request
+	grants     map[uint64][]*Region // same host: ranges lent to the peer, by its request id
 	// leased are the grants that are leases (lease_linux.go), by request
 	// id, with the connection each was granted on: Deregister revokes them.
 	leased map[uint64]int
@@ -355,7 +359,7 @@ type job interface{ write(c *conn) error }
 // shorter of the two ends').
 func newLink(e *Endpoint, p *Peer, tcs []*net.TCPConn, hb time.Duration) *link {
 	l := &link{e: e, p: p, hb: hb, parts: map[uint64]*part{}, sends: map[uint64]*part{},
-		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, grants: map[uint64][]*Region{}, leased: map[uint64]int{}, serving: map[uint64]*atomic.Bool{}, stop: make(chan struct{}), pidfd: -1, grantPidfd: -1, imm: &immQueue{peer: p.name}}
+		recvs: map[uint64]*part{}, rts: map[uint64]uint64{}, rtsRefused: map[uint64]struct{}{}, grants: map[uint64][]*Region{}, leased: map[uint64]int{}, serving: map[uint64]*atomic.Bool{}, stop: make(chan struct{}), pidfd: -1, grantPidfd: -1, imm: &immQueue{peer: p.name}}
 	for i, tc := range tcs {
 		tc.SetNoDelay(true)
 		tc.SetWriteBuffer(inter.DefaultSockBuf)
@@ -1675,7 +1679,8 @@ func (c *conn) refusal(p *part, st uint8) error {
 func (l *link) rtsArrived(c *conn, seq, n uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, again := l.rts[seq]; again || l.recvs[seq] != nil && l.recvs[seq].cts {
+	_, refused := l.rtsRefused[seq]
+	if _, again := l.rts[seq]; again || refused || l.recvs[seq] != nil && l.recvs[seq].cts {
 		return fmt.Errorf("%w: send %d announced twice", ErrFrame, seq)
 	}
 	if r := l.recvs[seq]; r != nil {
@@ -1687,6 +1692,9 @@ func (l *link) rtsArrived(c *conn, seq, n uint64) error {
 		return nil
 	}
 	if len(l.rts) >= maxPendingRTS {
+		if len(l.rtsRefused) < maxPendingRTS {
+			l.rtsRefused[seq] = struct{}{}
+		}
 		l.enqueue(int(seq%uint64(len(l.conns))), frame{kind: kReq, sub: rCTS, id: seq, status: stBusy})
 		return nil
 	}
@@ -1726,6 +1734,10 @@ func (l *link) ctsArrived(seq uint64, st uint8) error {
 		if st == stOK { // the send was cancelled: tell the receiver
 			l.enqueue(ch, abandonedSend(seq))
 		}
+		return nil
+	}
+	if st == stBusy { // not statusText's (an immediate's) reason
+		p.finish(opErr("send", l.p.name, "", ErrRefused, "the peer holds too many sends announced before their receives (%d): this one is not received", maxPendingRTS))
 		return nil
 	}
 	if st != stOK {

@@ -259,6 +259,9 @@ func (l *link) register(parts []*part, m map[uint64]*part) *Future {
 // same rank in order (the first Send by the first Recv, and so on). Its
 // bytes move once the receive is posted; Wait returns nil once they are in
 // the receiver's buffer. buf must not be touched until Wait returns.
+// A send announced while 65536 of this side's sends wait for the peer's
+// receives fails with ErrRefused, and so does the peer's Recv of its rank
+// (at once): post receives, or wait for sends, before sending more.
 func (p *Peer) Send(buf []byte) *Future {
 	if uint64(len(buf)) > MaxLen {
 		return failed("send", p.name, opErr("send", p.name, "", ErrInvalid, "%d bytes", len(buf)))
@@ -298,6 +301,12 @@ func (p *Peer) Recv(buf []byte) *Future {
 	}
 	pt.id = l.recvSeq
 	l.recvSeq++
+	if _, ok := l.rtsRefused[pt.id]; ok {
+		// Its send came while too many were announced, and was refused:
+		// it will not come again.
+		delete(l.rtsRefused, pt.id)
+		return failed("recv", p.name, opErr("recv", p.name, "", ErrRefused, "the peer's send of this rank (%d) was refused: it came while %d sends were announced before their receives", pt.id, maxPendingRTS))
+	}
 	l.recvs[pt.id] = pt
 	if n, ok := l.rts[pt.id]; ok {
 		delete(l.rts, pt.id)
