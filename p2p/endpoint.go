@@ -1021,6 +1021,14 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 			closeAll()
 			return opErr("connect", in.name, "", ErrRefused, "%s: %v", addr, err)
 		}
+		if ah.id != 0 && ah.id != nameTag(in.name) {
+			// Another endpoint listens at the Info's address (an Info left
+			// by an endpoint closed, whose port a later one got; an Info
+			// mixed up): a link to it would carry this side's transfers
+			// for in.name to that one.
+			closeAll()
+			return opErr("connect", in.name, "", ErrRefused, "%s is another endpoint's than %q (the Info is stale: its endpoint was closed, and another listens there now)", addr, in.name)
+		}
 		peerHB = ah.a
 		switch ah.status {
 		case stDup:
@@ -1267,7 +1275,7 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 	peerPid := binary.LittleEndian.Uint32(b[HeaderSize+4:])
 	name := string(b[HeaderSize+helloFixed : HeaderSize+int(h.payload)])
 	answer := func(st uint8) bool {
-		a := header{kind: kHelloAck, status: st, a: uint64(heartbeatMS(e.opts.Heartbeat))}
+		a := header{kind: kHelloAck, status: st, a: uint64(heartbeatMS(e.opts.Heartbeat)), id: nameTag(e.opts.Name)}
 		a.put(b[:])
 		_, err := c.Write(b[:HeaderSize])
 		return err == nil

@@ -3,6 +3,7 @@ package p2p
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"strings"
 	"unicode/utf8"
 
@@ -137,4 +138,13 @@ func clip(s string, n int) string {
 		return s
 	}
 	return s[:n] + "..."
+}
+
+// nameTag is the tag of an endpoint's name that its answer to a hello
+// carries (the header's id, never 0), so that a connector finds out when
+// the address it dialed is another endpoint's than the Info's name.
+func nameTag(name string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	return h.Sum64() | 1
 }

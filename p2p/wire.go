@@ -63,7 +63,7 @@ const (
 // Frame kinds.
 const (
 	kHello    uint8 = 1  // connector → acceptor: id session, a channel, b channels, payload u32 heartbeat ms, u32 pid and name
-	kHelloAck uint8 = 2  // acceptor → connector: status, a heartbeat ms
+	kHelloAck uint8 = 2  // acceptor → connector: status, a heartbeat ms, id the tag of its name (nameTag; 0: unchecked)
 	kReq      uint8 = 3  // a request: sub says which
 	kData     uint8 = 4  // a chunk of a request's or a response's bytes
 	kEnd      uint8 = 5  // the bytes of id end early (status says why)

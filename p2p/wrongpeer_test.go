@@ -1,7 +1,8 @@
 package p2p
 
 import (
-	"os"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -11,12 +12,9 @@ import (
 // endpoint of the job got, or one mixed up out of band) must not link
 // this side, under the Info's name, to that other endpoint: the acceptor
 // does not say who it is, so the link is made, and a Send to "x" lands in
-// "y"'s Recv from "a". Not fixed (the hello's answer would have to carry
-// the acceptor's name): it runs with P2P_REVIEW_KNOWN=1.
+// "y"'s Recv from "a". The hello's answer carries a tag of the
+// acceptor's name: Connect fails with ErrRefused saying so.
 func TestMisuseInfoAddressOfAnotherEndpoint(t *testing.T) {
-	if os.Getenv("P2P_REVIEW_KNOWN") == "" {
-		t.Skip("a known defect, not fixed: set P2P_REVIEW_KNOWN=1")
-	}
 	ctx := ctxT(t, 20*time.Second)
 	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth()})
 	x := endpoint(t, ctx, Options{Name: "x", Auth: testAuth()})
@@ -29,7 +27,13 @@ func TestMisuseInfoAddressOfAnotherEndpoint(t *testing.T) {
 	in.addr = y.Addr() // x's Info, its port now y's
 	p, err := a.ConnectInfo(ctx, in.encode())
 	if err != nil {
-		return // refused: what it should do
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), `another endpoint's than "x"`) {
+			t.Errorf("ConnectInfo to x's Info holding y's address: %v, want ErrRefused saying another endpoint listens there", err)
+		}
+		if y.Peer("a") != nil {
+			t.Errorf("y linked to a")
+		}
+		return
 	}
 	f := p.Send([]byte("for x"))
 	if py := y.Peer("a"); py != nil {
