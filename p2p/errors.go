@@ -11,7 +11,9 @@ var (
 	// ErrRefused: the target refused a request (outside a registered
 	// region, a wrong key, a region never registered or deregistered, a
 	// message larger than the posted receive), or refused the connection.
-	// Nothing was read or written.
+	// Nothing was read or written, except by a WriteWithImm whose
+	// immediate a full queue of undelivered immediates refused (its error
+	// says so): its bytes are in place, its immediate not delivered.
 	ErrRefused = errors.New("p2p: refused")
 	// ErrTimeout: a deadline passed (the call's context, Options.Timeout,
 	// or the heartbeat deadline of a link gone silent).

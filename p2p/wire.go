@@ -156,7 +156,7 @@ var statusText = [...]string{
 	stOK: "ok", stBounds: "outside the registered region", stKey: "wrong region key",
 	stNoRegion: "no such region (never registered, or deregistered)", stInvalid: "malformed request",
 	stCancelled: "cancelled", stTooLarge: "message larger than the posted receive",
-	stBusy: "too many undelivered immediates", stDup: "duplicate link", stRefusedHello: "refused",
+	stBusy: "too many undelivered immediates (the batch's bytes are in place, its immediate is not delivered)", stDup: "duplicate link", stRefusedHello: "refused",
 	stNotHost: "the memory cannot be granted so", stDevice: "a copy to or from GPU memory failed",
 }
 
