@@ -929,3 +929,53 @@ func TestMisuseDeregisterSourceOfWrite(t *testing.T) {
 		}
 	})
 }
+
+// TestMisuseImmTakers: Endpoint.Imm and Peer.Imm waiting at once take
+// each immediate once, between them, in the order they arrived.
+func TestMisuseImmTakers(t *testing.T) {
+	_, b, ab, ba := pair(t, nil)
+	ctx := ctxT(t, 30*time.Second)
+	lr, _ := ab.e.Register("l", make([]byte, 8))
+	tr, _ := b.Register("t", make([]byte, 8*64))
+	const n = 200
+	got := make(chan uint32, 2*n)
+	var wg sync.WaitGroup
+	for k := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+				var im Imm
+				var err error
+				if k%2 == 0 {
+					im, err = b.Imm(c)
+				} else {
+					im, err = ba.Imm(c)
+				}
+				cancel()
+				if err != nil {
+					return
+				}
+				got <- im.Value
+			}
+		}()
+	}
+	for i := range n {
+		if err := ab.WriteWithImm([]Op{{Local: lr, Remote: tr.Remote(), RemoteOff: 8 * (i % 64), Len: 8}}, uint32(i)).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+	close(got)
+	seen := map[uint32]bool{}
+	for v := range got {
+		if seen[v] {
+			t.Errorf("immediate %d taken twice", v)
+		}
+		seen[v] = true
+	}
+	if len(seen) != n {
+		t.Errorf("%d immediates taken, want %d", len(seen), n)
+	}
+}
