@@ -206,13 +206,13 @@ func TestMisuseWait(t *testing.T) {
 		_, b, ab, _ := pair(t, func(o *Options) { o.TCPOnly = tcp })
 		a := ab.e
 		ctx := ctxT(t, 60*time.Second)
-		const size = 16 << 20
+		const size = 4 << 20
 		tmem := make([]byte, size)
 		fill(tmem, 5)
 		tr, _ := b.Register("t", tmem)
 		lmem := make([]byte, size)
 		lr, _ := a.Register("l", lmem)
-		for round := range 10 {
+		for round := range 5 {
 			f := ab.Read([]Op{{Local: lr, Remote: tr.Remote(), Len: size}})
 			cctx, cancel := context.WithCancel(ctx)
 			var wg sync.WaitGroup
@@ -317,7 +317,7 @@ func TestMisuseSendRecv(t *testing.T) {
 func TestMisuseSendCancelReuse(t *testing.T) {
 	_, _, ab, ba := pair(t, nil)
 	ctx := ctxT(t, 60*time.Second)
-	const size = 64 << 20
+	const size = 16 << 20
 	sbuf := make([]byte, size)
 	rbuf := make([]byte, size)
 	for round := range 6 {
@@ -449,8 +449,8 @@ func TestMisuseDeregisterNoLateWriteShared(t *testing.T) {
 func misuseDeregisterNoLateWrite(t *testing.T, tcpOnly, shared bool) {
 	a, b, ab, _ := pair(t, func(o *Options) { o.TCPOnly = tcpOnly })
 	ctx := ctxT(t, 60*time.Second)
-	const size = 16 << 20
-	for round := range 6 {
+	const size = 4 << 20
+	for round := range 4 {
 		var tmem []byte
 		var tr *Region
 		if shared {
@@ -535,7 +535,7 @@ func TestMisuseCloseDuringWait(t *testing.T) { transports(t, testMisuseCloseDuri
 func testMisuseCloseDuringWait(t *testing.T, tcpOnly bool, wantT string) {
 	a, b, ab, _ := pair(t, func(o *Options) { o.TCPOnly = tcpOnly })
 	ctx := ctxT(t, 60*time.Second)
-	const size = 32 << 20
+	const size = 8 << 20
 	tmem := make([]byte, size)
 	fill(tmem, 1)
 	tr, _ := b.Register("t", tmem)
@@ -859,7 +859,7 @@ func TestMisuseDeregisterCancelledThenAgain(t *testing.T) {
 	transports(t, func(t *testing.T, tcpOnly bool, wantT string) {
 		a, b, ab, _ := pair(t, func(o *Options) { o.TCPOnly = tcpOnly })
 		ctx := ctxT(t, 60*time.Second)
-		const size = 32 << 20
+		const size = 8 << 20
 		done, cancel := context.WithCancel(ctx)
 		cancel()
 		for round := range 4 {
@@ -905,7 +905,7 @@ func TestMisuseDeregisterSourceOfWrite(t *testing.T) {
 	transports(t, func(t *testing.T, tcpOnly bool, wantT string) {
 		a, b, ab, _ := pair(t, func(o *Options) { o.TCPOnly = tcpOnly })
 		ctx := ctxT(t, 60*time.Second)
-		const size = 32 << 20
+		const size = 8 << 20
 		tr, _ := b.Register("t", make([]byte, size))
 		for round := range 4 {
 			src := make([]byte, size)
