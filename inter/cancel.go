@@ -27,18 +27,23 @@ type watch struct {
 	done   <-chan struct{} // the watched context's Done
 	stop   func() bool     // unregisters the watch
 	gen    uint64          // counts the contexts watched
+	cur    atomic.Uint64   // gen as the call running, if one, has it
 	fired  atomic.Uint64   // the gen whose context was cancelled
 	inCall atomic.Bool     // a call runs, between Watch and Unwatch
+	// watching says the call running is watched (its context can be
+	// cancelled); the calling goroutine's alone.
+	watching bool
 }
 
 // Watch starts a call of the transport under ctx: a cancellation of ctx
 // from now until Unwatch ends the call (see above). One call at a time.
 func (t *Transport) Watch(ctx context.Context) {
+	w := &t.watch
 	done := ctx.Done()
+	w.watching = done != nil
 	if done == nil {
 		return
 	}
-	w := &t.watch
 	if done != w.done {
 		// Contexts that share a Done (a value added to one) are cancelled
 		// together: one watch serves them.
@@ -53,11 +58,14 @@ func (t *Transport) Watch(ctx context.Context) {
 				return // the deadline: the call's waits keep it
 			}
 			w.fired.Store(gen)
-			if w.inCall.Load() {
+			// Not a later call's, under another context: cur is set
+			// before inCall.
+			if w.inCall.Load() && w.cur.Load() == gen {
 				t.giveUp()
 			}
 		})
 	}
+	w.cur.Store(w.gen)
 	w.inCall.Store(true)
 	if w.fired.Load() == w.gen { // cancelled before the call began
 		t.giveUp()
@@ -71,7 +79,7 @@ func (t *Transport) Unwatch() { t.watch.inCall.Store(false) }
 // the call then returns context.Canceled, whatever its waits met.
 func (t *Transport) Cancelled() bool {
 	w := &t.watch
-	return w.done != nil && w.fired.Load() == w.gen
+	return w.watching && w.fired.Load() == w.gen
 }
 
 // giveUp records that this rank gave up on its call (its context was

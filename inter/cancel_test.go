@@ -1,0 +1,93 @@
+package inter
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestWatch: the watch on a call's context interrupts the transport when
+// the context is cancelled during the call, or was before it began, and
+// then only; a deadline, a cancel between calls, and a later call under
+// another context (or none) are not taken for one. Watching the same
+// context call after call allocates nothing.
+func TestWatch(t *testing.T) {
+	fresh := func() *Transport { return &Transport{peers: map[int]*peer{}} }
+	eventually := func(t *testing.T, tr *Transport, want bool, what string) {
+		t.Helper()
+		for end := time.Now().Add(2 * time.Second); tr.interrupted.Load() != want && time.Now().Before(end); {
+			time.Sleep(time.Millisecond)
+		}
+		if tr.interrupted.Load() != want {
+			t.Fatalf("%s: interrupted %v, want %v", what, !want, want)
+		}
+	}
+	t.Run("background", func(t *testing.T) {
+		tr := fresh()
+		tr.Watch(context.Background())
+		if tr.Cancelled() {
+			t.Fatal("a call under context.Background is cancelled")
+		}
+		tr.Unwatch()
+	})
+	t.Run("cancelled during the call", func(t *testing.T) {
+		tr := fresh()
+		ctx, cancel := context.WithCancel(context.Background())
+		tr.Watch(ctx)
+		cancel()
+		eventually(t, tr, true, "cancelled during the call")
+		if !tr.Cancelled() {
+			t.Fatal("Cancelled is false")
+		}
+		tr.Unwatch()
+	})
+	t.Run("cancelled between calls", func(t *testing.T) {
+		tr := fresh()
+		ctx, cancel := context.WithCancel(context.Background())
+		tr.Watch(ctx)
+		tr.Unwatch()
+		cancel()
+		time.Sleep(20 * time.Millisecond)
+		eventually(t, tr, false, "cancelled after its call")
+		tr.Watch(context.Background())
+		if tr.Cancelled() {
+			t.Fatal("a later call under context.Background is cancelled")
+		}
+		tr.Unwatch()
+		other, cancelOther := context.WithCancel(context.Background())
+		defer cancelOther()
+		tr.Watch(other)
+		if tr.Cancelled() {
+			t.Fatal("a later call under another context is cancelled")
+		}
+		tr.Unwatch()
+		eventually(t, tr, false, "later calls")
+		tr.Watch(ctx) // the cancelled one again: it ends at once
+		eventually(t, tr, true, "a call under a context cancelled before it")
+		if !tr.Cancelled() {
+			t.Fatal("Cancelled is false")
+		}
+		tr.Unwatch()
+	})
+	t.Run("deadline", func(t *testing.T) {
+		tr := fresh()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		defer cancel()
+		tr.Watch(ctx)
+		<-ctx.Done()
+		time.Sleep(20 * time.Millisecond)
+		eventually(t, tr, false, "past the deadline")
+		if tr.Cancelled() {
+			t.Fatal("a call past its deadline is cancelled")
+		}
+		tr.Unwatch()
+	})
+	t.Run("allocations", func(t *testing.T) {
+		tr := fresh()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		if n := testing.AllocsPerRun(100, func() { tr.Watch(ctx); tr.Unwatch() }); n != 0 {
+			t.Fatalf("a watch of the same context allocated %v times a call", n)
+		}
+	})
+}
