@@ -23,22 +23,7 @@ import (
 // Init fails with ErrInvalid, saying its own entry is not what it
 // published.
 func TestOwnLayoutEntryRewritten(t *testing.T) {
-	runID := fmt.Sprintf("hl%d-%d", os.Getpid(), time.Now().UnixNano())
-	secret := make([]byte, 32)
-	rand.Read(secret)
-	auth := rendezvous.Auth{Secret: secret, Job: runID}
-	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{Auth: auth})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	st, err := rendezvous.Dial(ctx, srv.Addr().String(), auth)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	ctx, srv, st, runID, secret := launcherStore(t, "hl")
 	done := make(chan error, 1)
 	go func() {
 		c, err := Init(ctx, Options{Job: Job{
@@ -73,4 +58,28 @@ func TestOwnLayoutEntryRewritten(t *testing.T) {
 		t.Fatalf("rank 1's Init: %v, want ErrInvalid saying its own entry was rewritten", err)
 	}
 	t.Logf("%v", err)
+}
+
+// launcherStore is a store as a launcher serves it for a job of a fresh
+// run id (prefix, pid and time) and secret, and a client of it, for a
+// test playing the launcher and the other ranks; closed, with ctx (30 s),
+// when the test ends.
+func launcherStore(t *testing.T, prefix string) (ctx context.Context, srv *rendezvous.Server, st *rendezvous.Client, runID string, secret []byte) {
+	t.Helper()
+	runID = fmt.Sprintf("%s%d-%d", prefix, os.Getpid(), time.Now().UnixNano())
+	secret = make([]byte, 32)
+	rand.Read(secret)
+	auth := rendezvous.Auth{Secret: secret, Job: runID}
+	srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{Auth: auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if st, err = rendezvous.Dial(ctx, srv.Addr().String(), auth); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return ctx, srv, st, runID, secret
 }

@@ -1,11 +1,7 @@
 package collective
 
 import (
-	"context"
-	"crypto/rand"
 	"errors"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -29,22 +25,7 @@ func TestInitAbortNamesTheExitedRank(t *testing.T) {
 		{"waiting for the layouts", []string{"knobs/0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			runID := fmt.Sprintf("wf%d-%d", os.Getpid(), time.Now().UnixNano())
-			secret := make([]byte, 32)
-			rand.Read(secret)
-			auth := rendezvous.Auth{Secret: secret, Job: runID}
-			srv, err := rendezvous.Listen("127.0.0.1:0", rendezvous.ServerConfig{Auth: auth})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			st, err := rendezvous.Dial(ctx, srv.Addr().String(), auth)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
+			ctx, srv, st, runID, secret := launcherStore(t, "wf")
 			key := rendezvous.AttemptPrefix(runID, 0) + "world/"
 			done := make(chan error, 1)
 			go func() {
@@ -74,7 +55,7 @@ func TestInitAbortNamesTheExitedRank(t *testing.T) {
 			if err := st.Abort(ctx, rendezvous.AttemptPrefix(runID, 0), 1, reason); err != nil {
 				t.Fatal(err)
 			}
-			err = <-done
+			err := <-done
 			var oe *fault.OpError
 			if !errors.Is(err, ErrPeerLost) || !errors.As(err, &oe) || oe.Peer != 1 || !strings.Contains(err.Error(), reason) {
 				t.Fatalf("rank 2's Init: %v, want ErrPeerLost naming rank 1 and why", err)
