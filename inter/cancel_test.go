@@ -39,13 +39,37 @@ func TestWatch(t *testing.T) {
 		if !tr.Cancelled() {
 			t.Fatal("Cancelled is false")
 		}
+		if tr.Unwatch() {
+			t.Fatal("Unwatch of a call its cancel ended is true")
+		}
+	})
+	t.Run("cancelled after a failure of the call's own", func(t *testing.T) {
+		tr := fresh()
+		ctx, cancel := context.WithCancel(context.Background())
+		tr.Watch(ctx)
+		tr.recordMu.Lock() // the call's own failure, recorded first
+		tr.recorded = &goneRecord{culprit: 2, witness: 0, reason: "a peer lost"}
+		tr.recordMu.Unlock()
+		cancel()
+		eventually(t, tr, true, "cancelled after a failure")
+		if tr.Cancelled() {
+			t.Fatal("the cancel took the place of the call's own failure")
+		}
+		tr.recordMu.Lock()
+		r := tr.recorded
+		tr.recordMu.Unlock()
+		if r == nil || r.culprit != 2 {
+			t.Fatalf("the record is %+v, want rank 2's", r)
+		}
 		tr.Unwatch()
 	})
 	t.Run("cancelled between calls", func(t *testing.T) {
 		tr := fresh()
 		ctx, cancel := context.WithCancel(context.Background())
 		tr.Watch(ctx)
-		tr.Unwatch()
+		if !tr.Unwatch() {
+			t.Fatal("Unwatch of a call not cancelled is false")
+		}
 		cancel()
 		time.Sleep(20 * time.Millisecond)
 		eventually(t, tr, false, "cancelled after its call")
@@ -81,6 +105,17 @@ func TestWatch(t *testing.T) {
 			t.Fatal("a call past its deadline is cancelled")
 		}
 		tr.Unwatch()
+	})
+	t.Run("closed", func(t *testing.T) {
+		tr := fresh()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		tr.Watch(ctx)
+		tr.Unwatch()
+		tr.Close()
+		if tr.watch.stop() {
+			t.Fatal("Close left the watch on the context registered (it keeps the transport)")
+		}
 	})
 	t.Run("allocations", func(t *testing.T) {
 		tr := fresh()

@@ -211,17 +211,23 @@ func (t *Transport) Record(peer int, err error) {
 
 // put writes r as this rank's record, unless it wrote one already that
 // r does not replace: a record replaces only one that was not final (an
-// explanation, Explain's, is; so is a rank's own giving up, giveUp).
+// explanation, Explain's, is; so is a rank's own giving up,
+// recordGivingUp).
 func (t *Transport) put(r goneRecord, final bool) {
-	if t.cfg.Store == nil {
-		return
-	}
 	t.recordMu.Lock()
 	defer t.recordMu.Unlock()
 	if t.recorded != nil && (t.recordedFinal || !final || *t.recorded == r) {
 		return
 	}
 	t.recorded, t.recordedFinal = &r, final
+	t.write(r)
+}
+
+// write puts r in the store, within GoneTimeout (t.recordMu held).
+func (t *Transport) write(r goneRecord) {
+	if t.cfg.Store == nil {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), GoneTimeout)
 	defer cancel()
 	_ = t.cfg.Store.Set(ctx, t.goneKey(t.cfg.Rank), r.encode())

@@ -196,6 +196,9 @@ func (o *HierOpOver[M]) Run(ctx context.Context) error {
 			return o.failDrained(err, p, len(h.peers), i+1)
 		}
 	}
+	if !h.t.Unwatch() { // cancelled as it ended: the link is interrupted
+		return o.fail(context.Canceled, -1)
+	}
 	return mismatch
 }
 
@@ -215,9 +218,10 @@ func (o *HierOpOver[M]) failDrained(err error, peer, recvd, sent int) error {
 	h := o.h
 	q := peer // the rank this rank holds responsible
 	var oe *fault.OpError
-	if h.t.Cancelled() {
-		// This rank gave up (recorded, the link interrupted): whatever
-		// its waits met came of that.
+	if h.t.Cancelled() || errors.Is(err, context.Canceled) {
+		// This rank gave up: its context was cancelled (the link's
+		// watch, or the node's gather, saw it first): whatever its
+		// waits met came of that.
 		err, peer, q = context.Canceled, -1, -1
 	} else if peer >= 0 { // the link's error: the peer it lost first is the one to name
 		err, peer = blame(h.t, err, peer)

@@ -57,10 +57,10 @@ type Link[M any] interface {
 	// holds responsible (see Transport.Explain).
 	Explain(p int, err error) (int, error)
 	// Watch and Unwatch bracket a call, whose context's cancellation in
-	// between interrupts the link; Cancelled reports that it did (see
-	// Transport.Watch).
+	// between interrupts the link; Cancelled, during the call, and
+	// Unwatch, at its end, report that it did (see Transport.Watch).
 	Watch(ctx context.Context)
-	Unwatch()
+	Unwatch() bool
 	Cancelled() bool
 	Close() error
 }
@@ -171,7 +171,7 @@ func (s *Staged) Explain(p int, err error) (int, error) { return s.t.Explain(p, 
 
 // Watch, Unwatch and Cancelled are the transport's.
 func (s *Staged) Watch(ctx context.Context) { s.t.Watch(ctx) }
-func (s *Staged) Unwatch()                  { s.t.Unwatch() }
+func (s *Staged) Unwatch() bool             { return s.t.Unwatch() }
 func (s *Staged) Cancelled() bool           { return s.t.Cancelled() }
 
 // CopyRides is false: the own block's copy is a device copy, not one a

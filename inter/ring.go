@@ -188,6 +188,9 @@ func (o *RingOpOver[M]) Run(ctx context.Context) error {
 			hash = o.hash ^ 0x706f69736f6e // pass the verdict on
 		}
 	}
+	if !r.t.Unwatch() { // cancelled as it ended: the link is interrupted
+		return o.fail(context.Canceled, -1)
+	}
 	return mismatch
 }
 

@@ -762,6 +762,7 @@ func (p *peer) lose(err error) error {
 
 // Close closes every connection; the goroutines end with them.
 func (t *Transport) Close() error {
+	t.closeWatch()
 	if t.ln != nil {
 		t.ln.Close()
 	}
