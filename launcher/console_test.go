@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -71,9 +72,11 @@ func TestPrefixWriterPrompt(t *testing.T) {
 	step("the rest, after it", p, "20\n", "[0]: 20\n")
 	step("a line written slowly", p, "loading... ", "[0]: loading... ")
 	step("its end", p, "done\n", "done\n")
-	step("a progress bar", p, " 10%", "[0]:  10%")
-	step("its update", p, "\r 20%", "\r[0]:  20%")
-	step("a last partial line", p, "\nbye", "\n[0]: bye")
+	step("a partial line", p, " 10%", "[0]:  10%")
+	// Rewritten in place: from its '\r' on, a progress bar's update,
+	// shown when it ends (not by the timer).
+	step("its update", p, "\r 20%", "\r")
+	step("a last partial line", p, "\nbye", "[0]:  20%\n[0]: bye")
 	p.flush()
 	if got := out.String(); got != want+"\n" {
 		t.Fatalf("after flush the console reads %q, want %q", got, want+"\n")
@@ -134,5 +137,44 @@ func TestLogDirAnnounced(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(logs[0]); string(b) != "redirected\n" {
 		t.Fatalf("%s reads %q", logs[0], b)
+	}
+}
+
+// TestPrefixWriterBars: two ranks' progress bars ("\r 10%" … updates with
+// no newline, slower than partialDelay) reach the console as before, each
+// update when its next begins, rewritten in place: no partial line of
+// theirs is shown by the timer and then ended by the other rank's, which
+// made the console scroll a line per update.
+func TestPrefixWriterBars(t *testing.T) {
+	var out syncBuffer
+	con := new(console)
+	p := &prefixWriter{con: con, out: &out, prefix: "[0]: "}
+	q := &prefixWriter{con: con, out: &out, prefix: "[1]: "}
+	for i := range 3 {
+		p.Write([]byte(fmt.Sprintf("\r %d0%%", i+1)))
+		time.Sleep(2 * partialDelay)
+		q.Write([]byte(fmt.Sprintf("\r %d5%%", i+1)))
+		time.Sleep(2 * partialDelay)
+	}
+	if got, want := out.String(), "[0]:  10%\r[1]:  15%\r[0]:  20%\r[1]:  25%\r"; got != want {
+		t.Fatalf("the console reads %q, want %q", got, want)
+	}
+}
+
+// TestPrefixWriterGone: once the console is gone (its reader closed),
+// a worker's output is dropped, not gathered in memory.
+func TestPrefixWriterGone(t *testing.T) {
+	p := &prefixWriter{con: new(console), out: brokenPipe{}, prefix: "[0]: "}
+	p.Write([]byte("a line\n"))
+	chunk := bytes.Repeat([]byte("x"), 1<<10)
+	for range 100 {
+		if n, err := p.Write(chunk); n != len(chunk) || err != nil {
+			t.Fatalf("Write = %d, %v", n, err)
+		}
+	}
+	p.con.mu.Lock()
+	defer p.con.mu.Unlock()
+	if len(p.buf) != 0 {
+		t.Fatalf("%d bytes held for a console that is gone", len(p.buf))
 	}
 }

@@ -2455,14 +2455,24 @@ type prefixWriter struct {
 	prefix string
 	buf    []byte
 	timer  *time.Timer // shows the partial line in buf; nil until one waits
+	// afterCR says the last line ended at a lone '\r': the partial line
+	// is a progress bar's next update, shown when it ends (at its '\r'),
+	// as before, not by the timer (between two ranks' bars, each shown
+	// update would be ended by a newline, and the console scroll).
+	afterCR bool
 	// gone, if set, is called when a write to out fails (the console's
-	// reader has gone: slimerun ... | head).
+	// reader has gone: slimerun ... | head); dead then says the output is
+	// dropped.
 	gone func(error)
+	dead bool
 }
 
 func (p *prefixWriter) Write(b []byte) (int, error) {
 	p.con.mu.Lock()
 	defer p.con.mu.Unlock()
+	if p.dead {
+		return len(b), nil
+	}
 	p.buf = append(p.buf, b...)
 	for {
 		// A line ends at '\n', or at a '\r' that rewrites it in place
@@ -2495,11 +2505,13 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 				return len(b), nil
 			}
 			p.buf = p.buf[1:]
+			p.afterCR = true
 			continue
 		}
 		if !p.emit(p.buf[:i+1], true) {
 			return len(b), nil // a broken console must not stop the worker
 		}
+		p.afterCR = p.buf[i] == '\r'
 		p.buf = p.buf[i+1:]
 	}
 	if len(p.buf) > 64<<10 { // an endless line: emit what we have
@@ -2508,7 +2520,7 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 		}
 		p.buf = p.buf[:0]
 	}
-	if len(p.buf) > 0 && p.timer == nil {
+	if len(p.buf) > 0 && p.timer == nil && !p.afterCR {
 		p.timer = time.AfterFunc(partialDelay, p.showPartial)
 	}
 	return len(b), nil
@@ -2520,6 +2532,9 @@ func (p *prefixWriter) showPartial() {
 	p.con.mu.Lock()
 	defer p.con.mu.Unlock()
 	p.timer = nil
+	if p.afterCR || p.dead { // a progress bar's update since, or no console
+		return
+	}
 	n := len(p.buf)
 	if n > 0 && p.buf[n-1] == '\r' {
 		n--
@@ -2546,6 +2561,7 @@ func (p *prefixWriter) emit(line []byte, whole bool) bool {
 	}
 	if _, err := io.WriteString(p.out, head+string(line)); err != nil {
 		p.con.open = nil
+		p.dead, p.buf = true, nil // dropped from now on, not gathered
 		if p.gone != nil {
 			p.gone(err)
 		}
