@@ -261,7 +261,8 @@ func (l *link) register(parts []*part, m map[uint64]*part) *Future {
 // the receiver's buffer. buf must not be touched until Wait returns.
 // A send announced while 65536 of this side's sends wait for the peer's
 // receives fails with ErrRefused, and so does the peer's Recv of its rank
-// (at once): post receives, or wait for sends, before sending more.
+// (at once, while the peer remembers fewer than 65536 such refusals; else
+// at its deadline): post receives, or wait for sends, before sending more.
 func (p *Peer) Send(buf []byte) *Future {
 	if uint64(len(buf)) > MaxLen {
 		return failed("send", p.name, opErr("send", p.name, "", ErrInvalid, "%d bytes", len(buf)))

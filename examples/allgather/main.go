@@ -42,15 +42,18 @@ func main() {
 			usage("--%s %d: want a positive count", f.name, f.n)
 		}
 	}
-	// A rank holds its tensor twice (src and the reference) and everyone's
-	// once (dst): (P+2)·m·n float32s, counted without overflow.
+	// A rank holds everyone's tensors twice (dst, and the device buffer
+	// it is gathered in: host memory on the CPU) and its own four times
+	// (src, its device buffer, the reference and the bytes it is made
+	// from): (2P+4)·m·n float32s, counted without overflow; the node's
+	// ranks share its memory.
 	if o, err := collective.LoadEnv(os.Getenv); err == nil {
-		need := new(big.Int).Mul(big.NewInt(int64(o.WorldSize+2)), big.NewInt(4))
+		need := new(big.Int).Mul(big.NewInt(int64(2*o.WorldSize+4)), big.NewInt(4))
 		need.Mul(need, big.NewInt(int64(*rows)))
 		need.Mul(need, big.NewInt(int64(*cols)))
 		limit, what := int64(math.MaxInt), "an int holds"
-		if avail, _, ok := machine.Memory(); ok && avail < limit {
-			limit, what = avail, "memory available"
+		if avail, _, ok := machine.Memory(); ok && avail/int64(max(o.LocalWorldSize, 1)) < limit {
+			limit, what = avail/int64(max(o.LocalWorldSize, 1)), fmt.Sprintf("memory available to each of %d ranks of this node", max(o.LocalWorldSize, 1))
 		}
 		if need.Cmp(big.NewInt(limit)) > 0 {
 			usage("--m %d --n %d on %d ranks: %s bytes a rank, more than the %d bytes of %s", *rows, *cols, o.WorldSize, need, limit, what)

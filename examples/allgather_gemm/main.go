@@ -50,7 +50,8 @@ func main() {
 	}
 	// What a rank allocates, in elements, counted without overflow: A and
 	// B (m·k, k·n) twice (host and the Op's), C and the reference (P·m·n)
-	// twice, G and the gathered A (P·m·k) twice.
+	// twice, G and the gathered A (P·m·k) twice; the node's ranks share
+	// its memory.
 	if o, err := collective.LoadEnv(os.Getenv); err == nil {
 		mul := func(x ...int) *big.Int {
 			r := big.NewInt(1)
@@ -64,8 +65,8 @@ func main() {
 		need.Add(need, mul(P, *m, *n)).Add(need, mul(P, *m, *k))
 		need.Mul(need, big.NewInt(2*esz))
 		limit, what := int64(math.MaxInt), "an int holds"
-		if avail, _, ok := machine.Memory(); ok && avail < limit {
-			limit, what = avail, "memory available"
+		if avail, _, ok := machine.Memory(); ok && avail/int64(max(o.LocalWorldSize, 1)) < limit {
+			limit, what = avail/int64(max(o.LocalWorldSize, 1)), fmt.Sprintf("memory available to each of %d ranks of this node", max(o.LocalWorldSize, 1))
 		}
 		if need.Cmp(big.NewInt(limit)) > 0 {
 			usage("--m %d --n %d --k %d of %s on %d ranks: about %s bytes a rank, more than the %d bytes of %s", *m, *n, *k, *dtype, P, need, limit, what)
