@@ -749,8 +749,10 @@ func reasonOf(err error) string {
 // plan one of the backend's device.Buffer values, ordered on Stream();
 // [Communicator.Plan], PlanV and PlanBlocks one of host byte slices on
 // either backend.
-// Each Run moves the buffers' current contents and allocates nothing. Run
-// it from one goroutine.
+// Each Run moves the buffers' current contents and allocates nothing (across
+// nodes, a context that can be cancelled costs one watch when it is first
+// given, then nothing while later runs are given the same one). Run it from
+// one goroutine.
 type Plan struct {
 	c   *Communicator
 	eng planEngine

@@ -19,9 +19,10 @@
 // wait is bounded by [Options].Timeout and the context's deadline.
 //
 // For repeated calls on the same buffers, [Communicator.Plan] prepares the
-// call once and [Plan.Run] allocates nothing. A [Plan] is one type whatever
-// the backend: Plan, PlanV and PlanBlocks plan host byte slices on either
-// backend; [Communicator.PlanBuffers], PlanBuffersV and PlanBuffersBlocks
+// call once and [Plan.Run] allocates nothing (across nodes, given the same
+// context each time, or one that cannot be cancelled). A [Plan] is one
+// type whatever the backend: Plan, PlanV and PlanBlocks plan host byte
+// slices on either backend; [Communicator.PlanBuffers], PlanBuffersV and PlanBuffersBlocks
 // plan the backend's own memory, device.Buffer values from
 // [Communicator.Device] (host buffers on the CPU, device memory on CUDA),
 // ordered on [Communicator.Stream] alike on both backends, so that code

@@ -53,7 +53,9 @@ func NewHierOver[M any](g intra.NodeGather[M], t Link[M], nodes, local, rank int
 }
 
 // HierOpOver is a planned hierarchical all-gather; Run allocates nothing
-// (on host memory; a GPU node's gathers re-plan on Set).
+// (on host memory, given the same context as the run before, or one that
+// cannot be cancelled: see Transport.Watch; a GPU node's gathers re-plan
+// on Set).
 type HierOpOver[M any] struct {
 	h     *HierOver[M]
 	name  string
