@@ -2445,10 +2445,11 @@ type console struct {
 const partialDelay = 100 * time.Millisecond
 
 // prefixWriter writes lines to out, each behind prefix. A partial line
-// waits for its end, for partialDelay, or for flush once the worker has
-// exited; shown unfinished, it is continued without a second prefix
-// unless another writer's line came in between (which first ends it with
-// a newline).
+// waits for its end, for partialDelay (but a progress bar's update, after
+// a '\r', waits for its end), or for flush once the worker has exited;
+// shown unfinished, it is continued without a second prefix unless
+// another writer's line came in between (which first ends it with a
+// newline).
 type prefixWriter struct {
 	con    *console
 	out    io.Writer
