@@ -1899,7 +1899,13 @@ wait:
 					Interrupted: ae.Rank == node*cfg.NProcPerNode && isInterrupted(node, ae.Reason),
 					NotStarted:  node >= 0 && isStartFailure(ae.Rank, ae.Reason),
 					Lost:        ae.Rank == node*cfg.NProcPerNode && isLost(node, ae.Reason)}
-				cfg.Logf("node %d: %v", cfg.NodeRank, first)
+				// The failure itself is Run's error, which the caller
+				// reports when the workers are stopped: said once.
+				who := "another node"
+				if node >= 0 {
+					who = "node " + strconv.Itoa(node)
+				}
+				cfg.Logf("node %d: stopping this node's workers: %s reported a failure", cfg.NodeRank, who)
 			}
 		case <-tick.C:
 			if first != nil {
