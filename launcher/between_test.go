@@ -15,7 +15,7 @@ import (
 // there: no worker of the next attempt starts, and the error is the
 // interruption (slimerun exits 128+signal), naming the failure before it.
 func TestSignalBetweenAttempts(t *testing.T) {
-	betweenAttempts = func(sigs chan<- os.Signal) {
+	betweenAttempts = func(_ int, sigs chan<- os.Signal) {
 		betweenAttempts = nil // the first attempt's end only
 		sigs <- syscall.SIGTERM
 	}
@@ -39,7 +39,7 @@ func TestSignalBetweenAttempts(t *testing.T) {
 func TestCancelBetweenAttempts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	betweenAttempts = func(chan<- os.Signal) {
+	betweenAttempts = func(int, chan<- os.Signal) {
 		betweenAttempts = nil // the first attempt's end only
 		cancel()
 	}

@@ -698,7 +698,7 @@ func Run(ctx context.Context, cfg Config) error {
 			cfg.Logf("removed %d shared-memory segment(s) the workers left: %v", len(removed), removed)
 		}
 		if betweenAttempts != nil {
-			betweenAttempts(sigs)
+			betweenAttempts(cfg.NodeRank, sigs)
 		}
 		// The other nodes may wait at the next attempt's start
 		// (startTogether): a node that ends the job fails their wait at
@@ -908,7 +908,7 @@ func (j *job) meet(ctx context.Context, n int) error {
 // betweenAttempts, when a test sets it, runs after each attempt, before
 // the launcher decides whether to restart (a signal put in sigs then
 // arrives between two attempts).
-var betweenAttempts func(sigs chan<- os.Signal)
+var betweenAttempts func(node int, sigs chan<- os.Signal)
 
 // storeGrace is how long node 0's store outlives its own workers, waiting
 // for the other nodes' launchers and workers to hang up: none on one node.

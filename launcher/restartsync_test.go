@@ -169,15 +169,17 @@ func TestSignalAsNodesMeet(t *testing.T) {
 	runID := "restartsig-" + strconv.Itoa(os.Getpid())
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	// Attempt 0: rank 0 fails (node 0's attempt ends first: the hook
-	// below takes its signal channel). Attempt 1: both run for 20 s.
+	// Attempt 0: rank 0 fails (the hook below takes node 0's signal
+	// channel as its attempt ends). Attempt 1: both run for 20 s.
 	script := `if [ "$SLIME_RESTART_COUNT" = 0 ] && [ "$RANK" = 0 ]; then sleep 0.3; exit 7; fi; exec sleep 20`
 	var outs [2]syncBuffer
 	var sigs0 chan<- os.Signal
 	var once sync.Once
 	caught := make(chan struct{})
-	betweenAttempts = func(s chan<- os.Signal) {
-		once.Do(func() { sigs0 = s; close(caught) })
+	betweenAttempts = func(node int, s chan<- os.Signal) {
+		if node == 0 { // node 1's attempt may end first
+			once.Do(func() { sigs0 = s; close(caught) })
+		}
 	}
 	defer func() { betweenAttempts = nil }()
 	chs := startTwoNodes(ctx, t, runID, script, &outs, func(n int, c *Config) context.Context {
