@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 )
@@ -20,9 +21,25 @@ func TestBreakSeenByOthers(t *testing.T) {
 		t.Run(fmt.Sprintf("%dx%d", shape[0], shape[1]), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
+			// The late ranks: all but rank 1 on one node; across nodes,
+			// the other node's.
+			late := func(r int) bool { return shape[0] == 1 || r/shape[1] != 1/shape[1] }
+			var waiting sync.WaitGroup // the late ranks, about to sleep
+			for r := range shape[0] * shape[1] {
+				if r != 1 && late(r) {
+					waiting.Add(1)
+				}
+			}
+			ready := make(chan struct{})
+			go func() { waiting.Wait(); close(ready) }()
 			errs := RunInProcess(ctx, shape[0], shape[1], func(o *Options) { o.Timeout = 10 * time.Second }, func(c *Communicator) error {
 				src, dst := make([]byte, 64), make([]byte, 64*c.Size())
 				if c.Rank() == 1 {
+					select { // the late ranks sleep: its call waits for them
+					case <-ready:
+					case <-ctx.Done():
+						return fmt.Errorf("the other ranks never came: %v", ctx.Err())
+					}
 					cctx, ccancel := context.WithCancel(ctx)
 					time.AfterFunc(50*time.Millisecond, ccancel)
 					if err := c.AllGather(cctx, dst, src); !errors.Is(err, context.Canceled) {
@@ -35,7 +52,8 @@ func TestBreakSeenByOthers(t *testing.T) {
 				}
 				// Rank 1 waits for this call, and is cancelled: across
 				// nodes, waiting on the network for the other node's ranks.
-				if shape[0] == 1 || c.Rank()/shape[1] != 1/shape[1] {
+				if late(c.Rank()) {
+					waiting.Done()
 					time.Sleep(500 * time.Millisecond)
 				}
 				var met error
