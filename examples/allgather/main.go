@@ -8,7 +8,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/big"
 	"os"
 	"sort"
@@ -51,10 +50,7 @@ func main() {
 		need := new(big.Int).Mul(big.NewInt(int64(2*o.WorldSize+4)), big.NewInt(4))
 		need.Mul(need, big.NewInt(int64(*rows)))
 		need.Mul(need, big.NewInt(int64(*cols)))
-		limit, what := int64(math.MaxInt), "an int holds"
-		if avail, _, ok := machine.Memory(); ok && avail/int64(max(o.LocalWorldSize, 1)) < limit {
-			limit, what = avail/int64(max(o.LocalWorldSize, 1)), fmt.Sprintf("memory available to each of %d ranks of this node", max(o.LocalWorldSize, 1))
-		}
+		limit, what := machine.Share(o.LocalWorldSize)
 		if need.Cmp(big.NewInt(limit)) > 0 {
 			usage("--m %d --n %d on %d ranks: %s bytes a rank, more than the %d bytes of %s", *rows, *cols, o.WorldSize, need, limit, what)
 		}

@@ -64,10 +64,7 @@ func main() {
 		need := new(big.Int).Add(mul(*m, *k), mul(*k, *n))
 		need.Add(need, mul(P, *m, *n)).Add(need, mul(P, *m, *k))
 		need.Mul(need, big.NewInt(2*esz))
-		limit, what := int64(math.MaxInt), "an int holds"
-		if avail, _, ok := machine.Memory(); ok && avail/int64(max(o.LocalWorldSize, 1)) < limit {
-			limit, what = avail/int64(max(o.LocalWorldSize, 1)), fmt.Sprintf("memory available to each of %d ranks of this node", max(o.LocalWorldSize, 1))
-		}
+		limit, what := machine.Share(o.LocalWorldSize)
 		if need.Cmp(big.NewInt(limit)) > 0 {
 			usage("--m %d --n %d --k %d of %s on %d ranks: about %s bytes a rank, more than the %d bytes of %s", *m, *n, *k, *dtype, P, need, limit, what)
 		}

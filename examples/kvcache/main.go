@@ -31,7 +31,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/big"
 	"math/rand/v2"
 	"net"
@@ -146,12 +145,7 @@ func main() {
 		stage.Mul(stage, big.NewInt(int64(f)))
 	}
 	cache := new(big.Int).Mul(big.NewInt(int64(c.pages)), big.NewInt(int64(c.pageSize)))
-	// Where the memory available cannot be read, the bound is what an
-	// int (a slice's length, an offset) holds.
-	limit, what := int64(math.MaxInt), "an int holds"
-	if avail, _, ok := machine.Memory(); ok && avail < limit {
-		limit, what = avail, "memory available"
-	}
+	limit, what := machine.Share(1)
 	for _, m := range []struct {
 		what string
 		n    *big.Int

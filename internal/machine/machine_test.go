@@ -146,3 +146,20 @@ func FuzzVMARange(f *testing.F) {
 		}
 	})
 }
+
+// TestShare: a rank's share of the memory available is the whole for one
+// rank and a quarter for four (within what /proc/meminfo moved between
+// the two reads), and names its bound.
+func TestShare(t *testing.T) {
+	one, what1 := Share(1)
+	four, what4 := Share(4)
+	if _, _, ok := Memory(); !ok {
+		t.Skip("no /proc/meminfo")
+	}
+	if one <= 0 || four <= 0 || four > one/4+one/64 || four < one/4-one/64 {
+		t.Errorf("Share(1) = %d, Share(4) = %d: not a quarter", one, four)
+	}
+	if what1 != "memory available" || !strings.Contains(what4, "each of 4 ranks") {
+		t.Errorf("Share's bounds: %q, %q", what1, what4)
+	}
+}
