@@ -237,18 +237,14 @@ func TestMisuseWait(t *testing.T) {
 			if errs[1] != nil && !errors.Is(errs[1], ErrCancelled) {
 				t.Errorf("round %d: %v", round, errs[1])
 			}
-			for i := range lmem {
-				lmem[i] = 0x5a
-			}
+			scribble(lmem, 0x5a)
 			if err := f.Wait(ctx); (err == nil) != (errs[0] == nil) {
 				t.Errorf("round %d: a later Wait: %v, the first %v", round, err, errs[0])
 			}
 			time.Sleep(5 * time.Millisecond)
 			if errs[0] != nil {
-				for i := range lmem {
-					if lmem[i] != 0x5a {
-						t.Fatalf("round %d: byte %d written after the Wait", round, i)
-					}
+				if i := untouched(lmem, 0x5a); i >= 0 {
+					t.Fatalf("round %d: byte %d written after the Wait", round, i)
 				}
 			}
 		}
@@ -328,9 +324,7 @@ func TestMisuseSendCancelReuse(t *testing.T) {
 		var errS, errR error
 		if round%2 == 0 {
 			errR = fr.Wait(cctx)
-			for i := range rbuf {
-				rbuf[i] = 0xA5
-			}
+			scribble(rbuf, 0xA5)
 			errS = fs.Wait(ctx)
 		} else {
 			errS = fs.Wait(cctx)
@@ -343,10 +337,8 @@ func TestMisuseSendCancelReuse(t *testing.T) {
 		t.Logf("round %d: send %v, recv %v", round, errS, errR)
 		if round%2 == 0 && errR != nil {
 			time.Sleep(20 * time.Millisecond)
-			for i := range rbuf {
-				if rbuf[i] != 0xA5 {
-					t.Fatalf("round %d: byte %d of the receive's buffer written after its Wait", round, i)
-				}
+			if i := untouched(rbuf, 0xA5); i >= 0 {
+				t.Fatalf("round %d: byte %d of the receive's buffer written after its Wait", round, i)
 			}
 		}
 		// The pair after.
@@ -480,17 +472,13 @@ func misuseDeregisterNoLateWrite(t *testing.T, tcpOnly, shared bool) {
 		if err := b.Deregister(ctx, tr); err != nil {
 			t.Fatalf("round %d: target Deregister: %v", round, err)
 		}
-		for i := range tmem {
-			tmem[i] = 0x77
-		}
+		scribble(tmem, 0x77)
 		for _, f := range fs {
 			f.Wait(ctx)
 		}
 		time.Sleep(10 * time.Millisecond)
-		for i := range tmem {
-			if tmem[i] != 0x77 {
-				t.Fatalf("round %d: the target's byte %d written after Deregister returned", round, i)
-			}
+		if i := untouched(tmem, 0x77); i >= 0 {
+			t.Fatalf("round %d: the target's byte %d written after Deregister returned", round, i)
 		}
 		// The initiator's region under reads.
 		tsrc := make([]byte, size)
@@ -506,9 +494,7 @@ func misuseDeregisterNoLateWrite(t *testing.T, tcpOnly, shared bool) {
 		if err := a.Deregister(ctx, lr); err != nil {
 			t.Fatalf("round %d: local Deregister: %v", round, err)
 		}
-		for i := range lmem {
-			lmem[i] = 0x66
-		}
+		scribble(lmem, 0x66)
 		for _, f := range fs {
 			if err := f.Wait(ctx); err != nil && !errors.Is(err, ErrClosed) {
 				t.Errorf("round %d: a read into a region deregistered: %v", round, err)
@@ -517,10 +503,8 @@ func misuseDeregisterNoLateWrite(t *testing.T, tcpOnly, shared bool) {
 			}
 		}
 		time.Sleep(10 * time.Millisecond)
-		for i := range lmem {
-			if lmem[i] != 0x66 {
-				t.Fatalf("round %d: the initiator's byte %d written after Deregister returned", round, i)
-			}
+		if i := untouched(lmem, 0x66); i >= 0 {
+			t.Fatalf("round %d: the initiator's byte %d written after Deregister returned", round, i)
 		}
 		a.Deregister(ctx, sr)
 		b.Deregister(ctx, tr2)
@@ -558,9 +542,7 @@ func testMisuseCloseDuringWait(t *testing.T, tcpOnly bool, wantT string) {
 		go func() { defer cwg.Done(); a.Close() }()
 	}
 	cwg.Wait()
-	for i := range lmem {
-		lmem[i] = 0x11
-	}
+	scribble(lmem, 0x11)
 	for range fs {
 		select {
 		case err := <-errs:
@@ -572,10 +554,8 @@ func testMisuseCloseDuringWait(t *testing.T, tcpOnly bool, wantT string) {
 		}
 	}
 	time.Sleep(10 * time.Millisecond)
-	for i := range lmem {
-		if lmem[i] != 0x11 {
-			t.Fatalf("byte %d written after Close returned", i)
-		}
+	if i := untouched(lmem, 0x11); i >= 0 {
+		t.Fatalf("byte %d written after Close returned", i)
 	}
 }
 
@@ -608,9 +588,7 @@ func testMisuseCancelStress(t *testing.T, tcpOnly bool, wantT string) {
 			mine := lmem[w*slot : (w+1)*slot]
 			for i := range 150 {
 				n := sizes[(i+w)%len(sizes)]
-				for j := range mine[:n] {
-					mine[j] = 0xEE
-				}
+				scribble(mine[:n], 0xEE)
 				f := ab.Read([]Op{{Local: lr, LocalOff: w * slot, Remote: tr.Remote(), Len: n}})
 				cctx, cancel := context.WithCancel(ctx)
 				if i%3 != 0 {
@@ -628,15 +606,10 @@ func testMisuseCancelStress(t *testing.T, tcpOnly bool, wantT string) {
 					fail("read: " + err.Error())
 					return
 				}
-				for j := range mine[:n] {
-					mine[j] = 0x33
-				}
+				scribble(mine[:n], 0x33)
 				time.Sleep(200 * time.Microsecond)
-				for j := range mine[:n] {
-					if mine[j] != 0x33 {
-						fail("a cancelled read's slot written after its Wait")
-						break
-					}
+				if untouched(mine[:n], 0x33) >= 0 {
+					fail("a cancelled read's slot written after its Wait")
 				}
 			}
 		}()
@@ -735,14 +708,10 @@ func TestMisuseWaitTwiceSmall(t *testing.T) {
 			fs.Wait(ctx)
 		}
 		if got[0] != nil {
-			for j := range lmem {
-				lmem[j] = 0x44
-			}
+			scribble(lmem, 0x44)
 			time.Sleep(100 * time.Microsecond)
-			for j := range lmem {
-				if lmem[j] != 0x44 {
-					t.Fatalf("round %d: byte %d written after a cancelled Wait", i, j)
-				}
+			if j := untouched(lmem, 0x44); j >= 0 {
+				t.Fatalf("round %d: byte %d written after a cancelled Wait", i, j)
 			}
 		}
 	}
@@ -817,16 +786,12 @@ func TestMisuseRefusedBatchWritesNothing(t *testing.T) {
 				if !allZero(t1) || !allZero(t2) {
 					t.Errorf("shared %v bad %d: a refused batch wrote bytes", shared, bad)
 				}
-				for i := range src {
-					src[i] = 0xCC
-				}
+				scribble(src, 0xCC)
 				err := ab.Read(build(bad)).Wait(ctx)
 				misuseCheck(t, fmt.Sprintf("read shared %v bad %d", shared, bad), err, ErrRefused, `peer "b"`)
-				for i := range src {
-					if src[i] != 0xCC {
-						t.Errorf("shared %v bad %d: a refused read wrote byte %d", shared, bad, i)
-						break
-					}
+				if i := untouched(src, 0xCC); i >= 0 {
+					t.Errorf("shared %v bad %d: a refused read wrote byte %d", shared, bad, i)
+					break
 				}
 				fill(src, 9)
 			}
@@ -881,17 +846,13 @@ func TestMisuseDeregisterCancelledThenAgain(t *testing.T) {
 			if err := b.Deregister(ctx, tr); err != nil {
 				t.Fatalf("round %d: Deregister again: %v", round, err)
 			}
-			for i := range tmem {
-				tmem[i] = 0x12
-			}
+			scribble(tmem, 0x12)
 			for _, f := range fs {
 				f.Wait(ctx)
 			}
 			time.Sleep(10 * time.Millisecond)
-			for i := range tmem {
-				if tmem[i] != 0x12 {
-					t.Fatalf("round %d: byte %d written after the second Deregister", round, i)
-				}
+			if i := untouched(tmem, 0x12); i >= 0 {
+				t.Fatalf("round %d: byte %d written after the second Deregister", round, i)
 			}
 			a.Deregister(ctx, sr)
 		}
@@ -978,4 +939,22 @@ func TestMisuseImmTakers(t *testing.T) {
 	if len(seen) != n {
 		t.Errorf("%d immediates taken, want %d", len(seen), n)
 	}
+}
+
+// scribble sets every byte of b to v: memory a test then watches for a
+// late write (untouched).
+func scribble(b []byte, v byte) {
+	for i := range b {
+		b[i] = v
+	}
+}
+
+// untouched is the index of the first byte of b that is not v, or -1.
+func untouched(b []byte, v byte) int {
+	for i, c := range b {
+		if c != v {
+			return i
+		}
+	}
+	return -1
 }
