@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/fault"
 )
 
 // TestWatch: the watch on a call's context interrupts the transport when
@@ -47,9 +49,9 @@ func TestWatch(t *testing.T) {
 		tr := fresh()
 		ctx, cancel := context.WithCancel(context.Background())
 		tr.Watch(ctx)
-		tr.recordMu.Lock() // the call's own failure, recorded first
-		tr.recorded = &goneRecord{culprit: 2, witness: 0, reason: "a peer lost"}
-		tr.recordMu.Unlock()
+		// The call's own failure, recorded first (a transport without a
+		// store remembers it all the same).
+		tr.Record(2, fault.New("allgather", 0, 2, fault.ErrPeerLost, "rank 2 closed its connection"))
 		cancel()
 		eventually(t, tr, true, "cancelled after a failure")
 		if tr.Cancelled() {

@@ -188,9 +188,11 @@ func goneWait(timeout time.Duration) time.Duration {
 // Record returns once its write, or one under way, has ended, so that no
 // caller interrupts the link before the account is in the store. Each
 // write takes at most GoneTimeout; a failure to write is dropped: the
-// peers then name this rank.
+// peers then name this rank. A transport without a store keeps the
+// account all the same, so that a cancel after it (recordGivingUp) does
+// not take its place.
 func (t *Transport) Record(peer int, err error) {
-	if err == nil || t.cfg.Store == nil {
+	if err == nil {
 		return
 	}
 	r := goneRecord{culprit: peer, witness: t.cfg.Rank, reason: account(err), waited: errors.Is(err, fault.ErrTimeout)}
