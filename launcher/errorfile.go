@@ -52,7 +52,7 @@ func (j *job) errorFile(attempt, local int) string {
 		}
 		base = j.errDir
 	}
-	dir := filepath.Join(base, j.cfg.RunID, "attempt_"+strconv.Itoa(attempt), strconv.Itoa(local))
+	dir := filepath.Join(j.cfg.logRoot(base), "attempt_"+strconv.Itoa(attempt), strconv.Itoa(local))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		j.cfg.Logf("no error file for local rank %d: %v", local, err)
 		return ""

@@ -122,7 +122,9 @@ type Config struct {
 	// put their ranks on the same cores.
 	BindToCore bool
 	// LogDir receives each worker's redirected or teed streams in
-	// LogDir/RunID/attempt_N/LOCAL_RANK/{stdout,stderr}.log.
+	// LogDir/RunID/attempt_N/LOCAL_RANK/{stdout,stderr}.log; across nodes
+	// in LogDir/RunID/node_NODE_RANK/attempt_N/LOCAL_RANK/, so that nodes
+	// that share it keep their own.
 	LogDir string
 	// Redirects sends the selected streams of each local rank to its log
 	// files only; Tee to the log files and the console. Index: local rank;
@@ -577,7 +579,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.LogDir != "" {
 		// The same command again (across nodes the run id defaults to
 		// the port): its logs go where the earlier run's are.
-		if d := filepath.Join(cfg.LogDir, cfg.RunID); dirExists(d) {
+		if d := cfg.logRoot(cfg.LogDir); dirExists(d) {
 			cfg.Warnf("the log directory %s holds an earlier run's logs (run id %q): this run's replace them where they meet; give each run its own --rdzv-id or --log-dir to keep both", d, cfg.RunID)
 		}
 	}
@@ -2361,11 +2363,23 @@ func openLog(cfg *Config, attempt, local int, name string) (*os.File, error) {
 		// and could not find this one otherwise.
 		cfg.Warnf("no log directory given (--log-dir): logs in %s", d)
 	}
-	dir := filepath.Join(cfg.LogDir, cfg.RunID, "attempt_"+strconv.Itoa(attempt), strconv.Itoa(local))
+	dir := filepath.Join(cfg.logRoot(cfg.LogDir), "attempt_"+strconv.Itoa(attempt), strconv.Itoa(local))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("launcher: log dir: %w", err)
 	}
 	return os.Create(filepath.Join(dir, name+".log"))
+}
+
+// logRoot is this node's directory of the job under base (the log
+// directory): base/RUN_ID on one node, base/RUN_ID/node_N across nodes,
+// where the nodes may share base (a shared file system, or namespaces of
+// one machine) and each must keep its own local ranks' logs and error
+// files, as torchrun's agents each write under a directory of their own.
+func (c *Config) logRoot(base string) string {
+	if c.NNodes > 1 {
+		return filepath.Join(base, c.RunID, "node_"+strconv.Itoa(c.NodeRank))
+	}
+	return filepath.Join(base, c.RunID)
 }
 
 func dirExists(d string) bool {
