@@ -404,6 +404,16 @@ func (c *Config) defaults() error {
 	if c.Program == "" {
 		return bad("no program to run")
 	}
+	if c.LogDir != "" {
+		// Absolute, as torchrun's: a worker that changes its directory
+		// (hydra's runs do) must still write its TORCHELASTIC_ERROR_FILE
+		// where the launcher reads it.
+		d, err := filepath.Abs(c.LogDir)
+		if err != nil {
+			return bad("--log-dir %q: %v", c.LogDir, err)
+		}
+		c.LogDir = d
+	}
 	if c.MonitorInterval <= 0 {
 		c.MonitorInterval = 100 * time.Millisecond
 	}
