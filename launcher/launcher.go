@@ -551,7 +551,8 @@ type job struct {
 }
 
 // Run runs the job's workers on this node until they all exit, one fails,
-// or a SIGINT, SIGTERM, SIGHUP or SIGQUIT arrives (forwarded to every worker). It
+// or a SIGINT, SIGTERM, SIGHUP or SIGQUIT arrives (forwarded to every worker;
+// SIGHUP not where the process started with it ignored, under nohup). It
 // returns nil when every worker exited 0, a *JobError naming the first
 // failure (and the rank the workers blame), a *RemoteError when a worker
 // of another node failed first (this node's workers are then stopped as
@@ -605,7 +606,11 @@ func Run(ctx context.Context, cfg Config) error {
 	// From here on a signal is the job's to handle (it calls off the
 	// rendezvous, or stops the workers), not a silent end of the launcher.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
+	stopSigs := []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT}
+	if !hupIgnored {
+		stopSigs = append(stopSigs, syscall.SIGHUP)
+	}
+	signal.Notify(sigs, stopSigs...)
 	defer signal.Stop(sigs)
 	// A console that goes away (slimerun ... | head) must not end the
 	// launcher: without a Notify for SIGPIPE the runtime dies of it on a
@@ -762,6 +767,14 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 }
+
+// hupIgnored says that SIGHUP was ignored when the process started
+// (nohup slimerun ...): it stays ignored, for the launcher and, inherited,
+// its workers, so that the job outlives the terminal as nohup means; a
+// handler for it would take the hangup as a request to stop the job.
+// Read at start: once a Run has asked for SIGHUP, signal.Ignored no
+// longer says.
+var hupIgnored = signal.Ignored(syscall.SIGHUP)
 
 // endedReason is how a node that ends the job after an attempt (failed,
 // or err nil: its workers all exited 0) tells the nodes that may wait

@@ -8,7 +8,8 @@
 // MASTER_ADDR and MASTER_PORT; node 0 hosts the rendezvous store. Output
 // lines carry the rank ("[3]: ..."). When a worker fails, the others are
 // stopped and slimerun names the first failure (and the rank the workers'
-// errors blame) and exits 1; SIGINT, SIGTERM, SIGHUP and SIGQUIT reach every worker.
+// errors blame) and exits 1; SIGINT, SIGTERM, SIGHUP and SIGQUIT reach every worker
+// (SIGHUP not under nohup, which leaves it ignored).
 //
 // An unmodified torch.distributed program runs under it: slimerun's store
 // listens on the rendezvous port (--master-port, or --rdzv-endpoint's

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -24,6 +25,13 @@ func TestMain(m *testing.M) {
 	}
 	if os.Getenv("SLIMERUN_TEST_WORKER") == "waitpeer" {
 		os.Exit(waitPeerWorker())
+	}
+	// The tests that send slimerun SIGHUP need it not ignored: where the
+	// tests run under nohup, a handler here gives the slimeruns they start
+	// SIGHUP's default (exec resets a handled signal, not an ignored one),
+	// and TestNohupSurvivesHangup starts its own under nohup.
+	if signal.Ignored(syscall.SIGHUP) {
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
 	}
 	dir, err := testbin.Build()
 	if err != nil {
