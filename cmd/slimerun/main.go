@@ -86,6 +86,7 @@ func run(args []string) int {
 	// does for anything but a .py script.
 	module := fs.BoolP("module", "m", false, "run the program as a Python module (python3 -u -m MODULE), as torchrun's -m")
 	noPython := fs.Bool("no-python", false, "run the program as it is, a .py script too (default: a .py script runs under python3 -u, as torchrun's)")
+	runPath := fs.Bool("run-path", false, "run the program as a Python script whatever its name (python3 -u SCRIPT), before --module and --no-python, as torchrun's --run-path")
 	fs.StringVar(&cfg.Role, "role", "default", "the workers' ROLE_NAME, as torchrun's")
 	startMethod := fs.String("start-method", "spawn", "accepted for torchrun's command lines (spawn, fork or forkserver): it picks how torchrun starts Python functions; slimerun starts programs")
 	printTopo := fs.Bool("print-topology", false, "print this machine's CPUs, GPUs (NVML: NVLink, P2P, NUMA) and GPU libraries, then run the program, if any")
@@ -230,6 +231,9 @@ func run(args []string) int {
 	}
 	cfg.Program, cfg.Args = fs.Arg(0), fs.Args()[1:]
 	switch {
+	case *runPath: // torchrun's runs the script with runpy.run_path, before -m and --no-python
+		cfg.Script = cfg.Program
+		cfg.Program, cfg.Args = python(), append([]string{"-u", cfg.Program}, cfg.Args...)
 	case *module && *noPython:
 		return fail("--module (-m) runs a Python module, --no-python the program as it is: give one")
 	case *module:
@@ -282,7 +286,7 @@ func run(args []string) int {
 // (its env and check_env actions) that slimerun has.
 var torchrunEnvFlags = []string{
 	"nnodes", "nproc-per-node", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf", "standalone",
-	"max-restarts", "monitor-interval", "start-method", "role", "module", "no-python", "log-dir",
+	"max-restarts", "monitor-interval", "start-method", "role", "module", "no-python", "run-path", "log-dir",
 	"redirects", "tee", "local-ranks-filter", "node-rank", "master-addr", "master-port",
 }
 
