@@ -567,7 +567,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	var noProgram error
 	if cfg.Program != "" {
-		if _, err := exec.LookPath(cfg.Program); err != nil {
+		// A program found through "." in PATH runs, as the shell and
+		// torchrun run it (see startWorker).
+		if _, err := exec.LookPath(cfg.Program); err != nil && !errors.Is(err, exec.ErrDot) {
 			noProgram = fmt.Errorf("%w: %v", ErrBadConfig, err)
 		} else if cfg.Script != "" {
 			if _, err := os.Stat(cfg.Script); err != nil {
@@ -2269,6 +2271,11 @@ func (j *job) startWorker(attempt, local int, con *console) (*worker, error) {
 	rank := cfg.NodeRank*cfg.NProcPerNode + local
 	w := &worker{local: local, rank: rank}
 	cmd := exec.Command(cfg.Program, cfg.Args...)
+	if errors.Is(cmd.Err, exec.ErrDot) {
+		// Found through "." (or an empty entry) in the user's PATH: run,
+		// as execvp runs it, not refused as Go's LookPath would have it.
+		cmd.Err = nil
+	}
 	env := append([]string(nil), cfg.Env...)
 	set := func(k, v string) { env = append(env, k+"="+v) }
 	itoa := strconv.Itoa
