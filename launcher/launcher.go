@@ -2506,6 +2506,10 @@ type prefixWriter struct {
 	prefix string
 	buf    []byte
 	timer  *time.Timer // shows the partial line in buf; nil until one waits
+	// gen counts the timers armed: a timer shows the partial line only
+	// if it is still the latest (one stopped too late, its line ended,
+	// must not show the next line's start before that has waited).
+	gen uint64
 	// afterCR says the last line ended at a lone '\r': the partial line
 	// is a progress bar's next update, shown when it ends (at its '\r'),
 	// as before, not by the timer (between two ranks' bars, each shown
@@ -2525,6 +2529,7 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	p.buf = append(p.buf, b...)
+	ended := false // a line ended: a partial line left is a new one
 	for {
 		// A line ends at '\n', or at a '\r' that rewrites it in place
 		// (a progress bar's update, which may not see '\n' for an epoch);
@@ -2557,6 +2562,7 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 			}
 			p.buf = p.buf[1:]
 			p.afterCR = true
+			ended = true
 			continue
 		}
 		if !p.emit(p.buf[:i+1], true) {
@@ -2564,24 +2570,38 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 		}
 		p.afterCR = p.buf[i] == '\r'
 		p.buf = p.buf[i+1:]
+		ended = true
 	}
 	if len(p.buf) > 64<<10 { // an endless line: emit what we have
 		if !p.emit(append(p.buf, '\n'), true) {
 			return len(b), nil
 		}
 		p.buf = p.buf[:0]
+		ended = true
+	}
+	// The timer times the partial line now in buf: where the one it was
+	// armed for has ended, this one has waited for nothing yet.
+	if ended && p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
 	}
 	if len(p.buf) > 0 && p.timer == nil && !p.afterCR {
-		p.timer = time.AfterFunc(partialDelay, p.showPartial)
+		p.gen++
+		gen := p.gen
+		p.timer = time.AfterFunc(partialDelay, func() { p.showPartial(gen) })
 	}
 	return len(b), nil
 }
 
 // showPartial shows the partial line that has waited partialDelay, but a
-// '\r' at its end (the start of "\r\n", maybe).
-func (p *prefixWriter) showPartial() {
+// '\r' at its end (the start of "\r\n", maybe), where gen is still the
+// latest timer's (see Write).
+func (p *prefixWriter) showPartial(gen uint64) {
 	p.con.mu.Lock()
 	defer p.con.mu.Unlock()
+	if gen != p.gen {
+		return // stopped too late: a later line's timer times it
+	}
 	p.timer = nil
 	if p.afterCR || p.dead { // a progress bar's update since, or no console
 		return
