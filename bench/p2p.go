@@ -55,6 +55,10 @@ var P2PCSVHeader = []string{"impl", "transport", "op", "S", "batch", "concurrenc
 //     sizes the targets name a p2p read, a one-way transfer and a memcpy,
 //     measured alternately within each iteration (paired); GBps from P50;
 //     CPU not measured (0).
+//
+// Only the p2p transfers (reads and writes, paired or not) check their
+// bytes: the other rows (raw TCP, memcpy, registration) are Unchecked,
+// and their Wrong counts nothing.
 type P2PResult struct {
 	Impl, Transport, Op string
 	S                   int64
@@ -63,6 +67,9 @@ type P2PResult struct {
 	GBps                float64
 	CPUPerGB            float64
 	Wrong               int64
+	// Unchecked: no byte of the row is compared with what was sent; its
+	// wrong column is '-' in the table and empty in the CSV.
+	Unchecked bool
 }
 
 // P2PConfig is what P2P measures.
@@ -800,17 +807,17 @@ func (b *p2pBench) baselines(ctx context.Context, emit func(P2PResult)) error {
 	}
 	for _, r := range rs {
 		if r.Latency {
-			emit(P2PResult{Impl: "tcp", Transport: "tcp-1", Op: "pingpong", S: r.S, Batch: 1, Concurrency: 1, P50: 2 * r.Median})
+			emit(P2PResult{Impl: "tcp", Transport: "tcp-1", Op: "pingpong", S: r.S, Batch: 1, Concurrency: 1, P50: 2 * r.Median, Unchecked: true})
 			continue
 		}
-		emit(P2PResult{Impl: "tcp", Transport: fmt.Sprintf("tcp-%d", r.Channels), Op: "oneway", S: r.S, Batch: 1, Concurrency: 1, P50: r.Median, GBps: r.GBps})
+		emit(P2PResult{Impl: "tcp", Transport: fmt.Sprintf("tcp-%d", r.Channels), Op: "oneway", S: r.S, Batch: 1, Concurrency: 1, P50: r.Median, GBps: r.GBps, Unchecked: true})
 	}
 	for _, n := range sizes {
 		var us, gbps float64
 		if b.c.Rank() == 0 {
 			us, gbps = Memcpy(int(n), b.cfg.MinTime)
 		}
-		emit(P2PResult{Impl: "memcpy", Transport: "cpu", Op: "copy", S: n, Batch: 1, Concurrency: 1, P50: us, GBps: gbps})
+		emit(P2PResult{Impl: "memcpy", Transport: "cpu", Op: "copy", S: n, Batch: 1, Concurrency: 1, P50: us, GBps: gbps, Unchecked: true})
 		if err := b.c.Barrier(ctx); err != nil {
 			return err
 		}
@@ -842,23 +849,32 @@ func (b *p2pBench) register(ctx context.Context, emit func(P2PResult)) error {
 				}
 			}
 			emit(P2PResult{Impl: "p2p", Transport: "-", Op: "register", S: page, Batch: count, Concurrency: 1, P50: us, P99: us,
-				GBps: float64(b.cfg.RegisterBytes) / us / 1e3, CPUPerGB: cpu / (float64(b.cfg.RegisterBytes) / 1e9)})
+				GBps: float64(b.cfg.RegisterBytes) / us / 1e3, CPUPerGB: cpu / (float64(b.cfg.RegisterBytes) / 1e9), Unchecked: true})
 		}
 	}
 	return b.c.Barrier(ctx)
 }
 
 // WriteP2PCSV writes rs with P2PCSVHeader; a figure a row does not
-// measure (0: a baseline's p99 or CPU, a ping-pong's GB/s) is left empty.
+// measure (0: a baseline's p99 or CPU, a ping-pong's GB/s; the wrong count
+// of a row that checks nothing) is left empty.
 func WriteP2PCSV(w io.Writer, rs []P2PResult) error {
 	cw := csv.NewWriter(w)
 	cw.Write(P2PCSVHeader)
 	for _, r := range rs {
 		cw.Write([]string{r.Impl, r.Transport, r.Op, strconv.FormatInt(r.S, 10), strconv.Itoa(r.Batch), strconv.Itoa(r.Concurrency),
-			measured(r.P50, 2, ""), measured(r.P99, 2, ""), measured(r.GBps, 4, ""), measured(r.CPUPerGB, 4, ""), strconv.FormatInt(r.Wrong, 10)})
+			measured(r.P50, 2, ""), measured(r.P99, 2, ""), measured(r.GBps, 4, ""), measured(r.CPUPerGB, 4, ""), r.wrong("")})
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+// wrong is r's wrong count, or none where r checks nothing.
+func (r P2PResult) wrong(none string) string {
+	if r.Unchecked {
+		return none
+	}
+	return strconv.FormatInt(r.Wrong, 10)
 }
 
 // measured formats x with prec decimals, or none where x is 0 (the row
@@ -877,8 +893,8 @@ func WriteP2PTable(w io.Writer, rs []P2PResult, title string) {
 	fmt.Fprintf(w, "# %s\n", title)
 	fmt.Fprintf(w, "#%-7s %-9s %-15s %10s %6s %5s %11s %11s %9s %9s %6s\n", "impl", "transport", "op", "S", "batch", "conc", "p50 (us)", "p99 (us)", "GB/s", "cpu s/GB", "wrong")
 	for _, r := range rs {
-		fmt.Fprintf(w, " %-7s %-9s %-15s %10s %6d %5d %11s %11s %9s %9s %6d\n", r.Impl, r.Transport, r.Op, bytesize.Format(r.S), r.Batch, r.Concurrency,
-			measured(r.P50, 2, "-"), measured(r.P99, 2, "-"), measured(r.GBps, 3, "-"), measured(r.CPUPerGB, 3, "-"), r.Wrong)
+		fmt.Fprintf(w, " %-7s %-9s %-15s %10s %6d %5d %11s %11s %9s %9s %6s\n", r.Impl, r.Transport, r.Op, bytesize.Format(r.S), r.Batch, r.Concurrency,
+			measured(r.P50, 2, "-"), measured(r.P99, 2, "-"), measured(r.GBps, 3, "-"), measured(r.CPUPerGB, 3, "-"), r.wrong("-"))
 	}
 	for _, l := range P2PTargets(rs) {
 		fmt.Fprintln(w, "# "+l)
@@ -1109,9 +1125,9 @@ func (b *p2pBench) paired(ctx context.Context, emit func(P2PResult)) error {
 			rawOp = "pingpong-paired"
 		}
 		rows := []P2PResult{
-			{Impl: "tcp", Transport: fmt.Sprintf("tcp-%d", ch), Op: rawOp, S: int64(n), Batch: 1, Concurrency: 1},
+			{Impl: "tcp", Transport: fmt.Sprintf("tcp-%d", ch), Op: rawOp, S: int64(n), Batch: 1, Concurrency: 1, Unchecked: true},
 			{Impl: "p2p", Op: "read-paired", S: pr.s, Batch: pr.batch, Concurrency: 1},
-			{Impl: "memcpy", Transport: "cpu", Op: "copy-paired", S: int64(n), Batch: 1, Concurrency: 1},
+			{Impl: "memcpy", Transport: "cpu", Op: "copy-paired", S: int64(n), Batch: 1, Concurrency: 1, Unchecked: true},
 		}
 		if n == 8 {
 			rows = rows[:2]

@@ -54,8 +54,8 @@ func TestP2PSweep(t *testing.T) {
 			var tbl strings.Builder
 			WriteP2PTable(&tbl, rows[0], "TestP2PSweep")
 			t.Log("\n" + tbl.String())
-			if !gpu && !regexp.MustCompile(`(?m)^ tcp +tcp-\d+ +oneway +\S+ +1 +1 +\S+ +- +\S+ +- +0$`).MatchString(tbl.String()) {
-				t.Errorf("the table's tcp oneway rows show a p99 or CPU they do not measure")
+			if !gpu && !regexp.MustCompile(`(?m)^ tcp +tcp-\d+ +oneway +\S+ +1 +1 +\S+ +- +\S+ +- +-$`).MatchString(tbl.String()) {
+				t.Errorf("the table's tcp oneway rows show a p99, CPU or wrong count they do not measure")
 			}
 			var buf bytes.Buffer
 			if err := WriteP2PCSV(&buf, rows[0]); err != nil {
@@ -73,8 +73,8 @@ func TestP2PSweep(t *testing.T) {
 				if len(r) != 11 {
 					t.Fatalf("row %v has %d columns", r, len(r))
 				}
-				if r[10] != "0" {
-					t.Errorf("row %v: wrong bytes", r)
+				if unchecked := r[0] != "p2p" || r[2] == "register"; unchecked && r[10] != "" || !unchecked && r[10] != "0" {
+					t.Errorf("row %v: wrong bytes, or a wrong count where nothing is checked", r)
 				}
 				count[r[0]+" "+r[2]]++
 				// A baseline measures no CPU, nor a p99 unless paired:
@@ -267,6 +267,57 @@ func TestP2PCPUExcludesWarmup(t *testing.T) {
 		moved := 5 * float64(r.S*int64(r.Batch*r.Concurrency)) // MaxRounds rounds
 		if cpu := r.CPUPerGB * moved / 1e9; r.Impl == "p2p" && cpu >= burn.Seconds()/2 {
 			t.Errorf("%s of %d bytes: %.3f CPU seconds over 5 rounds of 4 KiB: the %v burnt before the timed rounds counted", r.Op, r.S, cpu, burn)
+		}
+	}
+}
+
+// TestP2PUncheckedRowsNoWrong: the wrong column is a count of bytes
+// checked. The raw TCP, memcpy and registration rows check no byte (the
+// raw link sends a buffer nobody compares, a registration moves nothing):
+// their wrong column is '-' in the table and empty in the CSV, as the
+// other figures they do not measure, not a 0 that reads as "checked, all
+// right". The p2p rows, whose every byte is checked, keep their count.
+func TestP2PUncheckedRowsNoWrong(t *testing.T) {
+	cfg := P2PConfig{Sizes: []int64{64 << 10}, Batches: []int{1}, Concurrency: []int{1}, Ops: []string{"read"},
+		MinTime: time.Millisecond, MaxRounds: 5, Baselines: true, RegisterBytes: 8 << 10}
+	rows := p2pRanks(t, cfg)
+	if t.Failed() {
+		return
+	}
+	checks := func(impl, op string) bool { return impl == "p2p" && op != "register" }
+	var tbl strings.Builder
+	WriteP2PTable(&tbl, rows[0], "TestP2PUncheckedRowsNoWrong")
+	kinds := map[string]bool{}
+	for _, l := range strings.Split(tbl.String(), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 11 || strings.HasPrefix(l, "#") {
+			continue
+		}
+		kinds[f[0]+" "+f[2]] = true
+		if want := "-"; !checks(f[0], f[2]) && f[10] != want {
+			t.Errorf("table row %q: wrong %q, want %q (nothing checked)", l, f[10], want)
+		} else if checks(f[0], f[2]) && f[10] != "0" {
+			t.Errorf("table row %q: wrong %q, want 0", l, f[10])
+		}
+	}
+	for _, k := range []string{"tcp pingpong", "tcp oneway", "memcpy copy", "p2p register", "tcp oneway-paired", "memcpy copy-paired", "p2p read", "p2p read-paired"} {
+		if !kinds[k] {
+			t.Errorf("no %s row in\n%s", k, tbl.String())
+		}
+	}
+	var buf bytes.Buffer
+	if err := WriteP2PCSV(&buf, rows[0]); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(&buf).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs[1:] {
+		if want := ""; !checks(r[0], r[2]) && r[10] != want {
+			t.Errorf("csv row %v: wrong %q, want %q (nothing checked)", r, r[10], want)
+		} else if checks(r[0], r[2]) && r[10] != "0" {
+			t.Errorf("csv row %v: wrong %q, want 0", r, r[10])
 		}
 	}
 }
