@@ -61,7 +61,7 @@ func TestGatherCopy(t *testing.T) {
 	for _, P := range []int{1, 2, 3} {
 		for _, inPlace := range []bool{false, true} {
 			done := make(chan float64, 1)
-			go func() { done <- GatherCopy(64<<10, P, inPlace, time.Millisecond) }()
+			go func() { us, _ := GatherCopy(64<<10, P, inPlace, time.Millisecond); done <- us }()
 			select {
 			case us := <-done:
 				if us <= 0 && !(P == 1 && inPlace) {
@@ -72,7 +72,7 @@ func TestGatherCopy(t *testing.T) {
 			}
 		}
 	}
-	if us := GatherCopy(0, 2, false, time.Millisecond); us != 0 {
+	if us, _ := GatherCopy(0, 2, false, time.Millisecond); us != 0 {
 		t.Errorf("size 0: %v µs", us)
 	}
 }
@@ -391,6 +391,34 @@ func TestProgressRow(t *testing.T) {
 	for _, r := range got {
 		if r.InPlace || r.Impl != "slimego" {
 			t.Errorf("progress of %d bytes: %s in place %t, want slimego's out-of-place row", r.S, r.Impl, r.InPlace)
+		}
+	}
+}
+
+// TestGatherCopyChecked: slimebench memcpy --gather prints its rows in
+// the all-gather's table, whose #wrong column and "Out of bounds values"
+// line say the destinations were checked: GatherCopy compares every block
+// of every thread's destination with its source, and a byte that a copy
+// got wrong is counted (here one flipped after the timed rounds), not
+// printed as 0 and OK.
+func TestGatherCopyChecked(t *testing.T) {
+	const s, P = 4096, 3
+	for _, inPlace := range []bool{false, true} {
+		if _, wrong := GatherCopy(s, P, inPlace, time.Millisecond); wrong != 0 {
+			t.Errorf("in place %v: %d wrong bytes from plain copies", inPlace, wrong)
+		}
+		testHookGatherCopied = func(dsts [][]byte) { dsts[1][2*s+17] ^= 0xff }
+		us, wrong := GatherCopy(s, P, inPlace, time.Millisecond)
+		testHookGatherCopied = nil
+		if wrong != 1 {
+			t.Errorf("in place %v: a byte of thread 1's block 2 flipped: %d wrong bytes, want 1", inPlace, wrong)
+		}
+		r := Result{Impl: "memcpy-gather", Backend: "cpu", Mode: "intra", P: P, Nodes: 1, S: s, InPlace: inPlace, Median: us, Wrong: wrong}
+		r.Bandwidths()
+		var tbl strings.Builder
+		WriteTable(&tbl, []Result{r}, "TestGatherCopyChecked")
+		if !strings.Contains(tbl.String(), "Out of bounds values : 1 FAILED") {
+			t.Errorf("in place %v: the table does not say the wrong byte:\n%s", inPlace, tbl.String())
 		}
 	}
 }

@@ -105,10 +105,12 @@ func MemcpyThreads(n, threads int, minTime time.Duration) (us, gbps float64) {
 // wake-up is timed, bound to a CPU of its own where there are enough (as
 // make bench binds the ranks: a thread that polls must not wait for the
 // core of the thread it polls for). It returns the median time of one
-// round, from its start until the last thread is done (µs).
-func GatherCopy(s, P int, inPlace bool, minTime time.Duration) (us float64) {
+// round, from its start until the last thread is done (µs), and the bytes
+// of the threads' destinations that differ from the sources after the
+// last round, every block compared (the all-gather table's #wrong).
+func GatherCopy(s, P int, inPlace bool, minTime time.Duration) (us float64, wrong int64) {
 	if s == 0 || P < 1 {
-		return 0
+		return 0, 0
 	}
 	srcs := make([][]byte, P)
 	dsts := make([][]byte, P)
@@ -171,5 +173,17 @@ func GatherCopy(s, P int, inPlace bool, minTime time.Duration) (us float64) {
 	}
 	start.Store(-1)
 	wg.Wait()
-	return interleave.Median(times)
+	if testHookGatherCopied != nil {
+		testHookGatherCopied(dsts)
+	}
+	for t := range P {
+		for j := range P {
+			wrong += countWrongBytes(dsts[t][j*s:(j+1)*s], srcs[j])
+		}
+	}
+	return interleave.Median(times), wrong
 }
+
+// testHookGatherCopied, set by tests, is called with GatherCopy's
+// destinations after its last round, before they are checked.
+var testHookGatherCopied func(dsts [][]byte)

@@ -479,7 +479,7 @@ func memcpy(args []string) error {
 	asCSV := fs.Bool("csv", false, "print CSV (impl memcpy, P = threads) instead of the table")
 	threads := fs.Int("threads", 1, "threads that copy each size together, each its own share (2: the bound of two ranks out of place)")
 	gather := fs.Bool("gather", false, "the all-gather's copies instead: each of --threads threads gathers --threads blocks of the size "+
-		"(in place, the others' blocks only), rows named memcpy-gather with the all-gather's P, S and bandwidths, "+
+		"(in place, the others' blocks only), rows named memcpy-gather with the all-gather's P, S and bandwidths and every destination checked (#wrong), "+
 		"to set beside its rows in slimebench compare (the ratio is then the share of this bound reached)")
 	if err := parseFlags(fs, args, false); err != nil {
 		return err
@@ -504,17 +504,25 @@ func memcpy(args []string) error {
 		var rs []bench.Result
 		for _, n := range sizes {
 			for _, inPlace := range []bool{false, true} {
-				r := bench.Result{Impl: "memcpy-gather", Backend: "cpu", Mode: "intra", P: *threads, Nodes: 1, S: n, InPlace: inPlace,
-					Median: bench.GatherCopy(int(n), *threads, inPlace, 200*time.Millisecond)}
+				r := bench.Result{Impl: "memcpy-gather", Backend: "cpu", Mode: "intra", P: *threads, Nodes: 1, S: n, InPlace: inPlace}
+				r.Median, r.Wrong = bench.GatherCopy(int(n), *threads, inPlace, 200*time.Millisecond)
 				r.Bandwidths()
 				rs = append(rs, r)
 			}
 		}
+		var wrong int64
+		for _, r := range rs {
+			wrong += r.Wrong
+		}
+		var err error
+		if wrong != 0 {
+			err = fmt.Errorf("memcpy: %d wrong bytes in the gathered copies", wrong)
+		}
 		if *asCSV {
-			return bench.WriteCSV(os.Stdout, rs)
+			return errors.Join(bench.WriteCSV(os.Stdout, rs), err)
 		}
 		bench.WriteTable(os.Stdout, rs, fmt.Sprintf("the all-gather's copies alone, %d threads each gathering %d blocks", *threads, *threads))
-		return nil
+		return err
 	}
 	mode := "single-core"
 	if *threads > 1 {
