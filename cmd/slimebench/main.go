@@ -427,8 +427,8 @@ func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffer
 	}
 	launch, bufs := "eager (cpu)", buffers
 	if c.Backend() == device.CUDA {
-		launch, bufs = "graph", "device"
-		if eager || c.Options().Eager {
+		launch, bufs = planModes(rs), "device"
+		if launch == "eager" && (eager || c.Options().Eager) {
 			launch = "eager (--eager-mode)"
 		}
 		launch += " on " + c.Device().String()
@@ -455,6 +455,23 @@ func allgatherRank(ctx context.Context, c *collective.Communicator, mode, buffer
 		}
 	}
 	return wrong()
+}
+
+// planModes says how rs's plans ran, each mode once in the order met:
+// what their mode column says after the slash (graph, eager, staged across
+// nodes, host-staged where the node's GPUs cannot reach each other), as
+// the CSV's rows say it.
+func planModes(rs []bench.Result) string {
+	var modes []string
+	for _, r := range rs {
+		if _, m, ok := strings.Cut(r.Mode, "/"); ok && !slices.Contains(modes, m) {
+			modes = append(modes, m)
+		}
+	}
+	if len(modes) == 0 {
+		return "host"
+	}
+	return strings.Join(modes, "+")
 }
 
 // inProcessRanks runs n ranks of one node as goroutines of this process
