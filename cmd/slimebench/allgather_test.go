@@ -44,15 +44,15 @@ func TestNoLauncher(t *testing.T) {
 // (their mode, the CSV's mode column after the slash), not "graph" for
 // every CUDA run: across nodes the GPU all-gather runs staged, which no
 // graph captures, and the title said launch=graph above rows whose CSV
-// said inter/staged. Two nodes of this host (two slimeruns on loopback),
-// one rank each, on the emulated CUDA library.
+// said inter/staged (overlap's title alike). Two nodes of this host (two
+// slimeruns on loopback), one rank each, on the emulated CUDA library.
 func TestTitleLaunchIsThePlans(t *testing.T) {
 	if err := device.UseEmulator(0); err != nil {
 		t.Skip("no emulated CUDA library:", err)
 	}
 	bin := slimebench(t)
 	slimerun := filepath.Join(filepath.Dir(bin), "slimerun")
-	for _, format := range []string{"table", "csv"} {
+	for _, format := range []string{"table", "csv", "overlap"} {
 		t.Run(format, func(t *testing.T) {
 			port := strconv.Itoa(testbin.FreePort(t))
 			argv := func(node string) []string {
@@ -60,6 +60,9 @@ func TestTitleLaunchIsThePlans(t *testing.T) {
 					"--nproc-per-node", "1", bin, "allgather", "--backend", "cuda", "-b", "4K", "-e", "4K", "--iters", "2", "--warmup", "1", "--quiet"}
 				if format == "csv" {
 					a = append(a, "--csv")
+				}
+				if format == "overlap" {
+					a = append(a[:len(a)-12], "overlap", "--backend", "cuda", "--m-min", "8", "--m-max", "8", "--nk", "16", "--iters", "1", "--cpu-window", "0", "--quiet")
 				}
 				return a
 			}
@@ -88,7 +91,7 @@ func TestTitleLaunchIsThePlans(t *testing.T) {
 				return
 			}
 			title, _, _ := strings.Cut(out, "\n")
-			if !strings.Contains(title, " launch=staged on ") {
+			if !strings.Contains(title, " launch=staged") {
 				t.Errorf("title %q, want launch=staged (the plans' mode across nodes)", title)
 			}
 		})

@@ -1118,6 +1118,7 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 		return err
 	}
 	var rs []bench.OverlapResult
+	var launches []string // how the gathers ran (overlap.Op.Mode), each once
 	start := time.Now()
 	for _, dt := range dtypes {
 		for _, nk := range nks {
@@ -1128,11 +1129,12 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 			for rows := mMin; rows <= mMax; rows *= 2 {
 				var t overlap.Times
 				var cut int
+				var how string
 				switch dt {
 				case "float32":
-					t, cut, err = measureOverlap[float32](ctx, c, rows, n, nk, piecing, iters, cpuWindow)
+					t, cut, how, err = measureOverlap[float32](ctx, c, rows, n, nk, piecing, iters, cpuWindow)
 				case "float64":
-					t, cut, err = measureOverlap[float64](ctx, c, rows, n, nk, piecing, iters, cpuWindow)
+					t, cut, how, err = measureOverlap[float64](ctx, c, rows, n, nk, piecing, iters, cpuWindow)
 				default:
 					err = fmt.Errorf("--dtype %q: want float32 or float64", dt)
 				}
@@ -1143,6 +1145,9 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 					Comm: t.Comm, GEMM: t.GEMM, Seq: t.Seq, Overlap: t.Overlap, Efficiency: t.Efficiency()}
 				r.CommCPU, r.GEMMCPU = t.CommCPU, t.GEMMCPU
 				rs = append(rs, r)
+				if !slices.Contains(launches, how) {
+					launches = append(launches, how)
+				}
 				if !quiet && c.Rank() == 0 {
 					busy := ""
 					if r.CommCPU > 0 {
@@ -1165,7 +1170,7 @@ func overlapRank(ctx context.Context, c *collective.Communicator, mode string, d
 		title += " min-piece=" + bytesize.Format(int64(max(piecing.MinPieceBytes, 0)))
 	}
 	if c.Backend() == device.CUDA {
-		title += map[bool]string{false: " launch=graph", true: " launch=eager"}[eager || c.Options().Eager]
+		title += " launch=" + strings.Join(launches, "+")
 	}
 	// The results first: a plot that cannot be written loses nothing.
 	if asCSV {
@@ -1289,11 +1294,12 @@ func resolveMode(mode string, c *collective.Communicator) (string, error) {
 }
 
 // measureOverlap times one shape, on the communicator's backend; it
-// returns the pieces the gather was cut into too.
-func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k int, piecing overlap.Options, iters int, cpuWindow time.Duration) (overlap.Times, int, error) {
+// returns the pieces the gather was cut into too, and how it ran
+// (overlap.Op.Mode: graph, eager, staged across nodes, ...).
+func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communicator, m, n, k int, piecing overlap.Options, iters int, cpuWindow time.Duration) (overlap.Times, int, string, error) {
 	o, err := overlap.NewWith[T](ctx, c, m, n, k, piecing)
 	if err != nil {
-		return overlap.Times{}, 0, err
+		return overlap.Times{}, 0, "", err
 	}
 	defer o.Close()
 	a, b := make([]T, m*k), make([]T, k*n)
@@ -1304,16 +1310,16 @@ func measureOverlap[T overlap.Float](ctx context.Context, c *collective.Communic
 		b[i] = T(float64((i*5)%11) - 5)
 	}
 	if err := o.WriteA(a); err != nil {
-		return overlap.Times{}, 0, err
+		return overlap.Times{}, 0, "", err
 	}
 	if err := o.WriteB(b); err != nil {
-		return overlap.Times{}, 0, err
+		return overlap.Times{}, 0, "", err
 	}
 	t, err := overlap.Measure(ctx, c, o, iters)
 	if err == nil && cpuWindow > 0 && c.Backend() != device.CUDA {
 		t, err = overlap.MeasureCPU(ctx, c, o, t, cpuWindow)
 	}
-	return t, o.Pieces(), err
+	return t, o.Pieces(), o.Mode(), err
 }
 
 func compare(args []string) error {
