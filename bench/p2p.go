@@ -199,6 +199,10 @@ func (cfg P2PConfig) Skipped() []string {
 	return out
 }
 
+// memory is machine.Memory, which tests replace to bound the memory P2P
+// may use.
+var memory = machine.Memory
+
 // ErrP2PBench marks a failure of the p2p benchmark's own protocol.
 var ErrP2PBench = errors.New("bench: p2p")
 
@@ -255,7 +259,7 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 	// The region and the expected bytes (host memory), and the paired
 	// baselines' two buffers: refused here, with what to lower, rather
 	// than by the runtime running out of memory.
-	if avail, total, ok := machine.Memory(); ok {
+	if avail, total, ok := memory(); ok {
 		if 4*need > avail {
 			return nil, fmt.Errorf("%w: rank %d: the grid's largest combination (size × batch × concurrency) is %s, which needs %.1f GiB of memory here, and %.1f GiB is available: lower --max-bytes or --max-in-flight",
 				ErrP2PBench, c.Rank(), bytesize.Format(need), gib(4*need), gib(avail))
