@@ -251,18 +251,30 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 	for _, k := range cases {
 		need = max(need, k.bytes())
 	}
-	if cfg.Baselines && !cfg.GPU { // paired's batches (not measured on GPU memory)
+	// paired's largest batch (not measured on GPU memory), and the raw
+	// TCP baseline's largest transfer
+	var most, tcpMost int64
+	if cfg.Baselines && !cfg.GPU {
 		for _, k := range cfg.pairs() {
-			need = max(need, k.bytes())
+			most = max(most, k.bytes())
+		}
+		need = max(need, most)
+	}
+	if cfg.Baselines {
+		for _, n := range cfg.tcpSizes() {
+			tcpMost = max(tcpMost, n)
 		}
 	}
-	// The region and the expected bytes (host memory), and the paired
-	// baselines' two buffers: refused here, with what to lower, rather
-	// than by the runtime running out of memory.
+	// Each rank holds the region and the expected bytes (host memory),
+	// paired's three buffers, and the raw TCP baseline's send and receive
+	// buffers (or rank 0's memcpy's two), and every rank of this host as
+	// much: refused here, with what to lower, rather than by the runtime
+	// (or the kernel) running out of memory.
+	here := (2*need + 3*most + 2*tcpMost) * int64(max(o.LocalWorldSize, 1))
 	if avail, total, ok := memory(); ok {
-		if 4*need > avail {
-			return nil, fmt.Errorf("%w: rank %d: the grid's largest combination (size × batch × concurrency) is %s, which needs %.1f GiB of memory here, and %.1f GiB is available: lower --max-bytes or --max-in-flight",
-				ErrP2PBench, c.Rank(), bytesize.Format(need), gib(4*need), gib(avail))
+		if here > avail {
+			return nil, fmt.Errorf("%w: rank %d: the grid's largest combination (size × batch × concurrency) is %s, which needs %.1f GiB of memory here (%d rank(s) of this host), and %.1f GiB is available: lower --max-bytes or --max-in-flight",
+				ErrP2PBench, c.Rank(), bytesize.Format(need), gib(here), max(o.LocalWorldSize, 1), gib(avail))
 		}
 		if cfg.RegisterBytes > total {
 			return nil, fmt.Errorf("%w: rank %d: registering %.1f GiB, more than this machine's memory (%.1f GiB)", ErrP2PBench, c.Rank(), gib(cfg.RegisterBytes), gib(total))

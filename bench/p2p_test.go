@@ -12,6 +12,7 @@ import (
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/internal/testranks"
 )
 
@@ -318,6 +319,33 @@ func TestP2PUncheckedRowsNoWrong(t *testing.T) {
 			t.Errorf("csv row %v: wrong %q, want %q (nothing checked)", r, r[10], want)
 		} else if checks(r[0], r[2]) && r[10] != "0" {
 			t.Errorf("csv row %v: wrong %q, want 0", r, r[10])
+		}
+	}
+}
+
+// TestP2PMemoryOfBothRanks: P2P refuses, before it allocates, a grid whose
+// buffers do not fit in the memory available, counting what every rank on
+// this host holds at once: its region and the expected bytes (the largest
+// combination each), the paired baselines' three buffers and the raw TCP
+// baseline's two. It counted one rank's region, expected bytes and two
+// paired buffers (4 × the largest), so that two ranks of one host could
+// allocate several times the memory it let through. Here 20 MiB are
+// available and the grid's largest combination is 4 MiB (64 × 64 KiB,
+// paired): 16 MiB passed, but the two ranks need 2 × (2 × 4 + 3 × 4 + 2 × 1)
+// MiB.
+func TestP2PMemoryOfBothRanks(t *testing.T) {
+	memory = func() (int64, int64, bool) { return 20 << 20, 64 << 30, true }
+	defer func() { memory = machine.Memory }()
+	cfg := P2PConfig{Sizes: []int64{1 << 20}, Batches: []int{1}, Concurrency: []int{1}, Ops: []string{"read"},
+		MinTime: time.Millisecond, MaxRounds: 5, Baselines: true}
+	errs := make([]error, 2)
+	testranks.Run(t, 1, 2, nil, func(c *collective.Communicator) error {
+		_, errs[c.Rank()] = P2P(context.Background(), c, cfg)
+		return nil
+	})
+	for r, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), "lower --max-bytes or --max-in-flight") {
+			t.Errorf("rank %d: %v, want a refusal: the ranks need 44 MiB of the 20 MiB available", r, err)
 		}
 	}
 }
