@@ -797,8 +797,16 @@ func p2pCmd(args []string) error {
 		}
 		if !*quiet {
 			cfg.Progress = func(r bench.P2PResult) {
-				fmt.Fprintf(os.Stderr, "slimebench p2p: %s %s %s S=%s batch=%d concurrency=%d: %.3f GB/s p50 %.1f us wrong %d\n",
-					r.Impl, r.Transport, r.Op, bytesize.Format(r.S), r.Batch, r.Concurrency, r.GBps, r.P50, r.Wrong)
+				// As the table: '-' for what the row does not measure.
+				gbps, wrong := "-", "-"
+				if r.GBps != 0 {
+					gbps = strconv.FormatFloat(r.GBps, 'f', 3, 64)
+				}
+				if !r.Unchecked {
+					wrong = strconv.FormatInt(r.Wrong, 10)
+				}
+				fmt.Fprintf(os.Stderr, "slimebench p2p: %s %s %s S=%s batch=%d concurrency=%d: %s GB/s p50 %.1f us wrong %s\n",
+					r.Impl, r.Transport, r.Op, bytesize.Format(r.S), r.Batch, r.Concurrency, gbps, r.P50, wrong)
 			}
 		}
 	}

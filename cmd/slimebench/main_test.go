@@ -91,3 +91,37 @@ func TestP2PWorldOfOne(t *testing.T) {
 		t.Fatalf("exit %d, want 1 with one line saying it needs two ranks:\n%s", code, out)
 	}
 }
+
+// TestP2PProgressWrong: the progress line of a row that checks no byte
+// (raw TCP, memcpy) says "wrong -", as the table does, not "wrong 0"; the
+// p2p rows, checked, say their count. A ping-pong's GB/s, which it does
+// not measure, is "-" too, not 0.000.
+func TestP2PProgressWrong(t *testing.T) {
+	dir, err := testbin.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, code := run(t, filepath.Join(dir, "slimerun"), "-q", "--standalone", "--nproc-per-node", "2", filepath.Join(dir, "slimebench"),
+		"p2p", "-b", "64K", "-e", "64K", "--batch", "1", "--concurrency", "1", "--op", "read", "--register", "0", "--min-time", "1ms")
+	if code != 0 || crashed(out) {
+		t.Fatalf("exit %d, want 0:\n%s", code, out)
+	}
+	n := 0
+	for _, l := range strings.Split(out, "\n") {
+		_, l, ok := strings.Cut(l, "slimebench p2p: ")
+		if !ok || !strings.Contains(l, " S=") {
+			continue
+		}
+		n++
+		checked := strings.HasPrefix(l, "p2p ")
+		if checked && !strings.HasSuffix(l, " wrong 0") || !checked && !strings.HasSuffix(l, " wrong -") {
+			t.Errorf("progress line %q: want wrong 0 for a p2p row, wrong - for a row that checks nothing", l)
+		}
+		if strings.Contains(l, " pingpong") && !strings.Contains(l, ": - GB/s") {
+			t.Errorf("progress line %q: a ping-pong measures no GB/s, want -", l)
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no progress lines:\n%s", out)
+	}
+}
