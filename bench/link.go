@@ -104,7 +104,7 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 		}
 		pattern.Fill(blk, pattern.Seed(me, 1, uint64(n)))
 		if testHookLinkCheck != nil {
-			run = testHookLinkCheck(inPlace, run)
+			run = testHookLinkCheck(inPlace, dst, run)
 		}
 		if err := run(ctx); err != nil {
 			return res, err
@@ -140,6 +140,6 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 }
 
 // testHookLinkCheck, set by tests, wraps the all-gather that Link checks,
-// out of place or in place (to make one of them fail as a broken one
-// would).
-var testHookLinkCheck func(inPlace bool, run func(context.Context) error) func(context.Context) error
+// out of place or in place, whose destination on this rank is dst (to
+// make one of them fail as a broken one would).
+var testHookLinkCheck func(inPlace bool, dst []byte, run func(context.Context) error) func(context.Context) error

@@ -59,7 +59,7 @@ func TestLinkStalledPeer(t *testing.T) {
 // whose gather got it wrong: an in-place gather that does nothing leaves
 // the out-of-place row clean (its CSV row was marked wrong too).
 func TestLinkWrongPerPlacement(t *testing.T) {
-	testHookLinkCheck = func(inPlace bool, run func(context.Context) error) func(context.Context) error {
+	testHookLinkCheck = func(inPlace bool, _ []byte, run func(context.Context) error) func(context.Context) error {
 		if inPlace {
 			return func(context.Context) error { return nil } // every rank alike: no peer waits
 		}
