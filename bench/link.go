@@ -25,7 +25,7 @@ type LinkResult struct {
 	RatioOut, RatioIn float64
 	Iters             int
 	// Wrong and WrongIn are the bytes wrong in the check of the
-	// all-gather out of place and in place.
+	// all-gather out of place and in place, in every rank's destination.
 	Wrong, WrongIn int64
 }
 
@@ -136,6 +136,16 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 	res.RatioOut, res.RatioIn = ratio(1), ratio(3)
 	res.Link, res.Out, res.In = m(slices.Concat(per[0], per[2])), m(per[1]), m(per[3])
 	res.Iters = len(per[0])
+	// Every rank's wrong bytes, each rank's destination counted once.
+	wrongs := make([]int64, 2*c.Size())
+	if err := collective.AllGatherOf(ctx, c, wrongs, []int64{res.Wrong, res.WrongIn}); err != nil {
+		return res, err
+	}
+	res.Wrong, res.WrongIn = 0, 0
+	for r := range c.Size() {
+		res.Wrong += wrongs[2*r]
+		res.WrongIn += wrongs[2*r+1]
+	}
 	return res, nil
 }
 

@@ -215,3 +215,33 @@ func TestLinkSilentStrangersFillPending(t *testing.T) {
 		t.Errorf("rank 0: %v\nrank 1: %v", err, d.err)
 	}
 }
+
+// TestLinkWrongEveryRank: the wrong columns count the wrong bytes of
+// every rank's destination, as slimebench allgather's do: each rank
+// counted its own and rank 0 printed its own alone, so that a gather wrong
+// on rank 1 only printed 0 and exited 0. Here each rank's gather leaves one
+// wrong byte in its destination: 2 in all, in each placement.
+func TestLinkWrongEveryRank(t *testing.T) {
+	testHookLinkCheck = func(inPlace bool, dst []byte, run func(context.Context) error) func(context.Context) error {
+		return func(ctx context.Context) error {
+			err := run(ctx)
+			dst[len(dst)-1] ^= 0xff
+			return err
+		}
+	}
+	defer func() { testHookLinkCheck = nil }()
+	got := make([][]LinkResult, 2)
+	testranks.Run(t, 2, 1, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(c *collective.Communicator) error {
+		rs, err := Link(context.Background(), c, "127.0.0.1", []int64{4096}, 1, 0, 1, 0, nil)
+		got[c.Rank()] = rs
+		return err
+	})
+	for rank, rs := range got {
+		if len(rs) != 1 {
+			t.Fatalf("rank %d: %d rows, want 1", rank, len(rs))
+		}
+		if r := rs[0]; r.Wrong != 2 || r.WrongIn != 2 {
+			t.Errorf("rank %d: out of place %d wrong bytes, in place %d: want 2 and 2 (one on each rank)", rank, r.Wrong, r.WrongIn)
+		}
+	}
+}
