@@ -96,24 +96,38 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 	// The link carries random bytes too, though it checks nothing.
 	send, recv := make([]byte, n), make([]byte, n)
 	pattern.Fill(send, pattern.Seed(me, 2, uint64(n)))
-	for _, inPlace := range []bool{false, true} {
-		pattern.Fill(dst, 0xdead)
-		blk, run := src, planOut.Run
-		if inPlace {
-			blk, run = dst[me*n:me*n+n], planIn.Run
+	// Each placement is checked before the timed calls and again after
+	// them, on another round's data (a gather right on its first call and
+	// wrong on later ones leaves round 1's bytes), as the all-gather sweep
+	// checks (oneSize): the count is the larger of the two, each byte of
+	// the destination counted once.
+	checked := [2]func(context.Context) error{planOut.Run, planIn.Run}
+	if testHookLinkCheck != nil {
+		checked[0] = testHookLinkCheck(false, dst, checked[0])
+		checked[1] = testHookLinkCheck(true, dst, checked[1])
+	}
+	check := func(round int) error {
+		for i, inPlace := range []bool{false, true} {
+			pattern.Fill(dst, 0xdead)
+			blk := src
+			if inPlace {
+				blk = dst[me*n : me*n+n]
+			}
+			pattern.Fill(blk, pattern.Seed(me, round, uint64(n)))
+			if err := checked[i](ctx); err != nil {
+				return err
+			}
+			w := countWrong(dst, 2, n, round)
+			if inPlace {
+				res.WrongIn = max(res.WrongIn, w)
+			} else {
+				res.Wrong = max(res.Wrong, w)
+			}
 		}
-		pattern.Fill(blk, pattern.Seed(me, 1, uint64(n)))
-		if testHookLinkCheck != nil {
-			run = testHookLinkCheck(inPlace, dst, run)
-		}
-		if err := run(ctx); err != nil {
-			return res, err
-		}
-		if inPlace {
-			res.WrongIn = countWrong(dst, 2, n, 1)
-		} else {
-			res.Wrong = countWrong(dst, 2, n, 1)
-		}
+		return nil
+	}
+	if err := check(1); err != nil {
+		return res, err
 	}
 	// Each all-gather's ratio is to the duplex transfer just before it,
 	// the nearest moment of the link, and follows the same work.
@@ -136,6 +150,9 @@ func linkSize(ctx context.Context, c *collective.Communicator, l *link, n, minIt
 	res.RatioOut, res.RatioIn = ratio(1), ratio(3)
 	res.Link, res.Out, res.In = m(slices.Concat(per[0], per[2])), m(per[1]), m(per[3])
 	res.Iters = len(per[0])
+	if err := check(2); err != nil {
+		return res, err
+	}
 	// Every rank's wrong bytes, each rank's destination counted once.
 	wrongs := make([]int64, 2*c.Size())
 	if err := collective.AllGatherOf(ctx, c, wrongs, []int64{res.Wrong, res.WrongIn}); err != nil {

@@ -245,3 +245,35 @@ func TestLinkWrongEveryRank(t *testing.T) {
 		}
 	}
 }
+
+// TestLinkLaterCallsChecked: as slimebench allgather's, Link's gathers are
+// checked again after the timed calls, on another round's data: a gather
+// right on its first call and doing nothing after it (a broken plan)
+// printed 0 wrong bytes in link's CSV, only the first call being checked.
+func TestLinkLaterCallsChecked(t *testing.T) {
+	testHookLinkCheck = func(inPlace bool, _ []byte, run func(context.Context) error) func(context.Context) error {
+		calls := 0
+		return func(ctx context.Context) error {
+			if calls++; calls == 1 {
+				return run(ctx)
+			}
+			return nil // every rank alike: no peer waits
+		}
+	}
+	defer func() { testHookLinkCheck = nil }()
+	var got []LinkResult
+	testranks.Run(t, 2, 1, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(c *collective.Communicator) error {
+		rs, err := Link(context.Background(), c, "127.0.0.1", []int64{4096}, 1, 0, 1, 0, nil)
+		if c.Rank() == 0 {
+			got = rs
+		}
+		return err
+	})
+	if len(got) != 1 {
+		t.Fatalf("%d rows, want 1", len(got))
+	}
+	// Out of place 2·2·4096 bytes could be wrong, in place 2·1·4096.
+	if r := got[0]; r.Wrong < 2*2*4096*9/10 || r.Wrong > 2*2*4096 || r.WrongIn < 2*4096*9/10 || r.WrongIn > 2*4096 {
+		t.Errorf("out of place %d wrong bytes, in place %d: want nearly all of 16384 and 8192 (the gathers did nothing after their first call)", r.Wrong, r.WrongIn)
+	}
+}
