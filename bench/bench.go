@@ -31,9 +31,13 @@ type Result struct {
 	BusBW   float64 `json:"busbw_GBps"`
 	// Wrong is the number of wrong bytes in the ranks' destinations, each
 	// counted once (as the OpenMPI program counts them).
-	Wrong   int64 `json:"wrong"`
-	InPlace bool  `json:"-"`
-	Iters   int   `json:"-"`
+	Wrong int64 `json:"wrong"`
+	// Unchecked: the row compares no byte (a memcpy, a raw TCP transfer,
+	// the ceiling's copy): its wrong column is empty in CSV, null in
+	// JSON and '-' in the table, where 0 would read as checked.
+	Unchecked bool `json:"-"`
+	InPlace   bool `json:"-"`
+	Iters     int  `json:"-"`
 	// Timed is how long the timed iterations took, barriers included
 	// (the slowest rank's).
 	Timed time.Duration `json:"-"`
@@ -256,7 +260,7 @@ func oneSize(ctx context.Context, c *collective.Communicator, cfg Config, n int,
 	// The copy writes the destination the gather has filled: its bytes
 	// were checked already (countWrong, before the timed calls, which
 	// fill it alike), and barriers keep the copy apart from every call.
-	ceil := Result{Impl: CeilingImpl, Backend: res.Backend, Mode: "memcpy", P: P, Nodes: res.Nodes, S: int64(n)}
+	ceil := Result{Impl: CeilingImpl, Backend: res.Backend, Mode: "memcpy", P: P, Nodes: res.Nodes, S: int64(n), Unchecked: true}
 	to, ok1 := b.dstBuf.(*device.HostBuffer)
 	from, ok2 := b.srcBuf.(*device.HostBuffer)
 	if !ok1 || !ok2 {

@@ -129,6 +129,24 @@ func TestCeiling(t *testing.T) {
 	if len(sets) != 2 || len(sets[0]) != 4 || sets[0][0].Impl != "slimego" || len(sets[1]) != 1 || sets[1][0].Impl != CeilingImpl {
 		t.Errorf("ByImpl: %+v, want slimego's 4 rows then the ceiling's 1", sets)
 	}
+	// The ceiling's copy checks no byte: its wrong column is empty in
+	// the CSV (read back as such), null in JSON and '-' in a table.
+	for _, r := range back {
+		if r.Unchecked != (r.Impl == CeilingImpl) {
+			t.Errorf("read back %s row of %d bytes: unchecked %t", r.Impl, r.S, r.Unchecked)
+		}
+	}
+	var js, tab bytes.Buffer
+	if err := WriteJSON(&js, rows); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(js.String(), `"wrong": null`); n != 1 || strings.Count(js.String(), `"wrong": 0`) != 4 {
+		t.Errorf("JSON: %d rows with wrong null, want the ceiling's alone:\n%s", n, js.String())
+	}
+	WriteTable(&tab, sets[1], "the ceiling")
+	if !strings.Contains(tab.String(), "      -\n") {
+		t.Errorf("the ceiling's table has no '-' for its wrong count:\n%s", tab.String())
+	}
 
 	// On a GPU's memory the ceiling adds no rows (make bench asks for it
 	// on whatever backend the machine has).

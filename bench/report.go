@@ -30,10 +30,18 @@ func WriteCSV(w io.Writer, rs []Result) error {
 	cw.Write(CSVHeader)
 	for _, r := range rs {
 		cw.Write([]string{r.implName(), r.Backend, r.Mode, strconv.Itoa(r.P), strconv.Itoa(r.Nodes),
-			strconv.FormatInt(r.S, 10), ff(r.Median, 3), ff(r.AlgBW, 4), ff(r.BusBW, 4), strconv.FormatInt(r.Wrong, 10)})
+			strconv.FormatInt(r.S, 10), ff(r.Median, 3), ff(r.AlgBW, 4), ff(r.BusBW, 4), r.wrongField("")})
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+// wrongField is r's wrong count, or none where r checks nothing.
+func (r Result) wrongField(none string) string {
+	if r.Unchecked {
+		return none
+	}
+	return strconv.FormatInt(r.Wrong, 10)
 }
 
 func ff(x float64, prec int) string { return strconv.FormatFloat(x, 'f', prec, 64) }
@@ -59,7 +67,11 @@ func ReadCSV(r io.Reader) ([]Result, error) {
 		r.Median, errs[3] = strconv.ParseFloat(row[6], 64)
 		r.AlgBW, errs[4] = strconv.ParseFloat(row[7], 64)
 		r.BusBW, errs[5] = strconv.ParseFloat(row[8], 64)
-		r.Wrong, errs[6] = strconv.ParseInt(row[9], 10, 64)
+		if row[9] == "" { // a row that checks nothing
+			r.Unchecked = true
+		} else {
+			r.Wrong, errs[6] = strconv.ParseInt(row[9], 10, 64)
+		}
 		for _, e := range errs {
 			if e != nil {
 				return nil, fmt.Errorf("bench: csv line %d: %w", i+2, e)
@@ -77,11 +89,15 @@ func ReadCSV(r io.Reader) ([]Result, error) {
 func WriteJSON(w io.Writer, rs []Result) error {
 	type row struct {
 		Result
-		Impl string `json:"impl"`
+		Impl  string `json:"impl"`
+		Wrong *int64 `json:"wrong"` // null where the row checks nothing
 	}
 	out := make([]row, len(rs))
 	for i, r := range rs {
-		out[i] = row{r, r.implName()}
+		out[i] = row{Result: r, Impl: r.implName()}
+		if !r.Unchecked {
+			out[i].Wrong = &rs[i].Wrong
+		}
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -128,7 +144,7 @@ func WriteTable(w io.Writer, rs []Result, title string) {
 }
 
 func cols(r Result) string {
-	return fmt.Sprintf("%9.2f %7.3f %7.3f %6d", r.Median, r.AlgBW, r.BusBW, r.Wrong)
+	return fmt.Sprintf("%9.2f %7.3f %7.3f %6s", r.Median, r.AlgBW, r.BusBW, r.wrongField("-"))
 }
 
 func center(s string, w int) string {
@@ -195,6 +211,7 @@ func MergeAlong(host, other [][]Result) []Result {
 		for _, i := range at {
 			o, _ := find(other[i], r)
 			m.Wrong = max(m.Wrong, o.Wrong)
+			m.Unchecked = m.Unchecked && o.Unchecked
 		}
 		out = append(out, m)
 	}
@@ -224,6 +241,7 @@ func Merge(runs ...[]Result) []Result {
 		m := same[len(same)/2]
 		for _, o := range same {
 			m.Wrong = max(m.Wrong, o.Wrong)
+			m.Unchecked = m.Unchecked && o.Unchecked
 		}
 		out = append(out, m)
 	}
