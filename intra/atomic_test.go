@@ -21,7 +21,7 @@ var (
 	// atomically).
 	atomicFields = map[string]bool{
 		"ctrl.bell": true, "ctrl.sleeping": true, "ctrl.state": true, "ctrl.pid": true,
-		"ctrl.self": true, "ctrl.cmaOK": true,
+		"ctrl.self": true, "ctrl.cmaOK": true, "ctrl.blame": true,
 		"header.epoch":     true,
 		"ackLine.consumed": true, "ackLine.ack": true,
 	}

@@ -30,7 +30,11 @@ type ctrl struct {
 	pid      uint32
 	self     uint64 // address of pid in this rank's own address space
 	cmaOK    uint32 // this rank can read every peer's memory (process_vm_readv)
-	_        [lineBytes - 28]byte
+	// blame is the global rank + 1 of the peer that this rank's failure
+	// named as lost or late (0: none), stored before state: a rank waiting
+	// for this one names that peer, not this rank that gave up on it.
+	blame uint32
+	_     [lineBytes - 32]byte
 }
 
 const (

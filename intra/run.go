@@ -383,11 +383,11 @@ func (g *Group) copied(p int, e uint64) bool {
 // withdrawn is a read's error once owner p has withdrawn its block.
 func (o *Op) withdrawn(p int) error {
 	g := o.g
-	why := g.lost(p)
+	why, culprit := g.lost(p)
 	if why == "" {
 		why = "peer gave up the call"
 	}
-	return fault.New(o.name, g.global(g.rank), g.global(p), fault.ErrPeerLost, "%s before this rank had read its block in place", why)
+	return fault.New(o.name, g.global(g.rank), culprit, fault.ErrPeerLost, "%s before this rank had read its block in place", why)
 }
 
 // withdraw takes this rank's block of call e, offered in place, back from
@@ -452,6 +452,11 @@ func (g *Group) refreshFree(need uint64) int {
 // and breaks the group.
 func (g *Group) fail(err error) {
 	if g.ctrls != nil {
+		var oe *fault.OpError
+		if errors.As(err, &oe) && oe.Peer >= 0 && oe.Peer != g.global(g.rank) &&
+			(errors.Is(err, fault.ErrPeerLost) || errors.Is(err, fault.ErrTimeout)) {
+			atomic.StoreUint32(&g.ctrls[g.rank].blame, uint32(oe.Peer)+1)
+		}
 		atomic.StoreUint32(&g.ctrls[g.rank].state, stateFailed)
 		g.ringAll()
 	}

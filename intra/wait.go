@@ -2,6 +2,7 @@ package intra
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -151,12 +152,12 @@ func (w *waiter) check(peer int, what string) error {
 // suspected reports a first sighting.
 func (w *waiter) suspectPeer(p int, what string) (err error, suspected bool) {
 	g := w.g
-	why := g.lost(p)
+	why, culprit := g.lost(p)
 	if why == "" {
 		return nil, false
 	}
 	if g.suspected[p] == w.round && g.suspectNap[p] < w.naps {
-		return fault.New(w.op, g.global(g.rank), g.global(p), fault.ErrPeerLost, "%s (while this rank waited for %s)", why, what), true
+		return fault.New(w.op, g.global(g.rank), culprit, fault.ErrPeerLost, "%s (while this rank waited for %s)", why, what), true
 	}
 	if g.suspected[p] != w.round {
 		g.suspected[p], g.suspectNap[p] = w.round, w.naps
@@ -179,8 +180,46 @@ func (w *waiter) checkAll(depends func(p int, sending bool) (bool, string), send
 	return nil
 }
 
-// lost says why peer p can no longer do its part, or "".
-func (g *Group) lost(p int) string {
+// lost says why peer p can no longer do its part, or "", and the global
+// rank that the loss is to be blamed on: p, or, where p gave up the call on
+// a peer of this group that it found lost or late (its ctrl line's blame),
+// that peer, followed from rank to rank to one that blames none. Ranks that
+// wait for the rank that saw a death first then name the dead rank, as
+// that rank does.
+func (g *Group) lost(p int) (string, int) {
+	why := g.lostHere(p)
+	if why == "" {
+		return "", g.global(p)
+	}
+	q := p
+	for range g.size {
+		b := atomic.LoadUint32(&g.ctrls[q].blame)
+		c := g.localOf(int(b) - 1)
+		if b == 0 || c < 0 || c == q || c == g.rank {
+			break
+		}
+		why = fmt.Sprintf("rank %d gave up the call on it", g.global(q))
+		if w := g.lostHere(c); w != "" {
+			why += " (" + w + ")"
+		}
+		q = c
+	}
+	return why, g.global(q)
+}
+
+// localOf is the local rank of global rank r, or -1 where r is none of
+// this group's.
+func (g *Group) localOf(r int) int {
+	for l, gr := range g.cfg.Ranks {
+		if gr == r {
+			return l
+		}
+	}
+	return -1
+}
+
+// lostHere says why peer p itself can no longer do its part, or "".
+func (g *Group) lostHere(p int) string {
 	if p < 0 || p == g.rank {
 		return ""
 	}
