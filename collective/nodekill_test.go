@@ -40,3 +40,25 @@ func TestDeadRankNamedOnNode(t *testing.T) {
 		})
 	}
 }
+
+// TestStoppedRankNamedOnNode stops one rank of a node (SIGSTOP, continued
+// after the others' timeout) while blocks move through the staging rings:
+// its peers wait for chunks from owners whose rings the stopped rank no
+// longer frees, and every one of them must name the stopped rank, not the
+// owner it waited for.
+func TestStoppedRankNamedOnNode(t *testing.T) {
+	const culprit = 3
+	for i := range 3 {
+		out, codes := startRanks(t, []int{0, 0, 0, 0}, []string{"SLIME_TIMEOUT=2", "SLIME_CMA_MIN=-1"},
+			"--fault", "stop", "--fault-rank", strconv.Itoa(culprit), "--fault-size", "4M")
+		for r := range out {
+			if r == culprit {
+				continue
+			}
+			want := regexp.MustCompile(fmt.Sprintf(`(?m)^EXPECTED rank %d: allgather rank %d peer %d: slimego: (timeout|peer lost)`, r, r, culprit))
+			if !want.MatchString(out[r]) || codes[r] != 3 {
+				t.Errorf("run %d: rank %d (exit %d) did not name rank %d:\n%s", i, r, codes[r], culprit, out[r])
+			}
+		}
+	}
+}

@@ -305,6 +305,13 @@ func (o *Op) run(ctx context.Context) error {
 		}
 		w.slept = false
 		if err := w.idle(peer, what); err != nil {
+			if q := o.heldBy(peer); peer == waitFor && q >= 0 && errors.Is(err, fault.ErrTimeout) {
+				// The owner waits for a reader to free its ring: that
+				// reader is late, not the owner (its own wait for the
+				// reader times out about now, naming it).
+				return fault.New(o.name, g.global(me), g.global(q), fault.ErrTimeout,
+					"waited %v for a chunk of rank %d, whose ring rank %d has not freed", w.budget, g.global(peer), g.global(q))
+			}
 			return err
 		}
 		if w.slept {
@@ -409,6 +416,26 @@ func (o *Op) withdraw(e uint64) {
 			}
 		}
 	}
+}
+
+// heldBy is the reader that holds owner p's ring full, so that p cannot
+// publish the chunk this rank waits for, or -1 (the chunk is there, or p's
+// ring has room: p itself is late).
+func (o *Op) heldBy(p int) int {
+	g := o.g
+	if p < 0 || p == g.rank {
+		return -1
+	}
+	n, K := g.recv[p], uint64(g.lay.K)
+	if n+1 <= K || atomic.LoadUint64(g.stamps[p][int(n%K)]) == n+1 {
+		return -1
+	}
+	for q := range g.size {
+		if q != p && q != g.rank && atomic.LoadUint64(&g.lay.ack(g.mem, q, p).consumed) < n+1-K {
+			return q
+		}
+	}
+	return -1
 }
 
 // dependency reports whether this rank waits on peer p, and for what.

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,7 +31,7 @@ func main() {
 	iters := pflag.Int("iters", 2, "iterations of each check")
 	planRuns := pflag.Int("plan-runs", 1000, "runs of one plan back to back")
 	planSize := pflag.String("plan-size", "4099", "size of the plan check")
-	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, slow, kill-overlap, exit-before-init")
+	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, stop, slow, kill-overlap, exit-before-init")
 	faultRank := pflag.Int("fault-rank", 1, "rank that causes the fault")
 	faultSize := pflag.String("fault-size", "64M", "message size while a peer is killed")
 	initDelay := pflag.Duration("init-delay", 0, "how long the fault rank waits before Init")
@@ -277,7 +278,7 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 			return 1
 		}
 		return exitExpectedFault
-	case "kill", "slow":
+	case "kill", "slow", "stop":
 		dst, src := make([]byte, P*n), make([]byte, n)
 		pattern.Fill(src, uint64(me))
 		// With --fault-rank -1 no rank stops itself: the test kills a node.
@@ -287,6 +288,15 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 					time.Sleep(150 * time.Millisecond)
 					syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				}()
+			} else if kind == "stop" {
+				// Stopped mid-call, continued once the peers gave up.
+				cont := exec.Command("/bin/sh", "-c", fmt.Sprintf("sleep 0.15; kill -STOP %d; sleep %.3f; kill -CONT %d",
+					os.Getpid(), (2*c.Timeout()).Seconds(), os.Getpid()))
+				if err := cont.Start(); err != nil {
+					fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+					return 1
+				}
+				defer cont.Wait()
 			} else {
 				time.Sleep(2 * c.Timeout()) // arrives after the peers gave up
 			}
