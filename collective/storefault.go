@@ -42,6 +42,12 @@ func (c *Communicator) storeFault(op string, err error, peer int, what string) e
 		// this rank waited for will never come, and the reason says why.
 		return fault.New(op, o.Rank, ae.Rank, ErrInvalid, "%s (found by rank %d, while this rank waited: %s)", ae.Reason[len(abortInvalid):], ae.Rank, what)
 	case errors.As(err, &ae):
+		// A rank that exited after giving up on another (a late one)
+		// recorded whom it blames before it exited: that rank is the
+		// cause, as the exited rank's own error says.
+		if b := c.blameOf(ae.Rank); b >= 0 && b != ae.Rank && b != o.Rank {
+			return fault.New(op, o.Rank, b, ErrPeerLost, "%s, having given up on rank %d (while this rank was %s)", ae.Reason, b, what)
+		}
 		// The reason first: what this rank waited for (another rank's
 		// key, say) is not the cause, and that rank may be alive.
 		return fault.New(op, o.Rank, ae.Rank, ErrPeerLost, "%s (while this rank was %s)", ae.Reason, what)
@@ -102,6 +108,31 @@ func warnIfOpen(o Options, store string) {
 			"any process that can reach the store at %s or a rank's transport port can join the job, read its data and redirect its connections. "+
 			"Give every node the same secret (slimerun --job-secret-file).\n", o.Rank, store)
 	})
+}
+
+// blameOf reads the rank that rank r's failure named (failed), or -1
+// where it recorded none or the store does not answer within
+// blameTimeout. The key is read only once it exists (Check): a wait for
+// it would outlast a rank that never wrote one.
+func (c *Communicator) blameOf(r int) int {
+	if c.store == nil || r < 0 || r >= c.opts.WorldSize {
+		return -1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), blameTimeout)
+	defer cancel()
+	key := rendezvous.AttemptPrefix(c.opts.JobID, c.opts.Attempt) + "blame/" + strconv.Itoa(r)
+	if ok, err := c.store.Check(ctx, key); err != nil || !ok {
+		return -1
+	}
+	v, err := c.store.Get(ctx, key)
+	if err != nil {
+		return -1
+	}
+	b, err := strconv.Atoi(string(v))
+	if err != nil || b < 0 || b >= c.opts.WorldSize {
+		return -1
+	}
+	return b
 }
 
 // blameTimeout bounds the report of whom a failed operation names.
