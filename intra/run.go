@@ -133,6 +133,9 @@ func (o *Op) Run(ctx context.Context) error {
 		return g.broken
 	}
 	if err := o.run(ctx); err != nil {
+		// Whom this rank blames goes first: a reader that finds the
+		// block withdrawn names that rank.
+		g.noteBlame(err)
 		if o.mode != modeStaged {
 			// This call's header offers the block in place: no reader
 			// may take it once this rank has returned (withdraw).
@@ -223,7 +226,9 @@ func (o *Op) run(ctx context.Context) error {
 				return o.withdrawn(p)
 			}
 			if err := g.cmaRead(p, dst, ph.zcOff); err != nil {
-				return fault.New(o.name, g.global(me), g.global(p), fault.ErrPeerLost, "reading its memory: %v", err)
+				// The owner may have given up on another rank and exited.
+				why, culprit := g.follow(p, "reading its memory: "+err.Error())
+				return fault.New(o.name, g.global(me), culprit, fault.ErrPeerLost, "%s", why)
 			}
 			if !g.copied(p, e) {
 				return o.withdrawn(p)
@@ -392,7 +397,9 @@ func (o *Op) withdrawn(p int) error {
 	g := o.g
 	why, culprit := g.lost(p)
 	if why == "" {
-		why = "peer gave up the call"
+		// Not yet marked failed: it withdraws first, having stored
+		// whom it blames (Op.Run).
+		why, culprit = g.follow(p, "peer gave up the call")
 	}
 	return fault.New(o.name, g.global(g.rank), culprit, fault.ErrPeerLost, "%s before this rank had read its block in place", why)
 }
@@ -479,15 +486,21 @@ func (g *Group) refreshFree(need uint64) int {
 // and breaks the group.
 func (g *Group) fail(err error) {
 	if g.ctrls != nil {
-		var oe *fault.OpError
-		if errors.As(err, &oe) && oe.Peer >= 0 && oe.Peer != g.global(g.rank) &&
-			(errors.Is(err, fault.ErrPeerLost) || errors.Is(err, fault.ErrTimeout)) {
-			atomic.StoreUint32(&g.ctrls[g.rank].blame, uint32(oe.Peer)+1)
-		}
+		g.noteBlame(err)
 		atomic.StoreUint32(&g.ctrls[g.rank].state, stateFailed)
 		g.ringAll()
 	}
 	g.broken = fault.New("communicator", g.global(g.rank), -1, fault.ErrClosed, "broken by an earlier error: %v", err)
+}
+
+// noteBlame stores in this rank's control line the peer that err names as
+// lost or late, for the ranks that wait for this one (Group.lost).
+func (g *Group) noteBlame(err error) {
+	var oe *fault.OpError
+	if g.ctrls != nil && errors.As(err, &oe) && oe.Peer >= 0 && oe.Peer != g.global(g.rank) &&
+		(errors.Is(err, fault.ErrPeerLost) || errors.Is(err, fault.ErrTimeout)) {
+		atomic.StoreUint32(&g.ctrls[g.rank].blame, uint32(oe.Peer)+1)
+	}
 }
 
 // Barrier returns once every rank of the group has entered it.

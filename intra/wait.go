@@ -191,6 +191,12 @@ func (g *Group) lost(p int) (string, int) {
 	if why == "" {
 		return "", g.global(p)
 	}
+	return g.follow(p, why)
+}
+
+// follow is lost's walk along the blames from peer p, which gave up for
+// why: the account to report, and the global rank it names.
+func (g *Group) follow(p int, why string) (string, int) {
 	q := p
 	for range g.size {
 		b := atomic.LoadUint32(&g.ctrls[q].blame)
