@@ -19,9 +19,14 @@ func TestGuardNamed(t *testing.T) {
 	}
 	defer g.close()
 	proc := "/proc/" + strconv.Itoa(g.cmd.Process.Pid)
-	b, err := os.ReadFile(proc + "/cmdline")
-	if err != nil {
-		t.Fatal(err)
+	// Start returns once the exec has closed the descriptors marked
+	// close-on-exec, which the kernel does before it lays out the new
+	// command line: until then /proc reads it empty.
+	var b []byte
+	for end := time.Now().Add(5 * time.Second); len(b) == 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if b, err = os.ReadFile(proc + "/cmdline"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if argv0, _, _ := strings.Cut(string(b), "\x00"); argv0 != "slimerun-guard" {
 		t.Errorf("the guard's command line starts %q, want slimerun-guard", argv0)
