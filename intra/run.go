@@ -313,7 +313,13 @@ func (o *Op) run(ctx context.Context) error {
 			if q := o.heldBy(peer); peer == waitFor && q >= 0 && errors.Is(err, fault.ErrTimeout) {
 				// The owner waits for a reader to free its ring: that
 				// reader is late, not the owner (its own wait for the
-				// reader times out about now, naming it).
+				// reader times out about now, naming it), unless the
+				// reader failed: then whom it gave up on.
+				if why := g.lostHere(q); why != "" {
+					why, culprit := g.follow(q, why)
+					return fault.New(o.name, g.global(me), culprit, fault.ErrPeerLost,
+						"%s (while this rank waited %v for a chunk of rank %d, whose ring rank %d had not freed)", why, w.budget, g.global(peer), g.global(q))
+				}
 				return fault.New(o.name, g.global(me), g.global(q), fault.ErrTimeout,
 					"waited %v for a chunk of rank %d, whose ring rank %d has not freed", w.budget, g.global(peer), g.global(q))
 			}

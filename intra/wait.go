@@ -141,6 +141,12 @@ func (w *waiter) check(peer int, what string) error {
 	default:
 	}
 	if time.Now().After(w.deadline) {
+		if why := g.lostHere(peer); why != "" {
+			// Failed, but seen only once (suspectPeer counts a loss
+			// at its second sighting): name whom it gave up on.
+			why, culprit := g.follow(peer, why)
+			return fault.New(w.op, g.global(g.rank), culprit, fault.ErrPeerLost, "%s (while this rank waited %v for %s)", why, w.budget, what)
+		}
 		return fault.New(w.op, g.global(g.rank), g.global(peer), fault.ErrTimeout, "waited %v for %s", w.budget, what)
 	}
 	return nil
@@ -195,13 +201,19 @@ func (g *Group) lost(p int) (string, int) {
 }
 
 // follow is lost's walk along the blames from peer p, which gave up for
-// why: the account to report, and the global rank it names.
+// why: the account to report, and the global rank it names. The walk
+// ends at a rank that blames none, or blames a rank outside the group,
+// itself, this rank, or one the walk has passed (ranks that gave up on
+// each other: the last one reached before the cycle closes is named,
+// whatever the group's size). It runs on a failure's path only.
 func (g *Group) follow(p int, why string) (string, int) {
 	q := p
+	seen := make([]bool, g.size)
 	for range g.size {
+		seen[q] = true
 		b := atomic.LoadUint32(&g.ctrls[q].blame)
 		c := g.localOf(int(b) - 1)
-		if b == 0 || c < 0 || c == q || c == g.rank {
+		if b == 0 || c < 0 || seen[c] || c == g.rank {
 			break
 		}
 		why = fmt.Sprintf("rank %d gave up the call on it", g.global(q))
