@@ -26,7 +26,8 @@ const abortInvalid = "invalid: "
 // not why it failed. The store's own failures name who caused them:
 //   - an abort by a rank that found the ranks set up apart is ErrInvalid
 //     naming that rank, with its reason;
-//   - an abort (the launcher saw a rank exit) is ErrPeerLost naming that rank;
+//   - an abort (the launcher saw a rank exit) is ErrPeerLost naming that
+//     rank, or the rank it gave up on where it recorded one (blameOf);
 //   - a lost connection, or an answer no call expects, is ErrPeerLost
 //     naming the store's host (rank 0 when it hosts the store, none when a
 //     launcher does);

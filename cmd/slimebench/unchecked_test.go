@@ -11,8 +11,8 @@ import (
 // TestUncheckedRowsNoWrong: the rows of slimebench memcpy and tcp (and
 // link's raw TCP row and the ceiling's, written alike) compare no byte:
 // their CSV leaves the wrong column empty, as p2p's does, rather than 0,
-// which reads as "checked, all right". A row that checks (slimego's)
-// still says 0.
+// which reads as "checked, all right". (Rows that check, slimego's, say
+// 0: collective's TestLinkAndTCPBenchmarks and bench's TestCeiling.)
 func TestUncheckedRowsNoWrong(t *testing.T) {
 	dir, err := testbin.Build()
 	if err != nil {
