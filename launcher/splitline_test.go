@@ -15,11 +15,16 @@ import (
 // other rank's next line ("[0]: line 3", "[1]: tick", "[0]:  end").
 func TestLinesNotSplitByStaleTimer(t *testing.T) {
 	const lines = 40
-	script := fmt.Sprintf(`if [ $RANK = 0 ]; then
-  i=0; while [ $i -lt %d ]; do printf 'line %%d' $i; sleep 0.02; printf ' end\n'; i=$((i+1)); done
+	// Both ranks wait with bash's builtin read on a FIFO that never has
+	// data: no process started per wait, whose start could take longer
+	// than partialDelay on a loaded machine (rank 0's 20 ms), or thin
+	// out rank 1's lines between rank 0's pieces.
+	script := fmt.Sprintf(`exec bash -c 'f=$(mktemp -u); mkfifo "$f"; exec 3<>"$f"; rm "$f"
+if [ $RANK = 0 ]; then
+  i=0; while [ $i -lt %d ]; do printf "line %%d" $i; read -t 0.02 -u 3; printf " end\n"; i=$((i+1)); done
 else
-  i=0; while [ $i -lt 150 ]; do echo tick; sleep 0.01; i=$((i+1)); done
-fi`, lines)
+  i=0; while [ $i -lt 400 ]; do echo tick; read -t 0.003 -u 3; i=$((i+1)); done
+fi'`, lines)
 	out, _, err := run(t, Config{NProcPerNode: 2}, script)
 	if err != nil {
 		t.Fatal(err)
