@@ -66,14 +66,7 @@ func TestLinkWrongPerPlacement(t *testing.T) {
 		return run
 	}
 	defer func() { testHookLinkCheck = nil }()
-	var got []LinkResult
-	testranks.Run(t, 2, 1, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(c *collective.Communicator) error {
-		rs, err := Link(context.Background(), c, "127.0.0.1", []int64{4096}, 1, 0, 1, 0, nil)
-		if c.Rank() == 0 {
-			got = rs
-		}
-		return err
-	})
+	got := linkRows(t)[0]
 	if len(got) != 1 {
 		t.Fatalf("%d rows, want 1", len(got))
 	}
@@ -230,13 +223,7 @@ func TestLinkWrongEveryRank(t *testing.T) {
 		}
 	}
 	defer func() { testHookLinkCheck = nil }()
-	got := make([][]LinkResult, 2)
-	testranks.Run(t, 2, 1, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(c *collective.Communicator) error {
-		rs, err := Link(context.Background(), c, "127.0.0.1", []int64{4096}, 1, 0, 1, 0, nil)
-		got[c.Rank()] = rs
-		return err
-	})
-	for rank, rs := range got {
+	for rank, rs := range linkRows(t) {
 		if len(rs) != 1 {
 			t.Fatalf("rank %d: %d rows, want 1", rank, len(rs))
 		}
@@ -261,14 +248,7 @@ func TestLinkLaterCallsChecked(t *testing.T) {
 		}
 	}
 	defer func() { testHookLinkCheck = nil }()
-	var got []LinkResult
-	testranks.Run(t, 2, 1, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(c *collective.Communicator) error {
-		rs, err := Link(context.Background(), c, "127.0.0.1", []int64{4096}, 1, 0, 1, 0, nil)
-		if c.Rank() == 0 {
-			got = rs
-		}
-		return err
-	})
+	got := linkRows(t)[0]
 	if len(got) != 1 {
 		t.Fatalf("%d rows, want 1", len(got))
 	}
@@ -276,4 +256,17 @@ func TestLinkLaterCallsChecked(t *testing.T) {
 	if r := got[0]; r.Wrong < 2*2*4096*9/10 || r.Wrong > 2*2*4096 || r.WrongIn < 2*4096*9/10 || r.WrongIn > 2*4096 {
 		t.Errorf("out of place %d wrong bytes, in place %d: want nearly all of 16384 and 8192 (the gathers did nothing after their first call)", r.Wrong, r.WrongIn)
 	}
+}
+
+// linkRows runs Link of 4096 bytes on two loopback nodes of one rank each
+// and returns each rank's rows.
+func linkRows(t *testing.T) [2][]LinkResult {
+	t.Helper()
+	var got [2][]LinkResult
+	testranks.Run(t, 2, 1, func(o *collective.Options) { o.Timeout = 30 * time.Second }, func(c *collective.Communicator) error {
+		rs, err := Link(context.Background(), c, "127.0.0.1", []int64{4096}, 1, 0, 1, 0, nil)
+		got[c.Rank()] = rs
+		return err
+	})
+	return got
 }

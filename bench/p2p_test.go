@@ -58,14 +58,7 @@ func TestP2PSweep(t *testing.T) {
 			if !gpu && !regexp.MustCompile(`(?m)^ tcp +tcp-\d+ +oneway +\S+ +1 +1 +\S+ +- +\S+ +- +-$`).MatchString(tbl.String()) {
 				t.Errorf("the table's tcp oneway rows show a p99, CPU or wrong count they do not measure")
 			}
-			var buf bytes.Buffer
-			if err := WriteP2PCSV(&buf, rows[0]); err != nil {
-				t.Fatal(err)
-			}
-			recs, err := csv.NewReader(&buf).ReadAll()
-			if err != nil {
-				t.Fatal(err)
-			}
+			recs := p2pCSV(t, rows[0])
 			if got := strings.Join(recs[0], ","); got != "impl,transport,op,S,batch,concurrency,p50_us,p99_us,GBps,cpu_s_per_GB,wrong" {
 				t.Fatalf("header %s", got)
 			}
@@ -306,14 +299,7 @@ func TestP2PUncheckedRowsNoWrong(t *testing.T) {
 			t.Errorf("no %s row in\n%s", k, tbl.String())
 		}
 	}
-	var buf bytes.Buffer
-	if err := WriteP2PCSV(&buf, rows[0]); err != nil {
-		t.Fatal(err)
-	}
-	recs, err := csv.NewReader(&buf).ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := p2pCSV(t, rows[0])
 	for _, r := range recs[1:] {
 		if want := ""; !checks(r[0], r[2]) && r[10] != want {
 			t.Errorf("csv row %v: wrong %q, want %q (nothing checked)", r, r[10], want)
@@ -348,4 +334,18 @@ func TestP2PMemoryOfBothRanks(t *testing.T) {
 			t.Errorf("rank %d: %v, want a refusal: the ranks need 44 MiB of the 20 MiB available", r, err)
 		}
 	}
+}
+
+// p2pCSV is rs as WriteP2PCSV writes them, read back as records.
+func p2pCSV(t *testing.T, rs []P2PResult) [][]string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := WriteP2PCSV(&buf, rs); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(&buf).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
 }
