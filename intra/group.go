@@ -413,10 +413,18 @@ func (g *Group) storeBarrier(ctx context.Context, name string) error {
 // with a buffer and the others with an error.
 func (g *Group) sameSize(ctx context.Context, op, base string, asked int) error {
 	st, me := g.cfg.Store, g.global(g.rank)
-	// Bookkeeping after a failure gets a context of its own: ctx may be
-	// what expired.
+	// Bookkeeping gets the call's time, and a second of its own at
+	// least: after a failure ctx may be what expired. Not a second alone
+	// where the call has more: a store call unanswered past its deadline
+	// and the client's answer slack gives up the rank's store connection,
+	// so a store slow to answer (a loaded host) would fail this rank's
+	// next wait, though the call had time to spare.
 	after := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		d := time.Now().Add(time.Second)
+		if cd, ok := ctx.Deadline(); ok && cd.After(d) && ctx.Err() == nil {
+			d = cd
+		}
+		return context.WithDeadline(context.WithoutCancel(ctx), d)
 	}
 	defer func() {
 		// Every rank counts itself once it is done with the sizes, failed
