@@ -105,9 +105,10 @@ func TestSlowGEMMIsNoPeerTimeout(t *testing.T) {
 		for _, way := range ways {
 			for _, computeTimeout := range []time.Duration{0, time.Millisecond} {
 				t.Run(fmt.Sprintf("%v/%s/compute%v", kind, way.name, computeTimeout), func(t *testing.T) {
-					// Long enough for Init on a busy machine, far shorter
-					// than the GEMMs.
-					const timeout = 400 * time.Millisecond
+					// Long enough for Init and for a gather that shares the
+					// processors with the GEMMs on a busy machine; the GEMMs
+					// are made far longer below.
+					const timeout = 2 * time.Second
 					// The ranks finish their GEMMs at different times, further
 					// apart than the peer timeout: they line up in this
 					// process before each collective that follows.
@@ -137,7 +138,28 @@ func TestSlowGEMMIsNoPeerTimeout(t *testing.T) {
 						if err := o.ReadG(g); err != nil {
 							return err
 						}
+						t0 := time.Now()
 						want := asBytes(Multiply(g, b, 2*m, n, k))
+						if computeTimeout == 0 {
+							// The run's GEMMs, each repeated (C is
+							// overwritten alike), take about three peer
+							// timeouts at least: as many as this
+							// reference GEMM, here and now, takes to
+							// last that long. (With a peer timeout of
+							// a fraction of one GEMM, a gather that
+							// the GEMMs kept from the processors timed
+							// out on a loaded machine.)
+							reps := min(64, int(3*timeout/max(time.Since(t0), time.Millisecond))+1)
+							mul := o.eng.mul
+							o.eng.mul = func(s device.Stream, m, n, k int, a, b, c device.Buffer) error {
+								for range reps - 1 {
+									if err := mul(s, m, n, k, a, b, c); err != nil {
+										return err
+									}
+								}
+								return mul(s, m, n, k, a, b, c)
+							}
+						}
 						if err := beforeRun.meet(); err != nil {
 							return err
 						}
@@ -154,6 +176,9 @@ func TestSlowGEMMIsNoPeerTimeout(t *testing.T) {
 						}
 						if computeTimeout == 0 && err != nil {
 							return fmt.Errorf("%s whose GEMMs took %v, under a %v peer timeout: %w", way.name, took.Round(time.Millisecond), timeout, err)
+						}
+						if computeTimeout == 0 && took < 2*timeout {
+							return fmt.Errorf("%s took %v, not far longer than the %v peer timeout: the run tests nothing", way.name, took.Round(time.Millisecond), timeout)
 						}
 						if computeTimeout > 0 {
 							var oe *collective.OpError
