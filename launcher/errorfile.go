@@ -53,7 +53,7 @@ func (j *job) errorFile(attempt, local int) string {
 		base = j.errDir
 	}
 	dir := filepath.Join(j.cfg.logRoot(base), "attempt_"+strconv.Itoa(attempt), strconv.Itoa(local))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := mkdirSecure(dir, 0o700); err != nil {
 		j.cfg.Logf("no error file for local rank %d: %v", local, err)
 		return ""
 	}

@@ -2394,7 +2394,7 @@ func openLog(cfg *Config, attempt, local int, name string) (*os.File, error) {
 		cfg.Warnf("no log directory given (--log-dir): logs in %s", d)
 	}
 	dir := filepath.Join(cfg.logRoot(cfg.LogDir), "attempt_"+strconv.Itoa(attempt), strconv.Itoa(local))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := mkdirSecure(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("launcher: log dir: %w", err)
 	}
 	return os.Create(filepath.Join(dir, name+".log"))
