@@ -482,8 +482,8 @@ func validRunID(id string) bool {
 
 // ReadSecretFile reads a job secret from the first line of path (trimmed;
 // it must not be empty). Like ssh with a private key, it refuses a file
-// that its group or others may read or write: the secret is what keeps
-// strangers out of the job.
+// of another user's, or that its group or others may read or write: the
+// secret is what keeps strangers out of the job.
 func ReadSecretFile(path string) ([]byte, error) {
 	b, err := auth.ReadSecretFile(path)
 	if err != nil {

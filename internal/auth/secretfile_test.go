@@ -62,3 +62,31 @@ func TestReadSecretFile(t *testing.T) {
 		})
 	}
 }
+
+// TestReadSecretFileOwner: a secret file of mode 600 that belongs to
+// another user is refused: its owner reads it whatever its mode (and can
+// change it), so that user could join the job, or have chosen its secret
+// (a file planted at a path the job's user names, say /tmp/job.secret).
+// A file of root's is accepted, as ssh accepts one.
+func TestReadSecretFileOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give the file to another user")
+	}
+	dir := t.TempDir()
+	p := filepath.Join(dir, "secret")
+	if err := os.WriteFile(p, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(p, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ReadSecretFile(p); !errors.Is(err, ErrSecretFile) || !strings.Contains(err.Error(), "uid 65534") {
+		t.Fatalf("another user's file: got %q, %v; want ErrSecretFile naming its owner", got, err)
+	}
+	if err := os.Chown(p, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ReadSecretFile(p); err != nil || string(got) != "s3cret" {
+		t.Fatalf("root's file: got %q, %v", got, err)
+	}
+}
