@@ -124,3 +124,44 @@ func TestSegmentHoldsLockUntilClose(t *testing.T) {
 		t.Errorf("RemovePrefix kept %s, which nobody holds (removed %v)", name, removed)
 	}
 }
+
+// TestRemovePrefixSparesOtherUsers: a launcher run as root, whose job's
+// prefix another user's live job shares (run id "abc" against
+// "abc-def"), leaves that user's segments and links: only root could
+// unlink them in the sticky /dev/shm, and it removed them without a look
+// at the lock their job holds, so that the other job's ranks still to
+// open a segment failed.
+func TestRemovePrefixSparesOtherUsers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only root can unlink another user's names in /dev/shm")
+	}
+	p := testPrefix(t)
+	seg, err := NewName(p + "def-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Create(seg, 1<<12) // held (its shared lock) until Close
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); Unlink(seg) })
+	link := p + "def-link"
+	if err := os.Symlink("/nonexistent", Dir+"/"+link); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Unlink(link) })
+	for _, n := range []string{seg, link} {
+		if err := os.Lchown(Dir+"/"+n, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	removed, err := RemovePrefix(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{seg, link} {
+		if slices.Contains(removed, n) || !exists(n) {
+			t.Errorf("RemovePrefix removed %s, another user's (removed %v)", n, removed)
+		}
+	}
+}

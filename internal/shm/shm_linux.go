@@ -288,11 +288,12 @@ func Unlink(name string) error {
 	return err
 }
 
-// RemovePrefix unlinks every segment whose name starts with prefix and
-// that no process holds (see removeUnheld), and returns the names it
-// removed: the launcher's sweep after a job. A segment still held is kept:
-// it belongs to a live job whose run id starts with this one's (job "abc"'s
-// prefix "slimego-abc-" also starts job "abc-def"'s names).
+// RemovePrefix unlinks every segment of this user's whose name starts
+// with prefix and that no process holds (see removeUnheld), and returns
+// the names it removed: the launcher's sweep after a job. A segment still
+// held is kept: it belongs to a live job whose run id starts with this
+// one's (job "abc"'s prefix "slimego-abc-" also starts job "abc-def"'s
+// names); so is another user's, held or not (a launcher run as root).
 func RemovePrefix(prefix string) ([]string, error) {
 	if prefix == "" || strings.ContainsRune(prefix, '/') {
 		return nil, fmt.Errorf("shm: refusing to sweep prefix %q", prefix)
@@ -322,18 +323,28 @@ func JobPrefix(runID string) string { return Prefix + runID + "-" }
 // blocking (a FIFO), and decides under the exclusive lock, taken without
 // waiting: a Segment's holder keeps a shared lock from Create or Open
 // until Close, so a held segment is refused, in any pid namespace. What it
-// cannot open as a regular file of this user's (a link, another user's
-// file) it unlinks without a lock when gone is nil, as RemovePrefix
-// always did, and leaves otherwise.
+// cannot open as a regular file (a link, a FIFO) it unlinks without a lock
+// when gone is nil, as RemovePrefix always did, and leaves otherwise; but
+// only where it is this user's: another user's name (which only root may
+// unlink in the sticky /dev/shm) is that user's job's, live or not, and
+// left to that user's sweeps.
 func removeUnheld(name string, gone func() bool) bool {
 	path := filepath.Join(Dir, name)
+	uid := uint32(os.Geteuid())
+	mine := func() bool {
+		var st unix.Stat_t
+		return unix.Lstat(path, &st) == nil && st.Uid == uid
+	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return gone == nil && err != unix.ENOENT && Unlink(name) == nil
+		return gone == nil && err != unix.ENOENT && mine() && Unlink(name) == nil
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) {
+	if unix.Fstat(fd, &st) != nil || st.Uid != uid {
+		return false
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return gone == nil && Unlink(name) == nil
 	}
 	if unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) != nil {
