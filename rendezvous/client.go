@@ -93,20 +93,30 @@ func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 		defer cancel()
 	}
 	start := time.Now()
-	host, _, err := net.SplitHostPort(addr)
+	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
 	}
 	// Once, bounded, before the retries: an unknown name fails now. The
-	// loop dials the name itself, so that an address that changes while
-	// the store comes up is followed.
+	// loop looks the name up again each time, so that an address that
+	// changes while the store comes up is followed.
 	if _, err := netaddr.ResolveIP(host); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrUnreachable, addr, err)
 	}
 	backoff := 5 * time.Millisecond
 	var d net.Dialer
 	for {
-		conn, err := d.DialContext(ctx, "tcp", addr)
+		// The address a store of this name listens on (netaddr.ListenIP
+		// binds the name's first IPv4 address), not the name: dialled,
+		// the name's other addresses would be tried too (localhost's ::1
+		// first), where the store's port is free and any user of the
+		// host may listen, and relay the connection (the handshake
+		// passes a relay untouched) while reading what it carries.
+		var conn net.Conn
+		ip, err := netaddr.ResolveIP(host)
+		if err == nil {
+			conn, err = d.DialContext(ctx, "tcp", net.JoinHostPort(ip.String(), port))
+		}
 		if err == nil {
 			conn.(*net.TCPConn).SetNoDelay(true)
 			hs := time.Now().Add(DefaultHandshakeTimeout)

@@ -28,8 +28,11 @@ func ResolveIP(host string) (net.IP, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), ResolveTimeout)
 	defer cancel()
 	ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
-	if err != nil || len(ips) == 0 {
-		return nil, fmt.Errorf("%w: %s: %v", ErrUnresolvable, host, err)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnresolvable, host, err)
+	}
+	if len(ips) == 0 {
+		return nil, fmt.Errorf("%w: %s: no address", ErrUnresolvable, host)
 	}
 	for _, ip := range ips {
 		if ip.To4() != nil {
