@@ -122,6 +122,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -167,7 +168,22 @@ func load(name, envVar string, nvshmem bool) (string, error) {
 	if !nvshmem {
 		setMaxConnections()
 	}
+	explicit := os.Getenv(envVar) != ""
 	for _, p := range candidates(name, envVar) {
+		if !explicit && strings.ContainsRune(p, '/') {
+			// Found on the search path: opened only where nobody but this
+			// user and root can have put it (see trustedLib).
+			if _, err := os.Lstat(p); err != nil {
+				tried = append(tried, fmt.Sprintf("%s: %v", p, errors.Unwrap(err)))
+				continue
+			}
+			real, err := trustedLib(p)
+			if err != nil {
+				tried = append(tried, fmt.Sprintf("%s: not loaded: %v", p, err))
+				continue
+			}
+			p = real
+		}
 		cp := C.CString(p)
 		var msg *C.char
 		var abi C.int
@@ -180,7 +196,11 @@ func load(name, envVar string, nvshmem bool) (string, error) {
 			tried = append(tried, fmt.Sprintf("%s has ABI version %d, this program wants %d: rebuild it (make kernels)", p, int(abi), C.SLIME_ABI_VERSION))
 			continue
 		}
-		tried = append(tried, C.GoString(msg))
+		m := C.GoString(msg)
+		if !strings.Contains(m, p) {
+			m = p + ": " + m
+		}
+		tried = append(tried, m)
 	}
 	return "", fmt.Errorf("%w: %s (set %s to its path, or run make kernels): %s", ErrNotFound, name, envVar, strings.Join(tried, "; "))
 }
