@@ -132,6 +132,21 @@ func (o *Op) Run(ctx context.Context) error {
 	if g.broken != nil {
 		return g.broken
 	}
+	if err := ctx.Err(); err != nil {
+		// A context done before the call began ends it here, before this
+		// rank announces anything: the waits look at the context only
+		// when they find nothing to read, so a rank that came after its
+		// peers had published moved the data and returned nil, while a
+		// peer that waited for it failed. The peers waiting for this rank
+		// now see it failed, and name it.
+		what := "context cancelled before the call began"
+		if errors.Is(err, context.DeadlineExceeded) {
+			err, what = fault.ErrTimeout, "context's deadline passed before the call began"
+		}
+		err = fault.New(o.name, g.global(g.rank), -1, err, "%s", what)
+		g.fail(err)
+		return err
+	}
 	if err := o.run(ctx); err != nil {
 		// Whom this rank blames goes first: a reader that finds the
 		// block withdrawn names that rank.

@@ -31,7 +31,7 @@ func main() {
 	iters := pflag.Int("iters", 2, "iterations of each check")
 	planRuns := pflag.Int("plan-runs", 1000, "runs of one plan back to back")
 	planSize := pflag.String("plan-size", "4099", "size of the plan check")
-	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, stop, slow, kill-overlap, exit-before-init")
+	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, stop, slow, kill-overlap, precancel, exit-before-init")
 	faultRank := pflag.Int("fault-rank", 1, "rank that causes the fault")
 	faultSize := pflag.String("fault-size", "64M", "message size while a peer is killed")
 	initDelay := pflag.Duration("init-delay", 0, "how long the fault rank waits before Init")
@@ -312,6 +312,38 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 				return code
 			}
 		}
+	case "precancel":
+		// The fault rank's call is given a context cancelled before the
+		// call, and comes after the others are waiting for it: the call
+		// must fail on every rank (on the fault rank with
+		// context.Canceled, on the others naming it), not find every
+		// peer's block ready and succeed.
+		if err := c.Barrier(ctx); err != nil {
+			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+			return 1
+		}
+		dst, src := make([]byte, P*n), make([]byte, n)
+		cctx := ctx
+		if me == who {
+			time.Sleep(300 * time.Millisecond)
+			var cancel context.CancelFunc
+			cctx, cancel = context.WithCancel(ctx)
+			cancel()
+		}
+		err := c.AllGather(cctx, dst, src)
+		if me == who {
+			if err == nil {
+				fmt.Printf("UNEXPECTED rank %d: a call with a cancelled context succeeded\n", me)
+				return 1
+			}
+			return report(err, context.Canceled)
+		}
+		var oe *collective.OpError
+		if err == nil || !errors.As(err, &oe) || oe.Peer != who {
+			fmt.Printf("UNEXPECTED rank %d: %v (want an error naming rank %d)\n", me, err, who)
+			return 1
+		}
+		return report(err, collective.ErrPeerLost)
 	case "kill-overlap":
 		// A rank dies during overlapped AllGather+GEMM runs.
 		o, err := overlap.New[float32](ctx, c, 512, 64, 256, 4)

@@ -1,0 +1,37 @@
+package collective_test
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestPrecancelledContext: a call given a context that is already
+// cancelled fails on every rank, whoever arrives last: on the rank that
+// passed it with context.Canceled, on the others naming that rank. Within
+// a node such a rank, coming after its peers had published their blocks,
+// found nothing to wait for and returned nil (and moved the data) without
+// looking at its context; the ranks' outcomes then depended on timing.
+func TestPrecancelledContext(t *testing.T) {
+	for _, tc := range []struct{ P, who int }{{1, 0}, {3, 1}, {3, 0}} {
+		t.Run(fmt.Sprintf("P=%d,rank=%d", tc.P, tc.who), func(t *testing.T) {
+			var others []int
+			for r := range tc.P {
+				if r != tc.who {
+					others = append(others, r)
+				}
+			}
+			j := expectFault(t, []string{"SLIME_TIMEOUT=20"}, tc.P, others, "--fault", "precancel",
+				"--fault-rank", fmt.Sprint(tc.who), "--fault-size", "4096")
+			if !regexp.MustCompile(fmt.Sprintf(`(?m)^\[%d\]: EXPECTED rank %d: allgather rank %d: context canceled`, tc.who, tc.who, tc.who)).MatchString(j.out) {
+				t.Errorf("rank %d did not fail its call with context.Canceled:\n%s\n%s", tc.who, j.out, j.stderr)
+			}
+			for _, r := range others {
+				if !strings.Contains(j.out, fmt.Sprintf("[%d]: EXPECTED rank %d: allgather rank %d peer %d: slimego: peer lost", r, r, r, tc.who)) {
+					t.Errorf("rank %d did not name rank %d", r, tc.who)
+				}
+			}
+		})
+	}
+}
