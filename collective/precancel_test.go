@@ -35,3 +35,20 @@ func TestPrecancelledContext(t *testing.T) {
 		})
 	}
 }
+
+// TestPrecancelledContextAcrossNodes: the same across nodes (one rank
+// per node, and two), where the transport's watch fails the call.
+func TestPrecancelledContextAcrossNodes(t *testing.T) {
+	for _, perNode := range []int{1, 2} {
+		t.Run(fmt.Sprintf("2x%d", perNode), func(t *testing.T) {
+			j := runNodes(t, []string{"SLIME_TIMEOUT=20"}, 2, perNode, nil, "agcheck", "--fault", "precancel", "--fault-rank", "1", "--fault-size", "4096")
+			all := strings.Join(j.out, "")
+			if strings.Contains(all, "UNEXPECTED") || strings.Count(all, "EXPECTED rank") != 2*perNode {
+				t.Errorf("want every rank to report the expected failure:\n%s", all)
+			}
+			if !strings.Contains(all, "EXPECTED rank 1: allgather rank 1") || !strings.Contains(all, "context canceled") {
+				t.Errorf("rank 1 did not fail with context.Canceled:\n%s", all)
+			}
+		})
+	}
+}

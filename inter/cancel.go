@@ -78,7 +78,11 @@ func (t *Transport) Watch(ctx context.Context) {
 		})
 	}
 	w.state.Store(w.gen << 2)
-	if w.fired.Load() == w.gen { // cancelled before the call began
+	// Cancelled before the call began: the watch's function runs on a
+	// goroutine of its own, and may not have fired yet (the call's sends
+	// then went out, and the peers finished the call while this rank
+	// failed it); ask the context itself.
+	if w.fired.Load() == w.gen || errors.Is(ctx.Err(), context.Canceled) {
 		t.trigger(w.gen)
 	}
 }
