@@ -777,20 +777,37 @@ type planEngine interface {
 	close() error
 }
 
-// hostPlan is a planned all-gather of host memory.
-type hostPlan struct{ op planned[[]byte] }
+// hostPlan is a planned all-gather of host memory. closed is set by the
+// plan's Close, after which a launch is ErrClosed, as a plan of buffers'
+// is (streamPlan, gpuPlan); a pointer made at planning, so that a launch
+// copies nothing.
+type hostPlan struct {
+	op     planned[[]byte]
+	c      *Communicator
+	name   string
+	closed *bool
+}
 
-func (h hostPlan) launch(ctx context.Context) error { return h.op.Run(ctx) }
-func (hostPlan) wait(context.Context) error         { return nil }
-func (hostPlan) mode() string                       { return "host" }
-func (hostPlan) close() error                       { return nil }
+func (h hostPlan) launch(ctx context.Context) error {
+	if *h.closed {
+		// Closed here, maybe not on the peers (a closed plan's run is a
+		// mistake of this rank's): take part as a refused call does, so
+		// that the peers' call fails naming this rank and the ranks stay
+		// in step.
+		return h.c.leaveOut(ctx, h.name, fault.New(h.name, h.c.Rank(), -1, ErrClosed, "the plan is closed"))
+	}
+	return h.op.Run(ctx)
+}
+func (hostPlan) wait(context.Context) error { return nil }
+func (hostPlan) mode() string               { return "host" }
+func (h hostPlan) close() error             { *h.closed = true; return nil }
 
 func (c *Communicator) hostPlan(name string, dst, src []byte) (*Plan, error) {
 	op, err := c.plan(name, dst, src)
 	if err != nil {
 		return nil, err
 	}
-	p := &Plan{c: c, eng: hostPlan{op}, call: call{name: name, sizes: slices.Clone(c.sizes)}}
+	p := &Plan{c: c, eng: hostPlan{op: op, c: c, name: name, closed: new(bool)}, call: call{name: name, sizes: slices.Clone(c.sizes)}}
 	p.freed = c.node.FreedCheck(name, dst, src)
 	return p, nil
 }
@@ -920,7 +937,8 @@ func (p *Plan) String() string {
 // plans in the same order. A plan of GPU memory returns once every rank
 // has closed it (or the timeout passed), so that the buffers freed after
 // it are in no rank's kernel any more; one of host memory holds nothing to
-// release.
+// release. A closed plan's later runs are ErrClosed on this rank, and the
+// peers' same call fails naming it, as for a refused call.
 func (p *Plan) Close() error { return p.eng.close() }
 
 // Buffer is symmetric memory from [Communicator.Alloc]: every rank of the

@@ -31,7 +31,7 @@ func main() {
 	iters := pflag.Int("iters", 2, "iterations of each check")
 	planRuns := pflag.Int("plan-runs", 1000, "runs of one plan back to back")
 	planSize := pflag.String("plan-size", "4099", "size of the plan check")
-	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, stop, slow, kill-overlap, precancel, exit-before-init")
+	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, stop, slow, kill-overlap, precancel, closed-plan, exit-before-init")
 	faultRank := pflag.Int("fault-rank", 1, "rank that causes the fault")
 	faultSize := pflag.String("fault-size", "64M", "message size while a peer is killed")
 	initDelay := pflag.Duration("init-delay", 0, "how long the fault rank waits before Init")
@@ -344,6 +344,51 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 			return 1
 		}
 		return report(err, collective.ErrPeerLost)
+	case "closed-plan":
+		// Every rank runs a plan of byte slices; the fault rank closes
+		// its plan first. A closed plan's Run is ErrClosed on that rank
+		// (as a plan of device.Buffer values is), and takes part so that
+		// the others learn of it at once and the ranks stay in step.
+		dst, src := make([]byte, P*n), make([]byte, n)
+		p, err := c.Plan(dst, src)
+		if err != nil {
+			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+			return 1
+		}
+		if err := p.Run(ctx); err != nil {
+			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+			return 1
+		}
+		if me == who {
+			if err := p.Close(); err != nil {
+				fmt.Printf("UNEXPECTED rank %d: Close: %v\n", me, err)
+				return 1
+			}
+		}
+		err = p.Run(ctx)
+		want := collective.ErrClosed
+		var oe *collective.OpError
+		if me != who {
+			want = collective.ErrInvalid
+			if err == nil || !errors.As(err, &oe) || oe.Peer != who {
+				fmt.Printf("UNEXPECTED rank %d: %v (want an error naming rank %d)\n", me, err, who)
+				return 1
+			}
+		}
+		if code := report(err, want); code != exitExpectedFault {
+			return code
+		}
+		// Still usable, and in step: a gather checked byte for byte.
+		pattern.Fill(src, pattern.Seed(me, 9, uint64(n)))
+		if err := c.AllGather(ctx, dst, src); err != nil {
+			fmt.Printf("UNEXPECTED rank %d after the closed plan: %v\n", me, err)
+			return 1
+		}
+		if err := verify(dst, equal(P, n), 9, "after the closed plan"); err != nil {
+			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+			return 1
+		}
+		return exitExpectedFault
 	case "kill-overlap":
 		// A rank dies during overlapped AllGather+GEMM runs.
 		o, err := overlap.New[float32](ctx, c, 512, 64, 256, 4)

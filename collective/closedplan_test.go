@@ -1,0 +1,30 @@
+package collective_test
+
+import (
+	"fmt"
+	"regexp"
+	"testing"
+)
+
+// TestClosedPlanRefused: a plan of byte slices (Communicator.Plan) whose
+// Close was called refuses its later runs with ErrClosed, as a plan of
+// device.Buffer values does on either backend (a Plan is one type
+// whatever it was made from), and takes part as a refused call: the
+// other ranks' call fails naming that rank, and the communicator stays in
+// step. It ran the gather and returned nil.
+func TestClosedPlanRefused(t *testing.T) {
+	for _, tc := range []struct{ P, who int }{{1, 0}, {3, 2}} {
+		t.Run(fmt.Sprintf("P=%d", tc.P), func(t *testing.T) {
+			var others []int
+			for r := range tc.P {
+				if r != tc.who {
+					others = append(others, r)
+				}
+			}
+			j := expectFault(t, nil, tc.P, others, "--fault", "closed-plan", "--fault-rank", fmt.Sprint(tc.who), "--fault-size", "4099")
+			if !regexp.MustCompile(fmt.Sprintf(`(?m)^\[%d\]: EXPECTED rank %d: allgather rank %d: slimego: communicator closed: the plan is closed`, tc.who, tc.who, tc.who)).MatchString(j.out) {
+				t.Errorf("rank %d's run of its closed plan was not ErrClosed:\n%s\n%s", tc.who, j.out, j.stderr)
+			}
+		})
+	}
+}
