@@ -447,7 +447,13 @@ func (c *Communicator) syncGPU(ctx context.Context, op string, s *device.CUDAStr
 // the GPU path. It allocates nothing.
 func (c *Communicator) syncStream(ctx context.Context, op string, s *device.CUDAStream) error {
 	if err := s.SynchronizeBy(ctx, time.Now().Add(c.opts.Timeout).Add(5*time.Second)); err != nil { // no sum to overflow
-		c.gpu.broken = fault.New(op, c.Rank(), -1, ErrTimeout, "%v", err)
+		// A cancelled ctx is reported as such (as on the CPU, streamErr),
+		// not as a timeout.
+		kind := ErrTimeout
+		if errors.Is(err, context.Canceled) {
+			kind = context.Canceled
+		}
+		c.gpu.broken = fault.New(op, c.Rank(), -1, kind, "%v", err)
 		return c.gpu.broken
 	}
 	return nil

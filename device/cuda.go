@@ -13,7 +13,8 @@ import (
 // Synchronizer is what the host waits on: a stream of either backend.
 type Synchronizer interface {
 	// Synchronize returns once the work enqueued so far is done, with its
-	// first error, or an error wrapping ErrWaitTimeout when ctx ends first.
+	// first error, or an error wrapping ErrWaitTimeout when ctx ends first
+	// (a CUDA stream's wraps ctx's error as well).
 	Synchronize(ctx context.Context) error
 }
 
@@ -327,7 +328,12 @@ func poll(ctx context.Context, deadline time.Time, query func() error) error {
 			return err
 		}
 		if i&63 == 0 {
-			if ctx.Err() != nil || (!deadline.IsZero() && time.Now().After(deadline)) {
+			if cerr := ctx.Err(); cerr != nil {
+				// ctx's error too: a caller tells a cancellation from a
+				// deadline by it.
+				return fmt.Errorf("%w: the GPU's work was not done after %v: %w", ErrWaitTimeout, time.Since(start).Round(time.Millisecond), cerr)
+			}
+			if !deadline.IsZero() && time.Now().After(deadline) {
 				return fmt.Errorf("%w: the GPU's work was not done after %v", ErrWaitTimeout, time.Since(start).Round(time.Millisecond))
 			}
 		}

@@ -31,7 +31,7 @@ func main() {
 	iters := pflag.Int("iters", 2, "iterations of each check")
 	planRuns := pflag.Int("plan-runs", 1000, "runs of one plan back to back")
 	planSize := pflag.String("plan-size", "4099", "size of the plan check")
-	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, stop, slow, kill-overlap, precancel, closed-plan, exit-before-init")
+	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, stop, slow, kill-overlap, precancel, closed-plan, cancel-gpu, exit-before-init")
 	faultRank := pflag.Int("fault-rank", 1, "rank that causes the fault")
 	faultSize := pflag.String("fault-size", "64M", "message size while a peer is killed")
 	initDelay := pflag.Duration("init-delay", 0, "how long the fault rank waits before Init")
@@ -389,6 +389,55 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 			return 1
 		}
 		return exitExpectedFault
+	case "cancel-gpu":
+		// A plan of the backend's memory (run with SLIME_BACKEND=cuda:
+		// GPU memory) checked byte for byte, then run by the fault rank
+		// with a context cancelled before the call: its wait for the GPU
+		// gives up, and that is the context's cancellation
+		// (context.Canceled), not a timeout.
+		dev := c.Device()
+		dstB, err := dev.NewBuffer(P * n)
+		if err != nil {
+			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+			return 1
+		}
+		srcB, err := dev.NewBuffer(n)
+		if err != nil {
+			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+			return 1
+		}
+		src, dst := make([]byte, n), make([]byte, P*n)
+		pattern.Fill(src, pattern.Seed(me, 4, uint64(n)))
+		if err := srcB.CopyIn(src); err != nil {
+			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+			return 1
+		}
+		p, err := c.PlanBuffers(ctx, dstB, srcB)
+		if err == nil {
+			err = p.Run(ctx)
+		}
+		if err == nil {
+			err = dstB.CopyOut(dst)
+		}
+		if err == nil {
+			err = verify(dst, equal(P, n), 4, fmt.Sprintf("%s plan", c.Backend()))
+		}
+		if err != nil {
+			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+			return 1
+		}
+		if me != who {
+			p.Run(ctx) // the fault rank's kernels may come; its wait does not
+			return 0
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		err = p.Run(cctx)
+		if errors.Is(err, collective.ErrTimeout) {
+			fmt.Printf("UNEXPECTED rank %d: a cancelled context reported as a timeout: %v\n", me, err)
+			return 1
+		}
+		return report(err, context.Canceled)
 	case "kill-overlap":
 		// A rank dies during overlapped AllGather+GEMM runs.
 		o, err := overlap.New[float32](ctx, c, 512, 64, 256, 4)
