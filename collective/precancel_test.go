@@ -66,3 +66,28 @@ func TestPrecancelledContextGPU(t *testing.T) {
 		t.Errorf("exit %d; want rank 1's run to fail with context.Canceled:\n%s\n%s", j.code, j.out, j.stderr)
 	}
 }
+
+// TestCancelledWaitEndsEveryRank: a rank whose context is cancelled
+// while it waits for its peers ends the call on every rank, as DESIGN
+// says and as across nodes: the peers that come later name it. Within a
+// node a small block sat in the header (inline) and a staged one in the
+// ring, and the peers that came after the cancel read them and returned
+// nil, only their next call meeting the break.
+func TestCancelledWaitEndsEveryRank(t *testing.T) {
+	for _, tc := range []struct {
+		P    int
+		size string
+		env  []string
+	}{{2, "64", nil}, {3, "4096", nil}, {3, "1M", []string{"SLIME_CMA_MIN=-1"}}, {3, "1M", nil}} {
+		t.Run(fmt.Sprintf("P=%d,%s,%v", tc.P, tc.size, tc.env), func(t *testing.T) {
+			var others []int
+			for r := 1; r < tc.P; r++ {
+				others = append(others, r)
+			}
+			j := expectFault(t, append([]string{"SLIME_TIMEOUT=20"}, tc.env...), tc.P, others, "--fault", "cancel-wait", "--fault-rank", "0", "--fault-size", tc.size)
+			if !strings.Contains(j.out, "[0]: EXPECTED rank 0: allgather rank 0") {
+				t.Errorf("rank 0's cancelled call was not context.Canceled:\n%s\n%s", j.out, j.stderr)
+			}
+		})
+	}
+}

@@ -159,6 +159,13 @@ func (o *Op) Run(ctx context.Context) error {
 		if oe, ok := err.(*fault.OpError); ok && errors.Is(oe.Err, fault.ErrSizeMismatch) {
 			return err
 		}
+		if o.mode == modeStaged {
+			// The block went inline or through the ring: withdrawn all
+			// the same, so that a reader that comes after this rank gave
+			// up (a cancel while it waited for a later rank) fails the
+			// call too (run's last step) instead of returning nil.
+			o.withdraw(g.epoch)
+		}
 		g.fail(err)
 		return err
 	}
@@ -366,6 +373,20 @@ func (o *Op) run(ctx context.Context) error {
 				}
 			}
 			w.progress()
+		}
+	}
+	// 5. A peer that gave up this call after it had published its block
+	// (its context cancelled while it waited for a later rank) withdrew
+	// it: the call ends on every rank, not only on those still waiting
+	// for it. (One that gives up after this check is a cancel that lands
+	// as the call ends.)
+	for p := range L {
+		if p != me && atomic.LoadUint64(&g.myAcks[p].ack) == ackWord(e, ackWithdrawn) {
+			why, culprit := g.lost(p)
+			if why == "" {
+				why, culprit = g.follow(p, "peer gave up the call")
+			}
+			return fault.New(o.name, g.global(me), culprit, fault.ErrPeerLost, "%s after it had published its block", why)
 		}
 	}
 	w.progress()

@@ -31,7 +31,7 @@ func main() {
 	iters := pflag.Int("iters", 2, "iterations of each check")
 	planRuns := pflag.Int("plan-runs", 1000, "runs of one plan back to back")
 	planSize := pflag.String("plan-size", "4099", "size of the plan check")
-	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, stop, slow, kill-overlap, precancel, closed-plan, cancel-gpu, exit-before-init")
+	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, stop, slow, kill-overlap, precancel, closed-plan, cancel-gpu, cancel-wait, exit-before-init")
 	faultRank := pflag.Int("fault-rank", 1, "rank that causes the fault")
 	faultSize := pflag.String("fault-size", "64M", "message size while a peer is killed")
 	initDelay := pflag.Duration("init-delay", 0, "how long the fault rank waits before Init")
@@ -438,6 +438,34 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 			return 1
 		}
 		return report(err, context.Canceled)
+	case "cancel-wait":
+		// The fault rank cancels its call while it waits for the others,
+		// which come later: the call ends on every rank, the others'
+		// naming it.
+		if err := c.Barrier(ctx); err != nil {
+			fmt.Printf("UNEXPECTED rank %d: %v\n", me, err)
+			return 1
+		}
+		dst, src := make([]byte, P*n), make([]byte, n)
+		cctx := ctx
+		if me == who {
+			var cancel context.CancelFunc
+			cctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			time.AfterFunc(200*time.Millisecond, cancel)
+		} else {
+			time.Sleep(time.Second)
+		}
+		err := c.AllGather(cctx, dst, src)
+		var oe *collective.OpError
+		if me == who {
+			return report(err, context.Canceled)
+		}
+		if err == nil || !errors.As(err, &oe) || oe.Peer != who {
+			fmt.Printf("UNEXPECTED rank %d: %v (want an error naming rank %d)\n", me, err, who)
+			return 1
+		}
+		return report(err, collective.ErrPeerLost)
 	case "kill-overlap":
 		// A rank dies during overlapped AllGather+GEMM runs.
 		o, err := overlap.New[float32](ctx, c, 512, 64, 256, 4)
