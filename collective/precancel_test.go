@@ -91,3 +91,15 @@ func TestCancelledWaitEndsEveryRank(t *testing.T) {
 		})
 	}
 }
+
+// TestCancelledWaitNamesNoPeer: the rank whose context was cancelled
+// while it waited gave up itself: its error (context.Canceled) names no
+// peer, as across nodes (inter's failDrained), not the peer it happened
+// to wait for, which is not at fault (a framework that reads
+// OpError.Peer blamed that rank).
+func TestCancelledWaitNamesNoPeer(t *testing.T) {
+	j := expectFault(t, []string{"SLIME_TIMEOUT=20"}, 3, []int{1, 2}, "--fault", "cancel-wait", "--fault-rank", "0", "--fault-size", "4096")
+	if !regexp.MustCompile(`(?m)^\[0\]: EXPECTED rank 0: allgather rank 0: context canceled`).MatchString(j.out) {
+		t.Errorf("rank 0's cancelled call named a peer:\n%s\n%s", j.out, j.stderr)
+	}
+}

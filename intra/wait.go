@@ -135,9 +135,12 @@ func (w *waiter) check(peer int, what string) error {
 	case <-w.done:
 		err := w.ctx.Err()
 		if err == context.DeadlineExceeded {
-			err = fault.ErrTimeout
+			// The deadline passed waiting for peer: it is late.
+			return fault.New(w.op, g.global(g.rank), g.global(peer), fault.ErrTimeout, "context ended while waiting for %s", what)
 		}
-		return fault.New(w.op, g.global(g.rank), g.global(peer), err, "context ended while waiting for %s", what)
+		// Cancelled: this rank gave up, and no peer is at fault (as
+		// across nodes); the peer it waited for is only told.
+		return fault.New(w.op, g.global(g.rank), -1, err, "context ended while waiting for %s of rank %d", what, g.global(peer))
 	default:
 	}
 	if time.Now().After(w.deadline) {
