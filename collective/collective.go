@@ -322,6 +322,9 @@ func (c *Communicator) connect(ctx context.Context) error {
 		if errors.Is(err, netaddr.ErrUnresolvable) || errors.Is(err, rendezvous.ErrDenied) {
 			return fault.New("init", o.Rank, -1, ErrInvalid, "%v", err)
 		}
+		if errors.Is(err, context.Canceled) {
+			return fault.New("init", o.Rank, -1, context.Canceled, "%v", err)
+		}
 		return fault.New("init", o.Rank, -1, ErrTimeout, "%v", err)
 	}
 	st.Timeout = o.Timeout

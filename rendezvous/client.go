@@ -85,7 +85,8 @@ type Client struct {
 // [ErrDenied] at once (a connection closed before the verdict, by a store
 // at its connection limit for instance, is retried), and a host name that does not resolve is
 // [ErrUnreachable] within netaddr.ResolveTimeout (2 s): waiting would not
-// make it resolve.
+// make it resolve. A ctx cancelled before a connection is made is
+// ErrUnreachable wrapping ctx's error (context.Canceled).
 func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -144,6 +145,10 @@ func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if cerr := ctx.Err(); errors.Is(cerr, context.Canceled) {
+				// Given up, not out of time: the caller tells them apart.
+				return nil, fmt.Errorf("%w: %s: %v (tried for %v): %w", ErrUnreachable, addr, err, time.Since(start).Round(time.Millisecond), cerr)
+			}
 			return nil, fmt.Errorf("%w: %s: %v (tried for %v)", ErrUnreachable, addr, err, time.Since(start).Round(time.Millisecond))
 		case <-t.C:
 		}

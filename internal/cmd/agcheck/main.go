@@ -31,7 +31,7 @@ func main() {
 	iters := pflag.Int("iters", 2, "iterations of each check")
 	planRuns := pflag.Int("plan-runs", 1000, "runs of one plan back to back")
 	planSize := pflag.String("plan-size", "4099", "size of the plan check")
-	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, stop, slow, kill-overlap, precancel, closed-plan, cancel-gpu, cancel-wait, exit-before-init")
+	fault := pflag.String("fault", "", "provoke a fault: mismatch, kill, stop, slow, kill-overlap, precancel, closed-plan, cancel-gpu, cancel-wait, init-cancelled, exit-before-init")
 	faultRank := pflag.Int("fault-rank", 1, "rank that causes the fault")
 	faultSize := pflag.String("fault-size", "64M", "message size while a peer is killed")
 	initDelay := pflag.Duration("init-delay", 0, "how long the fault rank waits before Init")
@@ -50,7 +50,23 @@ func main() {
 			os.Exit(7)
 		}
 	}
-	c, err := collective.Init(ctx, collective.Options{Job: collective.Job{RunID: *runID}})
+	ictx := ctx
+	if me == *faultRank && *fault == "init-cancelled" {
+		// Init given a context cancelled before the call: the error is
+		// the cancellation (context.Canceled), not a timeout.
+		var cancel context.CancelFunc
+		ictx, cancel = context.WithCancel(ctx)
+		cancel()
+	}
+	c, err := collective.Init(ictx, collective.Options{Job: collective.Job{RunID: *runID}})
+	if *fault == "init-cancelled" && me == *faultRank {
+		if err == nil || errors.Is(err, collective.ErrTimeout) || !errors.Is(err, context.Canceled) {
+			fmt.Printf("UNEXPECTED rank %d: Init with a cancelled context: %v\n", me, err)
+			os.Exit(1)
+		}
+		fmt.Printf("EXPECTED rank %d: %v\n", me, err)
+		os.Exit(exitExpectedFault)
+	}
 	if err != nil {
 		if *fault == "exit-before-init" {
 			var oe *collective.OpError
