@@ -147,6 +147,7 @@ func (c *Communicator) init(ctx context.Context, kind device.Kind) error {
 		return err
 	}
 	c.nodes = len(lay.members)
+	c.opts.NodeRank = lay.myNode // the node's index, whatever labels the launcher gave
 	if c.opts.Algo, err = chooseAlgo(o, lay); err != nil {
 		return err
 	}

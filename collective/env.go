@@ -49,7 +49,10 @@ type Job struct {
 	// LocalRank and LocalWorldSize: the rank on this node and the number
 	// of ranks on each node.
 	LocalRank, LocalWorldSize int
-	// NodeRank is this node's index (GROUP_RANK).
+	// NodeRank is this node's index (GROUP_RANK). Init needs only that
+	// it tells the nodes apart (under mpirun, LoadEnv gives the node's
+	// first rank): Communicator.NodeRank is the node's place among the
+	// job's nodes, in [0, Nodes()).
 	NodeRank int
 	// MasterAddr and MasterPort locate the rendezvous store.
 	MasterAddr string
@@ -166,10 +169,15 @@ type CUDA struct {
 //     part of). SLURM_NTASKS_PER_NODE is read only where neither
 //     tasks-per-node list is set: it is the allocation's request, which a
 //     step may not follow. The run id is "slurm<SLURM_JOB_ID>.<SLURM_STEP_ID>".
-//   - mpirun: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK and _LOCAL_SIZE; the
-//     node rank is rank / local size (OpenMPI does not give the node's
-//     index), which is right for the by-slot mapping mpirun uses by
-//     default. The run id is "ompi<job id>", from OMPI_MCA_ess_base_jobid
+//   - mpirun: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK and _LOCAL_SIZE.
+//     OpenMPI does not give the node's index: the node rank is the rank
+//     of the node's first rank (rank − local rank), which tells the nodes
+//     apart, whatever their sizes, under the by-slot mapping mpirun uses
+//     by default (a hostfile's or --host's uneven slots, "a:1,b:2",
+//     included); Init numbers the nodes from it (Communicator.NodeRank).
+//     A mapping that interleaves the nodes (--map-by node, several ranks
+//     a node) is refused at Init: the ranks' local ranks and sizes do not
+//     add up. The run id is "ompi<job id>", from OMPI_MCA_ess_base_jobid
 //     (OpenMPI 4) or PMIX_NAMESPACE (OpenMPI 5). With no SLIME_JOB_SECRET,
 //     the job secret is OMPI_MCA_orte_precondition_transports: mpirun
 //     hands every process of one job the same random 128-bit value (made
@@ -317,7 +325,13 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 		return bad("local rank %d of local world size %d", o.LocalRank, o.LocalWorldSize)
 	}
 	if nodeVar == "" {
-		nodeRank = o.Rank / o.LocalWorldSize
+		// The node's first rank, where the launcher numbers the ranks
+		// node by node: unlike rank / local size, right for nodes of
+		// different sizes too.
+		if o.LocalRank > o.Rank {
+			return bad("local rank %d is above rank %d, and no variable names the node", o.LocalRank, o.Rank)
+		}
+		nodeRank = o.Rank - o.LocalRank
 	}
 	// Nodes may differ in size (Slurm's uneven task counts): Init learns
 	// the whole layout from the ranks themselves.

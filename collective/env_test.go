@@ -31,7 +31,7 @@ func TestLoadEnv(t *testing.T) {
 			Options{Job: Job{Rank: 2, WorldSize: 4, LocalRank: 2, LocalWorldSize: 4, MasterAddr: "127.0.0.1", MasterPort: 29600, AgentStore: true, RunID: "abc", Attempt: 2}, Shm: Shm{SlotBytes: 128 << 10}, Timeout: 90 * time.Second, Backend: device.CPU}},
 		{"openmpi", map[string]string{"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
 			"OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "h0", "SLIME_TIMEOUT": "2.5"},
-			Options{Job: Job{Rank: 3, WorldSize: 4, LocalRank: 1, LocalWorldSize: 2, NodeRank: 1, MasterAddr: "h0", MasterPort: 29500, RunID: "port29500"}, Timeout: 2500 * time.Millisecond}},
+			Options{Job: Job{Rank: 3, WorldSize: 4, LocalRank: 1, LocalWorldSize: 2, NodeRank: 2, MasterAddr: "h0", MasterPort: 29500, RunID: "port29500"}, Timeout: 2500 * time.Millisecond}}, // the node: its first rank
 		{"knobs", map[string]string{"SLIME_RCVLOWAT": "1M", "SLIME_EAGER": "1", "SLIME_GPU_SCRATCH": "4M", "SLIME_GPU_BLOCKS": "64", "SLIME_CHANNELS": "4"},
 			Options{Job: Job{WorldSize: 1, LocalWorldSize: 1, MasterPort: 29500, RunID: "port29500"}, TCP: TCP{RcvLowat: 1 << 20, Channels: 4}, CUDA: CUDA{Eager: true, GPUScratch: 4 << 20, GPUBlocks: 64}}},
 		{"lowat off", map[string]string{"SLIME_RCVLOWAT": "off"},
@@ -281,11 +281,15 @@ func TestLoadEnvLaunchers(t *testing.T) {
 			"PMIX_NAMESPACE", "prterun-vm-1734@1"), where{1, 4, 1, 4, 0}, "127.0.0.1", derivedPort("ompiprterun-vm-1734_1"), "ompiprterun-vm-1734_1", nil},
 		// mpirun -np 4 -x MASTER_ADDR over 2 hosts.
 		{"mpirun 2 hosts rank 1", with(mpirun(1, 4, 2, 2), "MASTER_ADDR", "h0"), where{1, 4, 1, 2, 0}, "h0", ompiPort, "ompi776929281", secret},
-		{"mpirun 2 hosts rank 2", with(mpirun(2, 4, 2, 2), "MASTER_ADDR", "h0", "MASTER_PORT", "29600"), where{2, 4, 0, 2, 1}, "h0", 29600, "ompi776929281", secret},
+		{"mpirun 2 hosts rank 2", with(mpirun(2, 4, 2, 2), "MASTER_ADDR", "h0", "MASTER_PORT", "29600"), where{2, 4, 0, 2, 2}, "h0", 29600, "ompi776929281", secret},
+		// OpenMPI names no node: the node's first rank tells nodes apart,
+		// of uneven sizes too (mpirun -np 3 --host a:1,b:2).
+		{"mpirun --host a:1,b:2 rank 0", with(mpirun(0, 3, 1, 2), "MASTER_ADDR", "a"), where{0, 3, 0, 1, 0}, "a", ompiPort, "ompi776929281", secret},
+		{"mpirun --host a:1,b:2 rank 2", with(mpirun(2, 3, 2, 2), "MASTER_ADDR", "a", "OMPI_COMM_WORLD_LOCAL_RANK", "1"), where{2, 3, 1, 2, 1}, "a", ompiPort, "ompi776929281", secret},
 		// mpirun inside a Slurm allocation: its ranks inherit the batch
 		// step's SLURM_* (node 0, local 0), which describe mpirun, not them.
 		{"mpirun in Slurm", with(mpirun(3, 4, 2, 2), "MASTER_ADDR", "h0", "SLURM_JOB_ID", "77", "SLURM_NODEID", "0", "SLURM_LOCALID", "0",
-			"SLURM_PROCID", "0", "SLURM_NTASKS", "8", "SLURM_TASKS_PER_NODE", "4(x2)", "SLURM_NNODES", "2"), where{3, 4, 1, 2, 1}, "h0", ompiPort, "ompi776929281", secret},
+			"SLURM_PROCID", "0", "SLURM_NTASKS", "8", "SLURM_TASKS_PER_NODE", "4(x2)", "SLURM_NNODES", "2"), where{3, 4, 1, 2, 2}, "h0", ompiPort, "ompi776929281", secret},
 		// The user's secret and run id win.
 		{"mpirun with SLIME_*", with(mpirun(3, 4, 4, 1), "SLIME_JOB_SECRET", "mine", "SLIME_RUN_ID", "r1"), where{3, 4, 3, 4, 0}, "127.0.0.1", ompiPort, "r1", []byte("mine")},
 		// A guessable key (OpenMPI direct-launched derives it from the job id) is no secret.
@@ -296,7 +300,7 @@ func TestLoadEnvLaunchers(t *testing.T) {
 		{"mpiexec -n 4 rank 3", map[string]string{"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "3", "MPI_LOCALNRANKS": "4", "PMI_FD": "6"},
 			where{3, 4, 3, 4, 0}, "127.0.0.1", DefaultPort, "port29500", nil},
 		{"mpiexec 2 hosts rank 2", map[string]string{"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "MASTER_ADDR": "h0"},
-			where{2, 4, 0, 2, 1}, "h0", DefaultPort, "port29500", nil},
+			where{2, 4, 0, 2, 2}, "h0", DefaultPort, "port29500", nil},
 		// srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE beside Slurm's own: those win.
 		{"srun -N2 -n4 --mpi=pmi2 rank 3", with(srun(srun2x2, 3, 1, 1, "n2"), "PMI_RANK", "3", "PMI_SIZE", "4"),
 			where{3, 4, 1, 2, 1}, "n1", slurmPort, "slurm4242.0", nil},
@@ -312,7 +316,7 @@ func TestLoadEnvLaunchers(t *testing.T) {
 		// the rank left to each task: Slurm's rank, and its layout with it.
 		// The ranks of both nodes took themselves for one node.
 		{"srun -N2 -n4, WORLD_SIZE exported", with(srun(srun2x2, 3, 1, 1, "n2"), "WORLD_SIZE", "4"), where{3, 4, 1, 2, 1}, "n1", slurmPort, "slurm4242.0", nil},
-		{"mpirun 2 hosts, WORLD_SIZE exported", with(mpirun(2, 4, 2, 2), "MASTER_ADDR", "h0", "WORLD_SIZE", "4"), where{2, 4, 0, 2, 1}, "h0", ompiPort, "ompi776929281", secret},
+		{"mpirun 2 hosts, WORLD_SIZE exported", with(mpirun(2, 4, 2, 2), "MASTER_ADDR", "h0", "WORLD_SIZE", "4"), where{2, 4, 0, 2, 2}, "h0", ompiPort, "ompi776929281", secret},
 		// torchrun inside srun: torchrun's variables first.
 		{"torchrun in srun", with(srun(srun2x2, 1, 0, 1, "n1"), "RANK", "5", "WORLD_SIZE", "8", "LOCAL_RANK", "1", "LOCAL_WORLD_SIZE", "4",
 			"GROUP_RANK", "1", "MASTER_PORT", "29400", "TORCHELASTIC_RUN_ID", "tr"), where{5, 8, 1, 4, 1}, "n1", 29400, "tr", nil},

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/internal/testbin"
 )
 
@@ -264,6 +265,49 @@ func TestRealMpirun(t *testing.T) {
 	for j := range 2 {
 		if errs[j] != nil || strings.Count(string(outs[j]), "PASS rank") != 2 {
 			t.Errorf("mpirun job %d: %v\n%s", j, errs[j], outs[j])
+		}
+	}
+}
+
+// TestUnevenMpirunLayout runs the job `mpirun -np 3 --host a:1,b:2` gives
+// (by slot, OpenMPI's default: rank 0 alone on a, ranks 1 and 2 on b), each
+// "host" a group of processes here: OpenMPI names no node, so the ranks
+// must tell their nodes apart from their ranks and local ranks alone, for
+// nodes of any size.
+func TestUnevenMpirunLayout(t *testing.T) {
+	port := strconv.Itoa(testbin.FreePort(t))
+	jobID := uniqueJobID()
+	key := "5c1a0d3e7b9f2461-a8e4c2b06d1f9357"
+	local := []struct{ rank, size int }{{0, 1}, {0, 2}, {1, 2}}
+	var envs [][]string
+	for r, l := range local {
+		envs = append(envs, append(mpirunRank(jobID, r, 3, key),
+			"OMPI_COMM_WORLD_LOCAL_RANK="+strconv.Itoa(l.rank), "OMPI_COMM_WORLD_LOCAL_SIZE="+strconv.Itoa(l.size),
+			"OMPI_COMM_WORLD_NODE_RANK="+strconv.Itoa(l.rank), "OMPI_MCA_orte_ess_node_rank="+strconv.Itoa(l.rank),
+			"OMPI_MCA_orte_num_nodes=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+port))
+	}
+	outs, codes := launchJob(t, filepath.Join(binDir(t), "agcheck"), envs)
+	expectPass(t, "ompi"+strconv.Itoa(jobID), outs, codes)
+}
+
+// TestNodeRankIsIndex: nodes labelled by their first rank, as LoadEnv
+// labels them under mpirun (0 and 2 here), are numbered 0 and 1 by
+// Communicator.NodeRank.
+func TestNodeRankIsIndex(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := collective.RunInProcess(ctx, 2, 2, func(o *collective.Options) {
+		o.NodeRank = o.Rank - o.LocalRank
+		o.Timeout = 30 * time.Second
+	}, func(c *collective.Communicator) error {
+		if c.NodeRank() != c.Rank()/2 || c.Nodes() != 2 {
+			return fmt.Errorf("rank %d: node %d of %d; want %d of 2", c.Rank(), c.NodeRank(), c.Nodes(), c.Rank()/2)
+		}
+		return nil
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Error(err)
 		}
 	}
 }
