@@ -184,7 +184,10 @@ type CUDA struct {
 //     for its transports' own keys), which other users cannot read
 //     (/proc/PID/environ is the owner's), so the job's ranks prove
 //     membership to each other with no setup, and another job on the
-//     host cannot join.
+//     host cannot join. OpenMPI 5's mpirun sets no such value (its
+//     processes derive one from the job id inside MPI_Init, which a
+//     slimego program does not call): its jobs have no secret unless
+//     SLIME_JOB_SECRET is given.
 //   - MPICH's and Intel MPI's mpiexec (Hydra): PMI_RANK and PMI_SIZE,
 //     MPI_LOCALRANKID and MPI_LOCALNRANKS; the node rank as mpirun's. Read
 //     after Slurm's (srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE as well),
