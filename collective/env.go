@@ -204,8 +204,16 @@ type CUDA struct {
 // at torchrun's default 29500; elsewhere it is 29500.
 func LoadEnv(getenv func(string) string) (Options, error) {
 	var o Options
+	// rankVar names the variable that gave o.Rank once it is read: an
+	// error names the rank, since a launcher's tasks (srun without -l,
+	// mpirun) often print to one stream.
+	var rankVar string
 	bad := func(format string, a ...any) (Options, error) {
-		return o, fmt.Errorf("collective: environment: %w: "+format, append([]any{fault.ErrInvalid}, a...)...)
+		who := "environment"
+		if rankVar != "" {
+			who = fmt.Sprintf("environment of rank %d (%s)", o.Rank, rankVar)
+		}
+		return o, fmt.Errorf("collective: %s: %w: "+format, append([]any{who, fault.ErrInvalid}, a...)...)
 	}
 	num := func(name string) (int, bool, error) {
 		v := strings.TrimSpace(getenv(name))
@@ -229,7 +237,7 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 		return 0, "", nil
 	}
 	var err error
-	var rankVar, sizeVar string
+	var sizeVar string
 	// PMI_RANK and PMI_SIZE come after Slurm's (srun --mpi=pmi2 sets them
 	// too), except under Hydra's mpiexec, which sets MPI_LOCALRANKID (srun
 	// does not): inside an sbatch script every rank inherits the batch
@@ -238,9 +246,11 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 	if strings.TrimSpace(getenv("MPI_LOCALRANKID")) != "" {
 		slurmRank, pmiRank, slurmSize, pmiSize = pmiRank, slurmRank, pmiSize, slurmSize
 	}
-	if o.Rank, rankVar, err = first("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", slurmRank, pmiRank); err != nil {
+	rank, rv, err := first("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", slurmRank, pmiRank)
+	if err != nil {
 		return bad("%v", err)
 	}
+	o.Rank, rankVar = rank, rv
 	if o.WorldSize, sizeVar, err = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", slurmSize, pmiSize); err != nil {
 		return bad("%v", err)
 	}

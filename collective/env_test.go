@@ -473,3 +473,26 @@ func TestGPUBlocksValidated(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadEnvErrorNamesRank: under a launcher whose tasks all print the
+// same words to one stream (srun without -l, mpirun), an environment error
+// names the rank that met it.
+func TestLoadEnvErrorNamesRank(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"srun, no MASTER_ADDR", with(srun(srun2x2, 3, 1, 1, "n2"), "MASTER_ADDR", ""), "environment of rank 3 (SLURM_PROCID): "},
+		{"srun, bad local id", with(srun(srun2x2, 2, 1, 2, "n2")), "environment of rank 2 (SLURM_PROCID): "},
+		{"mpirun, no MASTER_ADDR", mpirun(1, 4, 2, 2), "environment of rank 1 (OMPI_COMM_WORLD_RANK): "},
+		{"bad rank variable", map[string]string{"RANK": "x", "WORLD_SIZE": "2"}, `collective: environment: slimego: invalid argument: RANK="x"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadEnv(func(k string) string { return tc.env[k] })
+			if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v; want ErrInvalid containing %q", err, tc.want)
+			}
+		})
+	}
+}
