@@ -251,7 +251,7 @@ func (a *acrossPlanned) wait(context.Context) error { return nil }
 // link's copies run on streams of their own. Any failure breaks the GPU
 // path: a size mismatch leaves the LL group at another epoch than its
 // peers (hier), and a lost or late peer leaves blocks in flight; later
-// calls return the same error.
+// calls return ErrClosed (gpuState.closed).
 func (a *acrossPlanned) launch(ctx context.Context) error {
 	g := a.c.gpu
 	if err := g.check(); err != nil {

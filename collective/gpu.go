@@ -31,6 +31,7 @@ type gpuState struct {
 	node   *intra.GPUGroup
 	eng    devEngine
 	broken error // a failure after which the GPU path cannot go on
+	rank   int   // this rank, for closed's errors
 }
 
 // initGPU opens GPU LOCAL_RANK mod the number of GPUs (several ranks may
@@ -41,7 +42,7 @@ func (c *Communicator) initGPU(ctx context.Context, lay layout) error {
 	if err != nil {
 		return fault.New("init", o.Rank, -1, ErrInvalid, "%v", err)
 	}
-	g := &gpuState{dev: dev}
+	g := &gpuState{dev: dev, rank: o.Rank}
 	c.gpu = g
 	if g.stream, err = dev.NewCUDAStream(); err != nil {
 		return fault.New("init", o.Rank, -1, err, "stream")
@@ -412,15 +413,26 @@ func (p *gpuPlan) close() error {
 	return p.op.close()
 }
 
-// check reports an earlier failure, or what the node's kernels saw.
+// check reports an earlier failure (closed), or what the node's kernels
+// saw, which breaks the GPU path.
 func (g *gpuState) check() error {
 	if g.broken != nil {
-		return g.broken
+		return g.closed()
 	}
 	if g.node != nil {
-		return g.node.Check("allgather")
+		if err := g.node.Check("allgather"); err != nil {
+			g.broken = err
+			return err
+		}
 	}
 	return nil
+}
+
+// closed is what a call returns once the GPU path broke: ErrClosed,
+// saying what broke it, as the CPU path's later calls do. The call that
+// met the failure returned the failure itself.
+func (g *gpuState) closed() error {
+	return fault.New("communicator", g.rank, -1, ErrClosed, "broken by an earlier error: %v", g.broken)
 }
 
 // syncGPU is Synchronize on the CUDA backend: it waits, within the
@@ -433,7 +445,7 @@ func (c *Communicator) syncGPU(ctx context.Context, op string, s *device.CUDAStr
 		return c.closedErr(op)
 	}
 	if g.broken != nil {
-		return g.broken
+		return g.closed()
 	}
 	if err := c.syncStream(ctx, op, s); err != nil {
 		return err

@@ -254,6 +254,13 @@ func TestGPUSizeMismatch(t *testing.T) {
 		if !errors.Is(err, collective.ErrSizeMismatch) || !errors.As(err, &oe) || oe.Peer < 0 {
 			return fmt.Errorf("err = %v, want ErrSizeMismatch naming a peer", err)
 		}
+		// The GPU path is broken: a later call is ErrClosed, saying what
+		// broke it, as on the CPU (it was the mismatch again).
+		counts = []int{1000, 1000, 1000}
+		_, err = gatherGPU(context.Background(), c, counts, false, 1)
+		if !errors.Is(err, collective.ErrClosed) || errors.Is(err, collective.ErrSizeMismatch) || !strings.Contains(err.Error(), "broken by an earlier error") {
+			return fmt.Errorf("a call after the mismatch: %v, want ErrClosed", err)
+		}
 		return nil
 	})
 }
