@@ -28,7 +28,9 @@ const DefaultPort = 29500
 // launcher's variables, every other knob from its SLIME_* variable.
 type Options struct {
 	Job
-	// Timeout bounds every wait (SLIME_TIMEOUT; default 5 minutes).
+	// Timeout bounds every wait (SLIME_TIMEOUT; default 5 minutes);
+	// within a node, a call's waits together end Timeout after its
+	// first.
 	Timeout time.Duration
 	// Backend is cpu, cuda or auto (SLIME_BACKEND).
 	Backend device.Kind
