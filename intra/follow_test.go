@@ -2,6 +2,7 @@ package intra
 
 import (
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,6 +37,32 @@ func TestFollowBlameCycle(t *testing.T) {
 			if err != nil {
 				t.Errorf("rank %d: %v", r, err)
 			}
+		}
+	}
+}
+
+// TestFollowBlameSelf: a peer that gave up the call on this rank (it
+// waited past its timeout for this one, the late rank) is named, and the
+// account says that it gave up on this rank: "an error of its own" alone
+// read as if the peer were at fault.
+func TestFollowBlameSelf(t *testing.T) {
+	errs := group(t, 2, Config{Timeout: 10 * time.Second}, func(g *Group) error {
+		if g.Rank() != 0 {
+			return nil
+		}
+		atomic.StoreUint32(&g.ctrls[1].blame, uint32(g.global(0))+1) // 1 gave up on 0
+		why, who := g.follow(1, "peer abandoned the operation after an error of its own")
+		if who != g.global(1) {
+			return fmt.Errorf("1 blaming this rank: names rank %d, want 1", who)
+		}
+		if !strings.Contains(why, "gave up the call on this rank") {
+			return fmt.Errorf("1 blaming this rank: the account %q does not say that it gave up on this rank", why)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
 		}
 	}
 }

@@ -206,9 +206,10 @@ func (g *Group) lost(p int) (string, int) {
 // follow is lost's walk along the blames from peer p, which gave up for
 // why: the account to report, and the global rank it names. The walk
 // ends at a rank that blames none, or blames a rank outside the group,
-// itself, this rank, or one the walk has passed (ranks that gave up on
-// each other: the last one reached before the cycle closes is named,
-// whatever the group's size). It runs on a failure's path only.
+// itself, this rank (the account then says so: this rank was the late
+// one), or one the walk has passed (ranks that gave up on each other: the
+// last one reached before the cycle closes is named, whatever the group's
+// size). It runs on a failure's path only.
 func (g *Group) follow(p int, why string) (string, int) {
 	q := p
 	seen := make([]bool, g.size)
@@ -216,7 +217,14 @@ func (g *Group) follow(p int, why string) (string, int) {
 		seen[q] = true
 		b := atomic.LoadUint32(&g.ctrls[q].blame)
 		c := g.localOf(int(b) - 1)
-		if b == 0 || c < 0 || seen[c] || c == g.rank {
+		if b != 0 && c == g.rank {
+			// q gave up the call on this rank (it waited for it past
+			// its timeout): q is named, but this rank is what it
+			// found late, which the account says.
+			why += fmt.Sprintf(" (rank %d gave up the call on this rank)", g.global(q))
+			break
+		}
+		if b == 0 || c < 0 || seen[c] {
 			break
 		}
 		why = fmt.Sprintf("rank %d gave up the call on it", g.global(q))
