@@ -74,7 +74,7 @@ func Resolve(k Kind) (Kind, error) {
 		return CPU, nil
 	case CUDA:
 		if err := CUDAAvailable(); err != nil {
-			return CPU, fmt.Errorf("%w: cuda: %v; use --backend cpu or auto", ErrUnavailable, err)
+			return CPU, fmt.Errorf("%w: cuda: %v; use the CPU backend (Options.Backend or SLIME_BACKEND cpu or auto; slimebench --backend)", ErrUnavailable, err)
 		}
 		return CUDA, nil
 	}
