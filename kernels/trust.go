@@ -24,7 +24,11 @@ import (
 // root; none of those directories may be writable by others unless it is
 // sticky (as /tmp: nobody else can rename or remove what is ours in it),
 // nor by the group unless sticky or of this process's own group (a user
-// private group); the file must be writable by its owner alone.
+// private group); the file must be writable by its owner alone, or by
+// its group where that is this process's own as well (a library built
+// under umask 002, the default for a user private group, is mode 0775:
+// refusing it would guard nothing, as that group may replace the file in
+// its directory, which is accepted).
 func trustedLib(p string) (string, error) {
 	abs, err := filepath.Abs(p)
 	if err != nil {
@@ -44,8 +48,9 @@ func trustedLib(p string) (string, error) {
 	if err := trustedEntry(real, fi); err != nil {
 		return "", err
 	}
-	if fi.Mode().Perm()&0o022 != 0 {
-		return "", fmt.Errorf("others can change %s (mode %04o)", real, fi.Mode().Perm())
+	st := fi.Sys().(*syscall.Stat_t)
+	if m := fi.Mode().Perm(); m&0o002 != 0 || m&0o020 != 0 && st.Gid != uint32(os.Getegid()) {
+		return "", fmt.Errorf("others can change %s (mode %04o)", real, m)
 	}
 	return real, nil
 }
