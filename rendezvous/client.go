@@ -149,11 +149,30 @@ func Dial(ctx context.Context, addr string, a Auth) (*Client, error) {
 				// Given up, not out of time: the caller tells them apart.
 				return nil, fmt.Errorf("%w: %s: %v (tried for %v): %w", ErrUnreachable, addr, err, time.Since(start).Round(time.Millisecond), cerr)
 			}
-			return nil, fmt.Errorf("%w: %s: %v (tried for %v)", ErrUnreachable, addr, err, time.Since(start).Round(time.Millisecond))
+			return nil, fmt.Errorf("%w: %s: %v (tried for %v)%s", ErrUnreachable, addr, err, time.Since(start).Round(time.Millisecond), manyAddrs(host))
 		case <-t.C:
 		}
 		backoff = min(backoff*2, 500*time.Millisecond)
 	}
+}
+
+// manyAddrs is, for a Dial that failed, a note where host is a name of
+// several addresses: Dial tries the first IPv4 one alone (the one a store
+// of that name binds), and a store bound to another (SLIME_SOCKET_IFNAME,
+// or a resolver that orders the addresses otherwise on the store's host)
+// is reached by giving its address itself.
+func manyAddrs(host string) string {
+	if net.ParseIP(host) != nil {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), netaddr.ResolveTimeout)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
+	if err != nil || len(ips) < 2 {
+		return ""
+	}
+	first, _ := netaddr.ResolveIP(host)
+	return fmt.Sprintf("; %s has the addresses %v, and only %v, the first IPv4 one, is dialled: where the store listens on another, give that address (MASTER_ADDR) instead of the name", host, ips, first)
 }
 
 // Addr is the address of the store.

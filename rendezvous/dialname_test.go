@@ -3,12 +3,14 @@ package rendezvous
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -122,5 +124,48 @@ func TestDialNameOnlyWhereStoresListen(t *testing.T) {
 	defer c.Close()
 	if v, err := c.Get(ctx, "k"); err != nil || string(v) != payload {
 		t.Fatalf("the store holds %q, %v; want the client's payload", v, err)
+	}
+}
+
+// TestDialManyAddressesSaysSo: a name of several addresses is dialled at
+// its first IPv4 one alone (see above); where the store listens on
+// another, Dial fails at its deadline saying which addresses the name has,
+// which one it dialled, and to give the store's address instead.
+func TestDialManyAddressesSaysSo(t *testing.T) {
+	a := Auth{Secret: []byte("s3cret"), Job: "dialmany"}
+	if port := os.Getenv("RDZV_DIALMANY_CHILD"); port != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		c, err := Dial(ctx, "multi:"+port, a)
+		if err == nil {
+			c.Close()
+			t.Fatal("Dial reached a store on the name's second address")
+		}
+		if !errors.Is(err, ErrUnreachable) || !strings.Contains(err.Error(), "127.0.0.2") || !strings.Contains(err.Error(), "127.0.0.3") ||
+			!strings.Contains(err.Error(), "give that address") {
+			t.Fatalf("Dial: %v; want ErrUnreachable naming both addresses and what to do", err)
+		}
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a mount namespace with its own /etc/hosts")
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("no unshare")
+	}
+	srv, err := Listen("127.0.0.3:0", ServerConfig{Auth: a})
+	if err != nil {
+		t.Skipf("no 127.0.0.3 to listen on: %v", err)
+	}
+	defer srv.Close()
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(hosts, []byte("127.0.0.2 multi\n127.0.0.3 multi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
+		`mount --bind "$1" /etc/hosts && exec "$2" -test.run='^TestDialManyAddressesSaysSo$' -test.count=1`, "sh", hosts, os.Args[0])
+	cmd.Env = append(os.Environ(), "RDZV_DIALMANY_CHILD="+strconv.Itoa(srv.Port()))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the client: %v\n%s", err, out)
 	}
 }
