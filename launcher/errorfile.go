@@ -54,7 +54,7 @@ func (j *job) errorFile(attempt, local int) string {
 	}
 	dir := filepath.Join(j.cfg.logRoot(base), "attempt_"+strconv.Itoa(attempt), strconv.Itoa(local))
 	if err := mkdirSecure(dir, 0o700); err != nil {
-		j.cfg.Logf("no error file for local rank %d: %v", local, err)
+		j.cfg.Warnf("no error file for local rank %d: %v", local, err)
 		return ""
 	}
 	f := filepath.Join(dir, "error.json")
