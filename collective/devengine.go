@@ -154,9 +154,22 @@ func newKernelPlanned(ctx context.Context, c *Communicator, launch cudagraph.Lau
 func (k *kernelPlanned) capturable() bool { return true }
 func (k *kernelPlanned) mode() string     { return k.runner.Mode() }
 
-func (k *kernelPlanned) launch(context.Context) error {
+func (k *kernelPlanned) launch(ctx context.Context) error {
 	if err := k.c.gpu.check(); err != nil {
 		return err
+	}
+	if err := ctx.Err(); err != nil {
+		// Done before the call began: nothing is launched, since this
+		// rank's kernels would complete the call on its peers while it
+		// fails. The kernels give peers no way to learn of it: theirs
+		// wait for this rank's blocks until their timeout, which names
+		// it, and the GPU path is broken here.
+		kind := ErrTimeout
+		if errors.Is(err, context.Canceled) {
+			kind = context.Canceled
+		}
+		k.c.gpu.broken = fault.New("allgather", k.c.Rank(), -1, kind, "the context was done before the call began: nothing launched")
+		return k.c.gpu.broken
 	}
 	if err := k.runner.Run(); err != nil {
 		return fault.New("allgather", k.c.Rank(), -1, err, "launch (%s mode)", k.runner.Mode())

@@ -56,14 +56,18 @@ func TestPrecancelledContextAcrossNodes(t *testing.T) {
 // TestPrecancelledContextGPU: on the CUDA backend (here the emulated
 // library TestMain points SLIME_CUDA_LIB at) a plan of GPU memory run
 // with a cancelled context fails with context.Canceled, as Synchronize
-// documents for both backends: the wait for the GPU gave up with
-// ErrTimeout, "the GPU's work was not done after 0s".
+// documents for both backends (the wait for the GPU gave up with
+// ErrTimeout, "the GPU's work was not done after 0s"), and launches
+// nothing: the peer's run fails at its kernels' timeout naming rank 1
+// (rank 1's kernels completed the peer's call, and its own wait
+// returned nil where it found them done).
 func TestPrecancelledContextGPU(t *testing.T) {
 	needGPU(t)
-	j := slimerun(t, []string{"SLIME_BACKEND=cuda", "SLIME_TIMEOUT=20"}, "--monitor-interval", "15s", "--nproc-per-node", "2",
+	j := slimerun(t, []string{"SLIME_BACKEND=cuda", "SLIME_TIMEOUT=5"}, "--monitor-interval", "15s", "--nproc-per-node", "2",
 		"agcheck", "--fault", "cancel-gpu", "--fault-rank", "1", "--fault-size", "4096")
-	if !regexp.MustCompile(`(?m)^\[1\]: EXPECTED rank 1: allgather rank 1: context canceled`).MatchString(j.out) || strings.Contains(j.out, "UNEXPECTED") {
-		t.Errorf("exit %d; want rank 1's run to fail with context.Canceled:\n%s\n%s", j.code, j.out, j.stderr)
+	if !regexp.MustCompile(`(?m)^\[1\]: EXPECTED rank 1: allgather rank 1: context canceled`).MatchString(j.out) ||
+		!regexp.MustCompile(`(?m)^\[0\]: EXPECTED rank 0: allgather rank 0 peer 1: .*timeout`).MatchString(j.out) || strings.Contains(j.out, "UNEXPECTED") {
+		t.Errorf("exit %d; want rank 1's run to fail with context.Canceled, and rank 0's naming rank 1:\n%s\n%s", j.code, j.out, j.stderr)
 	}
 }
 

@@ -443,8 +443,15 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 			return 1
 		}
 		if me != who {
-			p.Run(ctx) // the fault rank's kernels may come; its wait does not
-			return 0
+			// The fault rank launches nothing: this rank's kernels wait
+			// for its block until their timeout, which names it.
+			err := p.Run(ctx)
+			var oe *collective.OpError
+			if !errors.As(err, &oe) || oe.Peer != who {
+				fmt.Printf("UNEXPECTED rank %d: %v (want an error naming rank %d)\n", me, err, who)
+				return 1
+			}
+			return report(err, collective.ErrTimeout)
 		}
 		cctx, cancel := context.WithCancel(ctx)
 		cancel()
