@@ -19,12 +19,14 @@ import (
 // job's output. So the directories the launcher writes logs and error
 // files into are made, then checked (secureDir): every directory on the
 // path, from the root down, must belong to the launcher's user or to root
-// and be writable by nobody else unless it is sticky (as /tmp is, where
+// and be writable by no other user unless it is sticky (as /tmp is, where
 // others can neither remove nor rename what is ours); a link on the path
 // must belong to the launcher's user or to root too, and its target is
-// checked the same way. Nobody but the launcher's user and root can then
-// change what the path names, or put a link in it (a log the user sends
-// to /dev/null through a link of their own is still written there).
+// checked the same way, link by link. Nobody but the launcher's user,
+// root and the members of a group given write access (a team's
+// directory: they are trusted with its logs) can then change what the
+// path names, or put a link in it (a log the user sends to /dev/null
+// through a link of their own is still written there).
 
 // errInsecureLogDir: a log directory others could change.
 var errInsecureLogDir = errors.New("unsafe log directory")
@@ -77,11 +79,20 @@ func secureDir(dir string, depth int) error {
 			if err := secureEntry(next, false); err != nil {
 				return err
 			}
-			real, err := filepath.EvalSymlinks(next)
+			// One link at a time: each of a chain is checked (another
+			// user's could be repointed after the check).
+			target, err := os.Readlink(next)
 			if err != nil {
 				return err
 			}
-			if err := secureDir(real, depth+1); err != nil {
+			if !filepath.IsAbs(target) {
+				target = filepath.Join(cur, target)
+			}
+			if err := secureDir(target, depth+1); err != nil {
+				return err
+			}
+			real, err := filepath.EvalSymlinks(target)
+			if err != nil {
 				return err
 			}
 			cur = real

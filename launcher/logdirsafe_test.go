@@ -104,3 +104,36 @@ func TestLogDirPlantedLinkRefused(t *testing.T) {
 		}
 	})
 }
+
+// TestLogDirLinkChainChecked: every link of a chain on the log
+// directory's path is checked, not the first alone: a link of ours that
+// points through another user's link (which its owner may repoint after
+// the check) to a directory of ours is refused. (The chain was resolved at
+// once, and only its first link's owner and the final directory checked.)
+func TestLogDirLinkChainChecked(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a link of another user")
+	}
+	base := t.TempDir()
+	real := filepath.Join(base, "real")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	theirs := filepath.Join(base, "theirs")
+	if err := os.Symlink(real, theirs); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(theirs, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	ours := filepath.Join(base, "ours")
+	if err := os.Symlink(theirs, ours); err != nil {
+		t.Fatal(err)
+	}
+	if err := secureDir(ours, 0); err == nil || !strings.Contains(err.Error(), theirs) {
+		t.Fatalf("a chain through another user's link %s: %v, want it refused naming that link", theirs, err)
+	}
+	if err := secureDir(real, 0); err != nil {
+		t.Fatalf("the directory itself: %v", err)
+	}
+}
