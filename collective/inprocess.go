@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"time"
@@ -17,10 +18,10 @@ import (
 // rank's Options before Init; body runs on each rank's communicator, which
 // is closed after it. It returns every rank's error (nil where it
 // succeeded). On a GPU the ranks share one CUDA context, so their kernels
-// run side by side. A job of fewer than one node or one rank per node
-// is refused: the one error returned is ErrInvalid, and body does not run.
+// run side by side. A job of fewer than one node or one rank per node,
+// or of more than 2^31-1 ranks, is refused: the one error returned is ErrInvalid, and body does not run.
 func RunInProcess(ctx context.Context, nodes, perNode int, tune func(*Options), body func(*Communicator) error) []error {
-	if nodes < 1 || perNode < 1 {
+	if nodes < 1 || perNode < 1 || perNode > math.MaxInt32/nodes {
 		return []error{fmt.Errorf("collective: RunInProcess of %d nodes of %d ranks each: %w", nodes, perNode, ErrInvalid)}
 	}
 	P := nodes * perNode

@@ -14,7 +14,7 @@ import (
 // shape, and body never runs (a negative count panicked making the
 // error slice; zero nodes returned no error at all).
 func TestRunInProcessBadShape(t *testing.T) {
-	for _, tc := range []struct{ nodes, perNode int }{{-1, 2}, {0, 2}, {2, 0}, {1, -3}, {-2, -2}} {
+	for _, tc := range []struct{ nodes, perNode int }{{-1, 2}, {0, 2}, {2, 0}, {1, -3}, {-2, -2}, {1 << 40, 1 << 40}} {
 		t.Run(fmt.Sprintf("%dx%d", tc.nodes, tc.perNode), func(t *testing.T) {
 			ran := false
 			var errs []error
