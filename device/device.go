@@ -14,7 +14,11 @@ package device
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
+	"sync"
+
+	"github.com/slimego/slimego/kernels"
 )
 
 // Kind is a backend.
@@ -58,6 +62,8 @@ func Parse(s string) (Kind, error) {
 	return Auto, fmt.Errorf("device: unknown backend %q (want cpu, cuda or auto)", s)
 }
 
+var warnUntrusted sync.Once
+
 // Resolve turns a requested kind into the one that will run: Auto is CUDA
 // where libslimecuda.so loads and sees a GPU, the CPU otherwise (the
 // emulated library is a test harness: only an explicit CUDA runs on it);
@@ -68,8 +74,16 @@ func Resolve(k Kind) (Kind, error) {
 	case CPU:
 		return CPU, nil
 	case Auto:
-		if CUDAAvailable() == nil && !CUDAEmulated() {
+		err := CUDAAvailable()
+		if err == nil && !CUDAEmulated() {
 			return CUDA, nil
+		}
+		if errors.Is(err, kernels.ErrUntrusted) {
+			// A library that exists but was passed over would otherwise
+			// leave a GPU host on the CPU without a word.
+			warnUntrusted.Do(func() {
+				fmt.Fprintf(os.Stderr, "slimego WARNING: the CPU backend runs: %v\n", err)
+			})
 		}
 		return CPU, nil
 	case CUDA:

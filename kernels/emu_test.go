@@ -543,7 +543,7 @@ func TestEmuPeerAccess(t *testing.T) {
 func runChild(which string) int {
 	lib, err := Open()
 	if err != nil {
-		fmt.Println(err)
+		fmt.Println(err, "[untrusted:", errors.Is(err, ErrUntrusted), "]")
 		return 1
 	}
 	switch which {

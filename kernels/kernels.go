@@ -11,6 +11,10 @@ var (
 	// ErrNotFound: a library could not be loaded (not built, not on the
 	// search path, or its dependencies missing).
 	ErrNotFound = errors.New("kernels: library not found")
+	// ErrUntrusted is with ErrNotFound (errors.Is) where a library was
+	// found on the search path but passed over: others could have put it
+	// there (see the search's rules in the README).
+	ErrUntrusted = errors.New("kernels: library passed over: others could have put it there")
 	// ErrNoDevice: the library loaded, but CUDA sees no GPU or no driver.
 	ErrNoDevice = errors.New("kernels: no CUDA device")
 	// ErrInvalid: the library refused an argument.

@@ -169,6 +169,7 @@ func load(name, envVar string, nvshmem bool) (string, error) {
 		setMaxConnections()
 	}
 	explicit := os.Getenv(envVar) != ""
+	untrusted := false
 	for _, p := range candidates(name, envVar) {
 		if !explicit && strings.ContainsRune(p, '/') {
 			// Found on the search path: opened only where nobody but this
@@ -180,6 +181,7 @@ func load(name, envVar string, nvshmem bool) (string, error) {
 			real, err := trustedLib(p)
 			if err != nil {
 				tried = append(tried, fmt.Sprintf("%s: not loaded: %v", p, err))
+				untrusted = true
 				continue
 			}
 			p = real
@@ -202,7 +204,11 @@ func load(name, envVar string, nvshmem bool) (string, error) {
 		}
 		tried = append(tried, m)
 	}
-	return "", fmt.Errorf("%w: %s (set %s to its path, or run make kernels): %s", ErrNotFound, name, envVar, strings.Join(tried, "; "))
+	err := fmt.Errorf("%w: %s (set %s to its path, or run make kernels): %s", ErrNotFound, name, envVar, strings.Join(tried, "; "))
+	if untrusted {
+		err = fmt.Errorf("%w (%w)", err, ErrUntrusted)
+	}
+	return "", err
 }
 
 // Open loads libslimecuda.so once (see the package doc for where it looks),

@@ -87,6 +87,9 @@ __attribute__((constructor)) static void evil(void) {
 			if !strings.Contains(string(out), lib) {
 				t.Errorf("the error does not name the library passed over:\n%s", out)
 			}
+			if !strings.Contains(string(out), "[untrusted: true ]") {
+				t.Errorf("the error is not ErrUntrusted (which device.Resolve warns of):\n%s", out)
+			}
 		})
 	}
 	// This user's own library in a directory of theirs, found the same
