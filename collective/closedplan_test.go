@@ -1,9 +1,13 @@
 package collective_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"testing"
+
+	"github.com/slimego/slimego/collective"
 )
 
 // TestClosedPlanRefused: a plan of byte slices (Communicator.Plan) whose
@@ -27,4 +31,28 @@ func TestClosedPlanRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPlanCloseDuringRun: a plan's Close from another goroutine while a
+// run is in progress (a misuse: Close is a collective call, made between
+// runs) is no data race on the plan's closed flag (go test -race): the
+// run either gathers or is refused as closed. (The flag was a plain bool.)
+func TestPlanCloseDuringRun(t *testing.T) {
+	inProcess(t, 1, func(c *collective.Communicator) error {
+		ctx := context.Background()
+		src, dst := make([]byte, 64), make([]byte, 64)
+		p, err := c.Plan(dst, src)
+		if err != nil {
+			return err
+		}
+		done := make(chan struct{})
+		go func() { defer close(done); p.Close() }()
+		for range 100 {
+			if err := p.Run(ctx); err != nil && !errors.Is(err, collective.ErrClosed) {
+				return err
+			}
+		}
+		<-done
+		return nil
+	})
 }

@@ -784,16 +784,17 @@ type planEngine interface {
 // hostPlan is a planned all-gather of host memory. closed is set by the
 // plan's Close, after which a launch is ErrClosed, as a plan of buffers'
 // is (streamPlan, gpuPlan); a pointer made at planning, so that a launch
-// copies nothing.
+// copies nothing, and atomic, since a Close from another goroutine (a
+// misuse: Close is a collective call) must not race with a run.
 type hostPlan struct {
 	op     planned[[]byte]
 	c      *Communicator
 	name   string
-	closed *bool
+	closed *atomic.Bool
 }
 
 func (h hostPlan) launch(ctx context.Context) error {
-	if *h.closed {
+	if h.closed.Load() {
 		// Closed here, maybe not on the peers (a closed plan's run is a
 		// mistake of this rank's): take part as a refused call does, so
 		// that the peers' call fails naming this rank and the ranks stay
@@ -804,14 +805,14 @@ func (h hostPlan) launch(ctx context.Context) error {
 }
 func (hostPlan) wait(context.Context) error { return nil }
 func (hostPlan) mode() string               { return "host" }
-func (h hostPlan) close() error             { *h.closed = true; return nil }
+func (h hostPlan) close() error             { h.closed.Store(true); return nil }
 
 func (c *Communicator) hostPlan(name string, dst, src []byte) (*Plan, error) {
 	op, err := c.plan(name, dst, src)
 	if err != nil {
 		return nil, err
 	}
-	p := &Plan{c: c, eng: hostPlan{op: op, c: c, name: name, closed: new(bool)}, call: call{name: name, sizes: slices.Clone(c.sizes)}}
+	p := &Plan{c: c, eng: hostPlan{op: op, c: c, name: name, closed: new(atomic.Bool)}, call: call{name: name, sizes: slices.Clone(c.sizes)}}
 	p.freed = c.node.FreedCheck(name, dst, src)
 	return p, nil
 }
