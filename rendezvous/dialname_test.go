@@ -48,12 +48,7 @@ func TestDialNameOnlyWhereStoresListen(t *testing.T) {
 		}
 		return
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a mount namespace with its own /etc/hosts")
-	}
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("no unshare")
-	}
+	needHostsNamespace(t)
 	srv, err := Listen("127.0.0.1:0", ServerConfig{Auth: a})
 	if err != nil {
 		t.Fatal(err)
@@ -98,17 +93,7 @@ func TestDialNameOnlyWhereStoresListen(t *testing.T) {
 			}()
 		}
 	}()
-	hosts := filepath.Join(t.TempDir(), "hosts")
-	if err := os.WriteFile(hosts, []byte("::1 localhost\n127.0.0.1 localhost\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
-		`mount --bind "$1" /etc/hosts && exec "$2" -test.run='^TestDialNameOnlyWhereStoresListen$' -test.count=1`, "sh", hosts, os.Args[0])
-	cmd.Env = append(os.Environ(), "RDZV_DIALNAME_CHILD="+port)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("the client: %v\n%s", err, out)
-	}
+	runWithHosts(t, "::1 localhost\n127.0.0.1 localhost\n", "RDZV_DIALNAME_CHILD="+port)
 	mu.Lock()
 	defer mu.Unlock()
 	if accepted > 0 || bytes.Contains(relayed.Bytes(), []byte(payload)) {
@@ -147,25 +132,44 @@ func TestDialManyAddressesSaysSo(t *testing.T) {
 		}
 		return
 	}
+	needHostsNamespace(t)
+	srv, err := Listen("127.0.0.3:0", ServerConfig{Auth: a})
+	if err != nil {
+		t.Skipf("no 127.0.0.3 to listen on: %v", err)
+	}
+	defer srv.Close()
+	runWithHosts(t, "127.0.0.2 multi\n127.0.0.3 multi\n", "RDZV_DIALMANY_CHILD="+strconv.Itoa(srv.Port()))
+}
+
+// needHostsNamespace skips t where no mount namespace with an /etc/hosts
+// of its own can be made (not root, or no unshare).
+func needHostsNamespace(t *testing.T) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for a mount namespace with its own /etc/hosts")
 	}
 	if _, err := exec.LookPath("unshare"); err != nil {
 		t.Skip("no unshare")
 	}
-	srv, err := Listen("127.0.0.3:0", ServerConfig{Auth: a})
-	if err != nil {
-		t.Skipf("no 127.0.0.3 to listen on: %v", err)
-	}
-	defer srv.Close()
-	hosts := filepath.Join(t.TempDir(), "hosts")
-	if err := os.WriteFile(hosts, []byte("127.0.0.2 multi\n127.0.0.3 multi\n"), 0o644); err != nil {
+}
+
+// runWithHosts runs t's own test again in a child process, with env
+// added, in a mount namespace whose /etc/hosts holds hosts; the child's
+// failure is t's.
+func runWithHosts(t *testing.T, hosts, env string) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(f, []byte(hosts), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
-		`mount --bind "$1" /etc/hosts && exec "$2" -test.run='^TestDialManyAddressesSaysSo$' -test.count=1`, "sh", hosts, os.Args[0])
-	cmd.Env = append(os.Environ(), "RDZV_DIALMANY_CHILD="+strconv.Itoa(srv.Port()))
-	if out, err := cmd.CombinedOutput(); err != nil {
+		`mount --bind "$1" /etc/hosts && exec "$2" -test.run="^$3\$" -test.count=1 -test.v`, "sh", f, os.Args[0], t.Name())
+	cmd.Env = append(os.Environ(), env)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
 		t.Fatalf("the client: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatalf("the child did not run %s:\n%s", t.Name(), out)
 	}
 }
