@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
-	"syscall"
+
+	"github.com/slimego/slimego/internal/ownpath"
 )
 
 // The log directory (--log-dir) is a path the user gives, often in a
@@ -47,90 +47,22 @@ func mkdirSecure(dir string, mode os.FileMode) error {
 		}
 		have = filepath.Dir(have)
 	}
-	if err := secureDir(have, 0); err != nil {
+	if err := secureDir(have); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(abs, mode); err != nil {
 		return err
 	}
-	return secureDir(abs, 0)
+	return secureDir(abs)
 }
 
-// secureDir checks every directory on path dir (absolute), from the root
-// down, and every link on it (see above).
-func secureDir(dir string, depth int) error {
-	if depth > 8 {
-		return fmt.Errorf("%w: %s: links keep changing", errInsecureLogDir, dir)
+// secureDir checks every directory and link on the path dir, from the
+// root down (see above; ownpath.Dir, whose members of a group with write
+// access are trusted).
+func secureDir(dir string) error {
+	_, err := ownpath.Dir(dir, ownpath.AnyGroup)
+	if errors.Is(err, ownpath.ErrUnsafe) {
+		return fmt.Errorf("%w: %w: its owner, or whoever can write it, could have the job's logs written over any file, or read them", errInsecureLogDir, err)
 	}
-	cur := "/"
-	if err := secureEntry(cur, true); err != nil {
-		return err
-	}
-	for _, c := range strings.Split(strings.TrimPrefix(filepath.Clean(dir), "/"), "/") {
-		if c == "" {
-			continue
-		}
-		next := filepath.Join(cur, c)
-		fi, err := os.Lstat(next)
-		if err != nil {
-			return err
-		}
-		if fi.Mode()&os.ModeSymlink != 0 {
-			if err := secureEntry(next, false); err != nil {
-				return err
-			}
-			// One link at a time: each of a chain is checked (another
-			// user's could be repointed after the check).
-			target, err := os.Readlink(next)
-			if err != nil {
-				return err
-			}
-			if !filepath.IsAbs(target) {
-				target = filepath.Join(cur, target)
-			}
-			if err := secureDir(target, depth+1); err != nil {
-				return err
-			}
-			real, err := filepath.EvalSymlinks(target)
-			if err != nil {
-				return err
-			}
-			cur = real
-			continue
-		}
-		if err := secureEntry(next, true); err != nil {
-			return err
-		}
-		cur = next
-	}
-	return nil
-}
-
-// secureEntry checks one directory (dir true) or link on the path.
-func secureEntry(path string, dir bool) error {
-	fi, err := os.Lstat(path)
-	if err != nil {
-		return err
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fmt.Errorf("%w: %s: no owner", errInsecureLogDir, path)
-	}
-	what := "directory"
-	if !dir {
-		what = "link"
-	}
-	if uid := uint32(os.Geteuid()); st.Uid != uid && st.Uid != 0 {
-		return fmt.Errorf("%w: the %s %s belongs to uid %d, neither this user (%d) nor root: its owner could have the job's logs written over any file, or read them", errInsecureLogDir, what, path, st.Uid, uid)
-	}
-	if !dir {
-		return nil
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%w: %s is not a directory", errInsecureLogDir, path)
-	}
-	if fi.Mode().Perm()&0o002 != 0 && fi.Mode()&os.ModeSticky == 0 {
-		return fmt.Errorf("%w: anyone can write the directory %s (mode %04o, not sticky): another user could have the job's logs written over any file, or read them", errInsecureLogDir, path, fi.Mode().Perm())
-	}
-	return nil
+	return err
 }

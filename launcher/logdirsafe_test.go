@@ -130,10 +130,10 @@ func TestLogDirLinkChainChecked(t *testing.T) {
 	if err := os.Symlink(theirs, ours); err != nil {
 		t.Fatal(err)
 	}
-	if err := secureDir(ours, 0); err == nil || !strings.Contains(err.Error(), theirs) {
+	if err := secureDir(ours); err == nil || !strings.Contains(err.Error(), theirs) {
 		t.Fatalf("a chain through another user's link %s: %v, want it refused naming that link", theirs, err)
 	}
-	if err := secureDir(real, 0); err != nil {
+	if err := secureDir(real); err != nil {
 		t.Fatalf("the directory itself: %v", err)
 	}
 }
