@@ -43,7 +43,8 @@ func TestBadFlags(t *testing.T) {
 		{"allgather_gemm", []string{"--k", "0"}, "--k 0"},
 		{"allgather_gemm", []string{"--iters", "-1"}, "--iters -1"},
 		{"allgather_gemm", []string{"--pieces", "-1"}, "--pieces -1"},
-		{"allgather_gemm", []string{"--min-piece", "-2"}, "--min-piece -2"},
+		{"allgather_gemm", []string{"--min-piece", "-1"}, `--min-piece "-1"`},
+		{"allgather_gemm", []string{"--min-piece", "2X"}, `--min-piece "2X"`},
 		{"allgather_gemm", []string{"--dtype", "int8"}, "--dtype"},
 		{"allgather_gemm", []string{"--m", huge, "--n", "1", "--k", "1"}, "--m " + huge},
 	} {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/slimego/slimego/collective"
 	"github.com/slimego/slimego/device"
+	"github.com/slimego/slimego/internal/bytesize"
 	"github.com/slimego/slimego/internal/machine"
 	"github.com/slimego/slimego/overlap"
 )
@@ -28,7 +29,7 @@ func main() {
 	k := pflag.Int("k", 1024, "columns of A, rows of B")
 	dtype := pflag.String("dtype", "float32", "float32 or float64")
 	pieces := pflag.Int("pieces", 4, "pieces the gather is cut into")
-	minPiece := pflag.Int("min-piece", 0, "least bytes a piece carries per rank (0: overlap.MinPieceBytes, -1: no least)")
+	minPiece := pflag.String("min-piece", "", "least a gather piece carries per rank across nodes (suffixes K, M; 0: no least; default: overlap.MinPieceBytes), as slimebench overlap's flag")
 	iters := pflag.Int("iters", 5, "timed iterations")
 	eager := pflag.Bool("eager-mode", false, "launch directly instead of replaying a captured graph (CUDA backend; the CPU backend always runs eagerly)")
 	backend := pflag.String("backend", "auto", "cpu, cuda or auto (cuda: cuBLAS, the gather by the communicator's GPU plans)")
@@ -45,8 +46,16 @@ func main() {
 			usage("--%s %d: want a positive count", f.name, f.n)
 		}
 	}
-	if *minPiece < -1 {
-		usage("--min-piece %d: want 0, -1 or a byte count", *minPiece)
+	piecing := overlap.Options{Pieces: *pieces}
+	if *minPiece != "" {
+		v, err := bytesize.Parse(*minPiece)
+		if err != nil {
+			usage("--min-piece %q: %v", *minPiece, err)
+		}
+		piecing.MinPieceBytes = int(v)
+		if v == 0 {
+			piecing.MinPieceBytes = -1 // the API's "no least"
+		}
 	}
 	// What a rank allocates, in elements, counted without overflow: A and
 	// B (m·k, k·n) twice (host and the Op's), C and the reference (P·m·n)
@@ -81,9 +90,9 @@ func main() {
 	defer c.Close()
 	switch *dtype {
 	case "float32":
-		err = run[float32](ctx, c, *m, *n, *k, overlap.Options{Pieces: *pieces, MinPieceBytes: *minPiece}, *iters, 1e-5)
+		err = run[float32](ctx, c, *m, *n, *k, piecing, *iters, 1e-5)
 	case "float64":
-		err = run[float64](ctx, c, *m, *n, *k, overlap.Options{Pieces: *pieces, MinPieceBytes: *minPiece}, *iters, 1e-12)
+		err = run[float64](ctx, c, *m, *n, *k, piecing, *iters, 1e-12)
 	}
 	if err != nil {
 		fail("%v", err)
