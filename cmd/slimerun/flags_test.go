@@ -114,6 +114,9 @@ func TestFlagErrors(t *testing.T) {
 		{[]string{"--standalone", "--rdzv-timeout", "-5s", "true"}, "--rdzv-timeout -5s: want a positive duration"},
 		{[]string{"--standalone", "--rdzv-timeout", "0", "true"}, "--rdzv-timeout 0s: want a positive duration"},
 		{[]string{"--standalone", "--max-restarts", "-1", "true"}, "--max-restarts -1: want 0 or more"},
+		// Flags without a program printed every flag's help, the
+		// missing program nowhere.
+		{[]string{"--standalone", "--nproc-per-node", "2"}, "slimerun: no program to run"},
 	} {
 		out, err := exec.Command(slimerun, tc.args...).CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.msg) {

@@ -221,8 +221,13 @@ func run(args []string) int {
 		return fail("--master-port 0: a free port is for --standalone (every node must be given node 0's port)")
 	}
 	if fs.NArg() == 0 {
-		fs.Usage()
-		return 2
+		if len(args) == 0 {
+			fs.Usage()
+			return 2
+		}
+		// Flags but no program: one line, not the whole usage, which
+		// hid what was missing under every flag's help.
+		return fail("no program to run (usage: slimerun [flags] program [args...]; slimerun --help lists the flags)")
 	}
 	switch *startMethod {
 	case "spawn", "fork", "forkserver":
