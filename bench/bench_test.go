@@ -3,7 +3,9 @@ package bench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -437,6 +439,72 @@ func TestGatherCopyChecked(t *testing.T) {
 		WriteTable(&tbl, []Result{r}, "TestGatherCopyChecked")
 		if !strings.Contains(tbl.String(), "Out of bounds values : 1 FAILED") {
 			t.Errorf("in place %v: the table does not say the wrong byte:\n%s", inPlace, tbl.String())
+		}
+	}
+}
+
+// TestJSONKeysInCSVOrder: every JSON row has the CSV's columns as keys, in
+// the CSV's order (the impl key came after the others, the order of the
+// struct's embedding), and the in-place suffix as the CSV has it.
+func TestJSONKeysInCSVOrder(t *testing.T) {
+	rows := []Result{
+		{Impl: "slimego", Backend: "cpu", Mode: "intra", P: 2, Nodes: 1, S: 8, Median: 1.5, AlgBW: 0.01, BusBW: 0.005},
+		{Impl: "slimego", Backend: "cpu", Mode: "intra", P: 2, Nodes: 1, S: 8, Median: 1.25, InPlace: true, Wrong: 3},
+		{Impl: CeilingImpl, Backend: "cpu", Mode: "intra", P: 2, Nodes: 1, S: 8, Unchecked: true},
+	}
+	var js bytes.Buffer
+	if err := WriteJSON(&js, rows); err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(&js)
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		t.Fatalf("want an array, got %v %v", tok, err)
+	}
+	var csv bytes.Buffer
+	if err := WriteCSV(&csv, rows); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(csv.String()), "\n")
+	for i := 0; dec.More(); i++ {
+		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+			t.Fatalf("row %d: want an object, got %v %v", i, tok, err)
+		}
+		var keys, vals []string
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := dec.Token()
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys = append(keys, k.(string))
+			switch v := v.(type) {
+			case nil:
+				vals = append(vals, "")
+			case json.Number:
+				vals = append(vals, v.String())
+			default:
+				vals = append(vals, fmt.Sprint(v))
+			}
+		}
+		dec.Token() // '}'
+		if got, want := strings.Join(keys, ","), strings.Join(CSVHeader, ","); got != want {
+			t.Errorf("row %d's keys: %s\nwant the CSV's: %s", i, got, want)
+		}
+		// The same values as the CSV's line (numbers as JSON writes them).
+		want := strings.Split(lines[i+1], ",")
+		for j := range want {
+			if j < len(vals) && vals[j] != want[j] {
+				if a, errA := strconv.ParseFloat(vals[j], 64); errA == nil {
+					if b, errB := strconv.ParseFloat(want[j], 64); errB == nil && a == b {
+						continue
+					}
+				}
+				t.Errorf("row %d, %s: JSON %q, CSV %q", i, CSVHeader[j], vals[j], want[j])
+			}
 		}
 	}
 }

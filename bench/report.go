@@ -85,16 +85,24 @@ func ReadCSV(r io.Reader) ([]Result, error) {
 	return out, nil
 }
 
-// WriteJSON writes rs as a JSON array with the CSV's fields.
+// WriteJSON writes rs as a JSON array of objects with the CSV's fields, in
+// the CSV's order (CSVHeader).
 func WriteJSON(w io.Writer, rs []Result) error {
 	type row struct {
-		Result
-		Impl  string `json:"impl"`
-		Wrong *int64 `json:"wrong"` // null where the row checks nothing
+		Impl    string  `json:"impl"`
+		Backend string  `json:"backend"`
+		Mode    string  `json:"mode"`
+		P       int     `json:"P"`
+		Nodes   int     `json:"nodes"`
+		S       int64   `json:"S"`
+		Median  float64 `json:"median_us"`
+		AlgBW   float64 `json:"algbw_GBps"`
+		BusBW   float64 `json:"busbw_GBps"`
+		Wrong   *int64  `json:"wrong"` // null where the row checks nothing
 	}
 	out := make([]row, len(rs))
 	for i, r := range rs {
-		out[i] = row{Result: r, Impl: r.implName()}
+		out[i] = row{Impl: r.implName(), Backend: r.Backend, Mode: r.Mode, P: r.P, Nodes: r.Nodes, S: r.S, Median: r.Median, AlgBW: r.AlgBW, BusBW: r.BusBW}
 		if !r.Unchecked {
 			out[i].Wrong = &rs[i].Wrong
 		}
