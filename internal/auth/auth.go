@@ -15,7 +15,11 @@
 //
 // An empty secret still runs the exchange: it binds a connection to its job
 // and purpose (a rank of another job fails at once instead of waiting in the
-// wrong store) but proves nothing; callers warn about it.
+// wrong store) but proves nothing; callers warn about it across hosts. On
+// one host it admits only this user's processes (and root's): where the
+// other end of the connection is a socket on this host, in this network
+// namespace, the kernel names its owner, and another user's is refused
+// before anything is sent (sameUser).
 package auth
 
 import (
@@ -27,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 )
 
@@ -109,6 +114,9 @@ func nonce() []byte {
 // Accept runs the acceptor's side on c, which it must finish by deadline.
 // On success c's deadline is cleared; on failure the caller closes c.
 func Accept(c net.Conn, k Key, purpose string, deadline time.Time) error {
+	if err := sameUser(c, k, "connector"); err != nil {
+		return err
+	}
 	c.SetDeadline(deadline)
 	na := nonce()
 	if _, err := c.Write(hello(na)); err != nil {
@@ -137,6 +145,9 @@ func Accept(c net.Conn, k Key, purpose string, deadline time.Time) error {
 // Connect runs the connector's side on c, which it must finish by deadline.
 // On success c's deadline is cleared; on failure the caller closes c.
 func Connect(c net.Conn, k Key, purpose string, deadline time.Time) error {
+	if err := sameUser(c, k, "acceptor"); err != nil {
+		return err
+	}
 	c.SetDeadline(deadline)
 	var in [helloSize]byte
 	if _, err := io.ReadFull(c, in[:]); err != nil {
@@ -166,5 +177,22 @@ func Connect(c net.Conn, k Key, purpose string, deadline time.Time) error {
 		return fmt.Errorf("%w: %w: the acceptor does not hold this job's secret", ErrDenied, ErrRefused)
 	}
 	c.SetDeadline(time.Time{})
+	return nil
+}
+
+// sameUser refuses, for a key without a secret, a connection whose other
+// end (the peer, in role) is another user's socket on this host: with no
+// secret, the user is all that tells the job's processes from others'.
+// Root's are admitted (root can read any process's memory anyway), and so
+// is a peer whose socket this host does not list (another host's, or
+// another network namespace's), as before.
+func sameUser(c net.Conn, k Key, role string) error {
+	if k.HasSecret() {
+		return nil
+	}
+	uid, found := peerUID(c)
+	if me := uint32(os.Geteuid()); found && uid != me && uid != 0 {
+		return fmt.Errorf("%w: %w: the %s at %s is a process of uid %d, not this user's (%d): a job with no secret admits only its own user's processes on this host (give it a secret, SLIME_JOB_SECRET, to admit others)", ErrDenied, ErrRefused, role, c.RemoteAddr(), uid, me)
+	}
 	return nil
 }

@@ -1,0 +1,183 @@
+package auth
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestPeerUIDFindsOwnSockets: both ends of a loopback connection find the
+// other's socket, and its owner is this user; over IPv4, IPv6, and IPv4 to
+// a dual-stack listener (whose table is tcp6, the connector's tcp). The
+// check of the user depends on it: a socket not found is admitted.
+func TestPeerUIDFindsOwnSockets(t *testing.T) {
+	for _, tc := range []struct{ network, listen, dial string }{
+		{"tcp4", "127.0.0.1:0", "127.0.0.1"},
+		{"tcp6", "[::1]:0", "::1"},
+		{"tcp", "[::]:0", "127.0.0.1"},
+	} {
+		t.Run(tc.listen+"<-"+tc.dial, func(t *testing.T) {
+			ln, err := net.Listen(tc.network, tc.listen)
+			if err != nil {
+				t.Skipf("no %s: %v", tc.listen, err)
+			}
+			defer ln.Close()
+			port := ln.Addr().(*net.TCPAddr).Port
+			c, err := net.Dial("tcp", net.JoinHostPort(tc.dial, strconv.Itoa(port)))
+			if err != nil {
+				t.Skipf("dial %s: %v", tc.dial, err)
+			}
+			defer c.Close()
+			a, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			me := uint32(os.Geteuid())
+			for _, end := range []net.Conn{a, c} {
+				if uid, found := peerUID(end); !found || uid != me {
+					t.Errorf("%s -> %s: peerUID = %d, %t; want %d, found", end.LocalAddr(), end.RemoteAddr(), uid, found, me)
+				}
+			}
+		})
+	}
+}
+
+// The child of TestNoSecretOtherUserRefused, run as another user: it
+// connects to (or accepts on) the address given and runs the handshake of
+// a key without a secret, and writes the result to stdout.
+func TestOtherUserChild(t *testing.T) {
+	role, addr := os.Getenv("AUTH_CHILD_ROLE"), os.Getenv("AUTH_CHILD_ADDR")
+	if role == "" {
+		t.Skip("the child of TestNoSecretOtherUserRefused")
+	}
+	k := NewKey(nil, "job")
+	deadline := time.Now().Add(5 * time.Second)
+	var err error
+	switch role {
+	case "connect":
+		var c net.Conn
+		if c, err = net.Dial("tcp", addr); err == nil {
+			err = Connect(c, k, "store", deadline)
+			c.Close()
+		}
+	case "accept":
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err == nil {
+			os.WriteFile(addr, []byte(ln.Addr().String()), 0o644)
+			var c net.Conn
+			if c, err = ln.Accept(); err == nil {
+				err = Accept(c, k, "store", deadline)
+				c.Close()
+			}
+		}
+	}
+	os.Stdout.WriteString("CHILD: " + errString(err) + "\n")
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return err.Error()
+}
+
+// TestNoSecretOtherUserRefused: a job with no secret on one host admits
+// only its own user's processes. Another user's process (uid 65534) that
+// knows the job id connected to the store and was admitted (the exchange
+// proves nothing without a secret), and a listener of theirs at the
+// address a rank dialled was taken for the job's. Now both are refused,
+// with ErrRefused naming the uid, before anything is sent.
+func TestNoSecretOtherUserRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a process as another user")
+	}
+	// The test binary, where uid 65534 may run it.
+	dir := t.TempDir()
+	for d := dir; d != "/tmp" && d != "/"; d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	bin := filepath.Join(dir, "auth.test")
+	src, err := os.Open(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	src.Close()
+	dst.Close()
+	child := func(role, addr string) *exec.Cmd {
+		cmd := exec.Command(bin, "-test.run=^TestOtherUserChild$", "-test.v")
+		cmd.Env = append(os.Environ(), "AUTH_CHILD_ROLE="+role, "AUTH_CHILD_ADDR="+addr)
+		cmd.Dir = dir
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		return cmd
+	}
+	k := NewKey(nil, "job")
+
+	t.Run("connector", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		cmd := child("connect", ln.Addr().String())
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmd.Wait()
+		ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+		c, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		err = Accept(c, k, "store", time.Now().Add(5*time.Second))
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "uid 65534") {
+			t.Fatalf("Accept of uid 65534's connection: %v; want ErrRefused naming uid 65534", err)
+		}
+	})
+	t.Run("acceptor", func(t *testing.T) {
+		out := filepath.Join(dir, "out")
+		if err := os.Mkdir(out, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(out, 0o777) // the child's to write in
+		addrFile := filepath.Join(out, "addr")
+		cmd := child("accept", addrFile)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { cmd.Process.Kill(); cmd.Wait() }()
+		var addr []byte
+		for end := time.Now().Add(10 * time.Second); len(addr) == 0; {
+			if time.Now().After(end) {
+				t.Fatal("the child never listened")
+			}
+			time.Sleep(10 * time.Millisecond)
+			addr, _ = os.ReadFile(addrFile)
+		}
+		c, err := net.Dial("tcp", string(addr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		err = Connect(c, k, "store", time.Now().Add(5*time.Second))
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "uid 65534") {
+			t.Fatalf("Connect to uid 65534's listener: %v; want ErrRefused naming uid 65534", err)
+		}
+	})
+}
