@@ -19,7 +19,7 @@
 // one host it admits only this user's processes (and root's): where the
 // other end of the connection is a socket on this host, in this network
 // namespace, the kernel names its owner, and another user's is refused
-// before anything is sent (sameUser).
+// before this side sends anything (sameUser).
 package auth
 
 import (
@@ -145,13 +145,16 @@ func Accept(c net.Conn, k Key, purpose string, deadline time.Time) error {
 // Connect runs the connector's side on c, which it must finish by deadline.
 // On success c's deadline is cleared; on failure the caller closes c.
 func Connect(c net.Conn, k Key, purpose string, deadline time.Time) error {
-	if err := sameUser(c, k, "acceptor"); err != nil {
-		return err
-	}
 	c.SetDeadline(deadline)
 	var in [helloSize]byte
 	if _, err := io.ReadFull(c, in[:]); err != nil {
 		return fmt.Errorf("%w: reading the acceptor's hello: %w", ErrDenied, err)
+	}
+	// The acceptor's socket is certainly in the kernel's table once it
+	// has written (a connection may be established here before the
+	// acceptor's end is).
+	if err := sameUser(c, k, "acceptor"); err != nil {
+		return err
 	}
 	na, err := parseHello(in[:])
 	if err != nil {

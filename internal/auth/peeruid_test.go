@@ -95,7 +95,7 @@ func errString(err error) string {
 // knows the job id connected to the store and was admitted (the exchange
 // proves nothing without a secret), and a listener of theirs at the
 // address a rank dialled was taken for the job's. Now both are refused,
-// with ErrRefused naming the uid, before anything is sent.
+// with ErrRefused naming the uid, before the refusing side sends anything.
 func TestNoSecretOtherUserRefused(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to run a process as another user")
