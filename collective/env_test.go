@@ -119,6 +119,10 @@ func TestBuildLayout(t *testing.T) {
 		{"sparse node ids", []w{{7, 0, 1}, {3, 0, 1}}, []int{1, 1}, false, ""},
 		{"duplicate local rank", []w{{0, 0, 2}, {0, 0, 2}}, nil, false, "local rank 0 of 2"},
 		{"wrong local size", []w{{0, 0, 3}, {0, 1, 3}}, nil, false, "node 0 has 2 ranks"},
+		// mpirun -np 4 --map-by node on two hosts, nodes labelled as under
+		// mpirun (rank − local rank: 0, 1, 1, 2): refused, saying how to
+		// map instead.
+		{"mpirun --map-by node", []w{{0, 0, 2}, {1, 0, 2}, {1, 1, 2}, {2, 1, 2}}, nil, false, "has 1 ranks, but rank 0 says it is local rank 0 of 2 (under mpirun, whose ranks name no node, a node's ranks must come one after another: its default mapping by slot, not --map-by node)"},
 	}
 	for _, tc := range cases {
 		at := func(r int) (int, int, int) { return tc.ranks[r].node, tc.ranks[r].local, tc.ranks[r].size }

@@ -178,7 +178,7 @@ func buildLayout(me int, at func(r int) (node, local, size int), P int) (layout,
 			_, local, size := at(r)
 			if size != len(ranks) || local < 0 || local >= len(ranks) || seen[local] {
 				return layout{}, fault.New("init", me, r, ErrInvalid,
-					"node %d has %d ranks, but rank %d says it is local rank %d of %d", n, len(ranks), r, local, size)
+					"node %d has %d ranks, but rank %d says it is local rank %d of %d (under mpirun, whose ranks name no node, a node's ranks must come one after another: its default mapping by slot, not --map-by node)", n, len(ranks), r, local, size)
 			}
 			seen[local] = true
 			members[local] = r
