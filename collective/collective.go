@@ -799,7 +799,7 @@ func (h hostPlan) launch(ctx context.Context) error {
 		// mistake of this rank's): take part as a refused call does, so
 		// that the peers' call fails naming this rank and the ranks stay
 		// in step.
-		return h.c.leaveOut(ctx, h.name, fault.New(h.name, h.c.Rank(), -1, ErrClosed, "the plan is closed"))
+		return h.c.leaveOut(ctx, h.name, fault.New(h.name, h.c.Rank(), -1, ErrClosed, "this plan was closed (Plan.Close); the communicator is open: plan the call again"))
 	}
 	return h.op.Run(ctx)
 }
