@@ -456,6 +456,13 @@ func TestJSONKeysInCSVOrder(t *testing.T) {
 	if err := WriteJSON(&js, rows); err != nil {
 		t.Fatal(err)
 	}
+	if !json.Valid(js.Bytes()) {
+		t.Fatalf("not JSON:\n%s", js.String())
+	}
+	var none bytes.Buffer
+	if err := WriteJSON(&none, nil); err != nil || strings.TrimSpace(none.String()) != "[]" {
+		t.Fatalf("no rows: %q, %v; want []", none.String(), err)
+	}
 	dec := json.NewDecoder(&js)
 	dec.UseNumber()
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {

@@ -1,11 +1,13 @@
 package bench
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,11 +31,16 @@ func WriteCSV(w io.Writer, rs []Result) error {
 	cw := csv.NewWriter(w)
 	cw.Write(CSVHeader)
 	for _, r := range rs {
-		cw.Write([]string{r.implName(), r.Backend, r.Mode, strconv.Itoa(r.P), strconv.Itoa(r.Nodes),
-			strconv.FormatInt(r.S, 10), ff(r.Median, 3), ff(r.AlgBW, 4), ff(r.BusBW, 4), r.wrongField("")})
+		cw.Write(r.fields())
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+// fields is r's CSV line, in CSVHeader's order.
+func (r Result) fields() []string {
+	return []string{r.implName(), r.Backend, r.Mode, strconv.Itoa(r.P), strconv.Itoa(r.Nodes),
+		strconv.FormatInt(r.S, 10), ff(r.Median, 3), ff(r.AlgBW, 4), ff(r.BusBW, 4), r.wrongField("")}
 }
 
 // wrongField is r's wrong count, or none where r checks nothing.
@@ -85,31 +92,43 @@ func ReadCSV(r io.Reader) ([]Result, error) {
 	return out, nil
 }
 
-// WriteJSON writes rs as a JSON array of objects with the CSV's fields, in
-// the CSV's order (CSVHeader).
+// WriteJSON writes rs as a JSON array of objects, one a row, with the
+// CSV's columns as keys in the CSV's order and its values (the text ones
+// as strings, the others as numbers; an empty wrong, a row that checks
+// nothing, and a figure JSON cannot write, NaN or infinite, as null).
 func WriteJSON(w io.Writer, rs []Result) error {
-	type row struct {
-		Impl    string  `json:"impl"`
-		Backend string  `json:"backend"`
-		Mode    string  `json:"mode"`
-		P       int     `json:"P"`
-		Nodes   int     `json:"nodes"`
-		S       int64   `json:"S"`
-		Median  float64 `json:"median_us"`
-		AlgBW   float64 `json:"algbw_GBps"`
-		BusBW   float64 `json:"busbw_GBps"`
-		Wrong   *int64  `json:"wrong"` // null where the row checks nothing
-	}
-	out := make([]row, len(rs))
+	var b bytes.Buffer
+	b.WriteString("[")
 	for i, r := range rs {
-		out[i] = row{Impl: r.implName(), Backend: r.Backend, Mode: r.Mode, P: r.P, Nodes: r.Nodes, S: r.S, Median: r.Median, AlgBW: r.AlgBW, BusBW: r.BusBW}
-		if !r.Unchecked {
-			out[i].Wrong = &rs[i].Wrong
+		if i > 0 {
+			b.WriteString(",")
 		}
+		b.WriteString("\n  {")
+		for j, v := range r.fields() {
+			if j > 0 {
+				b.WriteString(",")
+			}
+			key, _ := json.Marshal(CSVHeader[j])
+			fmt.Fprintf(&b, "\n    %s: ", key)
+			switch {
+			case j < 3: // impl, backend, mode
+				text, _ := json.Marshal(v)
+				b.Write(text)
+			default:
+				if x, err := strconv.ParseFloat(v, 64); err != nil || math.IsNaN(x) || math.IsInf(x, 0) {
+					v = "null" // none (wrong, unchecked), or no number JSON has
+				}
+				b.WriteString(v)
+			}
+		}
+		b.WriteString("\n  }")
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	if len(rs) > 0 {
+		b.WriteString("\n")
+	}
+	b.WriteString("]\n")
+	_, err := w.Write(b.Bytes())
+	return err
 }
 
 // WriteTable writes nccl-tests' layout: one line per size, out-of-place
