@@ -1205,7 +1205,13 @@ func (j *job) joinNodes(ctx context.Context) error {
 		addr = net.JoinHostPort(j.bindHost, strconv.Itoa(cfg.MasterPort))
 	}
 	j.storeAddr = addr
+	what := fmt.Sprintf("for node 0's store at %s (is node 0's slimerun running, with the same --master-addr and --master-port?)", addr)
+	if j.srv != nil {
+		what = "for its own store at " + addr
+	}
+	stopNotice := waitNotice(cfg, what)
 	st, err := rendezvous.Dial(ctx, addr, cfg.auth())
+	stopNotice()
 	if err != nil {
 		return fmt.Errorf("launcher: node %d: %w", cfg.NodeRank, err)
 	}
@@ -1313,7 +1319,10 @@ func (j *job) joinNodes(ctx context.Context) error {
 	if j.watch, err = rendezvous.Dial(ctx, addr, cfg.auth()); err != nil {
 		return fail(fmt.Errorf("connect to watch the other nodes' workers: %w", err))
 	}
-	if err := st.Barrier(ctx, nodesBarrier(cfg.RunID), cfg.NodeRank, cfg.NNodes); err != nil {
+	stopNotice = waitNotice(cfg, fmt.Sprintf("for the other %d node(s) to join at the store %s", cfg.NNodes-1, addr))
+	err = st.Barrier(ctx, nodesBarrier(cfg.RunID), cfg.NodeRank, cfg.NNodes)
+	stopNotice()
+	if err != nil {
 		if ae, ok := errors.AsType[*rendezvous.AbortError](err); ok {
 			return fmt.Errorf("launcher: node %d: the rendezvous was called off: %w", cfg.NodeRank, ae)
 		}
@@ -2046,6 +2055,40 @@ func (j *job) attemptError(attempt int, first error, failures []error, workers [
 // waitExited, which a test replaces with one that never returns, as the
 // kernel's wait does for a worker killed while in uninterruptible sleep.
 var waitWorker = waitExited
+
+// noticeAfter is how long a node waits in the rendezvous before it says
+// so (waitNotice), and noticeEvery how often it says so again: the wait
+// lasts up to --rdzv-timeout (minutes), silent otherwise.
+var noticeAfter, noticeEvery = 10 * time.Second, time.Minute
+
+// waitNotice says through cfg.Logf, noticeAfter from now and every
+// noticeEvery after that, that this node is still waiting (what: for
+// whom), until stop is called.
+func waitNotice(cfg *Config, what string) (stop func()) {
+	start := time.Now()
+	var mu sync.Mutex
+	var t *time.Timer
+	stopped := false
+	var tick func()
+	tick = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		cfg.Logf("node %d: still waiting %s (%v of --rdzv-timeout %v)", cfg.NodeRank, what, time.Since(start).Round(time.Second), cfg.RdzvTimeout)
+		t = time.AfterFunc(noticeEvery, tick)
+	}
+	mu.Lock()
+	t = time.AfterFunc(noticeAfter, tick)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
+}
 
 // exitReason is what an abort tells the ranks still waiting.
 func exitReason(ex exit) string {
