@@ -420,6 +420,9 @@ func (t *Transport) dialOne(ctx context.Context, p int, addr string) (*net.TCPCo
 			if w.timedOut() {
 				return nil, fault.New("connect", t.cfg.Rank, p, fault.ErrTimeout, "the listener at %s did not finish the handshake by the deadline (%v): %v", addr, t.cfg.HandshakeTimeout, err)
 			}
+			if errors.Is(err, auth.ErrNotUser) {
+				return nil, fault.New("connect", t.cfg.Rank, p, fmt.Errorf("%w: %w", ErrDenied, err), "the listener at %s, published as rank %d's, and this rank are different users' processes", addr, p)
+			}
 			if errors.Is(err, auth.ErrRefused) {
 				return nil, fault.New("connect", t.cfg.Rank, p, fmt.Errorf("%w: %w", ErrDenied, err), "the listener at %s, published as rank %d's, does not hold this job's key", addr, p)
 			}

@@ -2736,6 +2736,10 @@ func refusedWarning(warnf func(string, ...any)) func(remote string, err error) {
 		if n > 1 {
 			what = fmt.Sprintf("%d more connections, the last from %s,", n, remote)
 		}
+		if errors.Is(err, auth.ErrNotUser) {
+			warnf("the rendezvous store refused %s: another user's process (the job has no secret): %v", what, err)
+			return
+		}
 		warnf("the rendezvous store refused %s: not this job's (another SLIME_JOB_SECRET or run id? it must be the same on every node): %v", what, err)
 	}
 	var lastErr error

@@ -10,7 +10,7 @@
 //
 //	acceptor  → connector: magic, version, nonceA
 //	connector → acceptor:  magic, version, nonceC, HMAC(secret, "connector" | purpose | job | nonceA | nonceC)
-//	acceptor  → connector: status (0 accepted, 1 denied), and when accepted
+//	acceptor  → connector: status (0 accepted, 1 denied, 2 not this user's), and when accepted
 //	                       HMAC(secret, "acceptor" | purpose | job | nonceC | nonceA)
 //
 // An empty secret still runs the exchange: it binds a connection to its job
@@ -19,7 +19,9 @@
 // one host it admits only this user's processes (and root's): where the
 // other end of the connection is a socket on this host, in this network
 // namespace, the kernel names its owner, and another user's is refused
-// before this side sends anything (sameUser).
+// (sameUser): by the acceptor once the connector's proof has come (it
+// answers statusNotUser, so that the connector knows why), by the
+// connector once the acceptor's hello has (it sends nothing more).
 package auth
 
 import (
@@ -45,6 +47,10 @@ var ErrDenied = errors.New("auth: handshake failed")
 // ErrRefused: the peer answered, and its answer proves it is not a member of
 // this job (or it judged this side not to be one). Retrying cannot help.
 var ErrRefused = errors.New("auth: refused")
+
+// ErrNotUser: a refusal (ErrRefused) of a connection between two users'
+// processes on one host, for a job with no secret (sameUser).
+var ErrNotUser = errors.New("auth: another user's process")
 
 // Key is what both ends of a connection must share.
 type Key struct {
@@ -73,6 +79,11 @@ const (
 
 	statusAccepted = 0
 	statusDenied   = 1
+	// statusNotUser: the proof held, but the key has no secret and the
+	// connector is another user's process on the acceptor's host
+	// (sameUser). A connector of an earlier version reads any status
+	// but 0 as a refusal.
+	statusNotUser = 2
 )
 
 func (k Key) mac(role, purpose string, first, second []byte) []byte {
@@ -114,9 +125,6 @@ func nonce() []byte {
 // Accept runs the acceptor's side on c, which it must finish by deadline.
 // On success c's deadline is cleared; on failure the caller closes c.
 func Accept(c net.Conn, k Key, purpose string, deadline time.Time) error {
-	if err := sameUser(c, k, "connector"); err != nil {
-		return err
-	}
 	c.SetDeadline(deadline)
 	na := nonce()
 	if _, err := c.Write(hello(na)); err != nil {
@@ -133,6 +141,13 @@ func Accept(c net.Conn, k Key, purpose string, deadline time.Time) error {
 	if !hmac.Equal(in[helloSize:], k.mac("connector", purpose, na, nc)) {
 		c.Write([]byte{statusDenied})
 		return fmt.Errorf("%w: %w: the peer does not hold this job's secret, or belongs to another job (%q) or purpose (%s)", ErrDenied, ErrRefused, k.job, purpose)
+	}
+	// Checked once the connector has answered, so that it learns why it
+	// is refused (and does not take a dropped connection for a store
+	// not yet up, and retry).
+	if err := sameUser(c, k, "connector"); err != nil {
+		c.Write([]byte{statusNotUser})
+		return err
 	}
 	out := append([]byte{statusAccepted}, k.mac("acceptor", purpose, nc, na)...)
 	if _, err := c.Write(out); err != nil {
@@ -169,6 +184,9 @@ func Connect(c net.Conn, k Key, purpose string, deadline time.Time) error {
 	if _, err := io.ReadFull(c, st[:]); err != nil {
 		return fmt.Errorf("%w: reading the acceptor's answer: %w", ErrDenied, err)
 	}
+	if st[0] == statusNotUser {
+		return fmt.Errorf("%w: %w: %w: the acceptor at %s refused this process: the job has no secret, and admits on its host only its own user's processes (give it a secret, SLIME_JOB_SECRET, to admit others)", ErrDenied, ErrRefused, ErrNotUser, c.RemoteAddr())
+	}
 	if st[0] != statusAccepted {
 		return fmt.Errorf("%w: %w: the acceptor refused this job's secret or job id (%q, %s): the secret (SLIME_JOB_SECRET) or the run id differs", ErrDenied, ErrRefused, k.job, purpose)
 	}
@@ -195,7 +213,7 @@ func sameUser(c net.Conn, k Key, role string) error {
 	}
 	uid, found := peerUID(c)
 	if me := uint32(os.Geteuid()); found && uid != me && uid != 0 {
-		return fmt.Errorf("%w: %w: the %s at %s is a process of uid %d, not this user's (%d): a job with no secret admits only its own user's processes on this host (give it a secret, SLIME_JOB_SECRET, to admit others)", ErrDenied, ErrRefused, role, c.RemoteAddr(), uid, me)
+		return fmt.Errorf("%w: %w: %w: the %s at %s is a process of uid %d, not this user's (%d): a job with no secret admits only its own user's processes on this host (give it a secret, SLIME_JOB_SECRET, to admit others)", ErrDenied, ErrRefused, ErrNotUser, role, c.RemoteAddr(), uid, me)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package auth
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -69,6 +70,26 @@ func TestOtherUserChild(t *testing.T) {
 			err = Connect(c, k, "store", deadline)
 			c.Close()
 		}
+	case "self":
+		// TestPeerUIDFindsOwnSockets as this user: not root, whose
+		// sockets are many (an answer of uid 0 proves little).
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err == nil {
+			var c net.Conn
+			if c, err = net.Dial("tcp", ln.Addr().String()); err == nil {
+				var a net.Conn
+				if a, err = ln.Accept(); err == nil {
+					for _, end := range []net.Conn{a, c} {
+						if uid, found := peerUID(end); !found || uid != uint32(os.Geteuid()) {
+							err = fmt.Errorf("%s -> %s: peerUID = %d, %t; want %d, found", end.LocalAddr(), end.RemoteAddr(), uid, found, os.Geteuid())
+						}
+					}
+					a.Close()
+				}
+				c.Close()
+			}
+			ln.Close()
+		}
 	case "accept":
 		var ln net.Listener
 		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err == nil {
@@ -80,7 +101,7 @@ func TestOtherUserChild(t *testing.T) {
 			}
 		}
 	}
-	os.Stdout.WriteString("CHILD: " + errString(err) + "\n")
+	os.Stdout.WriteString("CHILD: refused=" + strconv.FormatBool(errors.Is(err, ErrRefused)) + " notuser=" + strconv.FormatBool(errors.Is(err, ErrNotUser)) + " " + errString(err) + "\n")
 }
 
 func errString(err error) string {
@@ -128,6 +149,12 @@ func TestNoSecretOtherUserRefused(t *testing.T) {
 	}
 	k := NewKey(nil, "job")
 
+	t.Run("own sockets, not root", func(t *testing.T) {
+		out, err := child("self", "").Output()
+		if err != nil || !strings.Contains(string(out), "CHILD: refused=false notuser=false <nil>") {
+			t.Fatalf("%v:\n%s", err, out)
+		}
+	})
 	t.Run("connector", func(t *testing.T) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -135,10 +162,11 @@ func TestNoSecretOtherUserRefused(t *testing.T) {
 		}
 		defer ln.Close()
 		cmd := child("connect", ln.Addr().String())
+		var out strings.Builder
+		cmd.Stdout = &out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		defer cmd.Wait()
 		ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
 		c, err := ln.Accept()
 		if err != nil {
@@ -146,8 +174,15 @@ func TestNoSecretOtherUserRefused(t *testing.T) {
 		}
 		defer c.Close()
 		err = Accept(c, k, "store", time.Now().Add(5*time.Second))
-		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "uid 65534") {
+		if !errors.Is(err, ErrRefused) || !errors.Is(err, ErrNotUser) || !strings.Contains(err.Error(), "uid 65534") {
 			t.Fatalf("Accept of uid 65534's connection: %v; want ErrRefused naming uid 65534", err)
+		}
+		c.Close()
+		cmd.Wait()
+		// The connector is told why, as a refusal (not a dropped
+		// connection, which callers retry until their deadline).
+		if got := out.String(); !strings.Contains(got, "CHILD: refused=true notuser=true") || !strings.Contains(got, "admits on its host only its own user's processes") {
+			t.Fatalf("the connector's result:\n%s\nwant ErrRefused saying why", got)
 		}
 	})
 	t.Run("acceptor", func(t *testing.T) {
@@ -176,7 +211,7 @@ func TestNoSecretOtherUserRefused(t *testing.T) {
 		}
 		defer c.Close()
 		err = Connect(c, k, "store", time.Now().Add(5*time.Second))
-		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "uid 65534") {
+		if !errors.Is(err, ErrRefused) || !errors.Is(err, ErrNotUser) || !strings.Contains(err.Error(), "uid 65534") {
 			t.Fatalf("Connect to uid 65534's listener: %v; want ErrRefused naming uid 65534", err)
 		}
 	})
