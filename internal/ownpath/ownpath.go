@@ -51,8 +51,9 @@ const (
 	AnyGroup
 )
 
-// maxLinks bounds the links followed on one path.
-const maxLinks = 8
+// maxLinks bounds the links followed on one path, as the kernel's
+// (MAXSYMLINKS): more is a loop (ELOOP).
+const maxLinks = 40
 
 // Dir checks the directory dir and every directory and link on the way to
 // it (see the package doc), and returns dir absolute with its links
@@ -100,62 +101,59 @@ func File(p string, g Group) (string, error) {
 // resolve checks the directories above p's last element and the links on
 // the way (p's last element too, where it is a link), from the root down,
 // and returns p absolute with its links resolved. It does not check the
-// last element itself, unless a link.
+// last element itself, unless a link. A link's target is followed as the
+// kernel follows it, one element at a time: its ".." is the parent of
+// where the link led (the text "link/.." is not cleaned away).
 func resolve(p string, g Group) (string, error) {
 	abs, err := filepath.Abs(p)
 	if err != nil {
 		return "", err
 	}
-	for links := 0; ; links++ {
-		if links > maxLinks {
-			return "", fmt.Errorf("%w: %s: more than %d links", ErrUnsafe, p, maxLinks)
-		}
-		next, done, err := walk(abs, g)
-		if err != nil || done {
-			return next, err
-		}
-		abs = next
-	}
-}
-
-// walk checks the absolute path p from the root down to its first link
-// and returns the path with that link replaced by its target (done
-// false), or p itself when it has no link (done true).
-func walk(p string, g Group) (string, bool, error) {
-	cur := "/"
-	parts := strings.Split(strings.TrimPrefix(filepath.Clean(p), "/"), "/")
-	for i, c := range parts {
+	todo := strings.Split(abs, "/")
+	cur := "/" // never holds a link
+	links := 0
+	for len(todo) > 0 {
+		c := todo[0]
+		todo = todo[1:]
 		fi, err := os.Lstat(cur)
 		if err != nil {
-			return "", false, err
+			return "", err
 		}
 		if err := checkDir(cur, fi, g); err != nil {
-			return "", false, err
+			return "", err
 		}
-		if c == "" { // p is "/"
-			break
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
 		}
 		next := filepath.Join(cur, c)
 		fi, err = os.Lstat(next)
 		if err != nil {
-			return "", false, err
+			return "", err
 		}
-		if fi.Mode()&os.ModeSymlink != 0 {
-			if err := checkOwner("link", next, fi); err != nil {
-				return "", false, err
-			}
-			target, err := os.Readlink(next)
-			if err != nil {
-				return "", false, err
-			}
-			if !filepath.IsAbs(target) {
-				target = filepath.Join(cur, target)
-			}
-			return filepath.Join(append([]string{target}, parts[i+1:]...)...), false, nil
+		if fi.Mode()&os.ModeSymlink == 0 {
+			cur = next
+			continue
 		}
-		cur = next
+		if links++; links > maxLinks {
+			return "", fmt.Errorf("%s: %w (more than %d links)", p, syscall.ELOOP, maxLinks)
+		}
+		if err := checkOwner("link", next, fi); err != nil {
+			return "", err
+		}
+		target, err := os.Readlink(next)
+		if err != nil {
+			return "", err
+		}
+		if filepath.IsAbs(target) {
+			cur = "/"
+		}
+		todo = append(strings.Split(target, "/"), todo...)
 	}
-	return cur, true, nil
+	return cur, nil
 }
 
 // checkDir checks one directory on the path.

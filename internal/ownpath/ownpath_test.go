@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -129,9 +130,22 @@ func TestCheck(t *testing.T) {
 			link(t, "real", filepath.Join(b, "theirs"), other)
 			return link(t, "theirs", filepath.Join(b, "ours"), -1)
 		}},
-		{name: "a loop of links", isDir: true, want: "more than 8 links", make: func(t *testing.T, b string) string {
-			link(t, "y", filepath.Join(b, "x"), -1)
-			return link(t, "x", filepath.Join(b, "y"), -1)
+		{name: "ten links one after another", isDir: true, make: func(t *testing.T, b string) string {
+			mkdir(t, filepath.Join(b, "d"), 0o755)
+			link(t, ".", filepath.Join(b, "d", "l"), -1)
+			return filepath.Join(b, "d", "l", "l", "l", "l", "l", "l", "l", "l", "l", "l")
+		}},
+		{name: "a link's .. where the link led", isDir: true, want: "anyone can write the directory", make: func(t *testing.T, b string) string {
+			// v/t leads into a directory anyone can write (att/sub); v/logs
+			// is "t/../x": the kernel goes to att/x, not v/x (the text
+			// cleaned), and att/x is where the logs would go.
+			mkdir(t, filepath.Join(b, "att"), 0o777)
+			mkdir(t, filepath.Join(b, "att", "sub"), 0o755)
+			mkdir(t, filepath.Join(b, "att", "x", "run"), 0o755)
+			mkdir(t, filepath.Join(b, "v", "x", "run"), 0o755)
+			link(t, filepath.Join(b, "att", "sub"), filepath.Join(b, "v", "t"), -1)
+			link(t, "t/../x", filepath.Join(b, "v", "logs"), -1)
+			return filepath.Join(b, "v", "logs", "run")
 		}},
 		{name: "Dir of a file", isDir: true, want: "is not a directory", make: func(t *testing.T, b string) string {
 			return mkfile(t, filepath.Join(b, "f"), 0o644)
@@ -209,6 +223,17 @@ func TestCheck(t *testing.T) {
 				t.Fatalf("%s: %v; want ErrUnsafe with %q", p, err, c.want)
 			}
 		})
+	}
+}
+
+// TestLinkLoop: a loop of links is the kernel's ELOOP, not ErrUnsafe.
+func TestLinkLoop(t *testing.T) {
+	b := t.TempDir()
+	link(t, "y", filepath.Join(b, "x"), -1)
+	link(t, "x", filepath.Join(b, "y"), -1)
+	_, err := Dir(filepath.Join(b, "y"), OwnGroup)
+	if !errors.Is(err, syscall.ELOOP) || errors.Is(err, ErrUnsafe) {
+		t.Fatalf("err = %v, want ELOOP alone", err)
 	}
 }
 
