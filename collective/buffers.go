@@ -190,7 +190,7 @@ func (s streamPlan) launch(ctx context.Context) error {
 	if *s.closed {
 		// Closed here, maybe not on the peers (a closed plan's launch is
 		// a mistake of this rank's): take part as below.
-		return s.c.leaveOut(ctx, "allgather", fault.New("allgather", s.c.Rank(), -1, ErrClosed, "this plan was closed (Plan.Close); the communicator is open: plan the call again"))
+		return s.c.leaveOut(ctx, "allgather", fault.New("allgather", s.c.Rank(), -1, ErrPlanClosed, "Plan.Close was called; the communicator is open: plan the call again"))
 	}
 	if err := s.c.syncCPU(ctx, "allgather", st); err != nil {
 		// The gather is left out, but the peers may be in it already:

@@ -36,6 +36,16 @@ var (
 	ErrInvalid      = fault.ErrInvalid
 )
 
+// ErrPlanClosed is the error (errors.Is ErrClosed too) of a call through
+// a plan that Plan.Close has closed: the communicator itself is open, and
+// a new plan runs the call.
+var ErrPlanClosed error = planClosed{}
+
+type planClosed struct{}
+
+func (planClosed) Error() string { return "slimego: plan closed" }
+func (planClosed) Unwrap() error { return ErrClosed }
+
 // OpError names the operation, the rank and the peer (-1 for none) of a
 // failure, and wraps one of the errors above.
 type OpError = fault.OpError
@@ -799,7 +809,7 @@ func (h hostPlan) launch(ctx context.Context) error {
 		// mistake of this rank's): take part as a refused call does, so
 		// that the peers' call fails naming this rank and the ranks stay
 		// in step.
-		return h.c.leaveOut(ctx, h.name, fault.New(h.name, h.c.Rank(), -1, ErrClosed, "this plan was closed (Plan.Close); the communicator is open: plan the call again"))
+		return h.c.leaveOut(ctx, h.name, fault.New(h.name, h.c.Rank(), -1, ErrPlanClosed, "Plan.Close was called; the communicator is open: plan the call again"))
 	}
 	return h.op.Run(ctx)
 }

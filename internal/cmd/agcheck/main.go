@@ -362,7 +362,8 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 		return report(err, collective.ErrPeerLost)
 	case "closed-plan":
 		// Every rank runs a plan of byte slices; the fault rank closes
-		// its plan first. A closed plan's Run is ErrClosed on that rank
+		// its plan first. A closed plan's Run is ErrPlanClosed (and
+		// ErrClosed) on that rank
 		// (as a plan of device.Buffer values is), and takes part so that
 		// the others learn of it at once and the ranks stay in step.
 		dst, src := make([]byte, P*n), make([]byte, n)
@@ -382,7 +383,11 @@ func runFault(ctx context.Context, c *collective.Communicator, kind string, who,
 			}
 		}
 		err = p.Run(ctx)
-		want := collective.ErrClosed
+		want := collective.ErrPlanClosed
+		if me == who && !errors.Is(err, collective.ErrClosed) {
+			fmt.Printf("UNEXPECTED rank %d: %v (want ErrPlanClosed, which is ErrClosed too)\n", me, err)
+			return 1
+		}
 		var oe *collective.OpError
 		if me != who {
 			want = collective.ErrInvalid
