@@ -177,8 +177,12 @@ func buildLayout(me int, at func(r int) (node, local, size int), P int) (layout,
 		for _, r := range ranks {
 			_, local, size := at(r)
 			if size != len(ranks) || local < 0 || local >= len(ranks) || seen[local] {
+				hint := ""
+				if nodeFromRank(at, P) {
+					hint = " (under mpirun, whose ranks name no node, a node's ranks must come one after another: its default mapping by slot, not --map-by node)"
+				}
 				return layout{}, fault.New("init", me, r, ErrInvalid,
-					"node %d has %d ranks, but rank %d says it is local rank %d of %d (under mpirun, whose ranks name no node, a node's ranks must come one after another: its default mapping by slot, not --map-by node)", n, len(ranks), r, local, size)
+					"node %d has %d ranks, but rank %d says it is local rank %d of %d%s", n, len(ranks), r, local, size, hint)
 			}
 			seen[local] = true
 			members[local] = r
@@ -195,6 +199,18 @@ func buildLayout(me int, at func(r int) (node, local, size int), P int) (layout,
 		}
 	}
 	return lay, nil
+}
+
+// nodeFromRank reports whether every rank's node is its rank less its
+// local rank: the node label LoadEnv derives under mpirun, which names no
+// node.
+func nodeFromRank(at func(r int) (node, local, size int), P int) bool {
+	for r := range P {
+		if node, local, _ := at(r); node != r-local {
+			return false
+		}
+	}
+	return true
 }
 
 // chooseAlgo settles the algorithm: "intra" on one node (unless a ring is
