@@ -46,8 +46,9 @@ type Options struct {
 	// instead of at Timeout.
 	Prefix string
 	// Auth is the job's secret and run id: every connection proves both
-	// ways that its two ends hold it (internal/auth, purpose "p2p"). The
-	// zero Auth binds nothing and proves nothing.
+	// ways that its two ends hold it, and which endpoint accepts it
+	// (internal/auth, purpose "p2p:" and the acceptor's name). The zero
+	// Auth binds nothing and proves nothing.
 	Auth rendezvous.Auth
 	// ListenIP is the address to listen on; empty picks, as the
 	// collectives do, that of IfName or the one that reaches MasterAddr,
@@ -83,6 +84,16 @@ type Options struct {
 	// measure TCP on one host, or where ptrace is not allowed.
 	TCPOnly bool
 }
+
+// shakePurpose is the handshake's purpose on a connection to the endpoint
+// named name: "p2p:" and the name, which the acceptor proves to be its
+// own. With the job alone proven, whoever holds a port that a member dials
+// (one an endpoint closed left, its Info still in the store) could hand
+// the dialer's challenge to any member's listener, the dialer's own
+// included, pass its proofs back, and then answer the link's hello itself
+// as the endpoint the dialer meant: holding no secret, it would hold the
+// link and read every byte sent on it.
+func shakePurpose(name string) string { return purpose + ":" + name }
 
 // heartbeatMS is d in milliseconds, as a hello carries it.
 func heartbeatMS(d time.Duration) uint32 {
@@ -993,7 +1004,10 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 			}
 			return opErr("connect", in.name, "", sentinel, format, args...)
 		}
-		if err := auth.Connect(tc, e.key, purpose, dl); err != nil {
+		if err := auth.Connect(tc, e.key, shakePurpose(in.name), dl); err != nil {
+			if errors.Is(err, auth.ErrRefused) {
+				return failed(ErrRefused, err, "%s does not prove to be endpoint %q of this job: another endpoint's than %q listens there (the Info is stale), or a process of another job or secret: %v", addr, in.name, in.name, err)
+			}
 			return failed(ErrRefused, err, "%s: %v", addr, err)
 		}
 		h := header{kind: kHello, id: session, a: uint64(ch), b: uint32(n), payload: uint32(helloFixed + len(e.opts.Name))}
@@ -1251,7 +1265,7 @@ func unreserve(reserving map[uint64]int, id uint64, res int) {
 // its hello: from then on it is a member's, and never evicted.
 func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pendingLink, reserving map[uint64]int, proven func()) {
 	dl := time.Now().Add(e.opts.HandshakeTimeout)
-	if err := auth.Accept(c, e.key, purpose, dl); err != nil {
+	if err := auth.Accept(c, e.key, shakePurpose(e.opts.Name), dl); err != nil {
 		c.Close()
 		return
 	}

@@ -31,7 +31,7 @@ import (
 // breaks it) itself. e must dial one channel.
 func fakeTarget(t *testing.T, e *Endpoint) (*Peer, net.Conn, RemoteRegion) {
 	t.Helper()
-	addr, got := fakeAcceptor(t)
+	addr, got := fakeAcceptor(t, "evil")
 	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 20}
 	p, c := fakeLink(t, ctxT(t, 10*time.Second), e, info{name: "evil", addr: addr, regions: []RemoteRegion{rr}}, got)
 	return p, c, rr
@@ -56,10 +56,12 @@ func fakeLink(t *testing.T, ctx context.Context, e *Endpoint, in info, got chan 
 // fakeAcceptor listens for one connection, runs the acceptor's
 // handshake and hello on it, and hands it over on the channel (closed if
 // none comes).
-func fakeAcceptor(t *testing.T) (string, chan net.Conn) { return fakeAcceptorN(t, 1) }
+func fakeAcceptor(t *testing.T, name string) (string, chan net.Conn) {
+	return fakeAcceptorN(t, name, 1)
+}
 
 // fakeAcceptorN is fakeAcceptor for a link of n connections.
-func fakeAcceptorN(t *testing.T, n int) (string, chan net.Conn) {
+func fakeAcceptorN(t *testing.T, name string, n int) (string, chan net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -75,7 +77,7 @@ func fakeAcceptorN(t *testing.T, n int) (string, chan net.Conn) {
 				return
 			}
 			k := auth.NewKey(testAuth().Secret, testAuth().Job)
-			if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
+			if auth.Accept(c, k, shakePurpose(name), time.Now().Add(5*time.Second)) != nil {
 				c.Close()
 				close(got)
 				return
@@ -165,7 +167,7 @@ func dialHello(t *testing.T, e *Endpoint, hello []byte, rcvbuf int) net.Conn {
 	if rcvbuf > 0 {
 		c.(*net.TCPConn).SetReadBuffer(rcvbuf)
 	}
-	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second)); err != nil {
+	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), shakePurpose(e.Name()), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	c.Write(hello)
@@ -340,7 +342,7 @@ func dupTarget(t *testing.T, name string, dups int) []byte {
 	k := auth.NewKey(testAuth().Secret, testAuth().Job)
 	var hellos atomic.Int32
 	addr := testbin.Serve(t, func(c net.Conn) {
-		if auth.Accept(c, k, purpose, time.Now().Add(5*time.Second)) != nil {
+		if auth.Accept(c, k, shakePurpose(name), time.Now().Add(5*time.Second)) != nil {
 			return
 		}
 		st := stOK
@@ -773,7 +775,7 @@ func TestRandomFrames(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		auth.Connect(c, k, purpose, time.Now().Add(5*time.Second))
+		auth.Connect(c, k, shakePurpose(b.Name()), time.Now().Add(5*time.Second))
 		nch := uint32(1 + rng.IntN(2))
 		c.Write(helloFrame(uint64(round+1000), 0, nch, 20000, uint32(os.Getpid()), "evil"+string(rune('a'+round%26))))
 		wg.Add(1)
@@ -1093,7 +1095,7 @@ func fakeSameHostTarget(t *testing.T, ctx context.Context, a *Endpoint, rr Remot
 // an endpoint whose links have n connections; it returns them all.
 func fakeSameHostTargetN(t *testing.T, ctx context.Context, a *Endpoint, regions []RemoteRegion, n int) (*Peer, []net.Conn) {
 	t.Helper()
-	addr, got := fakeAcceptorN(t, n)
+	addr, got := fakeAcceptorN(t, "t", n)
 	in := info{name: "t", addr: addr, host: a.host, pid: uint32(os.Getpid()), token: *a.token,
 		tokenAddr: uint64(uintptr(unsafe.Pointer(a.token))), regions: regions}
 	p, c := fakeLink(t, ctx, a, in, got)
@@ -2320,7 +2322,7 @@ func TestWriteImmRides(t *testing.T) {
 func TestOneConnectionClosed(t *testing.T) {
 	ctx := ctxT(t, 20*time.Second)
 	e := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 2, TCPOnly: true, Heartbeat: 20 * time.Second})
-	addr, got := fakeAcceptorN(t, 2)
+	addr, got := fakeAcceptorN(t, "evil", 2)
 	rr := RemoteRegion{Name: "m", ID: 1, Key: 2, Size: 1 << 20}
 	p, c0 := fakeLink(t, ctx, e, info{name: "evil", addr: addr, regions: []RemoteRegion{rr}}, got)
 	c1, ok := <-got
@@ -2575,7 +2577,7 @@ func TestPeerImm(t *testing.T) {
 	a := endpoint(t, ctx, Options{Name: "a", Auth: testAuth(), Channels: 1, Timeout: time.Minute, Heartbeat: 20 * time.Second})
 	p1, c1, _ := fakeTarget(t, a)
 	link := func(name string) (*Peer, net.Conn) {
-		addr, got := fakeAcceptor(t)
+		addr, got := fakeAcceptor(t, name)
 		return fakeLink(t, ctx, a, info{name: name, addr: addr}, got)
 	}
 	p2, c2 := link("evil2")
@@ -2666,7 +2668,7 @@ func stalledAcceptor(t *testing.T, proven bool) string {
 	var handle func(net.Conn)
 	if proven {
 		handle = func(c net.Conn) {
-			auth.Accept(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second))
+			auth.Accept(c, auth.NewKey(testAuth().Secret, testAuth().Job), shakePurpose("stalled"), time.Now().Add(5*time.Second))
 		}
 	}
 	return testbin.Serve(t, handle)
@@ -2777,7 +2779,7 @@ func TestParkedBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), purpose, time.Now().Add(5*time.Second)); err != nil {
+	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), shakePurpose(b.Name()), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	c.Write(helloFrame(999, 0, 2, 1000, 1, "m"))
