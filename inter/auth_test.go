@@ -277,7 +277,7 @@ func TestTransportImpersonator(t *testing.T) {
 		serve func(c net.Conn) // the foreign listener's side
 		want  error
 	}{
-		{"another key", func(c net.Conn) { auth.Accept(c, other, "transport", time.Now().Add(5*time.Second)) }, ErrDenied},
+		{"another key", func(c net.Conn) { auth.Accept(c, other, shakePurpose(1), time.Now().Add(5*time.Second)) }, ErrDenied},
 		{"forged acceptance", func(c net.Conn) {
 			hello := append([]byte("SLMGAUTH\x01"), make([]byte, 32)...)
 			rand.Read(hello[9:])
@@ -379,7 +379,7 @@ func TestTransportUnexpectedHello(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		if err := auth.Connect(c, testKey, "transport", time.Now().Add(5*time.Second)); err != nil {
+		if err := auth.Connect(c, testKey, shakePurpose(1), time.Now().Add(5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		var b [HeaderSize]byte

@@ -88,9 +88,18 @@ const (
 	// Config.Timeout does.
 	DefaultConnectTimeout = 5 * time.Minute
 	// purpose tells transport connections from the store's in the
-	// handshake.
+	// handshake (shakePurpose adds the accepting rank).
 	purpose = "transport"
 )
+
+// shakePurpose is the handshake's purpose on a connection to rank r:
+// "transport:" and r, which the acceptor proves to be its rank. With the
+// job alone proven, whoever holds a port that a member dials (the address
+// a rank published before it died, its port free) could hand the dialer's
+// challenge to any member's listener, the dialer's own included, pass its
+// proofs back, and then, holding no secret, stand for the rank dialed (and
+// say in a hello to that listener that it is another).
+func shakePurpose(r int) string { return purpose + ":" + strconv.Itoa(r) }
 
 var (
 	// ErrDenied: a connection failed the transport's handshake (its other
@@ -232,8 +241,9 @@ func (callsDiffer) Unwrap() error { return ErrMismatch }
 // New listens, publishes its address through the store, and connects to
 // every peer with cfg.Channels connections (the lower rank dials). Every
 // connection first proves, both ways, that its two ends hold cfg.Auth
-// (internal/auth, purpose "transport"); one that fails is closed and does
-// not count. New gives up at connectDeadline(ctx, cfg.Timeout), and every
+// and that its acceptor is the rank dialed (internal/auth, purpose
+// "transport:" and that rank); one that fails is closed and does not
+// count. New gives up at connectDeadline(ctx, cfg.Timeout), and every
 // goroutine it started has ended when it returns an error.
 func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if cfg.Channels <= 0 {
@@ -412,7 +422,7 @@ func (t *Transport) dialOne(ctx context.Context, p int, addr string) (*net.TCPCo
 		case err == nil:
 			tc := c.(*net.TCPConn)
 			w := &watchConn{Conn: tc}
-			err = auth.Connect(w, t.cfg.Auth, purpose, t.handshakeDeadline(ctx))
+			err = auth.Connect(w, t.cfg.Auth, shakePurpose(p), t.handshakeDeadline(ctx))
 			if err == nil {
 				return tc, nil
 			}
@@ -424,7 +434,7 @@ func (t *Transport) dialOne(ctx context.Context, p int, addr string) (*net.TCPCo
 				return nil, fault.New("connect", t.cfg.Rank, p, fmt.Errorf("%w: %w", ErrDenied, err), "the listener at %s, published as rank %d's, and this rank are different users' processes", addr, p)
 			}
 			if errors.Is(err, auth.ErrRefused) {
-				return nil, fault.New("connect", t.cfg.Rank, p, fmt.Errorf("%w: %w", ErrDenied, err), "the listener at %s, published as rank %d's, does not hold this job's key", addr, p)
+				return nil, fault.New("connect", t.cfg.Rank, p, fmt.Errorf("%w: %w", ErrDenied, err), "the listener at %s, published as rank %d's, does not prove to be rank %d of this job (another job's, or its port another process's since rank %d left it)", addr, p, p, p)
 			}
 			// Dropped before a verdict (an acceptor with its handshakes
 			// full, one evicting its oldest, one closing): again.
@@ -634,7 +644,7 @@ func (t *Transport) acceptAll(ctx context.Context, n int) error {
 // HandshakeTimeout (or by ctx's deadline, if that comes first).
 func (t *Transport) greet(ctx context.Context, c *net.TCPConn) (Header, error) {
 	deadline := t.handshakeDeadline(ctx)
-	if err := auth.Accept(c, t.cfg.Auth, purpose, deadline); err != nil {
+	if err := auth.Accept(c, t.cfg.Auth, shakePurpose(t.cfg.Rank), deadline); err != nil {
 		return Header{}, fmt.Errorf("%w: %s: %w", ErrDenied, c.RemoteAddr(), err)
 	}
 	c.SetDeadline(deadline)
