@@ -97,6 +97,15 @@ type ServerConfig struct {
 	// and a burst of members, whose handshakes take a round trip, evicts
 	// no one.
 	MaxConns int
+	// MaxHandshakes bounds, apart, the connections in their handshake at
+	// once (default DefaultMaxHandshakes, and at most a quarter of the
+	// descriptors the process may open, at least 16): the store shares
+	// its process's descriptors with the rest of it (rank 0's transport,
+	// slimerun's workers' pipes), which connections that never prove
+	// anything must not take. Beyond it the oldest handshake, if it has
+	// lasted evictAge, is closed to make room, and otherwise the new
+	// connection; a member's client dials again.
+	MaxHandshakes int
 	// FrameTimeout bounds the arrival of one request frame once its first
 	// byte has come, and the sending of one response (default
 	// DefaultFrameTimeout): a client that stalls mid-frame, or does not
@@ -123,6 +132,10 @@ const (
 	// 4 KiB reader.
 	DefaultMaxConns     = 16384
 	DefaultFrameTimeout = 10 * time.Second
+	// DefaultMaxHandshakes: a member's handshake takes a round trip, so
+	// that even a job of thousands of ranks that dial at once holds few
+	// at a time (and its clients dial again when refused).
+	DefaultMaxHandshakes = 1024
 )
 
 // withDefaults fills cfg's zero limits with their defaults.
@@ -135,6 +148,7 @@ func (cfg ServerConfig) withDefaults() (ServerConfig, error) {
 	def(&cfg.MaxValueBytes, DefaultMaxValueBytes)
 	def(&cfg.MaxKeys, DefaultMaxKeys)
 	def(&cfg.MaxConns, DefaultMaxConns)
+	def(&cfg.MaxHandshakes, min(DefaultMaxHandshakes, descriptorShare()))
 	if cfg.MaxTotalBytes <= 0 {
 		cfg.MaxTotalBytes = DefaultMaxTotalBytes
 	}
@@ -148,6 +162,16 @@ func (cfg ServerConfig) withDefaults() (ServerConfig, error) {
 		return cfg, fmt.Errorf("rendezvous: MaxValueBytes %d exceeds the %d-byte limit", cfg.MaxValueBytes, maxValueLimit)
 	}
 	return cfg, nil
+}
+
+// descriptorShare is the quarter of the descriptors this process may open
+// (at least 16) that handshakes may hold.
+func descriptorShare() int {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > math.MaxInt32 {
+		return math.MaxInt32
+	}
+	return max(int(lim.Cur/4), 16)
 }
 
 // purpose tells store connections from the transport's in the handshake.
@@ -260,13 +284,14 @@ func (s *Server) accept() {
 			c.Close()
 			return
 		}
-		if len(s.conns) >= s.cfg.MaxConns && len(s.pending) > 0 && time.Since(s.pending[0].since) >= s.evictAge() {
+		full := func() bool { return len(s.conns) >= s.cfg.MaxConns || len(s.pending) >= s.cfg.MaxHandshakes }
+		if full() && len(s.pending) > 0 && time.Since(s.pending[0].since) >= s.evictAge() {
 			old := s.pending[0].c
 			s.pending = s.pending[1:]
 			delete(s.conns, old)
 			old.Close()
 		}
-		if len(s.conns) >= s.cfg.MaxConns {
+		if full() {
 			s.mu.Unlock()
 			c.Close() // full: the client sees the handshake fail
 			continue
