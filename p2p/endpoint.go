@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"reflect"
@@ -920,8 +921,21 @@ var maxQueued = 1 << 18
 // the hello) runs at once: past it the accept loop waits, and the kernel's
 // backlog holds further connections, so that connections that never
 // prove themselves (anyone who reaches the port can open them) hold at
-// most this many descriptors and goroutines, each for HandshakeTimeout.
+// most this many descriptors and goroutines, each for HandshakeTimeout;
+// and never more than a quarter of the descriptors the process may open
+// (descriptorShare), which the rest of it needs (its links, the
+// collectives' transport and shared memory).
 var maxHandshakes = 4096
+
+// descriptorShare is the quarter of the descriptors this process may open
+// (at least 16) that handshakes may hold.
+func descriptorShare() int {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > math.MaxInt32 {
+		return math.MaxInt32
+	}
+	return max(int(lim.Cur/4), 16)
+}
 
 // maxParked bounds the connections that wait in sessions not yet
 // complete (a hello came for some of a session's channels, not all),
@@ -1140,7 +1154,7 @@ func (e *Endpoint) acceptLoop() {
 		}
 		shakeMu.Unlock()
 	}()
-	slots := make(chan struct{}, maxHandshakes)
+	slots := make(chan struct{}, min(maxHandshakes, descriptorShare()))
 	evict := func() {
 		shakeMu.Lock()
 		defer shakeMu.Unlock()
