@@ -18,8 +18,8 @@ import (
 // descriptors with the rest of it (rank 0's transport, its shared memory,
 // slimerun's workers' pipes). Silent connections (no secret needed) that
 // flood it must not take them all: a store whose process may open 1024
-// holds at most a share of them in handshakes, and the process, flooded,
-// still opens the sockets it needs; a member still joins.
+// holds at most three quarters of them, and the process, flooded, still
+// opens the sockets it needs; a member still joins.
 func TestFloodLeavesHostDescriptors(t *testing.T) {
 	if os.Getenv("RDZV_FDSHARE_CHILD") == "1" {
 		t.Skip("the child runs TestFDShareChild")

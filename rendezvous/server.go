@@ -22,6 +22,9 @@ type Server struct {
 	ln  net.Listener
 	cfg ServerConfig
 	key auth.Key
+	// fdCap: at fdCap connections the store accepts no more, as out of
+	// descriptors (descriptorCap).
+	fdCap int
 
 	frameLimit uint32 // largest request frame, from cfg.MaxValueBytes
 
@@ -97,15 +100,6 @@ type ServerConfig struct {
 	// and a burst of members, whose handshakes take a round trip, evicts
 	// no one.
 	MaxConns int
-	// MaxHandshakes bounds, apart, the connections in their handshake at
-	// once (default DefaultMaxHandshakes, and at most a quarter of the
-	// descriptors the process may open, at least 16): the store shares
-	// its process's descriptors with the rest of it (rank 0's transport,
-	// slimerun's workers' pipes), which connections that never prove
-	// anything must not take. Beyond it the oldest handshake, if it has
-	// lasted evictAge, is closed to make room, and otherwise the new
-	// connection; a member's client dials again.
-	MaxHandshakes int
 	// FrameTimeout bounds the arrival of one request frame once its first
 	// byte has come, and the sending of one response (default
 	// DefaultFrameTimeout): a client that stalls mid-frame, or does not
@@ -132,10 +126,6 @@ const (
 	// 4 KiB reader.
 	DefaultMaxConns     = 16384
 	DefaultFrameTimeout = 10 * time.Second
-	// DefaultMaxHandshakes: a member's handshake takes a round trip, so
-	// that even a job of thousands of ranks that dial at once holds few
-	// at a time (and its clients dial again when refused).
-	DefaultMaxHandshakes = 1024
 )
 
 // withDefaults fills cfg's zero limits with their defaults.
@@ -148,7 +138,6 @@ func (cfg ServerConfig) withDefaults() (ServerConfig, error) {
 	def(&cfg.MaxValueBytes, DefaultMaxValueBytes)
 	def(&cfg.MaxKeys, DefaultMaxKeys)
 	def(&cfg.MaxConns, DefaultMaxConns)
-	def(&cfg.MaxHandshakes, min(DefaultMaxHandshakes, descriptorShare()))
 	if cfg.MaxTotalBytes <= 0 {
 		cfg.MaxTotalBytes = DefaultMaxTotalBytes
 	}
@@ -164,14 +153,17 @@ func (cfg ServerConfig) withDefaults() (ServerConfig, error) {
 	return cfg, nil
 }
 
-// descriptorShare is the quarter of the descriptors this process may open
-// (at least 16) that handshakes may hold.
-func descriptorShare() int {
+// descriptorCap is the most connections a store holds at once: three
+// quarters of the descriptors its process may open (at least 16), so that
+// connections that never prove anything, flooding the store, cannot take
+// the descriptors the rest of the process needs (rank 0's transport and
+// shared memory, slimerun's workers' pipes).
+func descriptorCap() int {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > math.MaxInt32 {
 		return math.MaxInt32
 	}
-	return max(int(lim.Cur/4), 16)
+	return max(int(lim.Cur/4*3), 16)
 }
 
 // purpose tells store connections from the transport's in the handshake.
@@ -192,6 +184,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	s := &Server{
 		ln:         ln,
 		cfg:        cfg,
+		fdCap:      descriptorCap(),
 		key:        cfg.key(),
 		frameLimit: frameLimit(cfg.MaxValueBytes),
 		data:       make(map[string][]byte),
@@ -254,6 +247,23 @@ func (s *Server) Close() error {
 func (s *Server) accept() {
 	defer s.wg.Done()
 	for {
+		// At fdCap connections, as out of descriptors: those silent in
+		// their handshake for evictAge make room, and the others wait in
+		// the listener's queue meanwhile (in turn: a member's connection
+		// is not closed for a flood's).
+		s.mu.Lock()
+		if !s.closed && len(s.conns) >= s.fdCap {
+			s.evictAged()
+		}
+		atCap, closed := len(s.conns) >= s.fdCap, s.closed
+		s.mu.Unlock()
+		if closed {
+			return
+		}
+		if atCap {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
 		c, err := s.ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
@@ -284,14 +294,13 @@ func (s *Server) accept() {
 			c.Close()
 			return
 		}
-		full := func() bool { return len(s.conns) >= s.cfg.MaxConns || len(s.pending) >= s.cfg.MaxHandshakes }
-		if full() && len(s.pending) > 0 && time.Since(s.pending[0].since) >= s.evictAge() {
+		if len(s.conns) >= s.cfg.MaxConns && len(s.pending) > 0 && time.Since(s.pending[0].since) >= s.evictAge() {
 			old := s.pending[0].c
 			s.pending = s.pending[1:]
 			delete(s.conns, old)
 			old.Close()
 		}
-		if full() {
+		if len(s.conns) >= s.cfg.MaxConns {
 			s.mu.Unlock()
 			c.Close() // full: the client sees the handshake fail
 			continue
