@@ -922,19 +922,19 @@ var maxQueued = 1 << 18
 // backlog holds further connections, so that connections that never
 // prove themselves (anyone who reaches the port can open them) hold at
 // most this many descriptors and goroutines, each for HandshakeTimeout;
-// and never more than a quarter of the descriptors the process may open
-// (descriptorShare), which the rest of it needs (its links, the
+// and never more than three quarters of the descriptors the process may
+// open (descriptorCap): the rest of it needs the others (its links, the
 // collectives' transport and shared memory).
 var maxHandshakes = 4096
 
-// descriptorShare is the quarter of the descriptors this process may open
-// (at least 16) that handshakes may hold.
-func descriptorShare() int {
+// descriptorCap is three quarters of the descriptors this process may open
+// (at least 16).
+func descriptorCap() int {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > math.MaxInt32 {
 		return math.MaxInt32
 	}
-	return max(int(lim.Cur/4), 16)
+	return max(int(lim.Cur/4*3), 16)
 }
 
 // maxParked bounds the connections that wait in sessions not yet
@@ -1154,7 +1154,7 @@ func (e *Endpoint) acceptLoop() {
 		}
 		shakeMu.Unlock()
 	}()
-	slots := make(chan struct{}, min(maxHandshakes, descriptorShare()))
+	slots := make(chan struct{}, min(maxHandshakes, descriptorCap()))
 	evict := func() {
 		shakeMu.Lock()
 		defer shakeMu.Unlock()

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"bufio"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
@@ -18,8 +19,9 @@ import (
 // descriptors with the rest of it (its links, the collectives' transport
 // and shared memory). Silent connections (no secret needed) that flood
 // its port must not take them all: an endpoint whose process may open
-// 1024 holds at most a share of them in handshakes, and the process,
-// flooded, still opens the sockets it needs.
+// 1024 holds at most three quarters of them in handshakes, and the
+// process, flooded, still opens the sockets it needs; a member still links
+// to it.
 func TestFloodLeavesHostDescriptors(t *testing.T) {
 	if os.Getenv("P2P_FDSHARE_CHILD") == "1" {
 		t.Skip("the child runs TestFDShareChild")
@@ -36,15 +38,32 @@ func TestFloodLeavesHostDescriptors(t *testing.T) {
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	r := bufio.NewReader(out)
-	var addr string
-	for addr == "" {
+	var addr, info string
+	for addr == "" || info == "" {
 		line, err := r.ReadString('\n')
 		if err != nil {
 			t.Fatalf("the child gave no address: %v", err)
 		}
-		addr, _ = strings.CutPrefix(strings.TrimSpace(line), "ADDR ")
+		line = strings.TrimSpace(line)
+		if v, ok := strings.CutPrefix(line, "ADDR "); ok {
+			addr = v
+		} else if v, ok := strings.CutPrefix(line, "INFO "); ok {
+			info = v
+		}
 	}
 	defer testflood.Silent(addr, 3000)() // more than the endpoint's process may open
+	time.Sleep(time.Second)              // the flood is on
+	m := endpoint(t, ctxT(t, 5*time.Second), Options{Name: "m", Auth: testAuth(), Channels: 2})
+	in, err := hex.DecodeString(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if _, err := m.ConnectInfo(ctxT(t, 20*time.Second), in); err != nil {
+		t.Errorf("a member cannot link to the flooded endpoint (after %v): %v", time.Since(t0).Round(time.Millisecond), err)
+	} else {
+		t.Logf("a member linked to the flooded endpoint in %v", time.Since(t0).Round(time.Millisecond))
+	}
 	for {
 		l, err := r.ReadString('\n')
 		if s, ok := strings.CutPrefix(strings.TrimSpace(l), "FAIL "); ok {
@@ -52,7 +71,7 @@ func TestFloodLeavesHostDescriptors(t *testing.T) {
 		} else if s, ok := strings.CutPrefix(strings.TrimSpace(l), "LOG "); ok {
 			t.Log(s)
 		}
-		if err != nil {
+		if err != nil || strings.TrimSpace(l) == "DONE" {
 			return
 		}
 	}
@@ -77,6 +96,7 @@ func TestFDShareChild(t *testing.T) {
 	}
 	defer e.Close()
 	say("ADDR %s", e.Addr())
+	say("INFO %s", hex.EncodeToString(e.Info()))
 	time.Sleep(2 * time.Second) // the flood is on
 	fails, tries := 0, 0
 	var last error
@@ -93,4 +113,6 @@ func TestFDShareChild(t *testing.T) {
 	if fails > 0 {
 		say("FAIL silent connections took the endpoint's process's descriptors: %d of %d listens failed (%v)", fails, tries, last)
 	}
+	say("DONE")
+	time.Sleep(time.Minute) // serving, until the parent ends it
 }
