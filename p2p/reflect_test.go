@@ -54,7 +54,9 @@ func TestStrangerReflectsHandshake(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		m, err := net.Dial("tcp", a.Addr()) // a's listener: its challenge
+		// a's listener, for its challenge (a stranger finds it in
+		// /proc/net/tcp, where every listening socket of the host shows).
+		m, err := net.Dial("tcp", a.Addr())
 		if err != nil {
 			return
 		}
