@@ -10,7 +10,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"os"
 	"reflect"
@@ -923,19 +922,9 @@ var maxQueued = 1 << 18
 // prove themselves (anyone who reaches the port can open them) hold at
 // most this many descriptors and goroutines, each for HandshakeTimeout;
 // and never more than three quarters of the descriptors the process may
-// open (descriptorCap): the rest of it needs the others (its links, the
+// open (machine.DescriptorShare): the rest of it needs the others (its links, the
 // collectives' transport and shared memory).
 var maxHandshakes = 4096
-
-// descriptorCap is three quarters of the descriptors this process may open
-// (at least 16).
-func descriptorCap() int {
-	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > math.MaxInt32 {
-		return math.MaxInt32
-	}
-	return max(int(lim.Cur/4*3), 16)
-}
 
 // maxParked bounds the connections that wait in sessions not yet
 // complete (a hello came for some of a session's channels, not all),
@@ -1154,7 +1143,7 @@ func (e *Endpoint) acceptLoop() {
 		}
 		shakeMu.Unlock()
 	}()
-	slots := make(chan struct{}, min(maxHandshakes, descriptorCap()))
+	slots := make(chan struct{}, min(maxHandshakes, machine.DescriptorShare()))
 	evict := func() {
 		shakeMu.Lock()
 		defer shakeMu.Unlock()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/slimego/slimego/internal/auth"
+	"github.com/slimego/slimego/internal/machine"
 )
 
 // Server hosts the key-value store. Create one with [Listen].
@@ -23,7 +24,7 @@ type Server struct {
 	cfg ServerConfig
 	key auth.Key
 	// fdCap: at fdCap connections the store accepts no more, as out of
-	// descriptors (descriptorCap).
+	// descriptors (machine.DescriptorShare).
 	fdCap int
 
 	frameLimit uint32 // largest request frame, from cfg.MaxValueBytes
@@ -153,19 +154,6 @@ func (cfg ServerConfig) withDefaults() (ServerConfig, error) {
 	return cfg, nil
 }
 
-// descriptorCap is the most connections a store holds at once: three
-// quarters of the descriptors its process may open (at least 16), so that
-// connections that never prove anything, flooding the store, cannot take
-// the descriptors the rest of the process needs (rank 0's transport and
-// shared memory, slimerun's workers' pipes).
-func descriptorCap() int {
-	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur > math.MaxInt32 {
-		return math.MaxInt32
-	}
-	return max(int(lim.Cur/4*3), 16)
-}
-
 // purpose tells store connections from the transport's in the handshake.
 const purpose = "rendezvous"
 
@@ -184,7 +172,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	s := &Server{
 		ln:         ln,
 		cfg:        cfg,
-		fdCap:      descriptorCap(),
+		fdCap:      machine.DescriptorShare(),
 		key:        cfg.key(),
 		frameLimit: frameLimit(cfg.MaxValueBytes),
 		data:       make(map[string][]byte),
