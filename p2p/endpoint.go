@@ -733,7 +733,9 @@ func (e *Endpoint) Publish(ctx context.Context) error {
 // its own context: one whose dialing Connect ended first dials again.
 // An Info whose address refuses connections fails it at once: with
 // ErrPeerLost where the peer was on this host and its process has exited,
-// else with ErrRefused.
+// else with ErrRefused. Close ends a Connect still waiting for the Info
+// (ErrClosed). A Connect cancelled or closed while it waits leaves the
+// store client usable.
 func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
 	if e.opts.Store == nil {
 		return nil, opErr("connect", name, "", ErrInvalid, "no store in Options: use ConnectInfo")
@@ -748,14 +750,18 @@ func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
 	}
 	ctx, cancel := e.bound(ctx)
 	defer cancel()
-	v, err := e.opts.Store.Get(ctx, e.infoKey(name))
+	start := time.Now()
+	v, err := e.waitInfo(ctx, e.infoKey(name))
 	if err != nil {
+		if errors.Is(err, ErrClosed) {
+			return nil, opErr("connect", name, "", ErrClosed, "the endpoint was closed before the peer's info came")
+		}
 		// The store's own timeout, not ctx.Err alone: the store ends a
 		// wait at ctx's deadline by its own clock (in whole
 		// milliseconds), before ctx's timer fires (ErrTimeout, not
 		// ErrPeerLost).
 		if spent(ctx) || errors.Is(err, rendezvous.ErrTimeout) {
-			return nil, opErr("connect", name, "", ended(ctx), "it never published its info: %v", err)
+			return nil, opErr("connect", name, "", ended(ctx), "it never published its info (waited %v): %v", time.Since(start).Round(time.Millisecond), err)
 		}
 		return nil, opErr("connect", name, "", ErrPeerLost, "the store: %v", err)
 	}
@@ -763,6 +769,39 @@ func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
 		return nil, opErr("connect", name, "", ErrInvalid, "the info stored under %q is endpoint %q's", name, in.name)
 	}
 	return e.ConnectInfo(ctx, v)
+}
+
+// infoSlice bounds one store wait of waitInfo: how late a Connect
+// waiting for an Info sees its context cancelled or its endpoint closed.
+const infoSlice = 250 * time.Millisecond
+
+// waitInfo gets key from the store, waiting for it until ctx's deadline
+// (bound sets one), in store waits of at most infoSlice that end by their
+// deadline alone: a store call cancelled mid-call gives the client's
+// connection up for good (the program's later calls on it fail), so
+// ctx's cancellation, and Close (ErrClosed), are seen between slices.
+func (e *Endpoint) waitInfo(ctx context.Context, key string) ([]byte, error) {
+	dl, _ := ctx.Deadline()
+	for {
+		select {
+		case <-e.done:
+			return nil, ErrClosed
+		default:
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		sdl := time.Now().Add(infoSlice)
+		if dl.Before(sdl) {
+			sdl = dl
+		}
+		sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), sdl)
+		v, err := e.opts.Store.Get(sctx, key)
+		cancel()
+		if err == nil || !errors.Is(err, rendezvous.ErrTimeout) || !time.Now().Before(dl) {
+			return v, err
+		}
+	}
 }
 
 // ConnectInfo is Connect with the peer's Info handed over out of band.
