@@ -120,6 +120,10 @@ func (f *Future) Wait(ctx context.Context) error {
 	if f == nil {
 		return opErr("wait", "", "", ErrInvalid, "a nil Future")
 	}
+	if f.done == nil {
+		// A zero Future (new(Future)): no call made it, nothing to wait for.
+		return opErr("wait", "", "", ErrInvalid, "a zero Future (not returned by a call)")
+	}
 	select {
 	case <-f.done:
 		return f.result()
@@ -273,9 +277,9 @@ func (f *Future) result() error {
 }
 
 // Done is closed when the transfer is done (Wait then returns at once).
-// A nil Future is done.
+// A nil or zero Future is done.
 func (f *Future) Done() <-chan struct{} {
-	if f == nil {
+	if f == nil || f.done == nil {
 		return closedChan
 	}
 	return f.done
