@@ -234,6 +234,7 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	e.token = new(uint64)
 	rand.Read(first[:])
 	*e.token = binary.LittleEndian.Uint64(first[:]) | 1
+	openTokens.Store(*e.token, struct{}{})
 	e.wg.Add(1)
 	go e.acceptLoop()
 	return e, nil
@@ -676,11 +677,14 @@ func (e *Endpoint) infoKey(name string) string { return e.opts.Prefix + "/info/"
 // after registering regions that peers should find by name. A name is
 // the first publisher's: where another endpoint's Info holds it already
 // (two processes given one name, or an Info left by an earlier run under
-// the same Prefix, or by an endpoint of this process that was closed:
-// Close leaves its Info), Publish fails with ErrInvalid naming that
-// endpoint, and the store keeps the other's Info; a fresh Prefix per run
+// the same Prefix), Publish fails with ErrInvalid naming that endpoint,
+// and the store keeps the other's Info; a fresh Prefix per run
 // (Options.Prefix from collective's Options.StoreKey), or per endpoint,
-// avoids the last two.
+// avoids the last. Close leaves its Info, but an Info whose endpoint is
+// provably gone no longer holds the name, and Publish replaces it: on
+// this host, one whose process has exited (a worker restarted under its
+// name) or an endpoint of this process that was closed. An Info from
+// another host holds its name until it is deleted from the store.
 func (e *Endpoint) Publish(ctx context.Context) error {
 	if e.opts.Store == nil {
 		return opErr("publish", "", "", ErrInvalid, "no store in Options")
@@ -715,7 +719,11 @@ func (e *Endpoint) Publish(ctx context.Context) error {
 			return opErr("publish", "", "", ErrInvalid, "the name %q is taken in the store by something else than an endpoint's info (%v)", e.opts.Name, err)
 		}
 		if in.token != *e.token || in.host != e.host || in.pid != uint32(os.Getpid()) {
-			return opErr("publish", "", "", ErrInvalid, "the name %q is taken by another endpoint (pid %d, listening at %s)", e.opts.Name, in.pid, in.addr)
+			if !e.gone(in) {
+				return opErr("publish", "", "", ErrInvalid, "the name %q is taken by another endpoint (pid %d, listening at %s)", e.opts.Name, in.pid, in.addr)
+			}
+			old = cur // a gone endpoint's Info: take the name over (once: a concurrent taker's Info is an open one's)
+			continue
 		}
 		if bytes.Equal(cur, mine) {
 			return nil
@@ -723,6 +731,27 @@ func (e *Endpoint) Publish(ctx context.Context) error {
 		old = cur // this endpoint's earlier Info: replace it (again, if a concurrent Publish changed it meanwhile)
 	}
 }
+
+// gone reports whether the endpoint of in is provably gone, so that its
+// Info no longer holds its name: it was on this host (boot and pid
+// namespace) and its process has exited, or it was an endpoint of this
+// process that has been closed. An endpoint elsewhere cannot be told
+// gone (a refused dial may be a firewall's), nor a pid that runs again
+// (reused): those keep the name.
+func (e *Endpoint) gone(in info) bool {
+	if in.host != e.host || in.pid == 0 {
+		return false
+	}
+	if in.pid != uint32(os.Getpid()) {
+		return !machine.Alive(int(in.pid))
+	}
+	_, open := openTokens.Load(in.token)
+	return !open
+}
+
+// openTokens holds the tokens of this process's endpoints that are not
+// closed (Publish takes over the name of one that is: gone).
+var openTokens sync.Map
 
 // Connect returns the link to the endpoint named name, waiting in the
 // store for its Info (bounded by ctx, or Options.Timeout: ErrTimeout when
@@ -1607,6 +1636,7 @@ func (e *Endpoint) Close() error {
 	e.shut = true
 	close(e.done)
 	defer close(e.closed)
+	openTokens.Delete(*e.token)
 	peers := make([]*Peer, 0, len(e.peers))
 	for _, p := range e.peers {
 		peers = append(peers, p)
