@@ -23,6 +23,10 @@ func (p *Peer) Write(ops []Op) *Future { return p.oneSided("write", rWrite, ops,
 // request went out, the peer may still receive both (a batch of one
 // stripe over TCP carries imm in its request), so a caller that retries
 // after ErrCancelled or ErrTimeout must expect the immediate twice.
+// Only this batch's bytes are ordered before imm: a Write to the same
+// peer started earlier, whose Wait has not returned, may land after the
+// peer has taken imm (put such pages in this batch, or wait for them
+// first).
 func (p *Peer) WriteWithImm(ops []Op, imm uint32) *Future {
 	return p.oneSided("writeimm", rWrite, ops, &imm)
 }
