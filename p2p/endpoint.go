@@ -379,10 +379,11 @@ func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 		// name of any length or bytes makes an error of one short line.
 		return nil, &OpError{Op: "register", Region: fmt.Sprintf("%.32q", name), Err: err}
 	}
+	q := strconv.Quote(name) // OpError.Region, quoted as every error of the package has it
 	if v := reflect.ValueOf(mem); v.Kind() == reflect.Pointer && v.IsNil() {
 		// A nil *Shared, *device.HostBuffer or *device.CUDABuffer: no
 		// memory to ask its size or bytes of.
-		return nil, opErr("register", "", name, ErrInvalid, "a nil %T", mem)
+		return nil, opErr("register", "", q, ErrInvalid, "a nil %T", mem)
 	}
 	var buf []byte
 	var dev *device.CUDABuffer
@@ -394,22 +395,22 @@ func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 	case *Shared:
 		sh, buf = m, m.Bytes()
 		if buf == nil {
-			return nil, opErr("register", "", name, ErrInvalid, "the shared memory is closed")
+			return nil, opErr("register", "", q, ErrInvalid, "the shared memory is closed")
 		}
 	case interface{ Bytes() []byte }:
 		buf = m.Bytes()
 	case *device.CUDABuffer:
 		dev, size = m, m.Len
 	case device.Buffer:
-		return nil, opErr("register", "", name, ErrInvalid, "memory of kind %v: only host memory can be registered yet", m.Kind())
+		return nil, opErr("register", "", q, ErrInvalid, "memory of kind %v: only host memory can be registered yet", m.Kind())
 	default:
-		return nil, opErr("register", "", name, ErrInvalid, "memory of type %T", mem)
+		return nil, opErr("register", "", q, ErrInvalid, "memory of type %T", mem)
 	}
 	if dev == nil {
 		size = len(buf)
 	}
 	if size == 0 || uint64(size) > MaxLen {
-		return nil, opErr("register", "", name, ErrInvalid, "%d bytes", size)
+		return nil, opErr("register", "", q, ErrInvalid, "%d bytes", size)
 	}
 	var k [8]byte
 	rand.Read(k[:])
@@ -425,7 +426,7 @@ func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 		if sh != nil {
 			sh.detach(r)
 		}
-		return nil, opErr("register", "", name, ErrClosed, "the endpoint is closed")
+		return nil, opErr("register", "", q, ErrClosed, "the endpoint is closed")
 	}
 	n := len(e.names)
 	e.names[name] = struct{}{} // one hash of the name: it is new if the map grew
@@ -433,7 +434,7 @@ func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 		if sh != nil {
 			sh.detach(r)
 		}
-		return nil, opErr("register", "", name, ErrInvalid, "a region of this name is registered (Deregister it first)")
+		return nil, opErr("register", "", q, ErrInvalid, "a region of this name is registered (Deregister it first)")
 	}
 	r.id = e.next
 	e.next++

@@ -1585,7 +1585,7 @@ func TestRegionNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Register("kv", make([]byte, 16)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `region kv`) {
+	if _, err := a.Register("kv", make([]byte, 16)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `region "kv"`) {
 		t.Fatalf("a second region named kv: %v, want ErrInvalid naming it", err)
 	}
 	if err := a.Deregister(ctx, r); err != nil {
@@ -1675,8 +1675,8 @@ func TestRegisterBadMemory(t *testing.T) {
 				}
 			}()
 			r, err := a.Register("m", tc.mem)
-			if r != nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "region m") {
-				t.Errorf("%s: Register: %v, %v; want ErrInvalid naming region m", tc.name, r, err)
+			if r != nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `region "m"`) {
+				t.Errorf("%s: Register: %v, %v; want ErrInvalid naming region \"m\"", tc.name, r, err)
 			}
 		}()
 	}

@@ -177,7 +177,7 @@ func (s *Shared) attach(r *Region) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return opErr("register", "", r.name, ErrInvalid, "the shared memory is closed")
+		return opErr("register", "", r.label(), ErrInvalid, "the shared memory is closed")
 	}
 	for old := range s.regions { // forget the deregistered ones
 		if old.idle() {
