@@ -47,9 +47,15 @@ import (
 // allocation is about to be opened (outside l.mu).
 var testHookLeaseOpen func()
 
-// maxLeases bounds the regions of a peer a link asks leases of (granted,
-// refused or revoked alike: an entry is never reused, as region ids are
-// not): past it, batches go the usual way.
+// maxLeases bounds the regions of a peer a link holds or asks leases of,
+// or was refused for a cause that may pass (an entry is never reused, as
+// region ids are not): past it, batches go the usual way. Regions gone
+// for good (their leases revoked, or refused as deregistered) do not
+// count: a peer that evicts blocks and registers new ones for the life of
+// the link (a decode worker's KV cache) would otherwise leave every
+// region after its first maxLeases unleased. Up to maxLeases of their
+// entries are kept, so that a batch that names one (raced its eviction)
+// goes the usual way to its refusal without asking a lease again.
 const maxLeases = 1024
 
 // maxGPULeases bounds the leases of GPU regions a link asks (each keeps
@@ -88,9 +94,9 @@ func (l *link) pinLeases(ops []Op, gpu *device.GPU) []*lease {
 	}
 	// Leases of host and of GPU memory apart: a region's lease serves
 	// the batches of the memory it was asked for.
-	leases, most := l.leases, maxLeases
+	leases, most := l.leases, maxLeases+len(l.goneLeases)
 	if gpu != nil {
-		leases, most = l.gpuLeases, maxGPULeases
+		leases, most = l.gpuLeases, maxGPULeases+len(l.goneGPULeases)
 	}
 	alive := l.err == nil && !l.leasesGone
 	ok := alive
@@ -212,6 +218,9 @@ func (c *conn) leaseAnswered(h header) error {
 	if h.status != stOK {
 		ls.dead, ls.released = true, true
 		delete(l.leaseIDs, h.id)
+		if h.status == stNoRegion {
+			l.goneLocked(ls)
+		}
 		l.mu.Unlock()
 		return nil
 	}
@@ -259,10 +268,34 @@ func (l *link) revoked(id uint64) {
 	ls.dead = true
 	var doomed []*ipcMap
 	rel := l.endLeaseLocked(ls, &doomed)
+	l.goneLocked(ls)
 	l.mu.Unlock()
 	l.closeIPC(doomed)
 	if rel {
 		l.releaseLease(ls)
+	}
+}
+
+// goneLocked records that ls's region is gone for good (revoked, or
+// refused as deregistered), so that its entry no longer counts against
+// maxLeases, and forgets the oldest such entries past maxLeases once
+// they are released (one a copy still pins stays until a later call).
+func (l *link) goneLocked(ls *lease) {
+	leases, gone := l.leases, &l.goneLeases
+	if ls.gpu != nil {
+		leases, gone = l.gpuLeases, &l.goneGPULeases
+	}
+	if leases[ls.region.ID] != ls {
+		return
+	}
+	*gone = append(*gone, ls.region.ID)
+	for len(*gone) > maxLeases {
+		old := leases[(*gone)[0]]
+		if old != nil && !old.released {
+			break
+		}
+		delete(leases, (*gone)[0])
+		*gone = (*gone)[1:]
 	}
 }
 

@@ -230,6 +230,12 @@ type link struct {
 	// gpuLeases: the same for batches of GPU memory (ipc.go).
 	gpuLeases map[uint64]*lease
 	leaseIDs  map[uint64]*lease
+	// goneLeases and goneGPULeases are the region ids, oldest first, of
+	// the entries of leases and gpuLeases whose regions are gone for good
+	// (revoked: deregistered; or refused as no such region): they do not
+	// count against maxLeases, and past maxLeases of them the oldest
+	// released ones are forgotten (lease_linux.go, gone).
+	goneLeases, goneGPULeases []uint64
 	// grantRefs counts the region references of all grants, one per run
 	// of a grant's ranges in one region (at most maxGrantRefs).
 	grantRefs int
