@@ -582,6 +582,10 @@ func (e *Endpoint) acquire(p *Peer, ds []desc, segs []seg, regs []*Region) ([]se
 				binary.LittleEndian.PutUint64(rk[:], r.key)
 			}
 			switch {
+			case e.shut:
+				// Close deregisters every region: the peer is told the
+				// endpoint is going, not that it named no region.
+				return segs, regs[:0], stClosing, fmt.Sprintf("descriptor %d: the endpoint is closing", i)
 			case r == nil || r.closed.Load():
 				return segs, regs[:0], stNoRegion, fmt.Sprintf("descriptor %d: region id %d", i, d.region)
 			case subtle.ConstantTimeCompare(k[:], rk[:]) != 1:
@@ -627,11 +631,27 @@ func (e *Endpoint) release(p *Peer, regs []*Region) {
 	}
 }
 
-// refuse records a refusal as a target.
+// refuse records a refusal as a target (none where the endpoint is
+// closing: the peer did nothing wrong).
 func (e *Endpoint) refuse(peer, op string, st uint8, detail string) {
+	if st == stClosing {
+		return
+	}
 	e.refused.Add(1)
 	if e.opts.OnRefuse != nil {
 		e.opts.OnRefuse(opErr("serve "+op, peer, "", ErrRefused, "%s: %s", statusText[st], detail))
+	}
+}
+
+// goneStatus is the status of a transfer whose region was deregistered
+// during it: stClosing where the endpoint is closing (Close deregisters
+// every region), else stNoRegion.
+func (e *Endpoint) goneStatus() uint8 {
+	select {
+	case <-e.done:
+		return stClosing
+	default:
+		return stNoRegion
 	}
 }
 

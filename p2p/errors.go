@@ -93,5 +93,9 @@ func statusErr(st uint8) error {
 	if st == stCancelled {
 		return fmt.Errorf("%w by the peer", ErrCancelled)
 	}
+	if st == stClosing {
+		// The peer is going: as its connections' end says over TCP.
+		return fmt.Errorf("%w: %s", ErrPeerLost, s)
+	}
 	return fmt.Errorf("%w: %s", ErrRefused, s)
 }

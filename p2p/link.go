@@ -1185,8 +1185,9 @@ func (j serveRead) write(c *conn) error {
 		}
 		for _, r := range j.regs {
 			if r.closed.Load() {
-				c.l.e.refuse(c.l.p.name, "read", stNoRegion, "region "+r.label()+" deregistered during the transfer")
-				return stNoRegion
+				st := c.l.e.goneStatus()
+				c.l.e.refuse(c.l.p.name, "read", st, "region "+r.label()+" deregistered during the transfer")
+				return st
 			}
 		}
 		return stOK
@@ -1543,8 +1544,9 @@ func (c *conn) dispatch(h header) error {
 				if r.closed.Load() {
 					if !closed {
 						closed = true
-						l.e.refuse(l.p.name, "write", stNoRegion, "region "+r.label()+" deregistered during the transfer")
-						l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id, status: stNoRegion})
+						st := l.e.goneStatus()
+						l.e.refuse(l.p.name, "write", st, "region "+r.label()+" deregistered during the transfer")
+						l.enqueue(c.idx, frame{kind: kResp, sub: rWrite, id: h.id, status: st})
 						// Nothing is written from here on (the rest is
 						// read to nowhere): Deregister need not wait for
 						// the peer's remaining bytes.

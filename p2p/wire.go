@@ -149,7 +149,8 @@ const (
 	stRefusedHello uint8 = 9  // hello: not accepted
 	stNotHost      uint8 = 10 // a same-host grant asked for memory it cannot lend (GPU memory as host memory, host memory through IPC): ask again over TCP
 	stDevice       uint8 = 11 // copying to or from GPU memory failed
-	statusLast           = stDevice
+	stClosing      uint8 = 12 // the target's endpoint is closing (its regions go with it)
+	statusLast           = stClosing
 )
 
 var statusText = [...]string{
@@ -158,6 +159,7 @@ var statusText = [...]string{
 	stCancelled: "cancelled", stTooLarge: "message larger than the posted receive",
 	stBusy: "too many undelivered immediates (the batch's bytes are in place, its immediate is not delivered)", stDup: "duplicate link", stRefusedHello: "refused",
 	stNotHost: "the memory cannot be granted so", stDevice: "a copy to or from GPU memory failed",
+	stClosing: "the peer's endpoint was closed",
 }
 
 // ErrFrame marks a frame that breaks the format: the link is closed.
