@@ -155,10 +155,17 @@ func main() {
 		}
 	}
 	if err := run(o, c); err != nil {
-		fmt.Fprintf(os.Stderr, "kvcache: rank %d: %v\n", o.Rank, err)
+		if _, ok := errors.AsType[reported](err); !ok {
+			fmt.Fprintf(os.Stderr, "kvcache: rank %d: %v\n", o.Rank, err)
+		}
 		os.Exit(1)
 	}
 }
+
+// reported is an error that run has printed already.
+type reported struct{ error }
+
+func (r reported) Unwrap() error { return r.error }
 
 func fail(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "kvcache: "+format+"\n", args...)
@@ -192,9 +199,18 @@ func run(o collective.Options, c config) error {
 	}
 	defer e.Close()
 	if o.Rank < c.prefill {
-		return prefillRank(ctx, st, e, o, c)
+		err = prefillRank(ctx, st, e, o, c)
+	} else {
+		err = decodeRank(ctx, st, e, o, c)
 	}
-	return decodeRank(ctx, st, e, o, c)
+	if err != nil {
+		// Say why now, before the endpoint's Close: for a peer that is
+		// alive but silent (stopped, say) it waits up to heartbeats for
+		// the leases of this rank's memory to be given back.
+		fmt.Fprintf(os.Stderr, "kvcache: rank %d: %v\n", o.Rank, err)
+		return reported{err}
+	}
+	return nil
 }
 
 // gpuMem is n bytes of GPU memory on device LOCAL_RANK mod the devices.
