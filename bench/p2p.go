@@ -123,6 +123,11 @@ type P2PConfig struct {
 	Baselines bool
 	// Progress, if set, is called on rank 0 with each row.
 	Progress func(P2PResult)
+	// Failed, if set, is called with P2P's error once the endpoint is
+	// made, before its Close: for a peer that is alive but silent
+	// (stopped, say) Close waits up to heartbeats for its leases to be
+	// given back, and the error can be said without that wait.
+	Failed func(error)
 }
 
 func (cfg *P2PConfig) defaults() {
@@ -225,7 +230,7 @@ const (
 // told over the link's Send/Recv), outside the timed window. CPU time is
 // getrusage's, of rank 1 over the timed rounds and of rank 0 from the
 // first timed round to the last (not the warm-up round), less its checking.
-func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PResult, error) {
+func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) (_ []P2PResult, err error) {
 	cfg.defaults()
 	if err := P2PWorld(c); err != nil {
 		return nil, err
@@ -335,6 +340,11 @@ func P2P(ctx context.Context, c *collective.Communicator, cfg P2PConfig) ([]P2PR
 		return nil, fmt.Errorf("%w: rank %d: %w", ErrP2PBench, c.Rank(), err)
 	}
 	defer e.Close()
+	defer func() { // before the Close
+		if err != nil && cfg.Failed != nil {
+			cfg.Failed(err)
+		}
+	}()
 	expect := make([]byte, need)
 	if cfg.OnRegion != nil {
 		cfg.OnRegion(region)

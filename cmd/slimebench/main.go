@@ -75,7 +75,9 @@ func main() {
 		return
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "slimebench:", err)
+		if _, ok := errors.AsType[reportedError](err); !ok {
+			fmt.Fprintln(os.Stderr, "slimebench:", err)
+		}
 		var ue usageError
 		if errors.As(err, &ue) {
 			os.Exit(2)
@@ -83,6 +85,12 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// reportedError is an error that was printed already, as main prints
+// one, before what came after it (an endpoint's Close) could delay it.
+type reportedError struct{ error }
+
+func (e reportedError) Unwrap() error { return e.error }
 
 // usageError is a mistake in the command line (a flag, its value, an
 // argument): slimebench exits 2 for it, before it measures anything, and
@@ -810,8 +818,16 @@ func p2pCmd(args []string) error {
 			}
 		}
 	}
+	reported := false
+	cfg.Failed = func(err error) {
+		fmt.Fprintln(os.Stderr, "slimebench:", err)
+		reported = true
+	}
 	rs, err := bench.P2P(ctx, c, cfg)
 	if err != nil {
+		if reported {
+			return reportedError{err}
+		}
 		return err
 	}
 	if c.Rank() != 0 {
