@@ -2250,7 +2250,11 @@ func (j *job) reap(workers []*worker) {
 			defer close(reaped[i])
 			j.guard.drop(w.cmd.Process.Pid) // before the reap frees the group's id
 			var ee *exec.ExitError
-			if err := w.cmd.Wait(); err != nil && !errors.As(err, &ee) {
+			if err := w.cmd.Wait(); errors.Is(err, exec.ErrWaitDelay) {
+				// Its groups and session are dealt with: what holds the
+				// pipes is a process that left them (setsid).
+				j.cfg.Warnf("node %d: rank %d (pid %d) has exited, but a process it started outside its session still holds its standard output or error open: slimerun stops reading it, and that process's writes there fail from now on (SIGPIPE, EPIPE; a process meant to outlive the job must send its output elsewhere: setsid prog >prog.log 2>&1 &)", j.cfg.NodeRank, w.rank, w.cmd.Process.Pid)
+			} else if err != nil && !errors.As(err, &ee) {
 				j.cfg.Logf("node %d: rank %d (pid %d): %v", j.cfg.NodeRank, w.rank, w.cmd.Process.Pid, err)
 			}
 			for _, p := range w.consoles {
