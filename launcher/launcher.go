@@ -37,6 +37,7 @@
 package launcher
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -2419,9 +2420,40 @@ func (j *job) startWorker(attempt, local int, con *console) (*worker, error) {
 		for _, f := range w.files {
 			f.Close()
 		}
-		return nil, startError(rank, err)
+		return nil, startError(rank, missingInterpreter(cmd.Path, err))
 	}
 	return w, nil
+}
+
+// missingInterpreter adds to err, a failure to start path, what the
+// kernel's ENOENT leaves out where path itself is there: the interpreter
+// that its #! line names is missing.
+func missingInterpreter(path string, err error) error {
+	if !errors.Is(err, syscall.ENOENT) {
+		return err
+	}
+	f, ferr := os.Open(path)
+	if ferr != nil {
+		return err
+	}
+	defer f.Close()
+	head := make([]byte, 256) // the most of a #! line the kernel reads
+	n, _ := io.ReadFull(f, head)
+	line, ok := bytes.CutPrefix(head[:n], []byte("#!"))
+	if !ok {
+		return err
+	}
+	if i := bytes.IndexByte(line, '\n'); i >= 0 {
+		line = line[:i]
+	}
+	interp := strings.Fields(string(line))
+	if len(interp) == 0 {
+		return err
+	}
+	if _, serr := os.Stat(interp[0]); serr == nil {
+		return err
+	}
+	return fmt.Errorf("%w: the program is there, but its interpreter %q (its #! line) is not", err, interp[0])
 }
 
 // cpuOf is the CPU BindToCore gives local rank local of a node whose
