@@ -277,9 +277,11 @@ func TestTransportImpersonator(t *testing.T) {
 		serve func(c net.Conn) // the foreign listener's side
 		want  error
 	}{
-		{"another key", func(c net.Conn) { auth.Accept(c, other, shakePurpose(1), time.Now().Add(5*time.Second)) }, ErrDenied},
+		{"another key", func(c net.Conn) {
+			auth.Accept(c, other, shakePurpose("t", 1, c.LocalAddr().String()), time.Now().Add(5*time.Second))
+		}, ErrDenied},
 		{"forged acceptance", func(c net.Conn) {
-			hello := append([]byte("SLMGAUTH\x01"), make([]byte, 32)...)
+			hello := append([]byte("SLMGAUTH\x02"), make([]byte, 32)...)
 			rand.Read(hello[9:])
 			c.Write(hello)
 			io.ReadFull(c, make([]byte, handshakeProof))
@@ -379,7 +381,7 @@ func TestTransportUnexpectedHello(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		if err := auth.Connect(c, testKey, shakePurpose(1), time.Now().Add(5*time.Second)); err != nil {
+		if err := auth.Connect(c, testKey, shakePurpose("t", 1, string(addr)), time.Now().Add(5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		var b [HeaderSize]byte

@@ -77,10 +77,10 @@ func TestDialRetriesDroppedHandshake(t *testing.T) {
 				return
 			}
 			if i == 0 {
-				auth.Accept(closeOnRead{c}, testKey, shakePurpose(1), time.Now().Add(5*time.Second))
+				auth.Accept(closeOnRead{c}, testKey, shakePurpose("", 1, c.LocalAddr().String()), time.Now().Add(5*time.Second))
 				continue
 			}
-			auth.Accept(c, testKey, shakePurpose(1), time.Now().Add(5*time.Second))
+			auth.Accept(c, testKey, shakePurpose("", 1, c.LocalAddr().String()), time.Now().Add(5*time.Second))
 			defer c.Close()
 		}
 	}()

@@ -92,14 +92,22 @@ const (
 	purpose = "transport"
 )
 
-// shakePurpose is the handshake's purpose on a connection to rank r:
-// "transport:" and r, which the acceptor proves to be its rank. With the
-// job alone proven, whoever holds a port that a member dials (the address
-// a rank published before it died, its port free) could hand the dialer's
-// challenge to any member's listener, the dialer's own included, pass its
-// proofs back, and then, holding no secret, stand for the rank dialed (and
-// say in a hello to that listener that it is another).
-func shakePurpose(r int) string { return purpose + ":" + strconv.Itoa(r) }
+// shakePurpose is the handshake's purpose on a connection to rank r of the
+// communicator whose store keys start with key, listening at addr (as it
+// published it): "transport:", the key, the rank, "@" and the address,
+// which the acceptor proves to be its own. With the job alone proven,
+// whoever holds a port that a member dials (the address a rank published
+// before it died, its port free) could hand the dialer's challenge to any
+// member's listener, the dialer's own included, pass its proofs back, and
+// then, holding no secret, stand for the rank dialed (and say in a hello
+// to that listener that it is another). With the rank alone, it could
+// still hand it to that rank of another communicator of the job (a
+// sub-group, the GPU path's second transport, another attempt) listening
+// at the same time; the key and the address tie the proof to the one
+// listener the dialer read from the store.
+func shakePurpose(key string, r int, addr string) string {
+	return purpose + ":" + key + ":" + strconv.Itoa(r) + "@" + addr
+}
 
 var (
 	// ErrDenied: a connection failed the transport's handshake (its other
@@ -422,7 +430,7 @@ func (t *Transport) dialOne(ctx context.Context, p int, addr string) (*net.TCPCo
 		case err == nil:
 			tc := c.(*net.TCPConn)
 			w := &watchConn{Conn: tc}
-			err = auth.Connect(w, t.cfg.Auth, shakePurpose(p), t.handshakeDeadline(ctx))
+			err = auth.Connect(w, t.cfg.Auth, shakePurpose(t.cfg.Key, p, addr), t.handshakeDeadline(ctx))
 			if err == nil {
 				return tc, nil
 			}
@@ -644,7 +652,7 @@ func (t *Transport) acceptAll(ctx context.Context, n int) error {
 // HandshakeTimeout (or by ctx's deadline, if that comes first).
 func (t *Transport) greet(ctx context.Context, c *net.TCPConn) (Header, error) {
 	deadline := t.handshakeDeadline(ctx)
-	if err := auth.Accept(c, t.cfg.Auth, shakePurpose(t.cfg.Rank), deadline); err != nil {
+	if err := auth.Accept(c, t.cfg.Auth, shakePurpose(t.cfg.Key, t.cfg.Rank, t.addr), deadline); err != nil {
 		return Header{}, fmt.Errorf("%w: %s: %w", ErrDenied, c.RemoteAddr(), err)
 	}
 	c.SetDeadline(deadline)

@@ -29,7 +29,7 @@ func slowAcceptor(t *testing.T, delay time.Duration) string {
 			t.Cleanup(func() { c.Close() })
 			go func() {
 				k := auth.NewKey(testAuth().Secret, testAuth().Job)
-				if auth.Accept(c, k, shakePurpose("slow"), time.Now().Add(5*time.Second)) != nil {
+				if auth.Accept(c, k, shakePurpose("slow", c.LocalAddr().String()), time.Now().Add(5*time.Second)) != nil {
 					c.Close()
 					return
 				}

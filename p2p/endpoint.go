@@ -86,14 +86,18 @@ type Options struct {
 }
 
 // shakePurpose is the handshake's purpose on a connection to the endpoint
-// named name: "p2p:" and the name, which the acceptor proves to be its
-// own. With the job alone proven, whoever holds a port that a member dials
+// named name listening at addr (as its Info publishes it): "p2p:", the
+// name, "@" and the address, which the acceptor proves to be its own.
+// With the job alone proven, whoever holds a port that a member dials
 // (one an endpoint closed left, its Info still in the store) could hand
 // the dialer's challenge to any member's listener, the dialer's own
 // included, pass its proofs back, and then answer the link's hello itself
 // as the endpoint the dialer meant: holding no secret, it would hold the
-// link and read every byte sent on it.
-func shakePurpose(name string) string { return purpose + ":" + name }
+// link and read every byte sent on it. With the name alone, it could
+// still hand it to a later endpoint of that name (a worker restarted
+// under it) listening elsewhere; the address ties the proof to the
+// listener the Info names, which a stale Info's is no more.
+func shakePurpose(name, addr string) string { return purpose + ":" + name + "@" + addr }
 
 // heartbeatMS is d in milliseconds, as a hello carries it.
 func heartbeatMS(d time.Duration) uint32 {
@@ -1096,7 +1100,10 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 			}
 			return opErr("connect", in.name, "", sentinel, format, args...)
 		}
-		if err := auth.Connect(tc, e.key, shakePurpose(in.name), dl); err != nil {
+		if err := auth.Connect(tc, e.key, shakePurpose(in.name, in.addr), dl); err != nil {
+			if errors.Is(err, auth.ErrNotUser) {
+				return failed(ErrRefused, err, "%s: %v", addr, err)
+			}
 			if errors.Is(err, auth.ErrRefused) {
 				return failed(ErrRefused, err, "%s does not prove to be endpoint %q of this job: another endpoint's than %q listens there (the Info is stale), or a process of another job or secret: %v", addr, in.name, in.name, err)
 			}
@@ -1357,7 +1364,7 @@ func unreserve(reserving map[uint64]int, id uint64, res int) {
 // its hello: from then on it is a member's, and never evicted.
 func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pendingLink, reserving map[uint64]int, proven func()) {
 	dl := time.Now().Add(e.opts.HandshakeTimeout)
-	if err := auth.Accept(c, e.key, shakePurpose(e.opts.Name), dl); err != nil {
+	if err := auth.Accept(c, e.key, shakePurpose(e.opts.Name, e.addr), dl); err != nil {
 		c.Close()
 		return
 	}

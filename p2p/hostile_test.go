@@ -77,7 +77,7 @@ func fakeAcceptorN(t *testing.T, name string, n int) (string, chan net.Conn) {
 				return
 			}
 			k := auth.NewKey(testAuth().Secret, testAuth().Job)
-			if auth.Accept(c, k, shakePurpose(name), time.Now().Add(5*time.Second)) != nil {
+			if auth.Accept(c, k, shakePurpose(name, c.LocalAddr().String()), time.Now().Add(5*time.Second)) != nil {
 				c.Close()
 				close(got)
 				return
@@ -167,7 +167,7 @@ func dialHello(t *testing.T, e *Endpoint, hello []byte, rcvbuf int) net.Conn {
 	if rcvbuf > 0 {
 		c.(*net.TCPConn).SetReadBuffer(rcvbuf)
 	}
-	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), shakePurpose(e.Name()), time.Now().Add(5*time.Second)); err != nil {
+	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), shakePurpose(e.Name(), e.Addr()), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	c.Write(hello)
@@ -342,7 +342,7 @@ func dupTarget(t *testing.T, name string, dups int) []byte {
 	k := auth.NewKey(testAuth().Secret, testAuth().Job)
 	var hellos atomic.Int32
 	addr := testbin.Serve(t, func(c net.Conn) {
-		if auth.Accept(c, k, shakePurpose(name), time.Now().Add(5*time.Second)) != nil {
+		if auth.Accept(c, k, shakePurpose(name, c.LocalAddr().String()), time.Now().Add(5*time.Second)) != nil {
 			return
 		}
 		st := stOK
@@ -775,7 +775,7 @@ func TestRandomFrames(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		auth.Connect(c, k, shakePurpose(b.Name()), time.Now().Add(5*time.Second))
+		auth.Connect(c, k, shakePurpose(b.Name(), b.Addr()), time.Now().Add(5*time.Second))
 		nch := uint32(1 + rng.IntN(2))
 		c.Write(helloFrame(uint64(round+1000), 0, nch, 20000, uint32(os.Getpid()), "evil"+string(rune('a'+round%26))))
 		wg.Add(1)
@@ -2668,7 +2668,7 @@ func stalledAcceptor(t *testing.T, proven bool) string {
 	var handle func(net.Conn)
 	if proven {
 		handle = func(c net.Conn) {
-			auth.Accept(c, auth.NewKey(testAuth().Secret, testAuth().Job), shakePurpose("stalled"), time.Now().Add(5*time.Second))
+			auth.Accept(c, auth.NewKey(testAuth().Secret, testAuth().Job), shakePurpose("stalled", c.LocalAddr().String()), time.Now().Add(5*time.Second))
 		}
 	}
 	return testbin.Serve(t, handle)
@@ -2779,7 +2779,7 @@ func TestParkedBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), shakePurpose(b.Name()), time.Now().Add(5*time.Second)); err != nil {
+	if err := auth.Connect(c, auth.NewKey(testAuth().Secret, testAuth().Job), shakePurpose(b.Name(), b.Addr()), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	c.Write(helloFrame(999, 0, 2, 1000, 1, "m"))

@@ -738,7 +738,7 @@ func TestSilentPeer(t *testing.T) {
 			mu.Lock()
 			held = append(held, c)
 			mu.Unlock()
-			if auth.Accept(c, k, shakePurpose("silent"), time.Now().Add(5*time.Second)) != nil {
+			if auth.Accept(c, k, shakePurpose("silent", c.LocalAddr().String()), time.Now().Add(5*time.Second)) != nil {
 				continue
 			}
 			var b [HeaderSize + helloFixed + MaxName]byte

@@ -70,8 +70,11 @@ func (k Key) HasSecret() bool { return len(k.secret) > 0 }
 func (k Key) Job() string { return k.job }
 
 const (
-	magic     = "SLMGAUTH"
-	version   = 1
+	magic = "SLMGAUTH"
+	// version 2: the transport's and the p2p engine's purposes name the
+	// acceptor, and the acceptor may answer statusNotUser. A peer of
+	// another version runs another release: refused, naming both.
+	version   = 2
 	nonceSize = 32
 	macSize   = sha256.Size
 	helloSize = len(magic) + 1 + nonceSize
@@ -111,7 +114,7 @@ func parseHello(b []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %w: the peer does not speak slimego's handshake", ErrDenied, ErrRefused)
 	}
 	if b[len(magic)] != version {
-		return nil, fmt.Errorf("%w: %w: handshake version %d, want %d", ErrDenied, ErrRefused, b[len(magic)], version)
+		return nil, fmt.Errorf("%w: %w: handshake version %d, want %d (the peer runs another release of slimego: every process of a job must run the same)", ErrDenied, ErrRefused, b[len(magic)], version)
 	}
 	return b[len(magic)+1 : helloSize], nil
 }
@@ -188,7 +191,7 @@ func Connect(c net.Conn, k Key, purpose string, deadline time.Time) error {
 		return fmt.Errorf("%w: %w: %w: the acceptor at %s refused this process: the job has no secret, and admits on its host only its own user's processes (give it a secret, SLIME_JOB_SECRET, to admit others)", ErrDenied, ErrRefused, ErrNotUser, c.RemoteAddr())
 	}
 	if st[0] != statusAccepted {
-		return fmt.Errorf("%w: %w: the acceptor refused this job's secret or job id (%q, %s): the secret (SLIME_JOB_SECRET) or the run id differs", ErrDenied, ErrRefused, k.job, purpose)
+		return fmt.Errorf("%w: %w: the acceptor refused this job's secret, job id or purpose (%q, %s): the secret (SLIME_JOB_SECRET) or the run id differs, or the listener there is not the one meant", ErrDenied, ErrRefused, k.job, purpose)
 	}
 	var proof [macSize]byte
 	if _, err := io.ReadFull(c, proof[:]); err != nil {
