@@ -6,6 +6,8 @@
 package machine
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"runtime"
 	"strconv"
@@ -124,7 +126,10 @@ func Alive(pid int) bool {
 	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		return false
+		// Gone only where /proc says so: out of descriptors, or a /proc
+		// that hides other users' processes (hidepid), the process that
+		// kill found is still there.
+		return !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH)
 	}
 	zombie, threads := false, 0
 	for l := range strings.SplitSeq(string(b), "\n") {
@@ -141,10 +146,21 @@ func Alive(pid int) bool {
 // PIDSpace names this machine and pid namespace (the boot id and the
 // namespace's link): processes that share it see each other's pids, so
 // that a pid one of them publishes means the same process to the other.
+// It is "" where either cannot be read: the namespace's link alone (the
+// initial one's is the same on every machine) names no machine, and ""
+// is never taken for a match (SamePIDSpace).
 func PIDSpace() string {
-	ns, _ := os.Readlink("/proc/self/ns/pid")
-	return BootID() + "/" + ns
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	boot := BootID()
+	if err != nil || ns == "" || boot == "" {
+		return ""
+	}
+	return boot + "/" + ns
 }
+
+// SamePIDSpace reports whether a and b, PIDSpace values of two processes,
+// name one machine and pid namespace: equal, and not "".
+func SamePIDSpace(a, b string) bool { return a != "" && a == b }
 
 // StatFields returns the fields of a /proc/PID/stat text from the third
 // on (state, ppid, pgrp, …: field n is at n-3), counted after the last
