@@ -1044,7 +1044,7 @@ func (n nodeInfo) encode() []byte {
 // dead says whether n is a launcher of this machine and pid namespace
 // whose process has exited.
 func (n nodeInfo) dead() bool {
-	return n.Machine != "" && n.Machine == machine.PIDSpace() && !machine.Alive(n.Pid)
+	return machine.SamePIDSpace(n.Machine, machine.PIDSpace()) && !machine.Alive(n.Pid)
 }
 
 // parseNodeInfo reads what encode wrote; fields it does not know are

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/slimego/slimego/inter"
+	"github.com/slimego/slimego/internal/machine"
 )
 
 // The same-host transport ("cma", cross-memory attach). The request and
@@ -51,7 +52,7 @@ func (l *link) enableCMA(in info) bool {
 	if l.cma.Load() {
 		return true
 	}
-	if e.opts.TCPOnly || in.host != e.host || in.pid == 0 || in.tokenAddr == 0 {
+	if e.opts.TCPOnly || !machine.SamePIDSpace(in.host, e.host) || in.pid == 0 || in.tokenAddr == 0 {
 		return false
 	}
 	// The Info is the peer's word, and every member reads every Info in

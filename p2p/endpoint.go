@@ -764,7 +764,7 @@ func (e *Endpoint) Publish(ctx context.Context) error {
 // gone (a refused dial may be a firewall's), nor a pid that runs again
 // (reused): those keep the name.
 func (e *Endpoint) gone(in info) bool {
-	if in.host != e.host || in.pid == 0 {
+	if !machine.SamePIDSpace(in.host, e.host) || in.pid == 0 {
 		return false
 	}
 	if in.pid != uint32(os.Getpid()) {
@@ -963,7 +963,7 @@ func spent(ctx context.Context) bool {
 // closed, an Info left by an earlier run, another network namespace, a
 // firewall).
 func (e *Endpoint) refusedDial(in info, addr string) error {
-	if in.host == e.host && in.pid != 0 {
+	if machine.SamePIDSpace(in.host, e.host) && in.pid != 0 {
 		if !machine.Alive(int(in.pid)) {
 			return opErr("connect", in.name, "", ErrPeerLost, "dial %s: its process (pid %d) has exited", addr, in.pid)
 		}
@@ -1153,7 +1153,7 @@ func (e *Endpoint) dial(ctx context.Context, p *Peer, in info) error {
 		}
 		tc.SetDeadline(time.Time{})
 	}
-	if err := e.install(p, conns, in.pid, in.pid == uint32(os.Getpid()) && in.host == e.host, peerHB); err != nil {
+	if err := e.install(p, conns, in.pid, in.pid == uint32(os.Getpid()) && machine.SamePIDSpace(in.host, e.host), peerHB); err != nil {
 		closeAll()
 		return err
 	}
