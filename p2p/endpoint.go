@@ -1252,12 +1252,29 @@ func (e *Endpoint) acceptLoop() {
 	}
 	tick := time.NewTicker(evictAfter / 5)
 	defer tick.Stop()
+	// A connection in its handshake holds a slot and one of the process's
+	// share of descriptors for connections from anyone
+	// (machine.TakeUnproven, which the store and the process's other
+	// endpoints draw from too), both given back when its greet returns.
+	release := func() {
+		<-slots
+		machine.ReleaseUnproven()
+	}
 	for {
 	wait:
 		for {
 			select {
 			case slots <- struct{}{}:
-				break wait
+				if machine.TakeUnproven() {
+					break wait
+				}
+				<-slots
+				evict()
+				select {
+				case <-e.done:
+					return
+				case <-tick.C:
+				}
 			case <-e.done:
 				return
 			case <-tick.C:
@@ -1266,7 +1283,7 @@ func (e *Endpoint) acceptLoop() {
 		}
 		c, err := e.ln.AcceptTCP()
 		if err != nil {
-			<-slots
+			release()
 			select {
 			case <-e.done:
 				return
@@ -1292,7 +1309,7 @@ func (e *Endpoint) acceptLoop() {
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
-			defer func() { <-slots }()
+			defer release()
 			defer proven()
 			e.greet(c, &pendMu, pending, reserving, proven)
 		}()

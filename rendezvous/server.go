@@ -23,9 +23,6 @@ type Server struct {
 	ln  net.Listener
 	cfg ServerConfig
 	key auth.Key
-	// fdCap: at fdCap connections the store accepts no more, as out of
-	// descriptors (machine.DescriptorShare).
-	fdCap int
 
 	frameLimit uint32 // largest request frame, from cfg.MaxValueBytes
 
@@ -172,7 +169,6 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	s := &Server{
 		ln:         ln,
 		cfg:        cfg,
-		fdCap:      machine.DescriptorShare(),
 		key:        cfg.key(),
 		frameLimit: frameLimit(cfg.MaxValueBytes),
 		data:       make(map[string][]byte),
@@ -235,25 +231,32 @@ func (s *Server) Close() error {
 func (s *Server) accept() {
 	defer s.wg.Done()
 	for {
-		// At fdCap connections, as out of descriptors: those silent in
-		// their handshake for evictAge make room, and the others wait in
-		// the listener's queue meanwhile (in turn: a member's connection
-		// is not closed for a flood's).
-		s.mu.Lock()
-		if !s.closed && len(s.conns) >= s.fdCap {
-			s.evictAged()
-		}
-		atCap, closed := len(s.conns) >= s.fdCap, s.closed
-		s.mu.Unlock()
-		if closed {
-			return
-		}
-		if atCap {
-			time.Sleep(10 * time.Millisecond)
-			continue
+		// Every connection in its handshake holds one of the process's
+		// share of descriptors for connections from anyone
+		// (machine.TakeUnproven; given back when it leaves s.pending).
+		// Where the share is taken, as out of descriptors: those silent
+		// in their handshake for evictAge make room, and the others wait
+		// in the listener's queue meanwhile (in turn: a member's
+		// connection is not closed for a flood's). Members that have
+		// proven themselves hold none: MaxConns bounds them.
+		if !machine.TakeUnproven() {
+			s.mu.Lock()
+			closed := s.closed
+			if !closed {
+				s.evictAged()
+			}
+			s.mu.Unlock()
+			if closed {
+				return
+			}
+			if !machine.TakeUnproven() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
 		}
 		c, err := s.ln.Accept()
 		if err != nil {
+			machine.ReleaseUnproven()
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
@@ -280,17 +283,20 @@ func (s *Server) accept() {
 		if s.closed {
 			s.mu.Unlock()
 			c.Close()
+			machine.ReleaseUnproven()
 			return
 		}
 		if len(s.conns) >= s.cfg.MaxConns && len(s.pending) > 0 && time.Since(s.pending[0].since) >= s.evictAge() {
 			old := s.pending[0].c
 			s.pending = s.pending[1:]
+			machine.ReleaseUnproven()
 			delete(s.conns, old)
 			old.Close()
 		}
 		if len(s.conns) >= s.cfg.MaxConns {
 			s.mu.Unlock()
 			c.Close() // full: the client sees the handshake fail
+			machine.ReleaseUnproven()
 			continue
 		}
 		s.conns[c] = struct{}{}
@@ -312,6 +318,7 @@ func (s *Server) evictAged() {
 		if time.Since(p.since) >= s.evictAge() {
 			delete(s.conns, p.c)
 			p.c.Close()
+			machine.ReleaseUnproven()
 			continue
 		}
 		keep = append(keep, p)
@@ -346,6 +353,7 @@ func (s *Server) serve(c net.Conn) {
 	for i, p := range s.pending {
 		if p.c == c {
 			s.pending = append(s.pending[:i], s.pending[i+1:]...)
+			machine.ReleaseUnproven()
 			break
 		}
 	}
