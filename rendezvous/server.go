@@ -311,20 +311,21 @@ func (s *Server) accept() {
 }
 
 // evictAged closes, under s.mu, the connections that have been in their
-// handshake for evictAge (their serve goroutines then end).
+// handshake for evictAge (their serve goroutines then end). s.pending is
+// in the order the connections came, so the walk stops at the first one
+// younger than that: a flood's backlog is not walked every time.
 func (s *Server) evictAged() {
-	keep := s.pending[:0]
-	for _, p := range s.pending {
-		if time.Since(p.since) >= s.evictAge() {
-			delete(s.conns, p.c)
-			p.c.Close()
-			machine.ReleaseUnproven()
-			continue
-		}
-		keep = append(keep, p)
+	age := s.evictAge()
+	n := 0
+	for n < len(s.pending) && time.Since(s.pending[n].since) >= age {
+		p := s.pending[n]
+		delete(s.conns, p.c)
+		p.c.Close()
+		machine.ReleaseUnproven()
+		n++
 	}
-	clear(s.pending[len(keep):])
-	s.pending = keep
+	clear(s.pending[:n])
+	s.pending = s.pending[n:]
 }
 
 // pendingConn is a connection in its handshake, since when.
