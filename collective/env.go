@@ -491,6 +491,11 @@ func LoadEnv(getenv func(string) string) (Options, error) {
 			if err != nil {
 				return bad("%s=%q: %v", k.name, v, err)
 			}
+			if n == 0 && (k.dst == &o.Slots || k.dst == &o.SlotBytes) {
+				// Options' zero is the default; said in the environment,
+				// a ring of no slots is a mistake, not a wish for 4.
+				return bad("%s=%q: want 1 or more (leave it unset for the default)", k.name, v)
+			}
 			*k.dst = int(n)
 		}
 	}

@@ -79,6 +79,9 @@ func TestLoadEnvErrors(t *testing.T) {
 		{map[string]string{"SLIME_TIMEOUT": "-3s"}, "SLIME_TIMEOUT"},
 		{map[string]string{"SLIME_BACKEND": "tpu"}, "unknown backend"},
 		{map[string]string{"SLIME_SLOT_BYTES": "lots"}, "SLIME_SLOT_BYTES"},
+		// Zero was taken for the default without a word.
+		{map[string]string{"SLIME_SLOTS": "0"}, `SLIME_SLOTS="0": want 1 or more (leave it unset for the default)`},
+		{map[string]string{"SLIME_SLOT_BYTES": "0"}, `SLIME_SLOT_BYTES="0": want 1 or more`},
 		{map[string]string{"SLIME_RCVLOWAT": "big"}, "SLIME_RCVLOWAT"},
 		{map[string]string{"SLIME_EAGER": "maybe"}, "SLIME_EAGER"},
 		{map[string]string{"SLIME_GPU_SCRATCH": "0"}, "SLIME_GPU_SCRATCH"},
