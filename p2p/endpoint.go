@@ -244,6 +244,16 @@ func New(ctx context.Context, o Options) (*Endpoint, error) {
 	return e, nil
 }
 
+// made reports whether e came from New: the calls of a zero or nil
+// Endpoint fail with ErrInvalid (errZeroEndpoint), not a panic.
+func (e *Endpoint) made() bool { return e != nil && e.done != nil }
+
+// errZeroEndpoint is the error of a call on an Endpoint that made says is
+// not one.
+func errZeroEndpoint(op string) error {
+	return opErr(op, "", "", ErrInvalid, "an Endpoint not made by New")
+}
+
 // Name is the endpoint's name.
 func (e *Endpoint) Name() string { return e.opts.Name }
 
@@ -378,6 +388,9 @@ func (r *Region) whose() string {
 // registered and not yet deregistered at this endpoint. Registration
 // costs two map inserts; it pins nothing (Go's heap does not move).
 func (e *Endpoint) Register(name string, mem any) (*Region, error) {
+	if !e.made() {
+		return nil, errZeroEndpoint("register")
+	}
 	if err := validName(name); err != nil {
 		// The name clipped and quoted, as validName's text has it: a
 		// name of any length or bytes makes an error of one short line.
@@ -454,6 +467,9 @@ func (e *Endpoint) Register(name string, mem any) (*Region, error) {
 // passes first, ErrCancelled when ctx is cancelled first, in which case
 // r's memory must not be reused.
 func (e *Endpoint) Deregister(ctx context.Context, r *Region) error {
+	if !e.made() {
+		return errZeroEndpoint("deregister")
+	}
 	if r == nil || r.e != e {
 		return opErr("deregister", "", r.labelOrNil(), ErrInvalid, "not a region of this endpoint (%q): %s", e.opts.Name, r.whose())
 	}
@@ -673,6 +689,9 @@ func (h *idHeap) Pop() any          { old := *h; r := old[len(old)-1]; *h = old[
 // registered where there are more (hand the others' Region.Remote to the
 // peer yourself). A peer passes it to ConnectInfo.
 func (e *Endpoint) Info() []byte {
+	if !e.made() {
+		return nil
+	}
 	in := info{name: e.opts.Name, addr: e.addr, host: e.host, pid: uint32(os.Getpid()),
 		token: *e.token, tokenAddr: uint64(uintptr(unsafe.Pointer(e.token)))}
 	// The first registered (the lowest ids), in order: the same list
@@ -711,6 +730,9 @@ func (e *Endpoint) infoKey(name string) string { return e.opts.Prefix + "/info/"
 // name) or an endpoint of this process that was closed. An Info from
 // another host holds its name until it is deleted from the store.
 func (e *Endpoint) Publish(ctx context.Context) error {
+	if !e.made() {
+		return errZeroEndpoint("publish")
+	}
 	if e.opts.Store == nil {
 		return opErr("publish", "", "", ErrInvalid, "no store in Options")
 	}
@@ -791,6 +813,9 @@ var openTokens sync.Map
 // (ErrClosed). A Connect cancelled or closed while it waits leaves the
 // store client usable.
 func (e *Endpoint) Connect(ctx context.Context, name string) (*Peer, error) {
+	if !e.made() {
+		return nil, errZeroEndpoint("connect")
+	}
 	if e.opts.Store == nil {
 		return nil, opErr("connect", name, "", ErrInvalid, "no store in Options: use ConnectInfo")
 	}
@@ -862,6 +887,9 @@ func (e *Endpoint) waitInfo(ctx context.Context, key string) ([]byte, error) {
 // Nothing in it is trusted: it is parsed strictly, and its address must be
 // a literal ip:port.
 func (e *Endpoint) ConnectInfo(ctx context.Context, infoBytes []byte) (*Peer, error) {
+	if !e.made() {
+		return nil, errZeroEndpoint("connect")
+	}
 	in, err := decodeInfo(infoBytes)
 	if err != nil {
 		return nil, &OpError{Op: "connect", Err: err}
@@ -1519,6 +1547,9 @@ func (e *Endpoint) greet(c *net.TCPConn, mu *sync.Mutex, pending map[uint64]*pen
 // Peer returns the link to the endpoint named name if one is made (by
 // either side), or nil.
 func (e *Endpoint) Peer(name string) *Peer {
+	if !e.made() {
+		return nil
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if p := e.peers[name]; p != nil && p.l != nil {
@@ -1534,6 +1565,9 @@ func (e *Endpoint) Peer(name string) *Peer {
 // for one peer's immediates and learn at once that it is gone, use
 // Peer.Imm.
 func (e *Endpoint) Imm(ctx context.Context) (Imm, error) {
+	if !e.made() {
+		return Imm{}, errZeroEndpoint("imm")
+	}
 	return e.takeImm(ctx, nil)
 }
 
@@ -1546,6 +1580,9 @@ func (e *Endpoint) Imm(ctx context.Context) (Imm, error) {
 // a heartbeat's silence) as the cause. A link made again to the same
 // peer is another Peer, with immediates of its own.
 func (p *Peer) Imm(ctx context.Context) (Imm, error) {
+	if !p.made() {
+		return Imm{}, errZeroPeer("imm")
+	}
 	return p.e.takeImm(ctx, p)
 }
 
@@ -1669,6 +1706,9 @@ func (e *Endpoint) immsEnded(q *immQueue, err error) {
 // first has, with its error while that still holds (nil once the held
 // memory is let go of).
 func (e *Endpoint) Close() error {
+	if !e.made() {
+		return errZeroEndpoint("close")
+	}
 	e.mu.Lock()
 	if e.shut {
 		e.mu.Unlock()

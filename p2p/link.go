@@ -63,17 +63,34 @@ func (p *Peer) getInfo() info   { p.imu.Lock(); defer p.imu.Unlock(); return p.i
 // Name is the peer's name.
 func (p *Peer) Name() string { return p.name }
 
+// made reports whether p came from Connect or ConnectInfo: the calls of a
+// zero or nil Peer fail with ErrInvalid (errZeroPeer), not a panic.
+func (p *Peer) made() bool { return p != nil && p.l != nil && p.e != nil }
+
+// errZeroPeer is the error of a call on a Peer that made says is not one.
+func errZeroPeer(op string) error {
+	return opErr(op, "", "", ErrInvalid, "a Peer not made by Connect or ConnectInfo")
+}
+
 // Transport names the link's transport for host memory: "cma" when the
 // peer is on this host and may be copied from with process_vm_readv/writev,
 // else "tcp" (sends, receives, immediates and GPU memory always go over
 // TCP; each Future says what carried it).
-func (p *Peer) Transport() string { return p.l.name() }
+func (p *Peer) Transport() string {
+	if !p.made() {
+		return ""
+	}
+	return p.l.name()
+}
 
 // Remote returns the peer's region named name as its Info listed it at
 // the latest Connect (ok false when it did not). Regions the peer
 // registered later are found once it has published again (Publish) and
 // this side has called Connect again, which takes the new Info.
 func (p *Peer) Remote(name string) (RemoteRegion, bool) {
+	if !p.made() {
+		return RemoteRegion{}, false
+	}
 	for _, r := range p.getInfo().regions {
 		if r.Name == name {
 			return r, true

@@ -71,6 +71,9 @@ func (p *Peer) check(op string, ops []Op) (uint64, error) {
 }
 
 func (p *Peer) oneSided(op string, kind uint8, ops []Op, imm *uint32) *Future {
+	if !p.made() {
+		return failed(op, "", errZeroPeer(op))
+	}
 	total, err := p.check(op, ops)
 	if err != nil {
 		return failed(op, p.name, err)
@@ -268,6 +271,9 @@ func (l *link) register(parts []*part, m map[uint64]*part) *Future {
 // (at once, while the peer remembers fewer than 65536 such refusals; else
 // at its deadline): post receives, or wait for sends, before sending more.
 func (p *Peer) Send(buf []byte) *Future {
+	if !p.made() {
+		return failed("send", "", errZeroPeer("send"))
+	}
 	if uint64(len(buf)) > MaxLen {
 		return failed("send", p.name, opErr("send", p.name, "", ErrInvalid, "%d bytes", len(buf)))
 	}
@@ -294,6 +300,9 @@ func (p *Peer) Send(buf []byte) *Future {
 // larger message fails both sides with ErrRefused); Future.Len is its
 // length. buf must not be touched until Wait returns.
 func (p *Peer) Recv(buf []byte) *Future {
+	if !p.made() {
+		return failed("recv", "", errZeroPeer("recv"))
+	}
 	l := p.l
 	f := newFuture("recv", p.name, "tcp")
 	pt := &part{l: l, f: f, kind: rCTS, total: uint64(len(buf)), local: []seg{host(buf)}, active: true}
