@@ -26,9 +26,32 @@ func (p *Peer) Write(ops []Op) *Future { return p.oneSided("write", rWrite, ops,
 // Only this batch's bytes are ordered before imm: a Write to the same
 // peer started earlier, whose Wait has not returned, may land after the
 // peer has taken imm (put such pages in this batch, or wait for them
-// first).
+// first). A batch of no operations sends imm alone (a signal that
+// carries no bytes, as a zero-length write with immediate does on RDMA).
 func (p *Peer) WriteWithImm(ops []Op, imm uint32) *Future {
+	if len(ops) == 0 && p.made() {
+		return p.immAlone(imm)
+	}
 	return p.oneSided("writeimm", rWrite, ops, &imm)
+}
+
+// immAlone is WriteWithImm of no operations: the immediate's request
+// alone, over TCP.
+func (p *Peer) immAlone(imm uint32) *Future {
+	l := p.l
+	f := newFuture("writeimm", p.name, "tcp")
+	l.mu.Lock()
+	ch := l.rr
+	l.rr = (l.rr + 1) % len(l.conns)
+	l.mu.Unlock()
+	pt := &part{l: l, f: f, kind: rImm, sub: rImm, ch: ch, reqCh: ch, imm: imm, active: true}
+	f.parts = []*part{pt}
+	f.left.Store(1)
+	if ff := l.register(f.parts, l.parts); ff != nil {
+		return ff
+	}
+	l.submit(pt)
+	return f
 }
 
 // cmaMin is the most a batch moves over TCP on a same-host link: a grant

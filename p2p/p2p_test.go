@@ -640,6 +640,24 @@ func testWriteWithImm(t *testing.T, tcpOnly bool, wantT string) {
 			writeWithImm(t, ctx, a, b, ab, tc.pages, tc.page, wantT)
 		})
 	}
+	// No operations: the immediate alone (a signal with no bytes, as a
+	// zero-length write with immediate on RDMA), after a write whose
+	// Wait returned. It was refused as a batch of 0 operations.
+	t.Run("alone", func(t *testing.T) {
+		for round := range 3 {
+			f := ab.WriteWithImm(nil, uint32(700+round))
+			if err := f.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if f.Transport() != "tcp" {
+				t.Errorf("transport %q, want tcp", f.Transport())
+			}
+			im, err := b.Imm(ctx)
+			if err != nil || im.Value != uint32(700+round) || im.Peer != "a" {
+				t.Fatalf("immediate %+v, %v; want %d from a", im, err, 700+round)
+			}
+		}
+	})
 }
 
 func writeWithImm(t *testing.T, ctx context.Context, a, b *Endpoint, ab *Peer, pages, page int, wantT string) {
