@@ -259,6 +259,12 @@ func merge(opts, env Options) Options {
 	}
 	o.Debug = pick(o.Debug, env.Debug)
 	o.Algo = pick(pick(o.Algo, env.Algo), "auto")
+	if o.Algo == "intra" {
+		// What Options reports on one node (chooseAlgo's choice there):
+		// options taken from a communicator open a second one as auto,
+		// which on one node is intra again.
+		o.Algo = "auto"
+	}
 	o.SocketIfName = pick(o.SocketIfName, env.SocketIfName)
 	if o.Channels == 0 {
 		o.Channels = env.Channels

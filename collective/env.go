@@ -104,6 +104,8 @@ type TCP struct {
 	// hierarchical; needs the same number of ranks on every node, laid out
 	// node by node), "ring" (a flat ring over TCP, any layout) or "auto"
 	// (the default: hier where the layout allows it, ring elsewhere).
+	// A communicator's Options report the algorithm it chose ("intra" on
+	// one node), which Init takes back (intra as auto).
 	Algo string
 	// SocketIfName names the network interface for inter-node traffic
 	// (SLIME_SOCKET_IFNAME; default: the one that reaches MASTER_ADDR).
