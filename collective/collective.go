@@ -672,6 +672,9 @@ func (c *Communicator) layoutV(counts []int, dstLen int) error {
 }
 
 func (c *Communicator) runOneShot(ctx context.Context, name string, dst, src []byte) error {
+	if err := c.srcApart(name, dst, src); err != nil {
+		return c.refuse(ctx, name, err)
+	}
 	// One op per operation: an op names its errors (and hashes its calls)
 	// with the name it was planned under.
 	slot := &c.oneShot
@@ -823,7 +826,30 @@ func (hostPlan) wait(context.Context) error { return nil }
 func (hostPlan) mode() string               { return "host" }
 func (h hostPlan) close() error             { h.closed.Store(true); return nil }
 
+// srcApart refuses, as ErrInvalid, a source that overlaps the
+// destination other than as this rank's own block of it (in place, which
+// starts at c.offs[Rank()]), whatever the engine: the node's group checks
+// this itself, but the ring across nodes would send from memory that the
+// gather writes (and copy the own block over its own source), and return
+// nil.
+func (c *Communicator) srcApart(name string, dst, src []byte) error {
+	if len(src) == 0 || len(dst) == 0 {
+		return nil
+	}
+	if off := c.offs[c.Rank()]; off >= 0 && off < len(dst) && &dst[off] == &src[0] {
+		return nil // in place (whether the block fits is the engine's check)
+	}
+	s0, d0 := uintptr(unsafe.Pointer(&src[0])), uintptr(unsafe.Pointer(&dst[0]))
+	if s0 < d0+uintptr(len(dst)) && d0 < s0+uintptr(len(src)) {
+		return fault.New(name, c.Rank(), -1, ErrInvalid, "source overlaps the destination other than at this rank's own block")
+	}
+	return nil
+}
+
 func (c *Communicator) hostPlan(name string, dst, src []byte) (*Plan, error) {
+	if err := c.srcApart(name, dst, src); err != nil {
+		return nil, err
+	}
 	op, err := c.plan(name, dst, src)
 	if err != nil {
 		return nil, err
