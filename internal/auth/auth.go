@@ -209,12 +209,17 @@ func Connect(c net.Conn, k Key, purpose string, deadline time.Time) error {
 // secret, the user is all that tells the job's processes from others'.
 // Root's are admitted (root can read any process's memory anyway), and so
 // is a peer whose socket this host does not list (another host's, or
-// another network namespace's), as before.
+// another network namespace's), as before. A peer whose socket the host
+// lists closed (its process let go of it: the kernel names no owner) is
+// refused: it has left, and what it sent before is nobody's to trust.
 func sameUser(c net.Conn, k Key, role string) error {
 	if k.HasSecret() {
 		return nil
 	}
-	uid, found := peerUID(c)
+	uid, found, gone := peerUID(c)
+	if gone {
+		return fmt.Errorf("%w: %w: %w: the %s at %s closed its end before its owner could be checked (a job with no secret admits only its own user's processes on this host)", ErrDenied, ErrRefused, ErrNotUser, role, c.RemoteAddr())
+	}
 	if me := uint32(os.Geteuid()); found && uid != me && uid != 0 {
 		return fmt.Errorf("%w: %w: %w: the %s at %s is a process of uid %d, not this user's (%d): a job with no secret admits only its own user's processes on this host (give it a secret, SLIME_JOB_SECRET, to admit others)", ErrDenied, ErrRefused, ErrNotUser, role, c.RemoteAddr(), uid, me)
 	}

@@ -44,7 +44,7 @@ func TestPeerUIDFindsOwnSockets(t *testing.T) {
 			defer a.Close()
 			me := uint32(os.Geteuid())
 			for _, end := range []net.Conn{a, c} {
-				if uid, found := peerUID(end); !found || uid != me {
+				if uid, found, gone := peerUID(end); !found || gone || uid != me {
 					t.Errorf("%s -> %s: peerUID = %d, %t; want %d, found", end.LocalAddr(), end.RemoteAddr(), uid, found, me)
 				}
 			}
@@ -80,7 +80,7 @@ func TestOtherUserChild(t *testing.T) {
 				var a net.Conn
 				if a, err = ln.Accept(); err == nil {
 					for _, end := range []net.Conn{a, c} {
-						if uid, found := peerUID(end); !found || uid != uint32(os.Geteuid()) {
+						if uid, found, gone := peerUID(end); !found || gone || uid != uint32(os.Geteuid()) {
 							err = fmt.Errorf("%s -> %s: peerUID = %d, %t; want %d, found", end.LocalAddr(), end.RemoteAddr(), uid, found, os.Geteuid())
 						}
 					}
@@ -215,4 +215,105 @@ func TestNoSecretOtherUserRefused(t *testing.T) {
 			t.Fatalf("Connect to uid 65534's listener: %v; want ErrRefused naming uid 65534", err)
 		}
 	})
+}
+
+// fakeAddrs is a connection that says it has other addresses than its
+// own: the lookup of a peer that is not on this host.
+type fakeAddrs struct {
+	net.Conn
+	local, remote net.Addr
+}
+
+func (f fakeAddrs) LocalAddr() net.Addr  { return f.local }
+func (f fakeAddrs) RemoteAddr() net.Addr { return f.remote }
+
+// TestPeerUIDNotAListener: a peer on another host has no socket in this
+// host's table, and the kernel's lookup of one connection falls back to a
+// listener on its port (bound to every address): that listener's owner,
+// any user of this host's, was taken for the peer's, and the peer refused
+// as that user's. Only the connection asked for is an answer now.
+func TestPeerUIDNotAListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "[::]:0") // a listener on every address, of this user's
+	if err != nil {
+		t.Skipf("no dual-stack listener: %v", err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	for _, remote := range []string{"10.99.0.2", "127.0.0.1"} {
+		f := fakeAddrs{
+			local:  &net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 40000},
+			remote: &net.TCPAddr{IP: net.ParseIP(remote), Port: port},
+		}
+		if uid, found, gone := peerUID(f); found || gone {
+			t.Errorf("a peer at %s:%d, no connection of this host's: peerUID = %d, found %t, gone %t; want not found", remote, port, uid, found, gone)
+		}
+	}
+}
+
+// TestPeerUIDClosed: a peer that closed its end (its socket orphaned:
+// FIN_WAIT2 or TIME_WAIT, which the kernel lists as uid 0) is gone, not
+// root's: admitted as root, another user could send its requests and
+// close before its owner was checked.
+func TestPeerUIDClosed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		uid, found, gone := peerUID(a)
+		if gone {
+			return
+		}
+		if found && uid == 0 && os.Geteuid() != 0 {
+			t.Fatalf("the closed connector's socket reads as root's")
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after the connector closed: peerUID = %d, found %t, gone %t; want gone", uid, found, gone)
+		}
+		time.Sleep(20 * time.Millisecond) // as root, uid 0 is this user's too: wait for the orphan
+
+	}
+}
+
+// TestProcLookup: the tables' reading, where sock_diag cannot be asked,
+// finds both ends of a loopback connection as this user's, and a listener
+// on the port of a peer not on this host as no one's.
+func TestProcLookup(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for _, end := range []net.Conn{a, c} {
+		uid, found, gone := procLookup(end.RemoteAddr().(*net.TCPAddr), end.LocalAddr().(*net.TCPAddr))
+		if !found || gone || uid != uint32(os.Geteuid()) {
+			t.Errorf("%s -> %s: procLookup = %d, found %t, gone %t; want this user's", end.LocalAddr(), end.RemoteAddr(), uid, found, gone)
+		}
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	if _, found, _ := procLookup(&net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: port}, &net.TCPAddr{IP: net.ParseIP("10.99.0.2"), Port: 40000}); found {
+		t.Error("a listener was taken for a connection")
+	}
 }
