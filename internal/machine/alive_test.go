@@ -1,8 +1,12 @@
 package machine
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -63,4 +67,62 @@ func TestSamePIDSpace(t *testing.T) {
 	if p := PIDSpace(); p != "" && !SamePIDSpace(p, PIDSpace()) {
 		t.Errorf("PIDSpace %q does not match itself", p)
 	}
+}
+
+// TestAliveHiddenProcess: under a /proc mounted hidepid=invisible, another
+// user's process has no entry, though kill finds it (EPERM): it is alive.
+// It read as exited (the entry missing). The check runs in a child, as
+// uid 65534 in a mount namespace of its own.
+func TestAliveHiddenProcess(t *testing.T) {
+	if os.Getenv("ALIVE_CHILD_PID") != "" {
+		t.Skip("the child of TestAliveHiddenProcess")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount /proc and run as another user")
+	}
+	for _, tool := range []string{"unshare", "setpriv"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("no %s", tool)
+		}
+	}
+	sleep := exec.Command("sleep", "30")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sleep.Process.Kill(); sleep.Wait() }()
+	// The test binary, where uid 65534 may run it.
+	dir := t.TempDir()
+	for d := dir; d != "/tmp" && d != "/"; d = filepath.Dir(d) {
+		os.Chmod(d, 0o755)
+	}
+	bin := filepath.Join(dir, "machine.test")
+	b, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
+		`mount -t proc -o hidepid=invisible proc /proc && exec setpriv --reuid=65534 --regid=65534 --clear-groups "$0" -test.run='^TestAliveChild$' -test.v`, bin)
+	cmd.Env = append(os.Environ(), "ALIVE_CHILD_PID="+strconv.Itoa(sleep.Process.Pid))
+	out, err := cmd.CombinedOutput()
+	if strings.Contains(string(out), "mount:") || strings.Contains(string(out), "unshare:") {
+		t.Skipf("no mount namespace here: %s", out)
+	}
+	if err != nil || !strings.Contains(string(out), "ALIVE true") {
+		t.Fatalf("%v:\n%s\nwant ALIVE true (the hidden process runs)", err, out)
+	}
+}
+
+// TestAliveChild is TestAliveHiddenProcess's child: it says what Alive
+// says of the process it is given.
+func TestAliveChild(t *testing.T) {
+	v := os.Getenv("ALIVE_CHILD_PID")
+	if v == "" {
+		t.Skip("run by TestAliveHiddenProcess")
+	}
+	pid, _ := strconv.Atoi(v)
+	_, statErr := os.Stat("/proc/" + v)
+	fmt.Printf("ALIVE %v (kill: %v, /proc entry: %v)\n", Alive(pid), syscall.Kill(pid, 0), statErr)
 }

@@ -126,10 +126,15 @@ func Alive(pid int) bool {
 	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
-		// Gone only where /proc says so: out of descriptors, or a /proc
-		// that hides other users' processes (hidepid), the process that
-		// kill found is still there.
-		return !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH)
+		// Gone only where the kernel says so: out of descriptors, or
+		// under a /proc that hides other users' processes (hidepid,
+		// whose entries read as missing), the process that kill found
+		// is still there. A missing entry is asked of kill again (the
+		// process may have exited in between).
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			return syscall.Kill(pid, 0) != syscall.ESRCH
+		}
+		return true
 	}
 	zombie, threads := false, 0
 	for l := range strings.SplitSeq(string(b), "\n") {
