@@ -218,7 +218,7 @@ func (c *conn) leaseAnswered(h header) error {
 	if h.status != stOK {
 		ls.dead, ls.released = true, true
 		delete(l.leaseIDs, h.id)
-		if h.status == stNoRegion {
+		if h.status == stNoRegion || h.status == stClosing {
 			l.goneLocked(ls)
 		}
 		l.mu.Unlock()
