@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -139,30 +138,26 @@ func TestSlowGEMMIsNoPeerTimeout(t *testing.T) {
 						if err := o.ReadG(g); err != nil {
 							return err
 						}
+						t0 := time.Now()
 						want := asBytes(Multiply(g, b, 2*m, n, k))
 						if computeTimeout == 0 {
-							// The run's GEMMs are repeated (C is
-							// overwritten alike) until three peer
-							// timeouts have passed since the first
-							// began, whatever the machine's load. (A
-							// count of repetitions measured on a
-							// reference GEMM beforehand fell short when
-							// the load dropped in between: the run then
-							// lasted little more than a timeout and
-							// tested nothing.)
-							var once sync.Once
-							var first time.Time
+							// The run's GEMMs, each repeated (C is
+							// overwritten alike), take about three peer
+							// timeouts at least: as many as this
+							// reference GEMM, here and now, takes to
+							// last that long. (With a peer timeout of
+							// a fraction of one GEMM, a gather that
+							// the GEMMs kept from the processors timed
+							// out on a loaded machine.)
+							reps := min(64, int(3*timeout/max(time.Since(t0), time.Millisecond))+1)
 							mul := o.eng.mul
 							o.eng.mul = func(s device.Stream, m, n, k int, a, b, c device.Buffer) error {
-								once.Do(func() { first = time.Now() })
-								for {
+								for range reps - 1 {
 									if err := mul(s, m, n, k, a, b, c); err != nil {
 										return err
 									}
-									if time.Since(first) >= 3*timeout {
-										return nil
-									}
 								}
+								return mul(s, m, n, k, a, b, c)
 							}
 						}
 						if err := beforeRun.meet(); err != nil {
