@@ -140,16 +140,26 @@ func TestSlowGEMMIsNoPeerTimeout(t *testing.T) {
 						}
 						t0 := time.Now()
 						want := asBytes(Multiply(g, b, 2*m, n, k))
+						ref := time.Since(t0)
+						t0 = time.Now()
+						Multiply(g, b, 2*m, n, k)
+						ref = min(ref, time.Since(t0))
 						if computeTimeout == 0 {
 							// The run's GEMMs, each repeated (C is
-							// overwritten alike), take about three peer
-							// timeouts at least: as many as this
-							// reference GEMM, here and now, takes to
-							// last that long. (With a peer timeout of
-							// a fraction of one GEMM, a gather that
-							// the GEMMs kept from the processors timed
-							// out on a loaded machine.)
-							reps := min(64, int(3*timeout/max(time.Since(t0), time.Millisecond))+1)
+							// overwritten alike; mul enqueues them on
+							// the stream), take about three peer
+							// timeouts at least: twice as many as the
+							// faster of two reference GEMMs, here and
+							// now, takes to last that long, for a load
+							// that drops before the run. (With a peer
+							// timeout of a fraction of one GEMM, a
+							// gather that the GEMMs kept from the
+							// processors timed out on a loaded
+							// machine; with a count from one reference
+							// GEMM alone, measured under a load that
+							// then dropped, the run lasted little more
+							// than a timeout and tested nothing.)
+							reps := min(64, int(6*timeout/max(ref, time.Millisecond))+1)
 							mul := o.eng.mul
 							o.eng.mul = func(s device.Stream, m, n, k int, a, b, c device.Buffer) error {
 								for range reps - 1 {
