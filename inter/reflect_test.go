@@ -1,15 +1,14 @@
 package inter
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
-	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/testflood"
 )
 
 // TestStrangerReflectsHandshake plays a process that holds no secret of
@@ -37,8 +36,7 @@ func TestStrangerReflectsHandshake(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var mu sync.Mutex
-	var stolen []byte
+	var loot testflood.Loot
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -59,15 +57,7 @@ func TestStrangerReflectsHandshake(t *testing.T) {
 			return
 		}
 		defer m.Close()
-		// relay passes n bytes from src to dst, or as many as come
-		// before src ends (a verdict of refusal is one byte).
-		relay := func(dst io.Writer, src io.Reader, n int) bool {
-			buf := make([]byte, n)
-			k, err := io.ReadFull(src, buf)
-			dst.Write(buf[:k])
-			return err == nil
-		}
-		if !relay(c, m, 41) || !relay(m, c, handshakeProof) || !relay(c, m, 33) {
+		if !testflood.RelayHandshake(c, m) {
 			return
 		}
 		var hb [HeaderSize]byte
@@ -75,17 +65,7 @@ func TestStrangerReflectsHandshake(t *testing.T) {
 		if _, err := m.Write(hb[:]); err != nil {
 			return
 		}
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		buf := make([]byte, 256<<10)
-		for {
-			n, err := c.Read(buf)
-			mu.Lock()
-			stolen = append(stolen, buf[:n]...)
-			mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
+		loot.Take(c, 5*time.Second)
 	}()
 
 	secret := make([]byte, 64<<10)
@@ -104,9 +84,7 @@ func TestStrangerReflectsHandshake(t *testing.T) {
 	}
 	ln.Close()
 	<-done
-	mu.Lock()
-	defer mu.Unlock()
-	if bytes.Contains(stolen, secret) {
+	if loot.Holds(secret) {
 		t.Errorf("the stranger read rank 1's %d-byte send to rank 2, byte for byte", len(secret))
 	}
 }

@@ -1,14 +1,13 @@
 package inter
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
-	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/testflood"
 )
 
 // TestStrangerRelaysAcrossKeys: rank 2 of another communicator of the job
@@ -33,8 +32,7 @@ func TestStrangerRelaysAcrossKeys(t *testing.T) {
 	// rank 2 of "u", waiting for rank 1 of "u" to dial it.
 	go New(ctx, Config{Store: st[1], Key: "u", Rank: 2, World: 3, Peers: []int{1}, Channels: 1, MasterAddr: "127.0.0.1",
 		Timeout: 8 * time.Second, Auth: testKey, HandshakeTimeout: 2 * time.Second})
-	var mu sync.Mutex
-	var stolen []byte
+	var loot testflood.Loot
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -43,39 +41,19 @@ func TestStrangerRelaysAcrossKeys(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		var other []byte
-		for other == nil {
-			v, err := st[0].Get(ctx, "u/addr/2")
-			if err != nil {
-				return
-			}
-			other = v
+		other, err := st[0].Get(ctx, "u/addr/2")
+		if err != nil {
+			return
 		}
 		m, err := net.Dial("tcp", string(other))
 		if err != nil {
 			return
 		}
 		defer m.Close()
-		relay := func(dst io.Writer, src io.Reader, n int) bool {
-			buf := make([]byte, n)
-			k, err := io.ReadFull(src, buf)
-			dst.Write(buf[:k])
-			return err == nil
-		}
-		if !relay(c, m, 41) || !relay(m, c, handshakeProof) || !relay(c, m, 33) {
+		if !testflood.RelayHandshake(c, m) {
 			return
 		}
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		buf := make([]byte, 256<<10)
-		for {
-			n, err := c.Read(buf)
-			mu.Lock()
-			stolen = append(stolen, buf[:n]...)
-			mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
+		loot.Take(c, 5*time.Second)
 	}()
 	cfg := Config{Store: st[0], Key: "t", Rank: 1, World: 3, Peers: []int{2}, Channels: 1, MasterAddr: "127.0.0.1",
 		Timeout: 5 * time.Second, Auth: testKey, HandshakeTimeout: 2 * time.Second}
@@ -92,9 +70,7 @@ func TestStrangerRelaysAcrossKeys(t *testing.T) {
 	}
 	ln.Close()
 	<-done
-	mu.Lock()
-	defer mu.Unlock()
-	if bytes.Contains(stolen, secret) {
+	if loot.Holds(secret) {
 		t.Errorf("the stranger read rank 1's send")
 	}
 }

@@ -1,13 +1,13 @@
 package p2p
 
 import (
-	"bytes"
 	"crypto/rand"
 	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/testflood"
 )
 
 // TestStrangerReflectsHandshake plays a process that holds no secret of
@@ -44,8 +44,7 @@ func TestStrangerReflectsHandshake(t *testing.T) {
 	}
 	defer ln.Close()
 
-	var mu sync.Mutex
-	var stolen []byte
+	var loot testflood.Loot
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -61,46 +60,11 @@ func TestStrangerReflectsHandshake(t *testing.T) {
 			return
 		}
 		defer m.Close()
-		// relay passes n bytes from src to dst, or as many as come
-		// before src ends (a verdict of refusal is one byte).
-		relay := func(dst io.Writer, src io.Reader, n int) bool {
-			buf := make([]byte, n)
-			k, err := io.ReadFull(src, buf)
-			dst.Write(buf[:k])
-			return err == nil
-		}
-		// a's listener's hello to a's dial; the dial's proof to the
-		// listener; the listener's verdict and proof back to the dial.
-		if !relay(c, m, 41) || !relay(m, c, 73) || !relay(c, m, 33) {
+		if !testflood.RelayHandshake(c, m) {
 			return
 		}
-		// The link's hello from a, answered as b would.
-		var hb [HeaderSize + helloFixed + MaxName]byte
-		if _, err := io.ReadFull(c, hb[:HeaderSize]); err != nil {
-			return
-		}
-		h, err := decodeHeader(hb[:HeaderSize])
-		if err != nil {
-			return
-		}
-		if _, err := io.ReadFull(c, hb[HeaderSize:HeaderSize+int(h.payload)]); err != nil {
-			return
-		}
-		ack := header{kind: kHelloAck, status: stOK, a: 10000, id: nameTag("b")}
-		ack.put(hb[:])
-		if _, err := c.Write(hb[:HeaderSize]); err != nil {
-			return
-		}
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		buf := make([]byte, 256<<10)
-		for {
-			n, err := c.Read(buf)
-			mu.Lock()
-			stolen = append(stolen, buf[:n]...)
-			mu.Unlock()
-			if err != nil {
-				return
-			}
+		if answerHelloAs(c, "b") == nil {
+			loot.Take(c, 5*time.Second)
 		}
 	}()
 
@@ -121,9 +85,27 @@ func TestStrangerReflectsHandshake(t *testing.T) {
 	}
 	ln.Close()
 	<-done
-	mu.Lock()
-	defer mu.Unlock()
-	if bytes.Contains(stolen, secret) {
+	if loot.Holds(secret) {
 		t.Errorf("the stranger read a's %d-byte write to b's region, byte for byte", len(secret))
 	}
+}
+
+// answerHelloAs reads the link's hello on c and answers it as the
+// endpoint named name would (stOK): a stranger standing for it.
+func answerHelloAs(c net.Conn, name string) error {
+	var hb [HeaderSize + helloFixed + MaxName]byte
+	if _, err := io.ReadFull(c, hb[:HeaderSize]); err != nil {
+		return err
+	}
+	h, err := decodeHeader(hb[:HeaderSize])
+	if err != nil {
+		return err
+	}
+	if _, err := io.ReadFull(c, hb[HeaderSize:HeaderSize+int(h.payload)]); err != nil {
+		return err
+	}
+	ack := header{kind: kHelloAck, status: stOK, a: 10000, id: nameTag(name)}
+	ack.put(hb[:])
+	_, err = c.Write(hb[:HeaderSize])
+	return err
 }

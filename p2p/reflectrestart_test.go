@@ -1,13 +1,12 @@
 package p2p
 
 import (
-	"bytes"
 	"crypto/rand"
-	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/testflood"
 )
 
 // TestStrangerRelaysToRestarted: a stale Info of "b" (b closed, its port
@@ -40,8 +39,7 @@ func TestStrangerRelaysToRestarted(t *testing.T) {
 		t.Skipf("port taken: %v", err)
 	}
 	defer ln.Close()
-	var mu sync.Mutex
-	var stolen []byte
+	var loot testflood.Loot
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -55,34 +53,11 @@ func TestStrangerRelaysToRestarted(t *testing.T) {
 			return
 		}
 		defer m.Close()
-		relay := func(dst io.Writer, src io.Reader, n int) bool {
-			buf := make([]byte, n)
-			k, err := io.ReadFull(src, buf)
-			dst.Write(buf[:k])
-			return err == nil
-		}
-		if !relay(c, m, 41) || !relay(m, c, 73) || !relay(c, m, 33) {
+		if !testflood.RelayHandshake(c, m) {
 			return
 		}
-		var hb [HeaderSize + helloFixed + MaxName]byte
-		if _, err := io.ReadFull(c, hb[:HeaderSize]); err != nil {
-			return
-		}
-		h, _ := decodeHeader(hb[:HeaderSize])
-		io.ReadFull(c, hb[HeaderSize:HeaderSize+int(h.payload)])
-		ack := header{kind: kHelloAck, status: stOK, a: 10000, id: nameTag("b")}
-		ack.put(hb[:])
-		c.Write(hb[:HeaderSize])
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		buf := make([]byte, 256<<10)
-		for {
-			n, err := c.Read(buf)
-			mu.Lock()
-			stolen = append(stolen, buf[:n]...)
-			mu.Unlock()
-			if err != nil {
-				return
-			}
+		if answerHelloAs(c, "b") == nil {
+			loot.Take(c, 5*time.Second)
 		}
 	}()
 	secret := make([]byte, 64<<10)
@@ -98,9 +73,7 @@ func TestStrangerRelaysToRestarted(t *testing.T) {
 	}
 	ln.Close()
 	<-done
-	mu.Lock()
-	defer mu.Unlock()
-	if bytes.Contains(stolen, secret) {
+	if loot.Holds(secret) {
 		t.Errorf("stranger read a's %d-byte write", len(secret))
 	}
 }

@@ -89,6 +89,15 @@ const (
 	statusNotUser = 2
 )
 
+// The sizes of the exchange's three messages: the acceptor's hello, the
+// connector's proof, and the acceptor's answer when it accepts (a refusal
+// is its status byte alone).
+const (
+	HelloBytes  = helloSize
+	ProofBytes  = proofSize
+	AnswerBytes = 1 + macSize
+)
+
 func (k Key) mac(role, purpose string, first, second []byte) []byte {
 	m := hmac.New(sha256.New, k.secret)
 	var n [4]byte
