@@ -487,11 +487,18 @@ type MissingError struct {
 	Missing []int
 	Err     error
 	// AllArrived: every member's key is there, but one was not counted
-	// in (its call failed in between, and it did not call again).
+	// in (its call failed in between, and it did not call again, or it
+	// was stopped there).
 	AllArrived bool
+	// NotCounted: where AllArrived, the members whose keys say they
+	// arrived and were not counted in yet.
+	NotCounted []int
 }
 
 func (e *MissingError) Error() string {
+	if e.AllArrived && len(e.NotCounted) > 0 {
+		return fmt.Sprintf("rendezvous: barrier %q: every member arrived, but %v were not counted in (stopped or failed in the barrier's call, and did not call again): %v", e.Name, e.NotCounted[:min(len(e.NotCounted), 16)], e.Err)
+	}
 	if e.AllArrived {
 		return fmt.Sprintf("rendezvous: barrier %q: every member arrived, but one was not counted in (its call failed between the two, and it did not call again): %v", e.Name, e.Err)
 	}
@@ -556,6 +563,14 @@ func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
 		if err != nil {
 			return err
 		}
+		// Counted in: the key says so ('2'), so that where the barrier
+		// times out with every member arrived, those stopped or failed
+		// between the two (still '1') are named (before the last member
+		// lets the others go: none of them deletes the keys before this
+		// member has returned).
+		if err := c.Set(ctx, BarrierKey(name, me), []byte{'2'}); err != nil {
+			return err
+		}
 		if n == int64(size) {
 			if err := c.Set(ctx, name+"/all", nil); err != nil {
 				return err
@@ -579,7 +594,17 @@ func (c *Client) Barrier(ctx context.Context, name string, me, size int) error {
 	check, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	missing, known := c.missing(check, keys(), 0)
-	return &MissingError{Name: name, Missing: missing, Err: err, AllArrived: known && len(missing) == 0}
+	me2 := &MissingError{Name: name, Missing: missing, Err: err, AllArrived: known && len(missing) == 0}
+	if me2.AllArrived {
+		for i, k := range keys() {
+			if v, gerr := c.Get(check, k); gerr == nil && string(v) == "1" {
+				me2.NotCounted = append(me2.NotCounted, i)
+			} else if gerr != nil {
+				break
+			}
+		}
+	}
+	return me2
 }
 
 // missing returns the indices (from base) of keys that the store does not
