@@ -194,28 +194,9 @@ func TestKVCachePrefillKilled(t *testing.T) {
 	t.Logf("after %v:\n%s\n%s", time.Since(start), outs[0], outs[1])
 }
 
-// rankPid is the pid of the process running dir's kvcache with RANK=rank
-// in its environment, or 0.
-func rankPid(dir string, rank int) int {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		exe, _ := os.Readlink("/proc/" + e.Name() + "/exe")
-		if exe != filepath.Join(dir, "kvcache") {
-			continue
-		}
-		env, _ := os.ReadFile("/proc/" + e.Name() + "/environ")
-		for _, kv := range bytes.Split(env, []byte{0}) {
-			if string(kv) == "RANK="+strconv.Itoa(rank) {
-				return pid
-			}
-		}
-	}
-	return 0
-}
+// rankPid is the pid of the process running dir's kvcache as rank rank,
+// or 0.
+func rankPid(dir string, rank int) int { return testbin.RankPid(filepath.Join(dir, "kvcache"), rank) }
 
 // TestKVCacheBadFlags: nonsense flags are refused at once, naming the
 // flag, before anything is allocated (no panic, no runtime out of memory,

@@ -1,13 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/slimego/slimego/internal/testbin"
 )
 
 // TestKVCachePrefillStopped: prefill rank 0 is stopped (SIGSTOP: a slow
@@ -21,68 +20,6 @@ func TestKVCachePrefillStopped(t *testing.T) {
 	const timeout = 3 * time.Second
 	cmd := exec.Command(filepath.Join(dir, "slimerun"), "--standalone", "--nproc-per-node", "2", "--stop-grace", "1",
 		filepath.Join(dir, "kvcache"), "--pages", "256", "--batch", "16", "--rounds", "1000000", "--timeout", timeout.String())
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var pid int
-	defer func() {
-		if pid > 0 {
-			syscall.Kill(pid, syscall.SIGKILL)
-		}
-		cmd.Process.Kill()
-		cmd.Wait()
-	}()
-	type line struct {
-		at   time.Time
-		text string
-	}
-	lines := make(chan line, 1024)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- line{time.Now(), sc.Text()}
-		}
-	}()
-	for deadline := time.Now().Add(20 * time.Second); pid == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("no kvcache rank 0 within 20 s")
-		}
-		pid = rankPid(dir, 0)
-	}
-	time.Sleep(time.Second)
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := time.Now()
-	var all []string
-	limit := time.After(30 * time.Second)
-	for {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatalf("slimerun ended with no error from decode rank 1:\n%s", strings.Join(all, "\n"))
-			}
-			all = append(all, l.text)
-			if !strings.HasPrefix(l.text, "[1]: kvcache: rank 1: ") {
-				continue
-			}
-			took := l.at.Sub(stopped)
-			if !strings.Contains(l.text, "rank0") && !strings.Contains(l.text, "[0]") && !strings.Contains(l.text, "rank 0") {
-				t.Fatalf("decode rank 1's error names no rank 0:\n%s", strings.Join(all, "\n"))
-			}
-			if took > timeout+2500*time.Millisecond {
-				t.Fatalf("decode rank 1 said why it failed %v after rank 0 stopped, want within --timeout %v and 2.5 s:\n%s", took.Round(time.Millisecond), timeout, strings.Join(all, "\n"))
-			}
-			t.Logf("after %v: %s", took.Round(time.Millisecond), l.text)
-			return
-		case <-limit:
-			t.Fatalf("no error from decode rank 1 within 30 s of rank 0's stop:\n%s", strings.Join(all, "\n"))
-		}
-	}
+	testbin.Stopped{Cmd: cmd, Exe: filepath.Join(dir, "kvcache"), Rank: 0, After: time.Second, Timeout: timeout,
+		Prefix: "[1]: kvcache: rank 1: ", Names: []string{"rank0", "[0]", "rank 0"}, Patience: 20 * time.Second}.Run(t)
 }
