@@ -88,7 +88,7 @@ const (
 	// Config.Timeout does.
 	DefaultConnectTimeout = 5 * time.Minute
 	// purpose tells transport connections from the store's in the
-	// handshake (shakePurpose adds the accepting rank).
+	// handshake (shakePurpose adds the listener's key, rank and address).
 	purpose = "transport"
 )
 
@@ -250,7 +250,8 @@ func (callsDiffer) Unwrap() error { return ErrMismatch }
 // every peer with cfg.Channels connections (the lower rank dials). Every
 // connection first proves, both ways, that its two ends hold cfg.Auth
 // and that its acceptor is the rank dialed (internal/auth, purpose
-// "transport:" and that rank); one that fails is closed and does not
+// "transport:", the key, that rank and its address: shakePurpose); one
+// that fails is closed and does not
 // count. New gives up at connectDeadline(ctx, cfg.Timeout), and every
 // goroutine it started has ended when it returns an error.
 func New(ctx context.Context, cfg Config) (*Transport, error) {

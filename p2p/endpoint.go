@@ -47,7 +47,7 @@ type Options struct {
 	Prefix string
 	// Auth is the job's secret and run id: every connection proves both
 	// ways that its two ends hold it, and which endpoint accepts it
-	// (internal/auth, purpose "p2p:" and the acceptor's name). The zero
+	// (internal/auth, purpose "p2p:", the acceptor's name and address). The zero
 	// Auth binds nothing and proves nothing.
 	Auth rendezvous.Auth
 	// ListenIP is the address to listen on; empty picks, as the

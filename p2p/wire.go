@@ -9,7 +9,8 @@ import (
 )
 
 // The wire protocol (docs/P2P.md). Every connection of a link starts with
-// internal/auth's handshake (purpose "p2p:" and the acceptor's name), then a hello and its answer;
+// internal/auth's handshake (purpose "p2p:", the acceptor's name, "@" and
+// its address), then a hello and its answer;
 // after that each direction is a sequence of frames, each a header and a
 // payload of the header's Payload bytes:
 //
