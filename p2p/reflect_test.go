@@ -21,23 +21,42 @@ import (
 // (stOK, the tag of "b"), holds a's link to "b": every byte a writes to
 // b's regions is the stranger's. Connect must fail, and no byte of a's
 // write may reach the stranger.
-func TestStrangerReflectsHandshake(t *testing.T) {
+func TestStrangerReflectsHandshake(t *testing.T) { strangerRelays(t, false) }
+
+// TestStrangerRelaysToRestarted: a stale Info of "b" (b closed, its port
+// now a stranger's) while a new endpoint named "b" (a worker restarted
+// under its name) listens elsewhere: the stranger relayed a's handshake
+// to the new b, which proved "p2p:b", and held a's link and read its
+// write. The proof now names the address dialed as well, which the new b
+// does not listen at: the connection is refused, and nothing is read.
+func TestStrangerRelaysToRestarted(t *testing.T) { strangerRelays(t, true) }
+
+// strangerRelays is a stranger at the port that endpoint "b" left, who
+// relays a's handshake to a's own listener, or (restarted) to a new
+// endpoint named "b", and answers the hello as b; a connects with b's
+// old Info and writes to b's region.
+func strangerRelays(t *testing.T, restarted bool) {
 	_, st := storeFor(t)
 	ctx := ctxT(t, 20*time.Second)
 	tune := func(o *Options) { o.Channels, o.TCPOnly, o.HandshakeTimeout = 1, true, 3*time.Second }
 	a := published(t, ctx, st, "a", tune)
 	b := published(t, ctx, st, "b", tune)
-	mem := make([]byte, 64<<10)
-	rb, err := b.Register("buf", mem)
+	rb, err := b.Register("buf", make([]byte, 64<<10))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Publish(ctx); err != nil {
 		t.Fatal(err)
 	}
-	remote := rb.Remote()
-	bAddr := b.Addr()
+	remote, oldInfo, bAddr := rb.Remote(), b.Info(), b.Addr()
 	b.Close() // its Info, and the region's, stay in the store
+	// The listener the stranger relays to: a's own (a stranger finds it
+	// in /proc/net/tcp, where every listening socket of the host shows),
+	// or the restarted b's, which takes the name over.
+	target := a.Addr()
+	if restarted {
+		target = published(t, ctx, st, "b", tune).Addr()
+	}
 	ln, err := net.Listen("tcp", bAddr)
 	if err != nil {
 		t.Skipf("the closed endpoint's port %s is taken again: %v", bAddr, err)
@@ -53,9 +72,7 @@ func TestStrangerReflectsHandshake(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		// a's listener, for its challenge (a stranger finds it in
-		// /proc/net/tcp, where every listening socket of the host shows).
-		m, err := net.Dial("tcp", a.Addr())
+		m, err := net.Dial("tcp", target)
 		if err != nil {
 			return
 		}
@@ -70,9 +87,9 @@ func TestStrangerReflectsHandshake(t *testing.T) {
 
 	secret := make([]byte, 64<<10)
 	rand.Read(secret)
-	p, err := a.Connect(ctx, "b")
+	p, err := a.ConnectInfo(ctx, oldInfo)
 	if err != nil {
-		t.Logf("Connect to the stranger: %v", err)
+		t.Logf("connecting to the stranger: %v", err)
 	} else {
 		la, err := a.Register("mine", secret)
 		if err != nil {
@@ -80,8 +97,7 @@ func TestStrangerReflectsHandshake(t *testing.T) {
 		}
 		f := p.Write([]Op{{Local: la, Remote: remote, Len: len(secret)}})
 		f.Wait(ctxT(t, 3*time.Second))
-		ln.Close()
-		t.Errorf("a stranger with no secret answered a's handshake with a's own and holds a's link to \"b\"")
+		t.Errorf("a stranger with no secret holds a's link to \"b\" (restarted b: %v)", restarted)
 	}
 	ln.Close()
 	<-done
