@@ -185,7 +185,8 @@ func procLookup(local, remote *net.TCPAddr) (uid uint32, found, gone bool) {
 }
 
 // procTable looks in one table (lines "sl local rem st ... uid timeout
-// inode").
+// inode"); both addresses must match, so that a listener (its remote
+// address all zeros) is never taken for a connection.
 func procTable(table string, local, remote *net.TCPAddr) (uint32, lookupState) {
 	f, err := os.Open(table)
 	if err != nil {
@@ -200,7 +201,7 @@ func procTable(table string, local, remote *net.TCPAddr) (uint32, lookupState) {
 			continue
 		}
 		st, err := strconv.ParseUint(fields[3], 16, 8)
-		if err != nil || st == tcpListen {
+		if err != nil {
 			continue
 		}
 		if st == tcpTimeWait || fields[9] == "0" {

@@ -26,22 +26,7 @@ func TestPeerUIDFindsOwnSockets(t *testing.T) {
 		{"tcp", "[::]:0", "127.0.0.1"},
 	} {
 		t.Run(tc.listen+"<-"+tc.dial, func(t *testing.T) {
-			ln, err := net.Listen(tc.network, tc.listen)
-			if err != nil {
-				t.Skipf("no %s: %v", tc.listen, err)
-			}
-			defer ln.Close()
-			port := ln.Addr().(*net.TCPAddr).Port
-			c, err := net.Dial("tcp", net.JoinHostPort(tc.dial, strconv.Itoa(port)))
-			if err != nil {
-				t.Skipf("dial %s: %v", tc.dial, err)
-			}
-			defer c.Close()
-			a, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer a.Close()
+			a, c := loopback(t, tc.network, tc.listen, tc.dial)
 			me := uint32(os.Geteuid())
 			for _, end := range []net.Conn{a, c} {
 				if uid, found, gone := peerUID(end); !found || gone || uid != me {
@@ -255,20 +240,7 @@ func TestPeerUIDNotAListener(t *testing.T) {
 // root's: admitted as root, another user could send its requests and
 // close before its owner was checked.
 func TestPeerUIDClosed(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a, c := loopback(t, "tcp4", "127.0.0.1:0", "127.0.0.1")
 	c.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -283,7 +255,6 @@ func TestPeerUIDClosed(t *testing.T) {
 			t.Fatalf("5 s after the connector closed: peerUID = %d, found %t, gone %t; want gone", uid, found, gone)
 		}
 		time.Sleep(20 * time.Millisecond) // as root, uid 0 is this user's too: wait for the orphan
-
 	}
 }
 
@@ -291,29 +262,43 @@ func TestPeerUIDClosed(t *testing.T) {
 // finds both ends of a loopback connection as this user's, and a listener
 // on the port of a peer not on this host as no one's.
 func TestProcLookup(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	a, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a, c := loopback(t, "tcp4", "127.0.0.1:0", "127.0.0.1")
 	for _, end := range []net.Conn{a, c} {
 		uid, found, gone := procLookup(end.RemoteAddr().(*net.TCPAddr), end.LocalAddr().(*net.TCPAddr))
 		if !found || gone || uid != uint32(os.Geteuid()) {
 			t.Errorf("%s -> %s: procLookup = %d, found %t, gone %t; want this user's", end.LocalAddr(), end.RemoteAddr(), uid, found, gone)
 		}
 	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0") // a listener, which is no connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
 	port := ln.Addr().(*net.TCPAddr).Port
 	if _, found, _ := procLookup(&net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: port}, &net.TCPAddr{IP: net.ParseIP("10.99.0.2"), Port: 40000}); found {
 		t.Error("a listener was taken for a connection")
 	}
+}
+
+// loopback is a connection on this host: a listener on listen (network),
+// dialled at dial, and both ends, closed when t ends; it skips t where the
+// host has no such address.
+func loopback(t *testing.T, network, listen, dial string) (accepted, dialled net.Conn) {
+	t.Helper()
+	ln, err := net.Listen(network, listen)
+	if err != nil {
+		t.Skipf("no %s: %v", listen, err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", net.JoinHostPort(dial, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)))
+	if err != nil {
+		t.Skipf("dial %s: %v", dial, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	a, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a, c
 }
