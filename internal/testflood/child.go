@@ -19,6 +19,9 @@ import (
 // value (an address), "LOG text" and "FAIL text" to report, "DONE" when
 // it has said all.
 
+// childLimit bounds a child's life (its test serves at most two minutes).
+const childLimit = 3 * time.Minute
+
 // childEnv marks a child: its value names the test it runs.
 const childEnv = "SLIME_TESTFLOOD_CHILD"
 
@@ -29,7 +32,7 @@ func IsChild(name string) bool { return os.Getenv(childEnv) == name }
 
 // Child runs the test named name of this test binary in a child process,
 // and returns its standard output, to read line by line (Value, Report);
-// the child is killed, and waited for, when t ends.
+// the child is killed, and waited for, when t ends, or after childLimit.
 func Child(t testing.TB, name string) *bufio.Reader {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$")
@@ -42,7 +45,11 @@ func Child(t testing.TB, name string) *bufio.Reader {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	// A child that hangs before it says a word must not hold the test
+	// until the binary's timeout: killed, its output ends, and Value or
+	// Report fails.
+	stop := time.AfterFunc(childLimit, func() { cmd.Process.Kill() })
+	t.Cleanup(func() { stop.Stop(); cmd.Process.Kill(); cmd.Wait() })
 	return bufio.NewReader(out)
 }
 
